@@ -1,0 +1,1 @@
+//! CPU numerics: tensor formats, quantisation blocks, dequantisation and dot/matmul.
