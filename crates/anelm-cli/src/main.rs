@@ -1,1 +1,50 @@
-fn main() {}
+//! `anelm`: LLM inference on Apple's Neural Engine, with a native CPU backend everywhere else.
+
+mod args;
+mod chat;
+mod default_model;
+mod generate;
+mod inspect;
+mod logits;
+mod runtime;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+/// LLM inference on Apple's Neural Engine (and a fast CPU backend where there is none).
+#[derive(Parser, Debug)]
+#[command(name = "anelm", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Generate text from a prompt (streams to stdout; speeds to stderr).
+    Generate(generate::GenerateArgs),
+    /// Interactive chat that keeps the conversation (and its cache) between turns.
+    Chat(chat::ChatArgs),
+    /// Print a model file's architecture, metadata and tensors.
+    Inspect(inspect::InspectArgs),
+    /// Print the logits for given token ids as JSON (for checking numerics from outside).
+    Logits(logits::LogitsArgs),
+    /// Print the token ids a raw prompt becomes, as a JSON array.
+    Tokenize(logits::TokenizeArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result: Result<()> = match cli.command {
+        Command::Generate(a) => generate::run(a),
+        Command::Chat(a) => chat::run(a),
+        Command::Inspect(a) => inspect::run(a),
+        Command::Logits(a) => logits::run_logits(a),
+        Command::Tokenize(a) => logits::run_tokenize(a),
+    };
+    if let Err(e) = result {
+        let msg = format!("{e:#}").replace('\n', " ");
+        eprintln!("error: {msg}");
+        std::process::exit(1);
+    }
+}

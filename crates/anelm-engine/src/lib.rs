@@ -1,3 +1,26 @@
-//! The anelm engine: the Backend/Kernel seam, model forwards, sessions and sampling.
+//! The anelm engine: the Backend/Kernel seam, model forwards per architecture, sessions,
+//! sampling and generation.
 
+pub mod arch;
+pub mod backend;
+pub mod batch;
+pub mod cpu_backend;
+pub mod error;
+pub mod generate;
+pub mod kv_cache;
+pub mod loader;
+pub mod model;
+pub mod ops;
 pub mod sampler;
+pub mod session;
+pub mod stored_matrix;
+
+pub use backend::{Backend, Dispatch, Kernel, KernelSpec, WeightId};
+pub use batch::Batch;
+pub use cpu_backend::CpuBackend;
+pub use error::{EngineError, Result};
+pub use generate::{FinishReason, GenerateOptions, GenerationStats, generate, prefill};
+pub use loader::{LoadedModel, ModelSource, load_model};
+pub use model::{LanguageModel, LogitsMode, ModelInfo, StepItem};
+pub use sampler::{Sampler, SamplerParams};
+pub use session::Session;

@@ -1,0 +1,88 @@
+//! Command-line arguments shared by the model commands.
+
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+
+use anelm_engine::SamplerParams;
+
+/// Where kernels run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DeviceArg {
+    /// The best device that opens on this machine (today: the CPU).
+    Auto,
+    /// The native CPU backend.
+    Cpu,
+}
+
+/// Arguments every model command takes.
+#[derive(Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// A GGUF file or a Hugging Face safetensors directory (default: the embedded SmolLM2-135M-Instruct).
+    #[arg(long, short = 'm', env = "ANELM_MODEL")]
+    pub model: Option<PathBuf>,
+    /// Where kernels run.
+    #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
+    pub device: DeviceArg,
+    /// CPU threads (default: the machine's cores).
+    #[arg(long, short = 't')]
+    pub threads: Option<usize>,
+    /// Context size of a session in tokens (capped at the model's training context).
+    #[arg(long, default_value_t = 4096)]
+    pub ctx_size: usize,
+}
+
+/// Sampling and length options of the generating commands.
+#[derive(Args, Clone, Debug)]
+pub struct SamplingArgs {
+    /// Most tokens to generate.
+    #[arg(long, short = 'n', default_value_t = 256)]
+    pub max_tokens: usize,
+    /// Temperature; 0 is greedy (deterministic).
+    #[arg(long, default_value_t = 0.8)]
+    pub temp: f32,
+    /// Keep only the k most likely tokens (0 = off).
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    /// Nucleus: keep the most likely tokens up to this probability mass (1 = off).
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Drop tokens less likely than min-p × the most likely one (0 = off).
+    #[arg(long, default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Divide positive (multiply negative) logits of recently seen tokens by this (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Subtract this from the logit of every recently seen token (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    /// Subtract this × its count from the logit of every recently seen token (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// How many recent tokens the penalties look at.
+    #[arg(long, default_value_t = 64)]
+    pub penalty_last_n: usize,
+    /// Random seed (sampling is reproducible for a given seed).
+    #[arg(long, default_value_t = 0x5EED)]
+    pub seed: u64,
+    /// Keep generating past end-of-sequence tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+}
+
+impl SamplingArgs {
+    /// The sampler parameters these flags describe.
+    pub fn params(&self) -> SamplerParams {
+        SamplerParams {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            penalty_last_n: self.penalty_last_n,
+            seed: self.seed,
+        }
+    }
+}

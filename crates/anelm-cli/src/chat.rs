@@ -1,0 +1,98 @@
+//! `anelm chat`: a REPL that keeps the conversation and the session, so each turn prefills only
+//! what is new.
+
+use std::io::{BufRead, Write};
+
+use anyhow::Result;
+use clap::Args;
+
+use anelm_engine::{GenerateOptions, generate};
+use anelm_model::chat_template::ChatMessage;
+
+use crate::args::{ModelArgs, SamplingArgs};
+use crate::generate::template_kwargs;
+use crate::runtime::load;
+
+/// Arguments of `anelm chat`.
+#[derive(Args, Debug)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// System message.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Let thinking models think (enable_thinking).
+    #[arg(long)]
+    pub think: bool,
+}
+
+/// Run `anelm chat`.
+pub fn run(a: ChatArgs) -> Result<()> {
+    let params = a.sampling.params();
+    params.validate()?;
+    let lm = load(&a.model)?;
+    let mut session = lm.model.new_session(a.model.ctx_size);
+    let mut messages: Vec<ChatMessage> = Vec::new();
+    if let Some(s) = &a.system {
+        messages.push(ChatMessage { role: "system".into(), content: s.clone() });
+    }
+    let opts = GenerateOptions {
+        max_tokens: a.sampling.max_tokens,
+        sampler: params,
+        stop_on_eos: true,
+        prefill_chunk: 128,
+    };
+    eprintln!("anelm chat — type a message; /reset clears the conversation, /exit or Ctrl-D quits.");
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    loop {
+        eprint!("> ");
+        let _ = std::io::stderr().flush();
+        let Some(line) = lines.next() else { break };
+        let line = line?;
+        let input = line.trim();
+        match input {
+            "" => continue,
+            "/exit" | "/quit" => break,
+            "/reset" => {
+                messages.retain(|m| m.role == "system");
+                session.clear();
+                eprintln!("(conversation cleared)");
+                continue;
+            }
+            _ => {}
+        }
+        messages.push(ChatMessage { role: "user".into(), content: input.to_string() });
+        let prompt = lm.template.render(&messages, true, &template_kwargs(a.think))?;
+        let ids = lm.tokenizer.encode(&prompt)?;
+        let mut reply = String::new();
+        let stdout = std::io::stdout();
+        let result = generate(lm.model.as_ref(), &lm.tokenizer, &mut session, &ids, &opts, &mut |piece| {
+            reply.push_str(piece);
+            let mut out = stdout.lock();
+            out.write_all(piece.as_bytes()).and_then(|_| out.flush()).is_ok()
+        });
+        println!();
+        match result {
+            Ok((_, stats)) => {
+                eprintln!(
+                    "[{} prompt tokens ({} reused), {:.1} tok/s | {} tokens, {:.1} tok/s]",
+                    stats.prompt_tokens,
+                    stats.reused_tokens,
+                    stats.prompt_tok_per_s(),
+                    stats.generated_tokens,
+                    stats.generation_tok_per_s()
+                );
+                messages.push(ChatMessage { role: "assistant".into(), content: reply.trim().to_string() });
+            }
+            Err(e) => {
+                // Keep the REPL alive: drop the failed turn and say why.
+                messages.pop();
+                eprintln!("error: {e}");
+            }
+        }
+    }
+    Ok(())
+}

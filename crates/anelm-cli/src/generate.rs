@@ -1,0 +1,109 @@
+//! `anelm generate`: one prompt, streamed output, speeds on stderr.
+
+use std::io::{Read, Write};
+
+use anyhow::{Context, Result};
+use clap::Args;
+use serde_json::{Map, Value};
+
+use anelm_engine::{GenerateOptions, generate};
+use anelm_model::chat_template::ChatMessage;
+
+use crate::args::{ModelArgs, SamplingArgs};
+use crate::runtime::load;
+
+/// Arguments of `anelm generate`.
+#[derive(Args, Debug)]
+pub struct GenerateArgs {
+    /// The prompt (read from stdin when absent).
+    pub prompt: Option<String>,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Feed the prompt as-is, without the chat template.
+    #[arg(long)]
+    pub raw: bool,
+    /// System message for the chat template.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Ask thinking models (Qwen3/3.5) to think first (passed to the template as enable_thinking).
+    #[arg(long)]
+    pub think: bool,
+    /// Prompt tokens per prefill pass.
+    #[arg(long, default_value_t = 128)]
+    pub prefill_chunk: usize,
+}
+
+/// Read the prompt from the argument or stdin.
+pub fn prompt_text(arg: Option<String>) -> Result<String> {
+    match arg {
+        Some(p) => Ok(p),
+        None => {
+            let mut s = String::new();
+            std::io::stdin().read_to_string(&mut s).context("could not read the prompt from stdin")?;
+            Ok(s)
+        }
+    }
+}
+
+/// Template kwargs for the thinking switch.
+pub fn template_kwargs(think: bool) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("enable_thinking".into(), Value::Bool(think));
+    m
+}
+
+/// Run `anelm generate`.
+pub fn run(a: GenerateArgs) -> Result<()> {
+    let text = prompt_text(a.prompt)?;
+    let params = a.sampling.params();
+    params.validate()?;
+    let lm = load(&a.model)?;
+    let prompt = if a.raw {
+        text
+    } else {
+        let mut msgs = Vec::new();
+        if let Some(s) = a.system {
+            msgs.push(ChatMessage { role: "system".into(), content: s });
+        }
+        msgs.push(ChatMessage { role: "user".into(), content: text });
+        lm.template.render(&msgs, true, &template_kwargs(a.think))?
+    };
+    let ids = lm.tokenizer.encode(&prompt)?;
+    let mut session = lm.model.new_session(a.model.ctx_size);
+    let opts = GenerateOptions {
+        max_tokens: a.sampling.max_tokens,
+        sampler: params,
+        stop_on_eos: !a.sampling.ignore_eos,
+        prefill_chunk: a.prefill_chunk,
+    };
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let mut write_failed = None;
+    let (_, stats) = generate(lm.model.as_ref(), &lm.tokenizer, &mut session, &ids, &opts, &mut |piece| {
+        match out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
+            Ok(()) => true,
+            Err(e) => {
+                write_failed = Some(e);
+                false
+            }
+        }
+    })?;
+    if let Some(e) = write_failed {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            return Err(e).context("could not write to stdout");
+        }
+        return Ok(());
+    }
+    let _ = writeln!(out);
+    eprintln!(
+        "prompt: {} tokens, {:.1} tok/s | generation: {} tokens, {:.1} tok/s ({:?})",
+        stats.prompt_tokens,
+        stats.prompt_tok_per_s(),
+        stats.generated_tokens,
+        stats.generation_tok_per_s(),
+        stats.finish
+    );
+    Ok(())
+}

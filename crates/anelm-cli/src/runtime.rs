@@ -1,0 +1,62 @@
+//! Turning the shared arguments into a loaded model: thread pool, device, default model, progress.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use anelm_engine::{CpuBackend, LoadedModel, load_model};
+
+use crate::args::{DeviceArg, ModelArgs};
+use crate::default_model::default_model_path;
+
+/// Size the global thread pool (once per process).
+pub fn init_threads(threads: Option<usize>) -> Result<()> {
+    let n = match threads {
+        Some(0) => anyhow::bail!("--threads must be at least 1"),
+        Some(n) => n,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build_global()
+        .context("could not start the thread pool")
+}
+
+/// The model path the arguments name (or the default model).
+pub fn model_path(args: &ModelArgs) -> Result<PathBuf> {
+    match &args.model {
+        Some(p) => Ok(p.clone()),
+        None => default_model_path(),
+    }
+}
+
+/// Load the model the arguments name, with a progress bar when it takes more than a moment.
+pub fn load(args: &ModelArgs) -> Result<LoadedModel> {
+    init_threads(args.threads)?;
+    let path = model_path(args)?;
+    let backend = match args.device {
+        DeviceArg::Auto | DeviceArg::Cpu => CpuBackend::new(),
+    };
+    let start = Instant::now();
+    let bar = ProgressBar::hidden();
+    let mut shown = false;
+    let mut progress = |done: usize, total: usize| {
+        if !shown && start.elapsed() > Duration::from_millis(300) {
+            bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+            bar.set_style(
+                ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} layers")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+            bar.set_message(path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
+            shown = true;
+        }
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    };
+    let model = load_model(&path, &backend, &mut progress)
+        .with_context(|| format!("could not load the model at {}", path.display()))?;
+    bar.finish_and_clear();
+    Ok(model)
+}

@@ -1,0 +1,443 @@
+//! Llama-family forward (Llama 2/3, SmolLM2, ...): RMSNorm, RoPE, GQA attention with a KV cache,
+//! SwiGLU FFN, tied or untied LM head. Matmuls are backend kernels; the rest runs on the CPU in f32.
+
+use std::sync::Arc;
+
+use anelm_kernels::round_f16;
+use anelm_model::gguf::GgufFile;
+use anelm_model::hf_config::HfConfig;
+use anelm_model::tensor_store::TensorStore;
+use rayon::prelude::*;
+
+use crate::backend::{Backend, Kernel, KernelSpec, WeightId};
+use crate::batch::Batch;
+use crate::error::{EngineError, Result};
+use crate::kv_cache::KvCache;
+use crate::model::{LanguageModel, LogitsMode, ModelInfo, StepItem};
+use crate::ops::{Rope, RopePairing, attend, rms_norm};
+use crate::session::Session;
+use crate::stored_matrix::StoredMatrix;
+
+/// Hyper-parameters of a Llama-family model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LlamaConfig {
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// Hidden width.
+    pub hidden_size: usize,
+    /// FFN width.
+    pub intermediate_size: usize,
+    /// Decoder layers.
+    pub n_layers: usize,
+    /// Query heads.
+    pub n_heads: usize,
+    /// Key/value heads (GQA).
+    pub n_kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// Dimensions RoPE rotates (= head_dim for Llama).
+    pub rope_dims: usize,
+    /// RoPE base.
+    pub rope_theta: f32,
+    /// RMSNorm epsilon.
+    pub rms_eps: f32,
+    /// Training context length.
+    pub context_length: usize,
+    /// How RoPE pairs elements in this file's layout.
+    pub rope_pairing: RopePairing,
+}
+
+/// Tensor names of one file layout.
+#[derive(Clone, Copy, Debug)]
+pub enum TensorNaming {
+    /// llama.cpp names (`blk.N.attn_q.weight`).
+    Gguf,
+    /// Hugging Face names (`model.layers.N.self_attn.q_proj.weight`).
+    HuggingFace,
+}
+
+impl TensorNaming {
+    fn embed(self) -> &'static str {
+        match self {
+            Self::Gguf => "token_embd.weight",
+            Self::HuggingFace => "model.embed_tokens.weight",
+        }
+    }
+    fn output_norm(self) -> &'static str {
+        match self {
+            Self::Gguf => "output_norm.weight",
+            Self::HuggingFace => "model.norm.weight",
+        }
+    }
+    fn output(self) -> &'static str {
+        match self {
+            Self::Gguf => "output.weight",
+            Self::HuggingFace => "lm_head.weight",
+        }
+    }
+    fn layer(self, i: usize, what: &str) -> String {
+        match self {
+            Self::Gguf => format!("blk.{i}.{what}.weight"),
+            Self::HuggingFace => {
+                let hf = match what {
+                    "attn_norm" => "input_layernorm",
+                    "ffn_norm" => "post_attention_layernorm",
+                    "attn_q" => "self_attn.q_proj",
+                    "attn_k" => "self_attn.k_proj",
+                    "attn_v" => "self_attn.v_proj",
+                    "attn_output" => "self_attn.o_proj",
+                    "ffn_gate" => "mlp.gate_proj",
+                    "ffn_up" => "mlp.up_proj",
+                    "ffn_down" => "mlp.down_proj",
+                    other => other,
+                };
+                format!("model.layers.{i}.{hf}.weight")
+            }
+        }
+    }
+}
+
+fn need<T>(v: Option<T>, key: &str) -> Result<T> {
+    v.ok_or_else(|| EngineError::Config(format!("missing '{key}' in the model's metadata")))
+}
+
+impl LlamaConfig {
+    /// From a GGUF file's `llama.*` (or `<arch>.*`) metadata.
+    pub fn from_gguf(g: &GgufFile) -> Result<Self> {
+        let arch = g.architecture().unwrap_or("llama").to_string();
+        let key = |k: &str| format!("{arch}.{k}");
+        let u = |k: &str| -> Result<usize> { need(g.get_u64(&key(k)), &key(k)).map(|v| v as usize) };
+        let hidden_size = u("embedding_length")?;
+        let n_heads = u("attention.head_count")?;
+        let n_kv_heads = g.get_u64(&key("attention.head_count_kv")).map_or(n_heads, |v| v as usize);
+        if n_heads == 0 {
+            return Err(EngineError::Config("attention.head_count is 0".into()));
+        }
+        let head_dim = g
+            .get_u64(&key("attention.key_length"))
+            .map_or(hidden_size / n_heads, |v| v as usize);
+        let vocab_size = match g.get_u64(&key("vocab_size")) {
+            Some(v) => v as usize,
+            None => need(g.get_string_array("tokenizer.ggml.tokens"), "tokenizer.ggml.tokens")?.len(),
+        };
+        let cfg = Self {
+            vocab_size,
+            hidden_size,
+            intermediate_size: u("feed_forward_length")?,
+            n_layers: u("block_count")?,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            rope_dims: g.get_u64(&key("rope.dimension_count")).map_or(head_dim, |v| v as usize),
+            rope_theta: g.get_f32(&key("rope.freq_base")).unwrap_or(10000.0),
+            rms_eps: g.get_f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
+            context_length: g.get_u64(&key("context_length")).map_or(4096, |v| v as usize),
+            rope_pairing: RopePairing::Adjacent,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// From a Hugging Face `config.json`.
+    pub fn from_hf(c: &HfConfig) -> Result<Self> {
+        let hidden_size = need(c.hidden_size, "hidden_size")?;
+        let n_heads = need(c.num_attention_heads, "num_attention_heads")?;
+        if n_heads == 0 {
+            return Err(EngineError::Config("num_attention_heads is 0".into()));
+        }
+        let head_dim = c.head_dim.unwrap_or(hidden_size / n_heads);
+        let cfg = Self {
+            vocab_size: need(c.vocab_size, "vocab_size")?,
+            hidden_size,
+            intermediate_size: need(c.intermediate_size, "intermediate_size")?,
+            n_layers: need(c.num_hidden_layers, "num_hidden_layers")?,
+            n_heads,
+            n_kv_heads: c.num_key_value_heads.unwrap_or(n_heads),
+            head_dim,
+            rope_dims: head_dim,
+            rope_theta: c.rope_theta.unwrap_or(10000.0) as f32,
+            rms_eps: c.rms_norm_eps.unwrap_or(1e-6) as f32,
+            context_length: c.max_position_embeddings.unwrap_or(4096),
+            rope_pairing: RopePairing::Halves,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> Result<()> {
+        let bad = |m: &str| Err(EngineError::Config(m.to_string()));
+        if self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
+            return bad("query heads must be a positive multiple of key/value heads");
+        }
+        if self.head_dim == 0 || self.rope_dims > self.head_dim || self.rope_dims % 2 != 0 {
+            return bad("rope dimension count must be even and at most the head width");
+        }
+        if self.hidden_size == 0 || self.vocab_size == 0 || self.n_layers == 0 {
+            return bad("hidden size, vocabulary and layer count must be positive");
+        }
+        if self.n_layers > 4096 || self.n_heads > 4096 || self.head_dim > 8192 {
+            return bad("implausibly large layer/head counts: the file is corrupt");
+        }
+        Ok(())
+    }
+}
+
+struct Layer {
+    attn_norm: Vec<f32>,
+    ffn_norm: Vec<f32>,
+    qkv: Box<dyn Kernel>,
+    out_residual: Box<dyn Kernel>,
+    ffn_residual: Box<dyn Kernel>,
+}
+
+/// A loaded Llama-family model.
+pub struct Llama {
+    cfg: LlamaConfig,
+    info: ModelInfo,
+    embed: StoredMatrix,
+    layers: Vec<Layer>,
+    output_norm: Vec<f32>,
+    lm_head: Box<dyn Kernel>,
+    rope: Rope,
+}
+
+impl Llama {
+    /// Compile every kernel on `backend`. `progress(done, total)` is called after each layer.
+    pub fn load(
+        cfg: LlamaConfig,
+        store: &Arc<dyn TensorStore>,
+        naming: TensorNaming,
+        backend: &dyn Backend,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self> {
+        let h = cfg.hidden_size;
+        let q_dim = cfg.n_heads * cfg.head_dim;
+        let kv_dim = cfg.n_kv_heads * cfg.head_dim;
+        let embed = StoredMatrix::load(store, naming.embed())?;
+        embed.expect_shape(cfg.vocab_size, h)?;
+        let norm = |name: &str| -> Result<Vec<f32>> {
+            let m = StoredMatrix::load(store, name)?;
+            m.expect_shape(1, h)?;
+            m.to_f32()
+        };
+        let mut layers = Vec::with_capacity(cfg.n_layers);
+        for i in 0..cfg.n_layers {
+            let name = |what: &str| naming.layer(i, what);
+            let w = |what: &str| WeightId::new(name(what));
+            let check = |what: &str, rows: usize, cols: usize| -> Result<()> {
+                StoredMatrix::load(store, &name(what))?.expect_shape(rows, cols)
+            };
+            check("attn_q", q_dim, h)?;
+            check("attn_k", kv_dim, h)?;
+            check("attn_v", kv_dim, h)?;
+            check("attn_output", h, q_dim)?;
+            let qkv = backend.compile(
+                &KernelSpec::Concat {
+                    ws: vec![w("attn_q"), w("attn_k"), w("attn_v")],
+                },
+                store,
+            )?;
+            let out_residual = backend.compile(&KernelSpec::LinearResidual { w: w("attn_output") }, store)?;
+            let ffn_residual = backend.compile(
+                &KernelSpec::SwiGluResidual {
+                    gate: w("ffn_gate"),
+                    up: w("ffn_up"),
+                    down: w("ffn_down"),
+                },
+                store,
+            )?;
+            if ffn_residual.shape().input != h {
+                return Err(EngineError::Config(format!("layer {i}: FFN input width differs from hidden size")));
+            }
+            layers.push(Layer {
+                attn_norm: norm(&name("attn_norm"))?,
+                ffn_norm: norm(&name("ffn_norm"))?,
+                qkv,
+                out_residual,
+                ffn_residual,
+            });
+            progress(i + 1, cfg.n_layers + 1);
+        }
+        let head_name = if store.contains(naming.output()) {
+            naming.output()
+        } else {
+            naming.embed()
+        };
+        let lm_head = backend.compile(&KernelSpec::Linear { w: WeightId::new(head_name) }, store)?;
+        if lm_head.shape().output != cfg.vocab_size || lm_head.shape().input != h {
+            return Err(EngineError::Config(format!(
+                "LM head '{head_name}' is {}×{}, expected {}×{h}",
+                lm_head.shape().output,
+                lm_head.shape().input,
+                cfg.vocab_size
+            )));
+        }
+        progress(cfg.n_layers + 1, cfg.n_layers + 1);
+        let info = ModelInfo {
+            architecture: "llama".into(),
+            vocab_size: cfg.vocab_size,
+            context_length: cfg.context_length,
+            n_layers: cfg.n_layers,
+            hidden_size: h,
+        };
+        Ok(Self {
+            rope: Rope::new(cfg.rope_dims, cfg.rope_theta, cfg.rope_pairing),
+            output_norm: norm(naming.output_norm())?,
+            info,
+            embed,
+            layers,
+            lm_head,
+            cfg,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &LlamaConfig {
+        &self.cfg
+    }
+}
+
+/// Where one lane of a step comes from.
+struct LaneRef {
+    item: usize,
+    pos: usize,
+}
+
+impl LanguageModel for Llama {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn new_session(&self, ctx_size: usize) -> Session {
+        let ctx = ctx_size.clamp(1, self.cfg.context_length.max(1));
+        Session::new(KvCache::new(self.cfg.n_layers, self.cfg.n_kv_heads * self.cfg.head_dim), ctx)
+    }
+
+    fn forward(&self, items: &mut [StepItem<'_>]) -> Result<Batch> {
+        let cfg = &self.cfg;
+        let (h, hd) = (cfg.hidden_size, cfg.head_dim);
+        let q_dim = cfg.n_heads * hd;
+        let kv_dim = cfg.n_kv_heads * hd;
+        let group = cfg.n_heads / cfg.n_kv_heads;
+        // Lanes: every item's tokens, in order.
+        let mut lanes = Vec::new();
+        for (i, it) in items.iter().enumerate() {
+            let needed = it.session.len() + it.tokens.len();
+            if needed > it.session.ctx_size() {
+                return Err(EngineError::ContextFull {
+                    needed,
+                    limit: it.session.ctx_size(),
+                });
+            }
+            for (t, &tok) in it.tokens.iter().enumerate() {
+                if tok as usize >= cfg.vocab_size {
+                    return Err(EngineError::InvalidRequest(format!(
+                        "token id {tok} is outside the vocabulary (size {})",
+                        cfg.vocab_size
+                    )));
+                }
+                lanes.push(LaneRef {
+                    item: i,
+                    pos: it.session.len() + t,
+                });
+            }
+        }
+        let n = lanes.len();
+        if n == 0 {
+            return Ok(Batch::zeros(0, cfg.vocab_size));
+        }
+        // Embeddings.
+        let mut x = Batch::zeros(n, h);
+        {
+            let mut lane = 0;
+            for it in items.iter() {
+                for &tok in it.tokens {
+                    let row = self.embed.row_bytes(tok as usize).unwrap_or(&[]);
+                    anelm_kernels::dequantize_row(self.embed.format, row, x.lane_mut(lane))?;
+                    lane += 1;
+                }
+            }
+        }
+        let mut angles: Vec<Vec<(f32, f32)>> = Vec::with_capacity(n);
+        for l in &lanes {
+            let mut cs = Vec::new();
+            self.rope.angles(l.pos, &mut cs);
+            angles.push(cs);
+        }
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut xn = Batch::zeros(n, h);
+        let mut qkv = Batch::default();
+        let mut attn = Batch::zeros(n, q_dim);
+        let mut y = Batch::default();
+        for (li, layer) in self.layers.iter().enumerate() {
+            for lane in 0..n {
+                rms_norm(x.lane(lane), &layer.attn_norm, cfg.rms_eps, 0.0, xn.lane_mut(lane));
+            }
+            layer.qkv.run(&[&xn], &mut qkv)?;
+            // RoPE on q and k, then append k/v (f16-rounded) to each lane's session.
+            for (lane, l) in lanes.iter().enumerate() {
+                let row = qkv.lane_mut(lane);
+                let (q, kv) = row.split_at_mut(q_dim);
+                for head in q.chunks_mut(hd) {
+                    self.rope.apply(head, &angles[lane]);
+                }
+                let (k, v) = kv.split_at_mut(kv_dim);
+                for head in k.chunks_mut(hd) {
+                    self.rope.apply(head, &angles[lane]);
+                }
+                let cache = &mut items[l.item].session.kv.layers[li];
+                cache.k.extend(k.iter().map(|&e| round_f16(e)));
+                cache.v.extend(v.iter().map(|&e| round_f16(e)));
+            }
+            // Attention: every (lane, head) independently, over positions 0..=pos.
+            let caches: Vec<&crate::kv_cache::KvLayer> =
+                items.iter().map(|it| &it.session.kv.layers[li]).collect();
+            let qkv_ref = &qkv;
+            attn.as_mut_slice()
+                .par_chunks_mut(hd)
+                .enumerate()
+                .for_each_init(Vec::new, |scores, (idx, out)| {
+                    let (lane, head) = (idx / cfg.n_heads, idx % cfg.n_heads);
+                    let l = &lanes[lane];
+                    let q = &qkv_ref.lane(lane)[head * hd..(head + 1) * hd];
+                    let c = caches[l.item];
+                    let kvh = head / group;
+                    attend(q, &c.k, &c.v, l.pos + 1, kv_dim, kvh * hd, scale, scores, out);
+                });
+            drop(caches);
+            layer.out_residual.run(&[&attn, &x], &mut y)?;
+            std::mem::swap(&mut x, &mut y);
+            for lane in 0..n {
+                rms_norm(x.lane(lane), &layer.ffn_norm, cfg.rms_eps, 0.0, xn.lane_mut(lane));
+            }
+            layer.ffn_residual.run(&[&xn, &x], &mut y)?;
+            std::mem::swap(&mut x, &mut y);
+        }
+        for it in items.iter_mut() {
+            it.session.push_tokens(it.tokens);
+        }
+        // Final norm and LM head, only for the rows asked for.
+        let mut wanted = Vec::new();
+        let mut lane = 0;
+        for it in items.iter() {
+            let k = it.tokens.len();
+            match it.logits {
+                LogitsMode::None => {}
+                LogitsMode::Last => wanted.push(lane + k - 1),
+                LogitsMode::All => wanted.extend(lane..lane + k),
+            }
+            lane += k;
+        }
+        let mut normed = Batch::zeros(wanted.len(), h);
+        for (row, &lane) in wanted.iter().enumerate() {
+            rms_norm(x.lane(lane), &self.output_norm, cfg.rms_eps, 0.0, normed.lane_mut(row));
+        }
+        let mut logits = Batch::default();
+        if wanted.is_empty() {
+            logits.resize(0, cfg.vocab_size);
+        } else {
+            self.lm_head.run(&[&normed], &mut logits)?;
+        }
+        Ok(logits)
+    }
+}

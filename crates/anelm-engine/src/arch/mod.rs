@@ -1,0 +1,3 @@
+//! Model forwards per architecture.
+
+pub mod llama;

@@ -1,0 +1,113 @@
+//! The seam between model code and the places kernels run: `KernelSpec` says what one dispatch
+//! computes (weights fixed at compile time), a `Backend` compiles it, a `Kernel` runs it.
+//! The CPU backend lives in `cpu_backend`; the ANE backends (real and emulated) plug in here.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anelm_model::tensor_store::TensorStore;
+
+use crate::batch::Batch;
+use crate::error::Result;
+
+/// Names one weight tensor in the model's `TensorStore`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct WeightId(pub String);
+
+impl WeightId {
+    /// A weight id from its tensor name.
+    pub fn new(name: impl Into<String>) -> Self {
+        Self(name.into())
+    }
+}
+
+/// What an accelerator computes in one dispatch. Weights are fixed at compile time.
+#[derive(Clone, Debug, PartialEq)]
+pub enum KernelSpec {
+    /// y = W·x
+    Linear {
+        /// The weight matrix [out, in].
+        w: WeightId,
+    },
+    /// y = [W1·x ; W2·x ; …] (fused input projection such as QKV)
+    Concat {
+        /// The matrices, all with the same input width.
+        ws: Vec<WeightId>,
+    },
+    /// y = r + W·x (output projection plus residual)
+    LinearResidual {
+        /// The weight matrix [out, in].
+        w: WeightId,
+    },
+    /// y = r + D(silu(G·x) ⊙ U·x) (SwiGLU FFN plus residual)
+    SwiGluResidual {
+        /// Gate projection [ffn, hidden].
+        gate: WeightId,
+        /// Up projection [ffn, hidden].
+        up: WeightId,
+        /// Down projection [hidden, ffn].
+        down: WeightId,
+    },
+    /// y = r + D(silu(G·x) ⊙ U·x) for one chunk of a split FFN (r is the running accumulator).
+    SwiGluAccumulate {
+        /// Gate rows of this chunk.
+        gate: WeightId,
+        /// Up rows of this chunk.
+        up: WeightId,
+        /// Down columns of this chunk.
+        down: WeightId,
+    },
+}
+
+impl KernelSpec {
+    /// Whether `run` takes a residual batch `r` as its second input.
+    pub fn has_residual(&self) -> bool {
+        matches!(
+            self,
+            Self::LinearResidual { .. } | Self::SwiGluResidual { .. } | Self::SwiGluAccumulate { .. }
+        )
+    }
+}
+
+/// What one dispatch cost. Summed per step, these become `anelm plan` and bench figures.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Dispatch {
+    /// Lanes computed.
+    pub lanes: usize,
+    /// Weight bytes read.
+    pub weight_bytes: u64,
+    /// Activation bytes in and out.
+    pub activation_bytes: u64,
+    /// Host wall time of the dispatch.
+    pub elapsed: Duration,
+    /// Modelled accelerator time (emulator only).
+    pub modelled: Option<Duration>,
+}
+
+/// A place kernels run: the CPU, the Neural Engine, or its emulator.
+pub trait Backend: Send + Sync {
+    /// Short name for logs and errors (`cpu`, `ane`, `ane-emu`).
+    fn name(&self) -> &str;
+    /// Most lanes one dispatch takes (32 on the ANE, large on the CPU).
+    fn max_lanes(&self) -> usize;
+    /// Compile a kernel with its weights baked in.
+    fn compile(&self, spec: &KernelSpec, weights: &Arc<dyn TensorStore>) -> Result<Box<dyn Kernel>>;
+}
+
+/// A compiled kernel.
+pub trait Kernel: Send + Sync {
+    /// Input and output widths (channels).
+    fn shape(&self) -> KernelShape;
+    /// inputs: x (and r for residual kernels); out: y. All `Batch` lanes × channels; `out` is
+    /// resized to x's lanes × output channels.
+    fn run(&self, inputs: &[&Batch], out: &mut Batch) -> Result<Dispatch>;
+}
+
+/// Channel widths of a kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelShape {
+    /// Channels of x.
+    pub input: usize,
+    /// Channels of y (and of r, for residual kernels).
+    pub output: usize,
+}

@@ -1,0 +1,246 @@
+//! The CPU backend: kernels run natively on the weights in their stored format (no f32
+//! expansion), with the activation quantised to the weight format's dot format.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use anelm_kernels::Activations;
+use anelm_model::tensor_store::TensorStore;
+
+use crate::backend::{Backend, Dispatch, Kernel, KernelShape, KernelSpec};
+use crate::batch::Batch;
+use crate::error::{EngineError, Result};
+use crate::stored_matrix::StoredMatrix;
+
+/// Runs `KernelSpec`s on the host CPU through `anelm-kernels` (threads: the rayon pool).
+#[derive(Clone, Debug, Default)]
+pub struct CpuBackend;
+
+impl CpuBackend {
+    /// The CPU backend.
+    pub fn new() -> Self {
+        Self
+    }
+}
+
+/// Lanes per CPU dispatch: large, so a whole prefill chunk shares each weight read.
+const CPU_MAX_LANES: usize = 512;
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &str {
+        "cpu"
+    }
+
+    fn max_lanes(&self) -> usize {
+        CPU_MAX_LANES
+    }
+
+    fn compile(&self, spec: &KernelSpec, weights: &Arc<dyn TensorStore>) -> Result<Box<dyn Kernel>> {
+        let load = |id: &crate::backend::WeightId| StoredMatrix::load(weights, &id.0);
+        match spec {
+            KernelSpec::Linear { w } => Ok(Box::new(CpuLinear::new(vec![load(w)?], false)?)),
+            KernelSpec::LinearResidual { w } => Ok(Box::new(CpuLinear::new(vec![load(w)?], true)?)),
+            KernelSpec::Concat { ws } => {
+                let mats = ws.iter().map(load).collect::<Result<Vec<_>>>()?;
+                Ok(Box::new(CpuLinear::new(mats, false)?))
+            }
+            KernelSpec::SwiGluResidual { gate, up, down }
+            | KernelSpec::SwiGluAccumulate { gate, up, down } => {
+                Ok(Box::new(CpuSwiGlu::new(load(gate)?, load(up)?, load(down)?)?))
+            }
+        }
+    }
+}
+
+fn check_inputs(inputs: &[&Batch], shape: KernelShape, residual: bool) -> Result<(&Batch, Option<&Batch>)> {
+    let bad = |m: String| EngineError::Backend {
+        backend: "cpu".into(),
+        message: m,
+    };
+    let x = *inputs.first().ok_or_else(|| bad("kernel run without an input".into()))?;
+    if x.channels() != shape.input {
+        return Err(bad(format!("input has {} channels, kernel takes {}", x.channels(), shape.input)));
+    }
+    let r = if residual {
+        let r = *inputs.get(1).ok_or_else(|| bad("residual kernel run without r".into()))?;
+        if r.channels() != shape.output || r.lanes() != x.lanes() {
+            return Err(bad(format!(
+                "residual is {}×{}, expected {}×{}",
+                r.lanes(),
+                r.channels(),
+                x.lanes(),
+                shape.output
+            )));
+        }
+        Some(r)
+    } else {
+        None
+    };
+    Ok((x, r))
+}
+
+/// Scratch buffers reused across runs so the steady state does not allocate.
+#[derive(Default)]
+struct LinearScratch {
+    act: Activations,
+    part: Vec<f32>,
+}
+
+/// `Linear`, `LinearResidual` and `Concat`.
+struct CpuLinear {
+    mats: Vec<StoredMatrix>,
+    residual: bool,
+    shape: KernelShape,
+    scratch: Mutex<LinearScratch>,
+}
+
+impl CpuLinear {
+    fn new(mats: Vec<StoredMatrix>, residual: bool) -> Result<Self> {
+        let first = mats
+            .first()
+            .ok_or_else(|| EngineError::Config("a Concat kernel needs at least one matrix".into()))?;
+        let input = first.cols;
+        if let Some(m) = mats.iter().find(|m| m.cols != input) {
+            return Err(EngineError::Config(format!(
+                "fused matrices disagree on input width: '{}' has {} columns, '{}' has {}",
+                first.name, input, m.name, m.cols
+            )));
+        }
+        let output = mats.iter().map(|m| m.rows).sum();
+        Ok(Self {
+            mats,
+            residual,
+            shape: KernelShape { input, output },
+            scratch: Mutex::new(LinearScratch::default()),
+        })
+    }
+}
+
+impl Kernel for CpuLinear {
+    fn shape(&self) -> KernelShape {
+        self.shape
+    }
+
+    fn run(&self, inputs: &[&Batch], out: &mut Batch) -> Result<Dispatch> {
+        let start = Instant::now();
+        let (x, r) = check_inputs(inputs, self.shape, self.residual)?;
+        let lanes = x.lanes();
+        out.resize(lanes, self.shape.output);
+        let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let LinearScratch { act, part } = &mut *guard;
+        let mut weight_bytes = 0u64;
+        if let [m] = self.mats.as_slice() {
+            act.quantize(m.format, x.as_slice(), lanes, m.cols)?;
+            anelm_kernels::matmul(m.format, m.bytes(), m.rows, m.cols, act, out.as_mut_slice())?;
+            weight_bytes += m.bytes().len() as u64;
+        } else {
+            let mut offset = 0;
+            for m in &self.mats {
+                if act.lanes() != lanes || act.cols() != m.cols || act.weight_format() != m.format {
+                    act.quantize(m.format, x.as_slice(), lanes, m.cols)?;
+                }
+                part.resize(lanes * m.rows, 0.0);
+                anelm_kernels::matmul(m.format, m.bytes(), m.rows, m.cols, act, part)?;
+                for lane in 0..lanes {
+                    out.lane_mut(lane)[offset..offset + m.rows]
+                        .copy_from_slice(&part[lane * m.rows..(lane + 1) * m.rows]);
+                }
+                offset += m.rows;
+                weight_bytes += m.bytes().len() as u64;
+            }
+        }
+        if let Some(r) = r {
+            for (y, r) in out.as_mut_slice().iter_mut().zip(r.as_slice()) {
+                *y += *r;
+            }
+        }
+        Ok(Dispatch {
+            lanes,
+            weight_bytes,
+            activation_bytes: 4 * (x.as_slice().len() + out.as_slice().len()) as u64,
+            elapsed: start.elapsed(),
+            modelled: None,
+        })
+    }
+}
+
+#[derive(Default)]
+struct SwiGluScratch {
+    act: Activations,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+}
+
+/// `SwiGluResidual` / `SwiGluAccumulate`: y = r + D(silu(G·x) ⊙ U·x).
+struct CpuSwiGlu {
+    gate: StoredMatrix,
+    up: StoredMatrix,
+    down: StoredMatrix,
+    shape: KernelShape,
+    scratch: Mutex<SwiGluScratch>,
+}
+
+impl CpuSwiGlu {
+    fn new(gate: StoredMatrix, up: StoredMatrix, down: StoredMatrix) -> Result<Self> {
+        let (ffn, hidden) = (gate.rows, gate.cols);
+        up.expect_shape(ffn, hidden)?;
+        down.expect_shape(hidden, ffn)?;
+        Ok(Self {
+            shape: KernelShape {
+                input: hidden,
+                output: hidden,
+            },
+            gate,
+            up,
+            down,
+            scratch: Mutex::new(SwiGluScratch::default()),
+        })
+    }
+}
+
+/// SiLU as ggml computes it: x / (1 + e^-x).
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+impl Kernel for CpuSwiGlu {
+    fn shape(&self) -> KernelShape {
+        self.shape
+    }
+
+    fn run(&self, inputs: &[&Batch], out: &mut Batch) -> Result<Dispatch> {
+        let start = Instant::now();
+        let (x, r) = check_inputs(inputs, self.shape, true)?;
+        let lanes = x.lanes();
+        let ffn = self.gate.rows;
+        let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let SwiGluScratch { act, gate, up } = &mut *guard;
+        gate.resize(lanes * ffn, 0.0);
+        up.resize(lanes * ffn, 0.0);
+        act.quantize(self.gate.format, x.as_slice(), lanes, self.gate.cols)?;
+        anelm_kernels::matmul(self.gate.format, self.gate.bytes(), ffn, self.gate.cols, act, gate)?;
+        if self.up.format != self.gate.format {
+            act.quantize(self.up.format, x.as_slice(), lanes, self.up.cols)?;
+        }
+        anelm_kernels::matmul(self.up.format, self.up.bytes(), ffn, self.up.cols, act, up)?;
+        for (g, u) in gate.iter_mut().zip(up.iter()) {
+            *g = silu(*g) * *u;
+        }
+        act.quantize(self.down.format, gate, lanes, ffn)?;
+        out.resize(lanes, self.shape.output);
+        anelm_kernels::matmul(self.down.format, self.down.bytes(), self.down.rows, ffn, act, out.as_mut_slice())?;
+        if let Some(r) = r {
+            for (y, r) in out.as_mut_slice().iter_mut().zip(r.as_slice()) {
+                *y += *r;
+            }
+        }
+        let weight_bytes = (self.gate.bytes().len() + self.up.bytes().len() + self.down.bytes().len()) as u64;
+        Ok(Dispatch {
+            lanes,
+            weight_bytes,
+            activation_bytes: 4 * (x.as_slice().len() * 2 + out.as_slice().len()) as u64,
+            elapsed: start.elapsed(),
+            modelled: None,
+        })
+    }
+}

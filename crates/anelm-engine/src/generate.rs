@@ -1,0 +1,176 @@
+//! Single-stream generation: prompt-cache-aware prefill in chunks, then sample → forward until
+//! a stop token, the token budget or the caller says stop.
+
+use std::time::{Duration, Instant};
+
+use anelm_model::tokenizer::{StreamDecoder, Tokenizer};
+
+use crate::error::{EngineError, Result};
+use crate::model::{LanguageModel, LogitsMode, StepItem};
+use crate::sampler::{Sampler, SamplerParams};
+use crate::session::Session;
+
+/// How to generate.
+#[derive(Clone, Debug)]
+pub struct GenerateOptions {
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Sampling parameters.
+    pub sampler: SamplerParams,
+    /// Stop at the model's end-of-generation tokens (false: keep going, as benchmarks do).
+    pub stop_on_eos: bool,
+    /// Prompt tokens per prefill pass.
+    pub prefill_chunk: usize,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        Self {
+            max_tokens: 256,
+            sampler: SamplerParams::default(),
+            stop_on_eos: true,
+            prefill_chunk: 128,
+        }
+    }
+}
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// A stop token was sampled.
+    Stop,
+    /// `max_tokens` or the context size was reached.
+    Length,
+    /// The caller asked to stop.
+    Cancelled,
+}
+
+/// Counts and timings of one generation.
+#[derive(Clone, Debug)]
+pub struct GenerationStats {
+    /// Prompt tokens in the request.
+    pub prompt_tokens: usize,
+    /// Of those, tokens whose state was reused from the session (not prefilled again).
+    pub reused_tokens: usize,
+    /// Time to prefill the rest.
+    pub prompt_time: Duration,
+    /// Tokens generated.
+    pub generated_tokens: usize,
+    /// Time from the first sampled token to the last.
+    pub generation_time: Duration,
+    /// Why it ended.
+    pub finish: FinishReason,
+}
+
+fn rate(n: usize, t: Duration) -> f64 {
+    if t.is_zero() { 0.0 } else { n as f64 / t.as_secs_f64() }
+}
+
+impl GenerationStats {
+    /// Prefilled tokens per second.
+    pub fn prompt_tok_per_s(&self) -> f64 {
+        rate(self.prompt_tokens - self.reused_tokens, self.prompt_time)
+    }
+    /// Generated tokens per second (decode steps only).
+    pub fn generation_tok_per_s(&self) -> f64 {
+        rate(self.generated_tokens.saturating_sub(1), self.generation_time)
+    }
+}
+
+/// Bring `session` to the state after `prompt` and return the last prompt token's logits.
+/// Reuses the longest cached prefix; returns (logits, reused token count).
+pub fn prefill(model: &dyn LanguageModel, session: &mut Session, prompt: &[u32], chunk: usize) -> Result<(Vec<f32>, usize)> {
+    if prompt.is_empty() {
+        return Err(EngineError::InvalidRequest("the prompt is empty (no tokens)".into()));
+    }
+    if prompt.len() > session.ctx_size() {
+        return Err(EngineError::ContextFull {
+            needed: prompt.len(),
+            limit: session.ctx_size(),
+        });
+    }
+    let mut common = session.tokens().iter().zip(prompt).take_while(|(a, b)| a == b).count();
+    // The last prompt token must run again to produce its logits.
+    common = common.min(prompt.len() - 1);
+    session.truncate(common);
+    let chunk = chunk.max(1);
+    let rest = &prompt[common..];
+    let mut logits = Vec::new();
+    let n_chunks = rest.len().div_ceil(chunk);
+    for (i, part) in rest.chunks(chunk).enumerate() {
+        let last = i + 1 == n_chunks;
+        let mut items = [StepItem {
+            session,
+            tokens: part,
+            logits: if last { LogitsMode::Last } else { LogitsMode::None },
+        }];
+        let out = model.forward(&mut items)?;
+        if last {
+            logits = out.lane(0).to_vec();
+        }
+    }
+    Ok((logits, common))
+}
+
+/// Generate after `prompt`, calling `on_text` with each piece of decoded text as soon as it is
+/// complete; `on_text` returns false to stop. Returns the generated ids and the statistics.
+pub fn generate(
+    model: &dyn LanguageModel,
+    tokenizer: &Tokenizer,
+    session: &mut Session,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    on_text: &mut dyn FnMut(&str) -> bool,
+) -> Result<(Vec<u32>, GenerationStats)> {
+    let mut sampler = Sampler::new(opts.sampler.clone())?;
+    let t0 = Instant::now();
+    let (mut logits, reused) = prefill(model, session, prompt, opts.prefill_chunk)?;
+    let prompt_time = t0.elapsed();
+    let mut history: Vec<u32> = prompt.to_vec();
+    let mut generated = Vec::new();
+    let mut decoder = StreamDecoder::new(tokenizer);
+    let stops = tokenizer.stop_ids();
+    let mut finish = FinishReason::Length;
+    let mut first_token_at = None;
+    while generated.len() < opts.max_tokens {
+        let tok = sampler.sample(&logits, &history)?;
+        first_token_at.get_or_insert_with(Instant::now);
+        if opts.stop_on_eos && stops.contains(&tok) {
+            finish = FinishReason::Stop;
+            break;
+        }
+        generated.push(tok);
+        history.push(tok);
+        let text = decoder.push(tok);
+        if !text.is_empty() && !on_text(&text) {
+            finish = FinishReason::Cancelled;
+            break;
+        }
+        if generated.len() >= opts.max_tokens {
+            break;
+        }
+        if session.len() + 1 > session.ctx_size() {
+            break;
+        }
+        let mut items = [StepItem {
+            session,
+            tokens: std::slice::from_ref(&tok),
+            logits: LogitsMode::Last,
+        }];
+        logits = model.forward(&mut items)?.lane(0).to_vec();
+    }
+    let tail = decoder.finish();
+    if !tail.is_empty() && finish != FinishReason::Cancelled {
+        on_text(&tail);
+    }
+    let generation_time = first_token_at.map_or(Duration::ZERO, |t| t.elapsed());
+    let stats = GenerationStats {
+        prompt_tokens: prompt.len(),
+        reused_tokens: reused,
+        prompt_time,
+        generated_tokens: generated.len(),
+        generation_time,
+        finish,
+    };
+    Ok((generated, stats))
+}

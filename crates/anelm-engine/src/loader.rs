@@ -1,0 +1,131 @@
+//! Opening a model from disk: a GGUF file or a Hugging Face safetensors directory, with its
+//! tokenizer and chat template, compiled on a backend.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anelm_model::chat_template::{ChatTemplate, load_hf_chat_template};
+use anelm_model::error::ModelError;
+use anelm_model::gguf::GgufFile;
+use anelm_model::hf_config::HfConfig;
+use anelm_model::safetensors_dir::SafetensorsDir;
+use anelm_model::tensor_store::TensorStore;
+use anelm_model::tokenizer::{GgufVocab, Tokenizer};
+
+use crate::arch::llama::{Llama, LlamaConfig, TensorNaming};
+use crate::backend::Backend;
+use crate::error::{EngineError, Result};
+use crate::model::LanguageModel;
+
+/// What kind of file a model came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ModelSource {
+    /// A single GGUF file.
+    Gguf(PathBuf),
+    /// A Hugging Face directory with safetensors shards.
+    SafetensorsDir(PathBuf),
+}
+
+/// A model ready to run: forward, tokenizer, chat template.
+pub struct LoadedModel {
+    /// The forward pass on its backend.
+    pub model: Box<dyn LanguageModel>,
+    /// Text ↔ tokens.
+    pub tokenizer: Tokenizer,
+    /// Renders conversations into prompts.
+    pub template: ChatTemplate,
+    /// Whether `template` came from the model (false: the plain fallback).
+    pub has_own_template: bool,
+    /// Where it came from.
+    pub source: ModelSource,
+}
+
+/// Build the tokenizer a GGUF file describes.
+pub fn gguf_tokenizer(g: &GgufFile) -> Result<Tokenizer> {
+    let tokens = g.get_string_array("tokenizer.ggml.tokens").ok_or_else(|| {
+        EngineError::Config("the GGUF file has no tokenizer (tokenizer.ggml.tokens missing)".into())
+    })?;
+    let token_types = g.get_i32_array("tokenizer.ggml.token_type");
+    let scores = g.get_f32_array("tokenizer.ggml.scores");
+    let id = |k: &str| g.get_u32(k);
+    let vocab = GgufVocab {
+        model: g.get_str("tokenizer.ggml.model").unwrap_or("gpt2"),
+        pre: g.get_str("tokenizer.ggml.pre"),
+        tokens,
+        token_types: token_types.as_deref(),
+        merges: g.get_string_array("tokenizer.ggml.merges"),
+        scores: scores.as_deref(),
+        bos: id("tokenizer.ggml.bos_token_id"),
+        eos: id("tokenizer.ggml.eos_token_id"),
+        eot: id("tokenizer.ggml.eot_token_id"),
+        eom: id("tokenizer.ggml.eom_token_id"),
+        unk: id("tokenizer.ggml.unknown_token_id"),
+        pad: id("tokenizer.ggml.padding_token_id"),
+        add_bos: g.get_bool("tokenizer.ggml.add_bos_token"),
+        add_eos: g.get_bool("tokenizer.ggml.add_eos_token"),
+        add_space_prefix: g.get_bool("tokenizer.ggml.add_space_prefix"),
+    };
+    Ok(Tokenizer::from_gguf_vocab(&vocab)?)
+}
+
+fn template_or_fallback(source: Option<String>, tok: &Tokenizer) -> Result<(ChatTemplate, bool)> {
+    match source {
+        Some(s) => Ok((ChatTemplate::new(&s, tok.bos_token(), tok.eos_token())?, true)),
+        None => Ok((ChatTemplate::fallback(), false)),
+    }
+}
+
+/// Open the model at `path` (GGUF file or safetensors directory) and compile it on `backend`.
+/// `progress(done, total)` reports compilation per layer.
+pub fn load_model(path: &Path, backend: &dyn Backend, progress: &mut dyn FnMut(usize, usize)) -> Result<LoadedModel> {
+    if path.is_dir() {
+        return load_hf_dir(path, backend, progress);
+    }
+    if !path.exists() {
+        return Err(EngineError::Model(ModelError::Io {
+            path: path.to_path_buf(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory"),
+        }));
+    }
+    let gguf = Arc::new(GgufFile::open(path)?);
+    let arch = gguf.architecture().unwrap_or("").to_string();
+    let tokenizer = gguf_tokenizer(&gguf)?;
+    let (template, has_own_template) =
+        template_or_fallback(gguf.get_str("tokenizer.chat_template").map(str::to_string), &tokenizer)?;
+    let store: Arc<dyn TensorStore> = gguf.clone();
+    let model: Box<dyn LanguageModel> = match arch.as_str() {
+        "llama" => Box::new(Llama::load(LlamaConfig::from_gguf(&gguf)?, &store, TensorNaming::Gguf, backend, progress)?),
+        other => return Err(EngineError::UnsupportedArchitecture(other.to_string())),
+    };
+    Ok(LoadedModel {
+        model,
+        tokenizer,
+        template,
+        has_own_template,
+        source: ModelSource::Gguf(path.to_path_buf()),
+    })
+}
+
+fn load_hf_dir(dir: &Path, backend: &dyn Backend, progress: &mut dyn FnMut(usize, usize)) -> Result<LoadedModel> {
+    let config = HfConfig::from_file(&dir.join("config.json"))?;
+    let tokenizer = Tokenizer::from_hf_dir(dir)?;
+    let (template, has_own_template) = template_or_fallback(load_hf_chat_template(dir)?, &tokenizer)?;
+    let store: Arc<dyn TensorStore> = Arc::new(SafetensorsDir::open(dir)?);
+    let model: Box<dyn LanguageModel> = match config.model_type.as_str() {
+        "llama" | "mistral" => Box::new(Llama::load(
+            LlamaConfig::from_hf(&config)?,
+            &store,
+            TensorNaming::HuggingFace,
+            backend,
+            progress,
+        )?),
+        other => return Err(EngineError::UnsupportedArchitecture(other.to_string())),
+    };
+    Ok(LoadedModel {
+        model,
+        tokenizer,
+        template,
+        has_own_template,
+        source: ModelSource::SafetensorsDir(dir.to_path_buf()),
+    })
+}

@@ -1,0 +1,168 @@
+//! CPU-side model operations in fp32: RMSNorm, RoPE, attention over the KV cache.
+//! Their arithmetic follows llama.cpp's CPU path where it matters for bit-level agreement
+//! (f64 sum of squares in RMSNorm, iterated RoPE angles, f16 K/V and probabilities).
+
+use anelm_kernels::round_f16;
+
+/// y = x / sqrt(mean(x²) + eps) ⊙ (w + offset). `offset` is 0 for Llama, 1 for `(1 + w)` norms.
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, offset: f32, y: &mut [f32]) {
+    let sum: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+    let mean = (sum / x.len().max(1) as f64) as f32;
+    let scale = 1.0 / (mean + eps).sqrt();
+    for ((y, &x), &w) in y.iter_mut().zip(x).zip(w) {
+        *y = (x * scale) * (w + offset);
+    }
+}
+
+/// Which elements RoPE rotates together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopePairing {
+    /// (x[2i], x[2i+1]): GGUF Llama files, whose converter permuted the Q/K rows.
+    Adjacent,
+    /// (x[i], x[i + d/2]) ("rotate half"): Hugging Face checkpoints.
+    Halves,
+}
+
+/// Rotary position embedding over the first `dims` elements of each head.
+#[derive(Clone, Debug)]
+pub struct Rope {
+    dims: usize,
+    pairing: RopePairing,
+    theta_scale: f32,
+}
+
+impl Rope {
+    /// RoPE with base `theta` over `dims` (even) dimensions.
+    pub fn new(dims: usize, theta: f32, pairing: RopePairing) -> Self {
+        Self {
+            dims,
+            pairing,
+            theta_scale: theta.powf(-2.0 / dims as f32),
+        }
+    }
+
+    /// Fill `cs` with (cos, sin) for each of the `dims/2` pairs at position `pos`
+    /// (angles iterated as pos·scale^i, the way ggml builds its cache).
+    pub fn angles(&self, pos: usize, cs: &mut Vec<(f32, f32)>) {
+        cs.clear();
+        let mut theta = pos as f32;
+        for _ in 0..self.dims / 2 {
+            cs.push((theta.cos(), theta.sin()));
+            theta *= self.theta_scale;
+        }
+    }
+
+    /// Rotate one head in place with precomputed angles.
+    pub fn apply(&self, head: &mut [f32], cs: &[(f32, f32)]) {
+        let half = self.dims / 2;
+        for (i, &(c, s)) in cs.iter().enumerate().take(half) {
+            let (a, b) = match self.pairing {
+                RopePairing::Adjacent => (2 * i, 2 * i + 1),
+                RopePairing::Halves => (i, i + half),
+            };
+            let (x0, x1) = (head[a], head[b]);
+            head[a] = x0 * c - x1 * s;
+            head[b] = x0 * s + x1 * c;
+        }
+    }
+}
+
+/// One query head attending over `n` cached positions of its KV head.
+/// `k`/`v` hold rows of `stride` floats; the head's slice starts at `offset` in each row.
+/// Scores use f16-rounded q (K is stored f16-rounded), softmax in f32 with an f64 sum,
+/// probabilities rounded to f16 before weighting V, as llama.cpp's non-flash CPU path does.
+#[allow(clippy::too_many_arguments)]
+pub fn attend(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    n: usize,
+    stride: usize,
+    offset: usize,
+    scale: f32,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let d = q.len();
+    scores.clear();
+    let mut max = f32::NEG_INFINITY;
+    for j in 0..n {
+        let kr = &k[j * stride + offset..j * stride + offset + d];
+        let mut s = 0.0f32;
+        for (a, b) in q.iter().zip(kr) {
+            s += round_f16(*a) * b;
+        }
+        let s = s * scale;
+        max = max.max(s);
+        scores.push(s);
+    }
+    let mut sum = 0.0f64;
+    for s in scores.iter_mut() {
+        *s = (*s - max).exp();
+        sum += f64::from(*s);
+    }
+    let inv = if sum > 0.0 { (1.0 / sum) as f32 } else { 0.0 };
+    out.fill(0.0);
+    for (j, p) in scores.iter().enumerate() {
+        let p = round_f16(p * inv);
+        let vr = &v[j * stride + offset..j * stride + offset + d];
+        for (o, x) in out.iter_mut().zip(vr) {
+            *o += p * x;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_unit_rms() {
+        let x = [3.0f32, -4.0, 0.0, 5.0];
+        let w = [1.0f32; 4];
+        let mut y = [0.0f32; 4];
+        rms_norm(&x, &w, 0.0, 0.0, &mut y);
+        let rms = (y.iter().map(|v| v * v).sum::<f32>() / 4.0).sqrt();
+        assert!((rms - 1.0).abs() < 1e-6, "rms {rms}");
+        rms_norm(&x, &[0.0; 4], 0.0, 1.0, &mut y);
+        assert!((y[0] - 3.0 / (12.5f32).sqrt()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn rope_pairings_rotate_the_right_elements() {
+        let rope_adj = Rope::new(4, 10000.0, RopePairing::Adjacent);
+        let rope_half = Rope::new(4, 10000.0, RopePairing::Halves);
+        let mut cs = Vec::new();
+        rope_adj.angles(1, &mut cs);
+        // First pair angle is pos·1 = 1 rad.
+        let (c, s) = (1f32.cos(), 1f32.sin());
+        let mut a = [1.0, 0.0, 0.0, 0.0];
+        rope_adj.apply(&mut a, &cs);
+        assert!((a[0] - c).abs() < 1e-6 && (a[1] - s).abs() < 1e-6 && a[2] == 0.0);
+        let mut h = [1.0, 0.0, 0.0, 0.0];
+        rope_half.apply(&mut h, &cs);
+        assert!((h[0] - c).abs() < 1e-6 && (h[2] - s).abs() < 1e-6 && h[1] == 0.0);
+        // Rotation preserves the norm at any position.
+        rope_half.angles(1234, &mut cs);
+        let mut x = [0.3, -1.2, 2.0, 0.7];
+        let n0: f32 = x.iter().map(|v| v * v).sum();
+        rope_half.apply(&mut x, &cs);
+        let n1: f32 = x.iter().map(|v| v * v).sum();
+        assert!((n0 - n1).abs() < 1e-4);
+    }
+
+    #[test]
+    fn attention_picks_the_matching_key() {
+        // Two cached positions; the query matches the second key strongly.
+        let q = [0.0, 8.0];
+        let k = [8.0, 0.0, 0.0, 8.0];
+        let v = [1.0, 2.0, 3.0, 4.0];
+        let mut scores = Vec::new();
+        let mut out = [0.0; 2];
+        attend(&q, &k, &v, 2, 2, 0, 1.0, &mut scores, &mut out);
+        assert!((out[0] - 3.0).abs() < 1e-3 && (out[1] - 4.0).abs() < 1e-3, "{out:?}");
+        // With equal scores the output is the mean of the values.
+        attend(&[0.0, 0.0], &k, &v, 2, 2, 0, 1.0, &mut scores, &mut out);
+        assert!((out[0] - 2.0).abs() < 1e-3 && (out[1] - 3.0).abs() < 1e-3, "{out:?}");
+    }
+}
