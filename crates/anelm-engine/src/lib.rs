@@ -5,6 +5,7 @@ pub mod arch;
 pub mod backend;
 pub mod batch;
 pub mod cpu_backend;
+pub mod default_model;
 pub mod error;
 pub mod generate;
 pub mod kv_cache;

@@ -1,1 +1,41 @@
-//! (in progress)
+//! The seam the engine loads weights through, for both GGUF files and
+//! safetensors directories.
+
+use anelm_kernels::WeightFormat;
+
+use crate::error::ModelError;
+
+/// A borrowed view of one stored tensor.
+#[derive(Clone, Debug)]
+pub struct TensorView<'a> {
+    /// The tensor's name in its file.
+    pub name: &'a str,
+    /// The stored element / block format.
+    pub format: WeightFormat,
+    /// Dimensions outermost first, like PyTorch: a matrix is `[rows, cols]`.
+    /// For GGUF this is the ggml `ne` order reversed.
+    pub shape: Vec<usize>,
+    /// The raw stored bytes (not necessarily aligned in memory).
+    pub data: &'a [u8],
+}
+
+impl TensorView<'_> {
+    /// Number of elements (product of `shape`; 1 for a scalar).
+    pub fn n_elements(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// A source of named tensors, implemented by [`crate::gguf::GgufFile`] and
+/// [`crate::safetensors_dir::SafetensorsDir`].
+pub trait TensorStore: Send + Sync {
+    /// The tensor called `name`; `MissingTensor` if absent, `UnsupportedFormat`
+    /// if it is stored in a format anelm cannot run.
+    fn tensor(&self, name: &str) -> Result<TensorView<'_>, ModelError>;
+
+    /// Whether a tensor called `name` exists (whatever its format).
+    fn contains(&self, name: &str) -> bool;
+
+    /// Names of all tensors (file order for GGUF, sorted for safetensors).
+    fn tensor_names(&self) -> Vec<&str>;
+}

@@ -1,0 +1,125 @@
+//! The command-line contract that outside checks rely on, exercised on the real default model.
+//! Needs the default model (`scripts/fetch-default-model.sh`; `scripts/test.sh` runs it first).
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn anelm(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_anelm"))
+        .args(args)
+        .args(["--threads", "2"])
+        .output()
+        .expect("run anelm")
+}
+
+fn stdout(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "anelm failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout.clone()).expect("utf-8 stdout")
+}
+
+fn fixture_case0() -> Value {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/smollm2-llamacpp-greedy.json");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).expect("fixture")).expect("json");
+    v["cases"][0].clone()
+}
+
+fn assert_one_line_error(o: &Output, needle: &str) {
+    assert!(!o.status.success(), "expected failure");
+    assert_eq!(o.status.code(), Some(1), "exit code (101 would be a panic)");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.trim_end().lines().count(), 1, "one-line error, got: {err}");
+    assert!(err.starts_with("error: ") && err.contains(needle), "error mentions {needle:?}: {err}");
+}
+
+#[test]
+fn tokenize_prints_llama_cpp_ids() {
+    let case = fixture_case0();
+    let out = stdout(&anelm(&["tokenize", case["prompt"].as_str().unwrap()]));
+    let got: Value = serde_json::from_str(out.trim()).expect("JSON array");
+    assert_eq!(got, case["prompt_ids"]);
+}
+
+#[test]
+fn raw_greedy_generation_matches_llama_cpp_text() {
+    let case = fixture_case0();
+    let o = anelm(&["generate", "--raw", "--temp", "0", "--max-tokens", "8", case["prompt"].as_str().unwrap()]);
+    let text = stdout(&o);
+    let text = text.strip_suffix('\n').unwrap_or(&text);
+    assert!(!text.is_empty());
+    assert!(
+        case["completion_text"].as_str().unwrap().starts_with(text),
+        "{text:?} is not a prefix of llama.cpp's greedy text"
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("tok/s"), "speeds on stderr: {err}");
+}
+
+#[test]
+fn logits_json_has_one_vocab_row_per_position() {
+    let case = fixture_case0();
+    let ids: Vec<String> = case["prompt_ids"].as_array().unwrap().iter().map(|v| v.to_string()).collect();
+    let joined = ids.join(",");
+    let out = stdout(&anelm(&["logits", "--token-ids", &joined, "--all-positions", "--device", "cpu"]));
+    let v: Value = serde_json::from_str(&out).expect("JSON");
+    let rows = v["logits"].as_array().expect("logits rows");
+    assert_eq!(rows.len(), ids.len());
+    for r in rows {
+        assert_eq!(r.as_array().unwrap().len(), 49152);
+    }
+    // The last row's argmax is llama.cpp's first greedy token.
+    let last: Vec<f64> = rows.last().unwrap().as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+    let argmax = (0..last.len()).max_by(|&a, &b| last[a].total_cmp(&last[b])).unwrap();
+    assert_eq!(argmax as u64, case["completion_ids"][0].as_u64().unwrap());
+    // Without --all-positions only the last row is printed, and it is the same row.
+    let out1 = stdout(&anelm(&["logits", "--token-ids", &joined]));
+    let v1: Value = serde_json::from_str(&out1).expect("JSON");
+    assert_eq!(v1["logits"].as_array().unwrap().len(), 1);
+    assert_eq!(v1["logits"][0], *rows.last().unwrap());
+}
+
+#[test]
+fn inspect_shows_architecture_and_tensors() {
+    let out = stdout(&anelm(&["inspect"]));
+    assert!(out.contains("architecture: llama"), "{out}");
+    assert!(out.contains("token_embd.weight"), "{out}");
+    assert!(out.contains("tensors: 272"), "{out}");
+}
+
+#[test]
+fn bad_inputs_give_one_line_errors() {
+    assert_one_line_error(&anelm(&["generate", "--model", "/nonexistent/model.gguf", "hi"]), "/nonexistent/model.gguf");
+    assert_one_line_error(&anelm(&["logits", "--token-ids", "1,x"]), "not a token id");
+    assert_one_line_error(&anelm(&["logits", "--token-ids", "99999999"]), "outside the vocabulary");
+    // A truncated model file.
+    let src = anelm_engine::default_model::default_model_location().unwrap();
+    let bytes = std::fs::read(&src).unwrap();
+    let dir = std::env::temp_dir().join(format!("anelm-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for cut in [10usize, 4096, bytes.len() / 2] {
+        let p = dir.join(format!("cut{cut}.gguf"));
+        std::fs::write(&p, &bytes[..cut]).unwrap();
+        let o = anelm(&["generate", "--model", p.to_str().unwrap(), "hi"]);
+        assert_one_line_error(&o, "could not load the model");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn missing_default_model_says_how_to_fetch_it() {
+    let empty = std::env::temp_dir().join(format!("anelm-empty-cache-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_anelm"))
+        .args(["generate", "hello"])
+        .env("XDG_CACHE_HOME", &empty)
+        .env_remove("ANELM_MODEL")
+        .output()
+        .unwrap();
+    assert_one_line_error(&o, "scripts/fetch-default-model.sh");
+    std::fs::remove_dir_all(&empty).ok();
+}

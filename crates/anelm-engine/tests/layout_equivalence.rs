@@ -1,0 +1,221 @@
+//! The same random Llama stored two ways — a Hugging Face safetensors directory (rotate-half RoPE)
+//! and a GGUF file whose Q/K rows are permuted the way llama.cpp's converter does (adjacent-pair
+//! RoPE) — must give the same logits. This pins the RoPE pairing of each layout to the other; the
+//! GGUF path itself is pinned to llama.cpp by the SmolLM2 fixture test.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anelm_engine::arch::llama::{Llama, LlamaConfig, TensorNaming};
+use anelm_engine::{CpuBackend, LanguageModel, LogitsMode, StepItem};
+use anelm_model::gguf::GgufFile;
+use anelm_model::hf_config::HfConfig;
+use anelm_model::safetensors_dir::SafetensorsDir;
+use anelm_model::tensor_store::TensorStore;
+
+const HIDDEN: usize = 64;
+const HEADS: usize = 4;
+const KV_HEADS: usize = 2;
+const HEAD_DIM: usize = 16;
+const FFN: usize = 96;
+const LAYERS: usize = 2;
+const VOCAB: usize = 128;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.next() * scale).collect()
+    }
+}
+
+/// (HF name, GGUF name, shape [rows, cols] or [n], data in HF layout)
+type Tensor = (String, String, Vec<usize>, Vec<f32>);
+
+fn random_model() -> Vec<Tensor> {
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let mut t: Vec<Tensor> = Vec::new();
+    let mut mat = |hf: &str, gg: &str, rows: usize, cols: usize, rng: &mut Rng| {
+        t.push((hf.into(), gg.into(), vec![rows, cols], rng.vec(rows * cols, 0.3)));
+    };
+    mat("model.embed_tokens.weight", "token_embd.weight", VOCAB, HIDDEN, &mut rng);
+    for i in 0..LAYERS {
+        let hf = |s: &str| format!("model.layers.{i}.{s}.weight");
+        let gg = |s: &str| format!("blk.{i}.{s}.weight");
+        mat(&hf("self_attn.q_proj"), &gg("attn_q"), HEADS * HEAD_DIM, HIDDEN, &mut rng);
+        mat(&hf("self_attn.k_proj"), &gg("attn_k"), KV_HEADS * HEAD_DIM, HIDDEN, &mut rng);
+        mat(&hf("self_attn.v_proj"), &gg("attn_v"), KV_HEADS * HEAD_DIM, HIDDEN, &mut rng);
+        mat(&hf("self_attn.o_proj"), &gg("attn_output"), HIDDEN, HEADS * HEAD_DIM, &mut rng);
+        mat(&hf("mlp.gate_proj"), &gg("ffn_gate"), FFN, HIDDEN, &mut rng);
+        mat(&hf("mlp.up_proj"), &gg("ffn_up"), FFN, HIDDEN, &mut rng);
+        mat(&hf("mlp.down_proj"), &gg("ffn_down"), HIDDEN, FFN, &mut rng);
+        for (h, g) in [("input_layernorm", "attn_norm"), ("post_attention_layernorm", "ffn_norm")] {
+            let w: Vec<f32> = rng.vec(HIDDEN, 0.2).into_iter().map(|v| 1.0 + v).collect();
+            t.push((hf(h), gg(g), vec![HIDDEN], w));
+        }
+    }
+    let w: Vec<f32> = rng.vec(HIDDEN, 0.2).into_iter().map(|v| 1.0 + v).collect();
+    t.push(("model.norm.weight".into(), "output_norm.weight".into(), vec![HIDDEN], w));
+    mat("lm_head.weight", "output.weight", VOCAB, HIDDEN, &mut rng);
+    t
+}
+
+/// llama.cpp's converter permutation of Q/K rows: per head, HF row (half j, index i) → row 2i + j.
+fn permute_rows(data: &[f32], heads: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0.0; data.len()];
+    for h in 0..heads {
+        for j in 0..2 {
+            for i in 0..HEAD_DIM / 2 {
+                let src = h * HEAD_DIM + j * HEAD_DIM / 2 + i;
+                let dst = h * HEAD_DIM + 2 * i + j;
+                out[dst * cols..(dst + 1) * cols].copy_from_slice(&data[src * cols..(src + 1) * cols]);
+            }
+        }
+    }
+    out
+}
+
+fn put_str(b: &mut Vec<u8>, s: &str) {
+    b.extend((s.len() as u64).to_le_bytes());
+    b.extend(s.as_bytes());
+}
+
+fn write_gguf(path: &Path, tensors: &[Tensor]) {
+    let mut b = Vec::new();
+    b.extend(b"GGUF");
+    b.extend(3u32.to_le_bytes());
+    b.extend((tensors.len() as u64).to_le_bytes());
+    let kv_u32: [(&str, u32); 7] = [
+        ("llama.embedding_length", HIDDEN as u32),
+        ("llama.feed_forward_length", FFN as u32),
+        ("llama.block_count", LAYERS as u32),
+        ("llama.attention.head_count", HEADS as u32),
+        ("llama.attention.head_count_kv", KV_HEADS as u32),
+        ("llama.context_length", 256),
+        ("llama.vocab_size", VOCAB as u32),
+    ];
+    let kv_f32: [(&str, f32); 2] = [("llama.rope.freq_base", 10000.0), ("llama.attention.layer_norm_rms_epsilon", 1e-5)];
+    b.extend(((kv_u32.len() + kv_f32.len() + 1) as u64).to_le_bytes());
+    put_str(&mut b, "general.architecture");
+    b.extend(8u32.to_le_bytes());
+    put_str(&mut b, "llama");
+    for (k, v) in kv_u32 {
+        put_str(&mut b, k);
+        b.extend(4u32.to_le_bytes());
+        b.extend(v.to_le_bytes());
+    }
+    for (k, v) in kv_f32 {
+        put_str(&mut b, k);
+        b.extend(6u32.to_le_bytes());
+        b.extend(v.to_le_bytes());
+    }
+    let mut data = Vec::new();
+    for (hf, gg, shape, values) in tensors {
+        let values = if hf.ends_with("q_proj.weight") {
+            permute_rows(values, HEADS, HIDDEN)
+        } else if hf.ends_with("k_proj.weight") {
+            permute_rows(values, KV_HEADS, HIDDEN)
+        } else {
+            values.clone()
+        };
+        put_str(&mut b, gg);
+        b.extend((shape.len() as u32).to_le_bytes());
+        for d in shape.iter().rev() {
+            b.extend((*d as u64).to_le_bytes());
+        }
+        b.extend(0u32.to_le_bytes()); // F32
+        b.extend((data.len() as u64).to_le_bytes());
+        for v in values {
+            data.extend(v.to_le_bytes());
+        }
+        while data.len() % 32 != 0 {
+            data.push(0);
+        }
+    }
+    while b.len() % 32 != 0 {
+        b.push(0);
+    }
+    b.extend(data);
+    std::fs::write(path, b).unwrap();
+}
+
+fn write_hf_dir(dir: &Path, tensors: &[Tensor]) {
+    let mut header = serde_json::Map::new();
+    let mut data = Vec::new();
+    for (hf, _, shape, values) in tensors {
+        let start = data.len();
+        for v in values {
+            data.extend(v.to_le_bytes());
+        }
+        header.insert(
+            hf.clone(),
+            serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [start, data.len()]}),
+        );
+    }
+    let header = serde_json::to_vec(&serde_json::Value::Object(header)).unwrap();
+    let mut file = (header.len() as u64).to_le_bytes().to_vec();
+    file.extend(header);
+    file.extend(data);
+    std::fs::write(dir.join("model.safetensors"), file).unwrap();
+    let config = serde_json::json!({
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"],
+        "hidden_size": HIDDEN, "intermediate_size": FFN, "num_hidden_layers": LAYERS,
+        "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0, "vocab_size": VOCAB, "max_position_embeddings": 256,
+        "tie_word_embeddings": false
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+}
+
+fn logits(model: &dyn LanguageModel, tokens: &[u32]) -> Vec<Vec<f32>> {
+    let mut s = model.new_session(256);
+    let out = model
+        .forward(&mut [StepItem {
+            session: &mut s,
+            tokens,
+            logits: LogitsMode::All,
+        }])
+        .unwrap();
+    (0..out.lanes()).map(|i| out.lane(i).to_vec()).collect()
+}
+
+#[test]
+fn gguf_and_safetensors_layouts_agree() {
+    let dir: PathBuf = std::env::temp_dir().join(format!("anelm-layout-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tensors = random_model();
+    let gguf_path = dir.join("tiny.gguf");
+    write_gguf(&gguf_path, &tensors);
+    write_hf_dir(&dir, &tensors);
+
+    let backend = CpuBackend::new();
+    let gguf = Arc::new(GgufFile::open(&gguf_path).unwrap());
+    let gcfg = LlamaConfig::from_gguf(&gguf).unwrap();
+    let gstore: Arc<dyn TensorStore> = gguf;
+    let gmodel = Llama::load(gcfg, &gstore, TensorNaming::Gguf, &backend, &mut |_, _| {}).unwrap();
+
+    let hcfg = LlamaConfig::from_hf(&HfConfig::from_file(&dir.join("config.json")).unwrap()).unwrap();
+    let hstore: Arc<dyn TensorStore> = Arc::new(SafetensorsDir::open(&dir).unwrap());
+    let hmodel = Llama::load(hcfg, &hstore, TensorNaming::HuggingFace, &backend, &mut |_, _| {}).unwrap();
+
+    let tokens: Vec<u32> = (0..40).map(|i| (i * 37 + 5) % VOCAB as u32).collect();
+    let a = logits(&gmodel, &tokens);
+    let b = logits(&hmodel, &tokens);
+    let mut worst = 0.0f32;
+    for (ra, rb) in a.iter().zip(&b) {
+        for (x, y) in ra.iter().zip(rb) {
+            worst = worst.max((x - y).abs());
+        }
+    }
+    // Same f32 weights and arithmetic up to summation order: tight agreement. A wrong pairing
+    // in either layout moves logits by O(0.1) after a few positions.
+    assert!(worst < 1e-3, "layouts disagree by {worst}");
+    // And the positions are really mixed by RoPE: the logits change along the sequence.
+    assert!(a[1].iter().zip(&a[20]).any(|(x, y)| (x - y).abs() > 1e-2));
+    std::fs::remove_dir_all(&dir).ok();
+}
