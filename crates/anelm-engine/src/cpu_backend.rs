@@ -52,7 +52,7 @@ impl Backend for CpuBackend {
     }
 }
 
-fn check_inputs(inputs: &[&Batch], shape: KernelShape, residual: bool) -> Result<(&Batch, Option<&Batch>)> {
+fn check_inputs<'a>(inputs: &[&'a Batch], shape: KernelShape, residual: bool) -> Result<(&'a Batch, Option<&'a Batch>)> {
     let bad = |m: String| EngineError::Backend {
         backend: "cpu".into(),
         message: m,
@@ -129,14 +129,20 @@ impl Kernel for CpuLinear {
         let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let LinearScratch { act, part } = &mut *guard;
         let mut weight_bytes = 0u64;
+        let kinds = std::env::var("ANELM_DBG_KINDS").unwrap_or_default();
+        let n0 = &self.mats[0].name;
+        let kind = if n0.contains("attn_q") { "qkv" } else if n0.contains("attn_output") { "wo" } else { "head" };
+        anelm_kernels::DBG_FORCE_F32.store(kinds.split(',').any(|k| k == kind), std::sync::atomic::Ordering::Relaxed);
         if let [m] = self.mats.as_slice() {
             act.quantize(m.format, x.as_slice(), lanes, m.cols)?;
             anelm_kernels::matmul(m.format, m.bytes(), m.rows, m.cols, act, out.as_mut_slice())?;
             weight_bytes += m.bytes().len() as u64;
         } else {
             let mut offset = 0;
-            for m in &self.mats {
-                if act.lanes() != lanes || act.cols() != m.cols || act.weight_format() != m.format {
+            for (i, m) in self.mats.iter().enumerate() {
+                // Quantise afresh for the first matrix (the buffer holds the previous run's
+                // activations), then only when the format changes.
+                if i == 0 || act.weight_format() != m.format {
                     act.quantize(m.format, x.as_slice(), lanes, m.cols)?;
                 }
                 part.resize(lanes * m.rows, 0.0);
@@ -217,6 +223,8 @@ impl Kernel for CpuSwiGlu {
         let SwiGluScratch { act, gate, up } = &mut *guard;
         gate.resize(lanes * ffn, 0.0);
         up.resize(lanes * ffn, 0.0);
+        let kinds = std::env::var("ANELM_DBG_KINDS").unwrap_or_default();
+        anelm_kernels::DBG_FORCE_F32.store(kinds.split(',').any(|k| k == "gate"), std::sync::atomic::Ordering::Relaxed);
         act.quantize(self.gate.format, x.as_slice(), lanes, self.gate.cols)?;
         anelm_kernels::matmul(self.gate.format, self.gate.bytes(), ffn, self.gate.cols, act, gate)?;
         if self.up.format != self.gate.format {
@@ -226,6 +234,7 @@ impl Kernel for CpuSwiGlu {
         for (g, u) in gate.iter_mut().zip(up.iter()) {
             *g = silu(*g) * *u;
         }
+        anelm_kernels::DBG_FORCE_F32.store(kinds.split(',').any(|k| k == "down"), std::sync::atomic::Ordering::Relaxed);
         act.quantize(self.down.format, gate, lanes, ffn)?;
         out.resize(lanes, self.shape.output);
         anelm_kernels::matmul(self.down.format, self.down.bytes(), self.down.rows, ffn, act, out.as_mut_slice())?;

@@ -1,1 +1,21 @@
-//! CPU numerics: tensor formats, quantisation blocks, dequantisation and dot/matmul.
+//! CPU numerics: tensor formats with llama.cpp's block layouts, dequantisation, and
+//! matrix × activations "with lanes" (several activation rows per pass over the weights).
+//! The arithmetic follows ggml's CPU path (activations quantised to the weight's dot format,
+//! integer dots per block) so greedy output matches llama.cpp on the same file.
+
+mod activations;
+mod blocks;
+mod dequant;
+mod error;
+mod format;
+mod fp16;
+mod matmul;
+mod quantize;
+
+pub use activations::{Activations, DBG_FORCE_F32};
+pub use dequant::{dequantize_row, dot_reference};
+pub use error::KernelError;
+pub use format::WeightFormat;
+pub use fp16::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, round_bf16, round_f16};
+pub use matmul::matmul;
+pub use quantize::quantize_row;

@@ -369,7 +369,8 @@ impl LanguageModel for Llama {
         let mut qkv = Batch::default();
         let mut attn = Batch::zeros(n, q_dim);
         let mut y = Batch::default();
-        for (li, layer) in self.layers.iter().enumerate() {
+        let dbg_layers: usize = std::env::var("ANELM_DBG_LAYERS").ok().and_then(|v| v.parse().ok()).unwrap_or(usize::MAX);
+        for (li, layer) in self.layers.iter().enumerate().take(dbg_layers) {
             for lane in 0..n {
                 rms_norm(x.lane(lane), &layer.attn_norm, cfg.rms_eps, 0.0, xn.lane_mut(lane));
             }

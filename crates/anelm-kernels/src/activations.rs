@@ -1,0 +1,176 @@
+//! `Activations`: activation rows converted to the dot format llama.cpp pairs with each weight
+//! format (its `vec_dot_type`), so the matmul runs integer dot products per block exactly as
+//! ggml's CPU path does: F32→F32, F16→F16, BF16→BF16, Q4_0/Q5_0/Q8_0→Q8_0, Q4_1→Q8_1,
+//! Q4_K/Q6_K→Q8_K.
+
+use crate::error::{KernelError, check_len};
+use crate::format::WeightFormat;
+use crate::fp16::{round_bf16, round_f16};
+
+/// DEBUG
+pub static DBG_FORCE_F32: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The activation encoding paired with a weight format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ActKind {
+    F32,
+    F16,
+    BF16,
+    Q8_0,
+    Q8_1,
+    Q8K,
+}
+
+impl ActKind {
+    pub(crate) fn for_weights(fmt: WeightFormat) -> Self {
+        match fmt {
+            WeightFormat::F32 => Self::F32,
+            WeightFormat::F16 => Self::F16,
+            WeightFormat::BF16 => Self::BF16,
+            WeightFormat::Q4_0 | WeightFormat::Q5_0 | WeightFormat::Q8_0 => Self::Q8_0,
+            WeightFormat::Q4_1 => Self::Q8_1,
+            WeightFormat::Q4_K | WeightFormat::Q6_K => Self::Q8K,
+        }
+    }
+}
+
+/// `lanes` activation rows of `cols` values, quantised to the dot format paired with a weight
+/// format. Reusable: `quantize` keeps its buffers, so a warm decode loop does not allocate.
+#[derive(Clone, Debug)]
+pub struct Activations {
+    pub(crate) fmt: WeightFormat,
+    pub(crate) kind: ActKind,
+    pub(crate) lanes: usize,
+    pub(crate) cols: usize,
+    /// Float kinds: the (rounded) values, lane-major.
+    pub(crate) f: Vec<f32>,
+    /// Quantised kinds: int8 values, lane-major.
+    pub(crate) q: Vec<i8>,
+    /// Per block scale (f16-rounded for Q8_0/Q8_1, f32 for Q8_K), lane-major.
+    pub(crate) d: Vec<f32>,
+    /// Q8_1: per block s = d·Σq (f16-rounded); Q8_K: per 16 elements Σq.
+    pub(crate) s: Vec<f32>,
+    pub(crate) bsums: Vec<i32>,
+}
+
+impl Default for Activations {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Activations {
+    /// Empty buffers.
+    pub fn new() -> Self {
+        Self {
+            fmt: WeightFormat::F32,
+            kind: ActKind::F32,
+            lanes: 0,
+            cols: 0,
+            f: Vec::new(),
+            q: Vec::new(),
+            d: Vec::new(),
+            s: Vec::new(),
+            bsums: Vec::new(),
+        }
+    }
+
+    /// Lanes held.
+    pub fn lanes(&self) -> usize {
+        self.lanes
+    }
+
+    /// Columns per lane.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The weight format these were quantised for.
+    pub fn weight_format(&self) -> WeightFormat {
+        self.fmt
+    }
+
+    /// Convert `x` (lane-major: `x[lane*cols + k]`) for weights stored in `weight_fmt`.
+    pub fn quantize(&mut self, weight_fmt: WeightFormat, x: &[f32], lanes: usize, cols: usize) -> Result<(), KernelError> {
+        check_len("activations", lanes.checked_mul(cols).ok_or(KernelError::Overflow)?, x.len(), "values")?;
+        weight_fmt.row_bytes(cols)?;
+        self.fmt = weight_fmt;
+        self.kind = ActKind::for_weights(weight_fmt);
+        if DBG_FORCE_F32.load(std::sync::atomic::Ordering::Relaxed) { self.kind = ActKind::F32; }
+        self.lanes = lanes;
+        self.cols = cols;
+        match self.kind {
+            ActKind::F32 => {
+                self.f.clear();
+                self.f.extend_from_slice(x);
+            }
+            ActKind::F16 => {
+                self.f.clear();
+                self.f.extend(x.iter().map(|&v| round_f16(v)));
+            }
+            ActKind::BF16 => {
+                self.f.clear();
+                self.f.extend(x.iter().map(|&v| round_bf16(v)));
+            }
+            ActKind::Q8_0 | ActKind::Q8_1 => self.quantize_q8(x, self.kind == ActKind::Q8_1),
+            ActKind::Q8K => self.quantize_q8k(x),
+        }
+        Ok(())
+    }
+
+    /// Q8_0/Q8_1 as ggml's x86 path does it: d = amax/127 (stored f16), q = round-half-even(x·127/amax).
+    fn quantize_q8(&mut self, x: &[f32], with_sums: bool) {
+        let blocks = x.len() / 32;
+        self.q.resize(x.len(), 0);
+        self.d.resize(blocks, 0.0);
+        self.s.resize(if with_sums { blocks } else { 0 }, 0.0);
+        for (b, src) in x.chunks_exact(32).enumerate() {
+            let amax = src.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+            let q = &mut self.q[32 * b..32 * b + 32];
+            let mut sum = 0i32;
+            for (dst, &v) in q.iter_mut().zip(src) {
+                let r = (v * id).round_ties_even() as i32;
+                *dst = r.clamp(-127, 127) as i8;
+                sum += r;
+            }
+            self.d[b] = round_f16(d);
+            if with_sums {
+                self.s[b] = round_f16(d * sum as f32);
+            }
+        }
+    }
+
+    /// Q8_K as ggml's reference: scale from the signed value of largest magnitude, iscale = −127/max.
+    fn quantize_q8k(&mut self, x: &[f32]) {
+        let blocks = x.len() / 256;
+        self.q.resize(x.len(), 0);
+        self.d.resize(blocks, 0.0);
+        self.bsums.resize(blocks * 16, 0);
+        for (b, src) in x.chunks_exact(256).enumerate() {
+            let (mut amax, mut max) = (0.0f32, 0.0f32);
+            for &v in src {
+                if v.abs() > amax {
+                    amax = v.abs();
+                    max = v;
+                }
+            }
+            let q = &mut self.q[256 * b..256 * b + 256];
+            if amax == 0.0 {
+                q.fill(0);
+                self.d[b] = 0.0;
+                self.bsums[16 * b..16 * b + 16].fill(0);
+                continue;
+            }
+            let iscale = -127.0 / max;
+            for (dst, &v) in q.iter_mut().zip(src) {
+                *dst = ((iscale * v).round_ties_even() as i32).min(127) as i8;
+            }
+            for j in 0..16 {
+                self.bsums[16 * b + j] = q[16 * j..16 * j + 16].iter().map(|&v| i32::from(v)).sum();
+            }
+            self.d[b] = 1.0 / iscale;
+        }
+    }
+}

@@ -1,0 +1,105 @@
+//! Block layouts as llama.cpp defines them, unpacked to small integers plus scales so that
+//! dequantisation and the integer dot products share one decoder per format.
+//! Every function takes exactly one block's bytes (callers slice by `block_bytes`).
+
+use crate::fp16::f16_at;
+
+/// Q8_0: { f16 d; i8 qs[32] } → (d, q).
+#[inline]
+pub fn unpack_q8_0(b: &[u8], q: &mut [i8; 32]) -> f32 {
+    for (dst, &src) in q.iter_mut().zip(&b[2..34]) {
+        *dst = src as i8;
+    }
+    f16_at(b, 0)
+}
+
+/// Q4_0: { f16 d; u8 qs[16] } (low nibbles → 0..16, high → 16..32), value (q − 8)·d.
+#[inline]
+pub fn unpack_q4_0(b: &[u8], q: &mut [i8; 32]) -> f32 {
+    let qs = &b[2..18];
+    for j in 0..16 {
+        q[j] = (qs[j] & 0x0F) as i8 - 8;
+        q[j + 16] = (qs[j] >> 4) as i8 - 8;
+    }
+    f16_at(b, 0)
+}
+
+/// Q4_1: { f16 d; f16 m; u8 qs[16] }, value q·d + m, q in 0..16 → (d, m).
+#[inline]
+pub fn unpack_q4_1(b: &[u8], q: &mut [i8; 32]) -> (f32, f32) {
+    let qs = &b[4..20];
+    for j in 0..16 {
+        q[j] = (qs[j] & 0x0F) as i8;
+        q[j + 16] = (qs[j] >> 4) as i8;
+    }
+    (f16_at(b, 0), f16_at(b, 2))
+}
+
+/// Q5_0: { f16 d; u8 qh[4]; u8 qs[16] }, fifth bit from qh, value (q − 16)·d.
+#[inline]
+pub fn unpack_q5_0(b: &[u8], q: &mut [i8; 32]) -> f32 {
+    let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+    let qs = &b[6..22];
+    for j in 0..16 {
+        let h0 = ((qh >> j) << 4) & 0x10;
+        let h1 = (qh >> (j + 12)) & 0x10;
+        q[j] = (((qs[j] & 0x0F) as u32 | h0) as i32 - 16) as i8;
+        q[j + 16] = (((qs[j] >> 4) as u32 | h1) as i32 - 16) as i8;
+    }
+    f16_at(b, 0)
+}
+
+/// The 6-bit scale and minimum of sub-block `j` of a Q4_K block (ggml's get_scale_min_k4).
+#[inline]
+fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (s[j] & 63, s[j + 4] & 63)
+    } else {
+        ((s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4), (s[j + 4] >> 4) | ((s[j] >> 6) << 4))
+    }
+}
+
+/// Q4_K: { f16 d; f16 dmin; u8 scales[12]; u8 qs[128] } → q in 0..16, 8 sub-block scales and
+/// minimums; value = d·sc[j]·q − dmin·m[j] for element in sub-block j (32 elements each).
+#[inline]
+pub fn unpack_q4_k(b: &[u8], q: &mut [i8; 256], sc: &mut [u8; 8], mn: &mut [u8; 8]) -> (f32, f32) {
+    let scales = &b[4..16];
+    let qs = &b[16..144];
+    for chunk in 0..4 {
+        let (s0, m0) = scale_min_k4(2 * chunk, scales);
+        let (s1, m1) = scale_min_k4(2 * chunk + 1, scales);
+        sc[2 * chunk] = s0;
+        mn[2 * chunk] = m0;
+        sc[2 * chunk + 1] = s1;
+        mn[2 * chunk + 1] = m1;
+        let src = &qs[32 * chunk..32 * chunk + 32];
+        for l in 0..32 {
+            q[64 * chunk + l] = (src[l] & 0x0F) as i8;
+            q[64 * chunk + 32 + l] = (src[l] >> 4) as i8;
+        }
+    }
+    (f16_at(b, 0), f16_at(b, 2))
+}
+
+/// Q6_K: { u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d } → q in −32..32 and 16 sub-block scales;
+/// value = d·sc[j]·q for element in sub-block j (16 elements each).
+#[inline]
+pub fn unpack_q6_k(b: &[u8], q: &mut [i8; 256], sc: &mut [i8; 16]) -> f32 {
+    let ql = &b[0..128];
+    let qh = &b[128..192];
+    for (dst, &src) in sc.iter_mut().zip(&b[192..208]) {
+        *dst = src as i8;
+    }
+    for half in 0..2 {
+        let ql = &ql[64 * half..64 * half + 64];
+        let qh = &qh[32 * half..32 * half + 32];
+        let out = &mut q[128 * half..128 * half + 128];
+        for l in 0..32 {
+            out[l] = ((ql[l] & 0x0F) | ((qh[l] & 3) << 4)) as i8 - 32;
+            out[l + 32] = ((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) as i8 - 32;
+            out[l + 64] = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i8 - 32;
+            out[l + 96] = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i8 - 32;
+        }
+    }
+    f16_at(b, 208)
+}

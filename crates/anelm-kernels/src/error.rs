@@ -1,0 +1,56 @@
+//! Errors of the numeric kernels: always a caller's shape or size mistake, never a panic.
+
+/// What a kernel rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KernelError {
+    /// A row length is not a whole number of blocks.
+    #[error("{format}: {elems} elements is not a whole number of {block}-element blocks")]
+    PartialBlock {
+        /// Format name.
+        format: &'static str,
+        /// Elements asked for.
+        elems: usize,
+        /// Block size of the format.
+        block: usize,
+    },
+    /// A buffer has the wrong length.
+    #[error("{what}: expected {expected} {unit}, got {got}")]
+    Size {
+        /// Which buffer.
+        what: &'static str,
+        /// Length required.
+        expected: usize,
+        /// Length given.
+        got: usize,
+        /// Unit of the lengths.
+        unit: &'static str,
+    },
+    /// Activations prepared for another weight format or width.
+    #[error("activations were quantised for {prepared_for} × {prepared_cols} columns, not {wanted} × {wanted_cols}")]
+    ActivationMismatch {
+        /// Format the activations were prepared for.
+        prepared_for: &'static str,
+        /// Their width.
+        prepared_cols: usize,
+        /// Format of the weights.
+        wanted: &'static str,
+        /// Width of the weights.
+        wanted_cols: usize,
+    },
+    /// A size computation overflowed.
+    #[error("size overflow")]
+    Overflow,
+}
+
+pub(crate) fn check_len(what: &'static str, expected: usize, got: usize, unit: &'static str) -> Result<(), KernelError> {
+    if expected == got {
+        Ok(())
+    } else {
+        Err(KernelError::Size {
+            what,
+            expected,
+            got,
+            unit,
+        })
+    }
+}

@@ -1,0 +1,181 @@
+//! Matrix × activations with lanes: every weight block is decoded once and dotted with all lanes,
+//! rows are split across the rayon pool. Per-block arithmetic follows ggml's generic CPU dots.
+
+use rayon::prelude::*;
+
+use crate::activations::{ActKind, Activations};
+use crate::blocks::*;
+use crate::error::{KernelError, check_len};
+use crate::format::WeightFormat;
+use crate::fp16::{bf16_to_f32, f16_to_f32};
+
+/// Lanes handled per pass over a row (an on-stack accumulator, so the hot path does not allocate).
+const LANE_GROUP: usize = 64;
+
+#[inline]
+fn idot32(a: &[i8; 32], b: &[i8]) -> i32 {
+    let mut s = 0i32;
+    for (x, y) in a.iter().zip(&b[..32]) {
+        s += i32::from(*x) * i32::from(*y);
+    }
+    s
+}
+
+#[inline]
+fn idot(a: &[i8], b: &[i8]) -> i32 {
+    a.iter().zip(b).map(|(x, y)| i32::from(*x) * i32::from(*y)).sum()
+}
+
+/// acc[l] += W_row · x[lane0 + l] for l < acc.len().
+fn dot_row(fmt: WeightFormat, row: &[u8], x: &Activations, lane0: usize, acc: &mut [f32]) {
+    let cols = x.cols;
+    let bb = fmt.block_bytes();
+    match x.kind {
+        ActKind::F32 if fmt.is_quantized() => {
+            let mut wr = vec![0f32; cols];
+            crate::dequant::dequantize_row(fmt, row, &mut wr).unwrap();
+            for (l, a) in acc.iter_mut().enumerate() {
+                let xs = &x.f[(lane0 + l) * cols..(lane0 + l + 1) * cols];
+                *a += wr.iter().zip(xs).map(|(p, q)| p * q).sum::<f32>();
+            }
+        }
+        ActKind::F32 | ActKind::F16 | ActKind::BF16 => {
+            let es = fmt.block_bytes();
+            for (k, c) in row.chunks_exact(es).enumerate() {
+                let w = match fmt {
+                    WeightFormat::F32 => f32::from_le_bytes([c[0], c[1], c[2], c[3]]),
+                    WeightFormat::F16 => f16_to_f32(u16::from_le_bytes([c[0], c[1]])),
+                    _ => bf16_to_f32(u16::from_le_bytes([c[0], c[1]])),
+                };
+                for (l, a) in acc.iter_mut().enumerate() {
+                    *a += w * x.f[(lane0 + l) * cols + k];
+                }
+            }
+        }
+        ActKind::Q8_0 => {
+            let nb = cols / 32;
+            let mut q = [0i8; 32];
+            for (ib, b) in row.chunks_exact(bb).enumerate() {
+                let dw = match fmt {
+                    WeightFormat::Q8_0 => unpack_q8_0(b, &mut q),
+                    WeightFormat::Q4_0 => unpack_q4_0(b, &mut q),
+                    _ => unpack_q5_0(b, &mut q),
+                };
+                for (l, a) in acc.iter_mut().enumerate() {
+                    let blk = (lane0 + l) * nb + ib;
+                    let sumi = idot32(&q, &x.q[32 * blk..]);
+                    *a += sumi as f32 * (dw * x.d[blk]);
+                }
+            }
+        }
+        ActKind::Q8_1 => {
+            let nb = cols / 32;
+            let mut q = [0i8; 32];
+            for (ib, b) in row.chunks_exact(bb).enumerate() {
+                let (dw, mw) = unpack_q4_1(b, &mut q);
+                for (l, a) in acc.iter_mut().enumerate() {
+                    let blk = (lane0 + l) * nb + ib;
+                    let sumi = idot32(&q, &x.q[32 * blk..]);
+                    *a += (dw * x.d[blk]) * sumi as f32 + mw * x.s[blk];
+                }
+            }
+        }
+        ActKind::Q8K => {
+            let nb = cols / 256;
+            let mut q = [0i8; 256];
+            if fmt == WeightFormat::Q4_K {
+                let (mut sc, mut mn) = ([0u8; 8], [0u8; 8]);
+                for (ib, b) in row.chunks_exact(bb).enumerate() {
+                    let (d, dmin) = unpack_q4_k(b, &mut q, &mut sc, &mut mn);
+                    for (l, a) in acc.iter_mut().enumerate() {
+                        let blk = (lane0 + l) * nb + ib;
+                        let xq = &x.q[256 * blk..256 * blk + 256];
+                        let bs = &x.bsums[16 * blk..16 * blk + 16];
+                        let mut sumi = 0i32;
+                        let mut summins = 0i32;
+                        for j in 0..8 {
+                            sumi += i32::from(sc[j]) * idot(&q[32 * j..32 * j + 32], &xq[32 * j..32 * j + 32]);
+                            summins += i32::from(mn[j]) * (bs[2 * j] + bs[2 * j + 1]);
+                        }
+                        let dx = x.d[blk];
+                        *a += d * dx * sumi as f32 - dmin * dx * summins as f32;
+                    }
+                }
+            } else {
+                let mut sc = [0i8; 16];
+                for (ib, b) in row.chunks_exact(bb).enumerate() {
+                    let d = unpack_q6_k(b, &mut q, &mut sc);
+                    for (l, a) in acc.iter_mut().enumerate() {
+                        let blk = (lane0 + l) * nb + ib;
+                        let xq = &x.q[256 * blk..256 * blk + 256];
+                        let mut sumi = 0i32;
+                        for j in 0..16 {
+                            sumi += i32::from(sc[j]) * idot(&q[16 * j..16 * j + 16], &xq[16 * j..16 * j + 16]);
+                        }
+                        *a += d * x.d[blk] * sumi as f32;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Output pointer shared by the row tasks; each task writes only its own rows.
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint elements (distinct rows r → indices lane*rows + r), and the
+// borrow of `out` outlives the parallel loop that uses the pointer.
+unsafe impl Sync for OutPtr {}
+// SAFETY: see `Sync`.
+unsafe impl Send for OutPtr {}
+
+/// out[lane*rows + r] = Σ_k W[r,k]·x[lane,k] for a row-major `rows × cols` matrix stored in `fmt`.
+/// Rows are split across the current rayon pool; each weight row is read once for all lanes.
+pub fn matmul(
+    fmt: WeightFormat,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &Activations,
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    let rb = fmt.row_bytes(cols)?;
+    check_len("weights", rb.checked_mul(rows).ok_or(KernelError::Overflow)?, w.len(), "bytes")?;
+    if x.fmt != fmt || x.cols != cols {
+        return Err(KernelError::ActivationMismatch {
+            prepared_for: x.fmt.name(),
+            prepared_cols: x.cols,
+            wanted: fmt.name(),
+            wanted_cols: cols,
+        });
+    }
+    let lanes = x.lanes;
+    check_len("output", lanes * rows, out.len(), "values")?;
+    if rows == 0 || lanes == 0 {
+        return Ok(());
+    }
+
+    let threads = rayon::current_num_threads().max(1);
+    let chunk = rows.div_ceil(threads * 8).clamp(4, 256);
+    let ptr = OutPtr(out.as_mut_ptr());
+    let ptr = &ptr;
+    (0..rows.div_ceil(chunk)).into_par_iter().for_each(|c| {
+        let mut acc = [0f32; LANE_GROUP];
+        for r in c * chunk..((c + 1) * chunk).min(rows) {
+            let row = &w[r * rb..(r + 1) * rb];
+            let mut lane0 = 0;
+            while lane0 < lanes {
+                let n = (lanes - lane0).min(LANE_GROUP);
+                let acc = &mut acc[..n];
+                acc.fill(0.0);
+                dot_row(fmt, row, x, lane0, acc);
+                for (l, v) in acc.iter().enumerate() {
+                    // SAFETY: index (lane0+l)*rows + r < lanes*rows = out.len(); row r belongs
+                    // to this task alone (see OutPtr).
+                    unsafe { *ptr.0.add((lane0 + l) * rows + r) = *v };
+                }
+                lane0 += n;
+            }
+        }
+    });
+    Ok(())
+}

@@ -1,0 +1,182 @@
+//! Encoding f32 rows into each stored format. Used by tests (random blocks) and later by
+//! weight conversion; simple round-to-nearest quantisers, not llama.cpp's search-based ones.
+
+use crate::error::{KernelError, check_len};
+use crate::format::WeightFormat;
+use crate::fp16::{f32_to_bf16, f32_to_f16, round_f16};
+
+fn signed_absmax(x: &[f32]) -> f32 {
+    x.iter().fold(0.0f32, |m, &v| if v.abs() > m.abs() { v } else { m })
+}
+
+/// Encode `src` (a whole number of blocks) into `dst` (exactly `row_bytes(src.len())` bytes).
+pub fn quantize_row(fmt: WeightFormat, src: &[f32], dst: &mut [u8]) -> Result<(), KernelError> {
+    check_len("encoded row", fmt.row_bytes(src.len())?, dst.len(), "bytes")?;
+    let bb = fmt.block_bytes();
+    match fmt {
+        WeightFormat::F32 => {
+            for (d, v) in dst.chunks_exact_mut(4).zip(src) {
+                d.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        WeightFormat::F16 => {
+            for (d, v) in dst.chunks_exact_mut(2).zip(src) {
+                d.copy_from_slice(&f32_to_f16(*v).to_le_bytes());
+            }
+        }
+        WeightFormat::BF16 => {
+            for (d, v) in dst.chunks_exact_mut(2).zip(src) {
+                d.copy_from_slice(&f32_to_bf16(*v).to_le_bytes());
+            }
+        }
+        WeightFormat::Q8_0 => {
+            for (b, x) in dst.chunks_exact_mut(bb).zip(src.chunks_exact(32)) {
+                let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                let d = amax / 127.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                b[0..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+                for (o, v) in b[2..].iter_mut().zip(x) {
+                    *o = ((v * id).round() as i32).clamp(-127, 127) as i8 as u8;
+                }
+            }
+        }
+        WeightFormat::Q4_0 => {
+            for (b, x) in dst.chunks_exact_mut(bb).zip(src.chunks_exact(32)) {
+                let d = signed_absmax(x) / -8.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                b[0..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+                let q = |v: f32| ((v * id + 8.5) as i32).clamp(0, 15) as u8;
+                for j in 0..16 {
+                    b[2 + j] = q(x[j]) | (q(x[j + 16]) << 4);
+                }
+            }
+        }
+        WeightFormat::Q4_1 => {
+            for (b, x) in dst.chunks_exact_mut(bb).zip(src.chunks_exact(32)) {
+                let min = x.iter().copied().fold(f32::INFINITY, f32::min);
+                let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let d = (max - min) / 15.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                b[0..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+                b[2..4].copy_from_slice(&f32_to_f16(min).to_le_bytes());
+                let q = |v: f32| (((v - min) * id + 0.5) as i32).clamp(0, 15) as u8;
+                for j in 0..16 {
+                    b[4 + j] = q(x[j]) | (q(x[j + 16]) << 4);
+                }
+            }
+        }
+        WeightFormat::Q5_0 => {
+            for (b, x) in dst.chunks_exact_mut(bb).zip(src.chunks_exact(32)) {
+                let d = signed_absmax(x) / -16.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                b[0..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+                let q = |v: f32| ((v * id + 16.5) as i32).clamp(0, 31) as u32;
+                let mut qh = 0u32;
+                for j in 0..16 {
+                    let (q0, q1) = (q(x[j]), q(x[j + 16]));
+                    b[6 + j] = ((q0 & 0x0F) | ((q1 & 0x0F) << 4)) as u8;
+                    qh |= ((q0 & 0x10) >> 4) << j;
+                    qh |= ((q1 & 0x10) >> 4) << (j + 16);
+                }
+                b[2..6].copy_from_slice(&qh.to_le_bytes());
+            }
+        }
+        WeightFormat::Q4_K => {
+            for (b, x) in dst.chunks_exact_mut(bb).zip(src.chunks_exact(256)) {
+                quantize_q4_k_block(x, b);
+            }
+        }
+        WeightFormat::Q6_K => {
+            for (b, x) in dst.chunks_exact_mut(bb).zip(src.chunks_exact(256)) {
+                quantize_q6_k_block(x, b);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn quantize_q4_k_block(x: &[f32], b: &mut [u8]) {
+    let mut scale = [0f32; 8];
+    let mut minv = [0f32; 8];
+    for j in 0..8 {
+        let s = &x[32 * j..32 * j + 32];
+        let lo = s.iter().copied().fold(0.0f32, f32::min);
+        let hi = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        scale[j] = (hi - lo) / 15.0;
+        minv[j] = -lo;
+    }
+    let d = round_f16(scale.iter().copied().fold(0.0, f32::max) / 63.0);
+    let dmin = round_f16(minv.iter().copied().fold(0.0, f32::max) / 63.0);
+    let mut sc = [0u8; 8];
+    let mut mn = [0u8; 8];
+    for j in 0..8 {
+        sc[j] = if d > 0.0 { (scale[j] / d).round().clamp(0.0, 63.0) as u8 } else { 0 };
+        mn[j] = if dmin > 0.0 { (minv[j] / dmin).round().clamp(0.0, 63.0) as u8 } else { 0 };
+    }
+    b[0..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+    b[2..4].copy_from_slice(&f32_to_f16(dmin).to_le_bytes());
+    let s = &mut b[4..16];
+    s.fill(0);
+    for j in 0..8 {
+        if j < 4 {
+            s[j] = sc[j] & 63;
+            s[j + 4] = mn[j] & 63;
+        } else {
+            s[j + 4] = (sc[j] & 0x0F) | ((mn[j] & 0x0F) << 4);
+            s[j - 4] |= (sc[j] >> 4) << 6;
+            s[j] |= (mn[j] >> 4) << 6;
+        }
+    }
+    let mut q = [0u8; 256];
+    for j in 0..8 {
+        let ds = d * f32::from(sc[j]);
+        let m = dmin * f32::from(mn[j]);
+        for l in 0..32 {
+            let v = x[32 * j + l];
+            q[32 * j + l] = if ds > 0.0 { ((v + m) / ds).round().clamp(0.0, 15.0) as u8 } else { 0 };
+        }
+    }
+    let qs = &mut b[16..144];
+    for chunk in 0..4 {
+        for l in 0..32 {
+            qs[32 * chunk + l] = q[64 * chunk + l] | (q[64 * chunk + 32 + l] << 4);
+        }
+    }
+}
+
+fn quantize_q6_k_block(x: &[f32], b: &mut [u8]) {
+    let mut scale = [0f32; 16];
+    for j in 0..16 {
+        scale[j] = signed_absmax(&x[16 * j..16 * j + 16]) / -32.0;
+    }
+    let smax = signed_absmax(&scale);
+    let d = round_f16(smax.abs() / 127.0);
+    let mut sc = [0i8; 16];
+    for j in 0..16 {
+        sc[j] = if d > 0.0 { (scale[j] / d).round().clamp(-128.0, 127.0) as i8 } else { 0 };
+    }
+    let mut q = [0u8; 256];
+    for j in 0..16 {
+        let ds = d * f32::from(sc[j]);
+        for l in 0..16 {
+            let v = x[16 * j + l];
+            let qi = if ds != 0.0 { (v / ds).round().clamp(-32.0, 31.0) as i32 } else { 0 };
+            q[16 * j + l] = (qi + 32) as u8;
+        }
+    }
+    let (ql, rest) = b.split_at_mut(128);
+    let (qh, rest) = rest.split_at_mut(64);
+    for half in 0..2 {
+        let src = &q[128 * half..128 * half + 128];
+        for l in 0..32 {
+            let (q1, q2, q3, q4) = (src[l], src[l + 32], src[l + 64], src[l + 96]);
+            ql[64 * half + l] = (q1 & 0x0F) | ((q3 & 0x0F) << 4);
+            ql[64 * half + l + 32] = (q2 & 0x0F) | ((q4 & 0x0F) << 4);
+            qh[32 * half + l] = (q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6);
+        }
+    }
+    for (o, s) in rest[0..16].iter_mut().zip(sc) {
+        *o = s as u8;
+    }
+    rest[16..18].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+}
