@@ -36,7 +36,10 @@ pub fn run(a: ChatArgs) -> Result<()> {
     let mut session = lm.model.new_session(a.model.ctx_size);
     let mut messages: Vec<ChatMessage> = Vec::new();
     if let Some(s) = &a.system {
-        messages.push(ChatMessage { role: "system".into(), content: s.clone() });
+        messages.push(ChatMessage {
+            role: "system".into(),
+            content: s.clone(),
+        });
     }
     let opts = GenerateOptions {
         max_tokens: a.sampling.max_tokens,
@@ -64,16 +67,26 @@ pub fn run(a: ChatArgs) -> Result<()> {
             }
             _ => {}
         }
-        messages.push(ChatMessage { role: "user".into(), content: input.to_string() });
+        messages.push(ChatMessage {
+            role: "user".into(),
+            content: input.to_string(),
+        });
         let prompt = lm.template.render(&messages, true, &template_kwargs(a.think))?;
         let ids = lm.tokenizer.encode(&prompt)?;
         let mut reply = String::new();
         let stdout = std::io::stdout();
-        let result = generate(lm.model.as_ref(), &lm.tokenizer, &mut session, &ids, &opts, &mut |piece| {
-            reply.push_str(piece);
-            let mut out = stdout.lock();
-            out.write_all(piece.as_bytes()).and_then(|_| out.flush()).is_ok()
-        });
+        let result = generate(
+            lm.model.as_ref(),
+            &lm.tokenizer,
+            &mut session,
+            &ids,
+            &opts,
+            &mut |piece| {
+                reply.push_str(piece);
+                let mut out = stdout.lock();
+                out.write_all(piece.as_bytes()).and_then(|_| out.flush()).is_ok()
+            },
+        );
         println!();
         match result {
             Ok((_, stats)) => {
@@ -85,7 +98,10 @@ pub fn run(a: ChatArgs) -> Result<()> {
                     stats.generated_tokens,
                     stats.generation_tok_per_s()
                 );
-                messages.push(ChatMessage { role: "assistant".into(), content: reply.trim().to_string() });
+                messages.push(ChatMessage {
+                    role: "assistant".into(),
+                    content: reply.trim().to_string(),
+                });
             }
             Err(e) => {
                 // Keep the REPL alive: drop the failed turn and say why.

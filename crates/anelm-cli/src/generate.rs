@@ -41,7 +41,9 @@ pub fn prompt_text(arg: Option<String>) -> Result<String> {
         Some(p) => Ok(p),
         None => {
             let mut s = String::new();
-            std::io::stdin().read_to_string(&mut s).context("could not read the prompt from stdin")?;
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .context("could not read the prompt from stdin")?;
             Ok(s)
         }
     }
@@ -65,9 +67,15 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     } else {
         let mut msgs = Vec::new();
         if let Some(s) = a.system {
-            msgs.push(ChatMessage { role: "system".into(), content: s });
+            msgs.push(ChatMessage {
+                role: "system".into(),
+                content: s,
+            });
         }
-        msgs.push(ChatMessage { role: "user".into(), content: text });
+        msgs.push(ChatMessage {
+            role: "user".into(),
+            content: text,
+        });
         lm.template.render(&msgs, true, &template_kwargs(a.think))?
     };
     let ids = lm.tokenizer.encode(&prompt)?;
@@ -81,15 +89,20 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let mut write_failed = None;
-    let (_, stats) = generate(lm.model.as_ref(), &lm.tokenizer, &mut session, &ids, &opts, &mut |piece| {
-        match out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
+    let (_, stats) = generate(
+        lm.model.as_ref(),
+        &lm.tokenizer,
+        &mut session,
+        &ids,
+        &opts,
+        &mut |piece| match out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
             Ok(()) => true,
             Err(e) => {
                 write_failed = Some(e);
                 false
             }
-        }
-    })?;
+        },
+    )?;
     if let Some(e) = write_failed {
         if e.kind() != std::io::ErrorKind::BrokenPipe {
             return Err(e).context("could not write to stdout");

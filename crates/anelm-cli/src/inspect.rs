@@ -61,9 +61,15 @@ pub fn run(a: InspectArgs) -> Result<()> {
     }
     let tensors = g.tensors();
     let total: u64 = tensors.iter().map(|t| t.size).sum();
-    println!("tensors: {} ({:.1} MiB)", tensors.len(), total as f64 / (1024.0 * 1024.0));
+    println!(
+        "tensors: {} ({:.1} MiB)",
+        tensors.len(),
+        total as f64 / (1024.0 * 1024.0)
+    );
     for t in tensors.iter().take(limit) {
-        let ty = t.format.map_or_else(|| format!("type{}", t.ggml_type), |f| f.name().to_string());
+        let ty = t
+            .format
+            .map_or_else(|| format!("type{}", t.ggml_type), |f| f.name().to_string());
         println!("  {:<40} {:<5} {:?}", t.name, ty, t.dims);
     }
     if tensors.len() > limit {

@@ -37,7 +37,10 @@ fn parse_ids(s: &str) -> Result<Vec<u32>> {
         .split(',')
         .map(str::trim)
         .filter(|t| !t.is_empty())
-        .map(|t| t.parse::<u32>().with_context(|| format!("'{t}' is not a token id (expected e.g. --token-ids 1,2,3)")))
+        .map(|t| {
+            t.parse::<u32>()
+                .with_context(|| format!("'{t}' is not a token id (expected e.g. --token-ids 1,2,3)"))
+        })
         .collect::<Result<Vec<_>>>()?;
     if ids.is_empty() {
         bail!("--token-ids is empty: give at least one id, e.g. --token-ids 1,2,3");
@@ -53,7 +56,11 @@ pub fn run_logits(a: LogitsArgs) -> Result<()> {
     let mut items = [StepItem {
         session: &mut session,
         tokens: &ids,
-        logits: if a.all_positions { LogitsMode::All } else { LogitsMode::Last },
+        logits: if a.all_positions {
+            LogitsMode::All
+        } else {
+            LogitsMode::Last
+        },
     }];
     let logits = lm.model.forward(&mut items)?;
     let rows: Vec<&[f32]> = (0..logits.lanes()).map(|i| logits.lane(i)).collect();

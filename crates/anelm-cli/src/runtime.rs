@@ -49,7 +49,11 @@ pub fn load(args: &ModelArgs) -> Result<LoadedModel> {
                 ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} layers")
                     .unwrap_or_else(|_| ProgressStyle::default_bar()),
             );
-            bar.set_message(path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
+            bar.set_message(
+                path.file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+            );
             shown = true;
         }
         bar.set_length(total as u64);

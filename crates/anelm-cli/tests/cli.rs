@@ -34,7 +34,10 @@ fn assert_one_line_error(o: &Output, needle: &str) {
     assert_eq!(o.status.code(), Some(1), "exit code (101 would be a panic)");
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(err.trim_end().lines().count(), 1, "one-line error, got: {err}");
-    assert!(err.starts_with("error: ") && err.contains(needle), "error mentions {needle:?}: {err}");
+    assert!(
+        err.starts_with("error: ") && err.contains(needle),
+        "error mentions {needle:?}: {err}"
+    );
 }
 
 #[test]
@@ -48,7 +51,15 @@ fn tokenize_prints_llama_cpp_ids() {
 #[test]
 fn raw_greedy_generation_matches_llama_cpp_text() {
     let case = fixture_case0();
-    let o = anelm(&["generate", "--raw", "--temp", "0", "--max-tokens", "8", case["prompt"].as_str().unwrap()]);
+    let o = anelm(&[
+        "generate",
+        "--raw",
+        "--temp",
+        "0",
+        "--max-tokens",
+        "8",
+        case["prompt"].as_str().unwrap(),
+    ]);
     let text = stdout(&o);
     let text = text.strip_suffix('\n').unwrap_or(&text);
     assert!(!text.is_empty());
@@ -63,9 +74,21 @@ fn raw_greedy_generation_matches_llama_cpp_text() {
 #[test]
 fn logits_json_has_one_vocab_row_per_position() {
     let case = fixture_case0();
-    let ids: Vec<String> = case["prompt_ids"].as_array().unwrap().iter().map(|v| v.to_string()).collect();
+    let ids: Vec<String> = case["prompt_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_string())
+        .collect();
     let joined = ids.join(",");
-    let out = stdout(&anelm(&["logits", "--token-ids", &joined, "--all-positions", "--device", "cpu"]));
+    let out = stdout(&anelm(&[
+        "logits",
+        "--token-ids",
+        &joined,
+        "--all-positions",
+        "--device",
+        "cpu",
+    ]));
     let v: Value = serde_json::from_str(&out).expect("JSON");
     let rows = v["logits"].as_array().expect("logits rows");
     assert_eq!(rows.len(), ids.len());
@@ -73,7 +96,14 @@ fn logits_json_has_one_vocab_row_per_position() {
         assert_eq!(r.as_array().unwrap().len(), 49152);
     }
     // The last row's argmax is llama.cpp's first greedy token.
-    let last: Vec<f64> = rows.last().unwrap().as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+    let last: Vec<f64> = rows
+        .last()
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
     let argmax = (0..last.len()).max_by(|&a, &b| last[a].total_cmp(&last[b])).unwrap();
     assert_eq!(argmax as u64, case["completion_ids"][0].as_u64().unwrap());
     // Without --all-positions only the last row is printed, and it is the same row.
@@ -93,7 +123,10 @@ fn inspect_shows_architecture_and_tensors() {
 
 #[test]
 fn bad_inputs_give_one_line_errors() {
-    assert_one_line_error(&anelm(&["generate", "--model", "/nonexistent/model.gguf", "hi"]), "/nonexistent/model.gguf");
+    assert_one_line_error(
+        &anelm(&["generate", "--model", "/nonexistent/model.gguf", "hi"]),
+        "/nonexistent/model.gguf",
+    );
     assert_one_line_error(&anelm(&["logits", "--token-ids", "1,x"]), "not a token id");
     assert_one_line_error(&anelm(&["logits", "--token-ids", "99999999"]), "outside the vocabulary");
     // A truncated model file.

@@ -21,11 +21,7 @@ impl Batch {
 
     /// Wrap lane-major data; `None` if the length does not match.
     pub fn from_vec(lanes: usize, channels: usize, data: Vec<f32>) -> Option<Self> {
-        (data.len() == lanes * channels).then_some(Self {
-            lanes,
-            channels,
-            data,
-        })
+        (data.len() == lanes * channels).then_some(Self { lanes, channels, data })
     }
 
     /// Reshape in place, reusing the allocation (contents are unspecified afterwards).

@@ -44,25 +44,36 @@ impl Backend for CpuBackend {
                 let mats = ws.iter().map(load).collect::<Result<Vec<_>>>()?;
                 Ok(Box::new(CpuLinear::new(mats, false)?))
             }
-            KernelSpec::SwiGluResidual { gate, up, down }
-            | KernelSpec::SwiGluAccumulate { gate, up, down } => {
+            KernelSpec::SwiGluResidual { gate, up, down } | KernelSpec::SwiGluAccumulate { gate, up, down } => {
                 Ok(Box::new(CpuSwiGlu::new(load(gate)?, load(up)?, load(down)?)?))
             }
         }
     }
 }
 
-fn check_inputs<'a>(inputs: &[&'a Batch], shape: KernelShape, residual: bool) -> Result<(&'a Batch, Option<&'a Batch>)> {
+fn check_inputs<'a>(
+    inputs: &[&'a Batch],
+    shape: KernelShape,
+    residual: bool,
+) -> Result<(&'a Batch, Option<&'a Batch>)> {
     let bad = |m: String| EngineError::Backend {
         backend: "cpu".into(),
         message: m,
     };
-    let x = *inputs.first().ok_or_else(|| bad("kernel run without an input".into()))?;
+    let x = *inputs
+        .first()
+        .ok_or_else(|| bad("kernel run without an input".into()))?;
     if x.channels() != shape.input {
-        return Err(bad(format!("input has {} channels, kernel takes {}", x.channels(), shape.input)));
+        return Err(bad(format!(
+            "input has {} channels, kernel takes {}",
+            x.channels(),
+            shape.input
+        )));
     }
     let r = if residual {
-        let r = *inputs.get(1).ok_or_else(|| bad("residual kernel run without r".into()))?;
+        let r = *inputs
+            .get(1)
+            .ok_or_else(|| bad("residual kernel run without r".into()))?;
         if r.channels() != shape.output || r.lanes() != x.lanes() {
             return Err(bad(format!(
                 "residual is {}×{}, expected {}×{}",
@@ -129,10 +140,6 @@ impl Kernel for CpuLinear {
         let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let LinearScratch { act, part } = &mut *guard;
         let mut weight_bytes = 0u64;
-        let kinds = std::env::var("ANELM_DBG_KINDS").unwrap_or_default();
-        let n0 = &self.mats[0].name;
-        let kind = if n0.contains("attn_q") { "qkv" } else if n0.contains("attn_output") { "wo" } else { "head" };
-        anelm_kernels::DBG_FORCE_F32.store(kinds.split(',').any(|k| k == kind), std::sync::atomic::Ordering::Relaxed);
         if let [m] = self.mats.as_slice() {
             act.quantize(m.format, x.as_slice(), lanes, m.cols)?;
             anelm_kernels::matmul(m.format, m.bytes(), m.rows, m.cols, act, out.as_mut_slice())?;
@@ -223,8 +230,6 @@ impl Kernel for CpuSwiGlu {
         let SwiGluScratch { act, gate, up } = &mut *guard;
         gate.resize(lanes * ffn, 0.0);
         up.resize(lanes * ffn, 0.0);
-        let kinds = std::env::var("ANELM_DBG_KINDS").unwrap_or_default();
-        anelm_kernels::DBG_FORCE_F32.store(kinds.split(',').any(|k| k == "gate"), std::sync::atomic::Ordering::Relaxed);
         act.quantize(self.gate.format, x.as_slice(), lanes, self.gate.cols)?;
         anelm_kernels::matmul(self.gate.format, self.gate.bytes(), ffn, self.gate.cols, act, gate)?;
         if self.up.format != self.gate.format {
@@ -234,10 +239,16 @@ impl Kernel for CpuSwiGlu {
         for (g, u) in gate.iter_mut().zip(up.iter()) {
             *g = silu(*g) * *u;
         }
-        anelm_kernels::DBG_FORCE_F32.store(kinds.split(',').any(|k| k == "down"), std::sync::atomic::Ordering::Relaxed);
         act.quantize(self.down.format, gate, lanes, ffn)?;
         out.resize(lanes, self.shape.output);
-        anelm_kernels::matmul(self.down.format, self.down.bytes(), self.down.rows, ffn, act, out.as_mut_slice())?;
+        anelm_kernels::matmul(
+            self.down.format,
+            self.down.bytes(),
+            self.down.rows,
+            ffn,
+            act,
+            out.as_mut_slice(),
+        )?;
         if let Some(r) = r {
             for (y, r) in out.as_mut_slice().iter_mut().zip(r.as_slice()) {
                 *y += *r;

@@ -28,7 +28,9 @@ pub enum EngineError {
     #[error("unsupported model architecture '{0}': anelm runs llama (incl. SmolLM2) today")]
     UnsupportedArchitecture(String),
     /// A tensor has a shape other than the configuration implies.
-    #[error("tensor '{name}' has shape {found:?}, expected {expected:?}: the file does not match its own configuration")]
+    #[error(
+        "tensor '{name}' has shape {found:?}, expected {expected:?}: the file does not match its own configuration"
+    )]
     TensorShape {
         /// Tensor name as stored in the file.
         name: String,
@@ -41,7 +43,9 @@ pub enum EngineError {
     #[error("invalid request: {0}")]
     InvalidRequest(String),
     /// The session's context is full.
-    #[error("context full: {needed} tokens needed but the context holds {limit}; shorten the prompt or --max-tokens, or raise --ctx-size")]
+    #[error(
+        "context full: {needed} tokens needed but the context holds {limit}; shorten the prompt or --max-tokens, or raise --ctx-size"
+    )]
     ContextFull {
         /// Tokens the request needs in total.
         needed: usize,

@@ -79,7 +79,12 @@ impl GenerationStats {
 
 /// Bring `session` to the state after `prompt` and return the last prompt token's logits.
 /// Reuses the longest cached prefix; returns (logits, reused token count).
-pub fn prefill(model: &dyn LanguageModel, session: &mut Session, prompt: &[u32], chunk: usize) -> Result<(Vec<f32>, usize)> {
+pub fn prefill(
+    model: &dyn LanguageModel,
+    session: &mut Session,
+    prompt: &[u32],
+    chunk: usize,
+) -> Result<(Vec<f32>, usize)> {
     if prompt.is_empty() {
         return Err(EngineError::InvalidRequest("the prompt is empty (no tokens)".into()));
     }

@@ -42,9 +42,9 @@ pub struct LoadedModel {
 
 /// Build the tokenizer a GGUF file describes.
 pub fn gguf_tokenizer(g: &GgufFile) -> Result<Tokenizer> {
-    let tokens = g.get_string_array("tokenizer.ggml.tokens").ok_or_else(|| {
-        EngineError::Config("the GGUF file has no tokenizer (tokenizer.ggml.tokens missing)".into())
-    })?;
+    let tokens = g
+        .get_string_array("tokenizer.ggml.tokens")
+        .ok_or_else(|| EngineError::Config("the GGUF file has no tokenizer (tokenizer.ggml.tokens missing)".into()))?;
     let token_types = g.get_i32_array("tokenizer.ggml.token_type");
     let scores = g.get_f32_array("tokenizer.ggml.scores");
     let id = |k: &str| g.get_u32(k);
@@ -94,7 +94,13 @@ pub fn load_model(path: &Path, backend: &dyn Backend, progress: &mut dyn FnMut(u
         template_or_fallback(gguf.get_str("tokenizer.chat_template").map(str::to_string), &tokenizer)?;
     let store: Arc<dyn TensorStore> = gguf.clone();
     let model: Box<dyn LanguageModel> = match arch.as_str() {
-        "llama" => Box::new(Llama::load(LlamaConfig::from_gguf(&gguf)?, &store, TensorNaming::Gguf, backend, progress)?),
+        "llama" => Box::new(Llama::load(
+            LlamaConfig::from_gguf(&gguf)?,
+            &store,
+            TensorNaming::Gguf,
+            backend,
+            progress,
+        )?),
         other => return Err(EngineError::UnsupportedArchitecture(other.to_string())),
     };
     Ok(LoadedModel {

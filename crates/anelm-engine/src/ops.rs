@@ -6,7 +6,7 @@ use anelm_kernels::round_f16;
 
 /// y = x / sqrt(mean(x²) + eps) ⊙ (w + offset). `offset` is 0 for Llama, 1 for `(1 + w)` norms.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, offset: f32, y: &mut [f32]) {
-    let sum: f64 = if std::env::var_os("ANELM_DBG_F32SUM").is_some() { f64::from(x.iter().map(|&v| v * v).sum::<f32>()) } else { x.iter().map(|&v| f64::from(v) * f64::from(v)).sum() };
+    let sum: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
     let mean = (sum / x.len().max(1) as f64) as f32;
     let scale = 1.0 / (mean + eps).sqrt();
     for ((y, &x), &w) in y.iter_mut().zip(x).zip(w) {

@@ -40,28 +40,66 @@ type Tensor = (String, String, Vec<usize>, Vec<f32>);
 fn random_model() -> Vec<Tensor> {
     let mut rng = Rng(0x1234_5678_9abc_def1);
     let mut t: Vec<Tensor> = Vec::new();
-    let mut mat = |hf: &str, gg: &str, rows: usize, cols: usize, rng: &mut Rng| {
+    fn mat(t: &mut Vec<Tensor>, hf: &str, gg: &str, rows: usize, cols: usize, rng: &mut Rng) {
         t.push((hf.into(), gg.into(), vec![rows, cols], rng.vec(rows * cols, 0.3)));
-    };
-    mat("model.embed_tokens.weight", "token_embd.weight", VOCAB, HIDDEN, &mut rng);
+    }
+    mat(
+        &mut t,
+        "model.embed_tokens.weight",
+        "token_embd.weight",
+        VOCAB,
+        HIDDEN,
+        &mut rng,
+    );
     for i in 0..LAYERS {
         let hf = |s: &str| format!("model.layers.{i}.{s}.weight");
         let gg = |s: &str| format!("blk.{i}.{s}.weight");
-        mat(&hf("self_attn.q_proj"), &gg("attn_q"), HEADS * HEAD_DIM, HIDDEN, &mut rng);
-        mat(&hf("self_attn.k_proj"), &gg("attn_k"), KV_HEADS * HEAD_DIM, HIDDEN, &mut rng);
-        mat(&hf("self_attn.v_proj"), &gg("attn_v"), KV_HEADS * HEAD_DIM, HIDDEN, &mut rng);
-        mat(&hf("self_attn.o_proj"), &gg("attn_output"), HIDDEN, HEADS * HEAD_DIM, &mut rng);
-        mat(&hf("mlp.gate_proj"), &gg("ffn_gate"), FFN, HIDDEN, &mut rng);
-        mat(&hf("mlp.up_proj"), &gg("ffn_up"), FFN, HIDDEN, &mut rng);
-        mat(&hf("mlp.down_proj"), &gg("ffn_down"), HIDDEN, FFN, &mut rng);
-        for (h, g) in [("input_layernorm", "attn_norm"), ("post_attention_layernorm", "ffn_norm")] {
+        mat(
+            &mut t,
+            &hf("self_attn.q_proj"),
+            &gg("attn_q"),
+            HEADS * HEAD_DIM,
+            HIDDEN,
+            &mut rng,
+        );
+        mat(
+            &mut t,
+            &hf("self_attn.k_proj"),
+            &gg("attn_k"),
+            KV_HEADS * HEAD_DIM,
+            HIDDEN,
+            &mut rng,
+        );
+        mat(
+            &mut t,
+            &hf("self_attn.v_proj"),
+            &gg("attn_v"),
+            KV_HEADS * HEAD_DIM,
+            HIDDEN,
+            &mut rng,
+        );
+        mat(
+            &mut t,
+            &hf("self_attn.o_proj"),
+            &gg("attn_output"),
+            HIDDEN,
+            HEADS * HEAD_DIM,
+            &mut rng,
+        );
+        mat(&mut t, &hf("mlp.gate_proj"), &gg("ffn_gate"), FFN, HIDDEN, &mut rng);
+        mat(&mut t, &hf("mlp.up_proj"), &gg("ffn_up"), FFN, HIDDEN, &mut rng);
+        mat(&mut t, &hf("mlp.down_proj"), &gg("ffn_down"), HIDDEN, FFN, &mut rng);
+        for (h, g) in [
+            ("input_layernorm", "attn_norm"),
+            ("post_attention_layernorm", "ffn_norm"),
+        ] {
             let w: Vec<f32> = rng.vec(HIDDEN, 0.2).into_iter().map(|v| 1.0 + v).collect();
             t.push((hf(h), gg(g), vec![HIDDEN], w));
         }
     }
     let w: Vec<f32> = rng.vec(HIDDEN, 0.2).into_iter().map(|v| 1.0 + v).collect();
     t.push(("model.norm.weight".into(), "output_norm.weight".into(), vec![HIDDEN], w));
-    mat("lm_head.weight", "output.weight", VOCAB, HIDDEN, &mut rng);
+    mat(&mut t, "lm_head.weight", "output.weight", VOCAB, HIDDEN, &mut rng);
     t
 }
 
@@ -99,7 +137,10 @@ fn write_gguf(path: &Path, tensors: &[Tensor]) {
         ("llama.context_length", 256),
         ("llama.vocab_size", VOCAB as u32),
     ];
-    let kv_f32: [(&str, f32); 2] = [("llama.rope.freq_base", 10000.0), ("llama.attention.layer_norm_rms_epsilon", 1e-5)];
+    let kv_f32: [(&str, f32); 2] = [
+        ("llama.rope.freq_base", 10000.0),
+        ("llama.attention.layer_norm_rms_epsilon", 1e-5),
+    ];
     b.extend(((kv_u32.len() + kv_f32.len() + 1) as u64).to_le_bytes());
     put_str(&mut b, "general.architecture");
     b.extend(8u32.to_le_bytes());

@@ -7,9 +7,6 @@ use crate::error::{KernelError, check_len};
 use crate::format::WeightFormat;
 use crate::fp16::{round_bf16, round_f16};
 
-/// DEBUG
-pub static DBG_FORCE_F32: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
 /// The activation encoding paired with a weight format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ActKind {
@@ -91,12 +88,22 @@ impl Activations {
     }
 
     /// Convert `x` (lane-major: `x[lane*cols + k]`) for weights stored in `weight_fmt`.
-    pub fn quantize(&mut self, weight_fmt: WeightFormat, x: &[f32], lanes: usize, cols: usize) -> Result<(), KernelError> {
-        check_len("activations", lanes.checked_mul(cols).ok_or(KernelError::Overflow)?, x.len(), "values")?;
+    pub fn quantize(
+        &mut self,
+        weight_fmt: WeightFormat,
+        x: &[f32],
+        lanes: usize,
+        cols: usize,
+    ) -> Result<(), KernelError> {
+        check_len(
+            "activations",
+            lanes.checked_mul(cols).ok_or(KernelError::Overflow)?,
+            x.len(),
+            "values",
+        )?;
         weight_fmt.row_bytes(cols)?;
         self.fmt = weight_fmt;
         self.kind = ActKind::for_weights(weight_fmt);
-        if DBG_FORCE_F32.load(std::sync::atomic::Ordering::Relaxed) { self.kind = ActKind::F32; }
         self.lanes = lanes;
         self.cols = cols;
         match self.kind {

@@ -42,7 +42,12 @@ pub enum KernelError {
     Overflow,
 }
 
-pub(crate) fn check_len(what: &'static str, expected: usize, got: usize, unit: &'static str) -> Result<(), KernelError> {
+pub(crate) fn check_len(
+    what: &'static str,
+    expected: usize,
+    got: usize,
+    unit: &'static str,
+) -> Result<(), KernelError> {
     if expected == got {
         Ok(())
     } else {

@@ -124,9 +124,7 @@ impl WeightFormat {
                 block: be,
             });
         }
-        (cols / be)
-            .checked_mul(self.block_bytes())
-            .ok_or(KernelError::Overflow)
+        (cols / be).checked_mul(self.block_bytes()).ok_or(KernelError::Overflow)
     }
 
     /// Bytes of a tensor of `elems` elements; `None` on overflow or a partial block.

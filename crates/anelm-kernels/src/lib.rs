@@ -12,7 +12,7 @@ mod fp16;
 mod matmul;
 mod quantize;
 
-pub use activations::{Activations, DBG_FORCE_F32};
+pub use activations::Activations;
 pub use dequant::{dequantize_row, dot_reference};
 pub use error::KernelError;
 pub use format::WeightFormat;

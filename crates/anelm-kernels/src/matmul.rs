@@ -31,14 +31,6 @@ fn dot_row(fmt: WeightFormat, row: &[u8], x: &Activations, lane0: usize, acc: &m
     let cols = x.cols;
     let bb = fmt.block_bytes();
     match x.kind {
-        ActKind::F32 if fmt.is_quantized() => {
-            let mut wr = vec![0f32; cols];
-            crate::dequant::dequantize_row(fmt, row, &mut wr).unwrap();
-            for (l, a) in acc.iter_mut().enumerate() {
-                let xs = &x.f[(lane0 + l) * cols..(lane0 + l + 1) * cols];
-                *a += wr.iter().zip(xs).map(|(p, q)| p * q).sum::<f32>();
-            }
-        }
         ActKind::F32 | ActKind::F16 | ActKind::BF16 => {
             let es = fmt.block_bytes();
             for (k, c) in row.chunks_exact(es).enumerate() {
@@ -139,7 +131,12 @@ pub fn matmul(
     out: &mut [f32],
 ) -> Result<(), KernelError> {
     let rb = fmt.row_bytes(cols)?;
-    check_len("weights", rb.checked_mul(rows).ok_or(KernelError::Overflow)?, w.len(), "bytes")?;
+    check_len(
+        "weights",
+        rb.checked_mul(rows).ok_or(KernelError::Overflow)?,
+        w.len(),
+        "bytes",
+    )?;
     if x.fmt != fmt || x.cols != cols {
         return Err(KernelError::ActivationMismatch {
             prepared_for: x.fmt.name(),

@@ -110,8 +110,16 @@ fn quantize_q4_k_block(x: &[f32], b: &mut [u8]) {
     let mut sc = [0u8; 8];
     let mut mn = [0u8; 8];
     for j in 0..8 {
-        sc[j] = if d > 0.0 { (scale[j] / d).round().clamp(0.0, 63.0) as u8 } else { 0 };
-        mn[j] = if dmin > 0.0 { (minv[j] / dmin).round().clamp(0.0, 63.0) as u8 } else { 0 };
+        sc[j] = if d > 0.0 {
+            (scale[j] / d).round().clamp(0.0, 63.0) as u8
+        } else {
+            0
+        };
+        mn[j] = if dmin > 0.0 {
+            (minv[j] / dmin).round().clamp(0.0, 63.0) as u8
+        } else {
+            0
+        };
     }
     b[0..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
     b[2..4].copy_from_slice(&f32_to_f16(dmin).to_le_bytes());
@@ -133,7 +141,11 @@ fn quantize_q4_k_block(x: &[f32], b: &mut [u8]) {
         let m = dmin * f32::from(mn[j]);
         for l in 0..32 {
             let v = x[32 * j + l];
-            q[32 * j + l] = if ds > 0.0 { ((v + m) / ds).round().clamp(0.0, 15.0) as u8 } else { 0 };
+            q[32 * j + l] = if ds > 0.0 {
+                ((v + m) / ds).round().clamp(0.0, 15.0) as u8
+            } else {
+                0
+            };
         }
     }
     let qs = &mut b[16..144];
@@ -153,14 +165,22 @@ fn quantize_q6_k_block(x: &[f32], b: &mut [u8]) {
     let d = round_f16(smax.abs() / 127.0);
     let mut sc = [0i8; 16];
     for j in 0..16 {
-        sc[j] = if d > 0.0 { (scale[j] / d).round().clamp(-128.0, 127.0) as i8 } else { 0 };
+        sc[j] = if d > 0.0 {
+            (scale[j] / d).round().clamp(-128.0, 127.0) as i8
+        } else {
+            0
+        };
     }
     let mut q = [0u8; 256];
     for j in 0..16 {
         let ds = d * f32::from(sc[j]);
         for l in 0..16 {
             let v = x[16 * j + l];
-            let qi = if ds != 0.0 { (v / ds).round().clamp(-32.0, 31.0) as i32 } else { 0 };
+            let qi = if ds != 0.0 {
+                (v / ds).round().clamp(-32.0, 31.0) as i32
+            } else {
+                0
+            };
             q[16 * j + l] = (qi + 32) as u8;
         }
     }

@@ -6,7 +6,10 @@ use anelm_kernels::{Activations, WeightFormat, dot_reference, matmul, quantize_r
 struct Rng(u64);
 impl Rng {
     fn f(&mut self) -> f32 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
     fn vec(&mut self, n: usize) -> Vec<f32> {
@@ -43,8 +46,13 @@ fn matmul_matches_reference_dot_for_every_format() {
                 let mut o1 = vec![0.0; rows];
                 matmul(fmt, &w, rows, cols, &a1, &mut o1).unwrap();
                 for r in 0..rows {
-                    assert_eq!(o1[r].to_bits(), out[lane * rows + r].to_bits(), "{fmt} lane {lane} row {r}");
-                    let want = dot_reference(fmt, &w[r * rb..(r + 1) * rb], &x[lane * cols..(lane + 1) * cols]).unwrap();
+                    assert_eq!(
+                        o1[r].to_bits(),
+                        out[lane * rows + r].to_bits(),
+                        "{fmt} lane {lane} row {r}"
+                    );
+                    let want =
+                        dot_reference(fmt, &w[r * rb..(r + 1) * rb], &x[lane * cols..(lane + 1) * cols]).unwrap();
                     // Activation quantisation error: per value at most half a step (amax/254 for
                     // int8; relative 2^-11 / 2^-8 for f16 / bf16); as a random walk over the row,
                     // 6σ of ‖w‖·step/√3.
@@ -78,5 +86,8 @@ fn mismatched_sizes_are_errors() {
     matmul(fmt, &w, 3, 32, &act, &mut out).unwrap();
     assert!(matmul(fmt, &w[..59], 3, 32, &act, &mut out).is_err(), "short weights");
     assert!(matmul(fmt, &w, 3, 32, &act, &mut out[..5]).is_err(), "short output");
-    assert!(matmul(WeightFormat::Q4_0, &w[..54], 3, 32, &act, &mut out).is_err(), "activations for another format");
+    assert!(
+        matmul(WeightFormat::Q4_0, &w[..54], 3, 32, &act, &mut out).is_err(),
+        "activations for another format"
+    );
 }

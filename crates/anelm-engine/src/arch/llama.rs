@@ -109,7 +109,9 @@ impl LlamaConfig {
         let u = |k: &str| -> Result<usize> { need(g.get_u64(&key(k)), &key(k)).map(|v| v as usize) };
         let hidden_size = u("embedding_length")?;
         let n_heads = u("attention.head_count")?;
-        let n_kv_heads = g.get_u64(&key("attention.head_count_kv")).map_or(n_heads, |v| v as usize);
+        let n_kv_heads = g
+            .get_u64(&key("attention.head_count_kv"))
+            .map_or(n_heads, |v| v as usize);
         if n_heads == 0 {
             return Err(EngineError::Config("attention.head_count is 0".into()));
         }
@@ -247,7 +249,9 @@ impl Llama {
                 store,
             )?;
             if ffn_residual.shape().input != h {
-                return Err(EngineError::Config(format!("layer {i}: FFN input width differs from hidden size")));
+                return Err(EngineError::Config(format!(
+                    "layer {i}: FFN input width differs from hidden size"
+                )));
             }
             layers.push(Layer {
                 attn_norm: norm(&name("attn_norm"))?,
@@ -263,7 +267,12 @@ impl Llama {
         } else {
             naming.embed()
         };
-        let lm_head = backend.compile(&KernelSpec::Linear { w: WeightId::new(head_name) }, store)?;
+        let lm_head = backend.compile(
+            &KernelSpec::Linear {
+                w: WeightId::new(head_name),
+            },
+            store,
+        )?;
         if lm_head.shape().output != cfg.vocab_size || lm_head.shape().input != h {
             return Err(EngineError::Config(format!(
                 "LM head '{head_name}' is {}×{}, expected {}×{h}",
@@ -310,7 +319,10 @@ impl LanguageModel for Llama {
 
     fn new_session(&self, ctx_size: usize) -> Session {
         let ctx = ctx_size.clamp(1, self.cfg.context_length.max(1));
-        Session::new(KvCache::new(self.cfg.n_layers, self.cfg.n_kv_heads * self.cfg.head_dim), ctx)
+        Session::new(
+            KvCache::new(self.cfg.n_layers, self.cfg.n_kv_heads * self.cfg.head_dim),
+            ctx,
+        )
     }
 
     fn forward(&self, items: &mut [StepItem<'_>]) -> Result<Batch> {
@@ -322,6 +334,11 @@ impl LanguageModel for Llama {
         // Lanes: every item's tokens, in order.
         let mut lanes = Vec::new();
         for (i, it) in items.iter().enumerate() {
+            if it.tokens.is_empty() && it.logits != LogitsMode::None {
+                return Err(EngineError::InvalidRequest(
+                    "a step item that asks for logits must carry at least one token".into(),
+                ));
+            }
             let needed = it.session.len() + it.tokens.len();
             if needed > it.session.ctx_size() {
                 return Err(EngineError::ContextFull {
@@ -369,8 +386,7 @@ impl LanguageModel for Llama {
         let mut qkv = Batch::default();
         let mut attn = Batch::zeros(n, q_dim);
         let mut y = Batch::default();
-        let dbg_layers: usize = std::env::var("ANELM_DBG_LAYERS").ok().and_then(|v| v.parse().ok()).unwrap_or(usize::MAX);
-        for (li, layer) in self.layers.iter().enumerate().take(dbg_layers) {
+        for (li, layer) in self.layers.iter().enumerate() {
             for lane in 0..n {
                 rms_norm(x.lane(lane), &layer.attn_norm, cfg.rms_eps, 0.0, xn.lane_mut(lane));
             }
@@ -391,8 +407,7 @@ impl LanguageModel for Llama {
                 cache.v.extend(v.iter().map(|&e| round_f16(e)));
             }
             // Attention: every (lane, head) independently, over positions 0..=pos.
-            let caches: Vec<&crate::kv_cache::KvLayer> =
-                items.iter().map(|it| &it.session.kv.layers[li]).collect();
+            let caches: Vec<&crate::kv_cache::KvLayer> = items.iter().map(|it| &it.session.kv.layers[li]).collect();
             let qkv_ref = &qkv;
             attn.as_mut_slice()
                 .par_chunks_mut(hd)
