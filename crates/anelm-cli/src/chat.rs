@@ -44,7 +44,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
     let opts = GenerateOptions {
         max_tokens: a.sampling.max_tokens,
         sampler: params,
-        stop_on_eos: true,
+        ignore_eos: false,
         prefill_chunk: 128,
     };
     eprintln!("anelm chat — type a message; /reset clears the conversation, /exit or Ctrl-D quits.");

@@ -83,7 +83,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let opts = GenerateOptions {
         max_tokens: a.sampling.max_tokens,
         sampler: params,
-        stop_on_eos: !a.sampling.ignore_eos,
+        ignore_eos: a.sampling.ignore_eos,
         prefill_chunk: a.prefill_chunk,
     };
     let stdout = std::io::stdout();

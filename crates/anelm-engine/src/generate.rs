@@ -17,8 +17,10 @@ pub struct GenerateOptions {
     pub max_tokens: usize,
     /// Sampling parameters.
     pub sampler: SamplerParams,
-    /// Stop at the model's end-of-generation tokens (false: keep going, as benchmarks do).
-    pub stop_on_eos: bool,
+    /// Never sample the model's end-of-generation tokens (their logits are masked, as llama.cpp's
+    /// `--ignore-eos` does), so generation runs to `max_tokens`, as benchmarks need. When false,
+    /// sampling one of them ends generation with [`FinishReason::Stop`].
+    pub ignore_eos: bool,
     /// Prompt tokens per prefill pass.
     pub prefill_chunk: usize,
 }
@@ -28,7 +30,7 @@ impl Default for GenerateOptions {
         Self {
             max_tokens: 256,
             sampler: SamplerParams::default(),
-            stop_on_eos: true,
+            ignore_eos: false,
             prefill_chunk: 128,
         }
     }
@@ -138,9 +140,16 @@ pub fn generate(
     let mut finish = FinishReason::Length;
     let mut first_token_at = None;
     while generated.len() < opts.max_tokens {
+        if opts.ignore_eos {
+            for &id in stops {
+                if let Some(l) = logits.get_mut(id as usize) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
         let tok = sampler.sample(&logits, &history)?;
         first_token_at.get_or_insert_with(Instant::now);
-        if opts.stop_on_eos && stops.contains(&tok) {
+        if stops.contains(&tok) {
             finish = FinishReason::Stop;
             break;
         }

@@ -7,15 +7,20 @@
 //!   llama.cpp's by at most `MAX_DLOGPROB` at any position and `MAX_MEAN_DLOGPROB` on average, and
 //!   our argmax is llama.cpp's argmax wherever llama.cpp's top-2 margin exceeds `NOISE_MARGIN`
 //!   (else it is one of llama.cpp's top two).
-//! - Free-running greedy decoding reproduces llama.cpp's tokens up to the first position where
-//!   llama.cpp's own top-2 margin is below `NOISE_MARGIN`; after a tie-break the texts may part.
+//! - Free-running greedy decoding (batched prefill, then one token per step through the KV cache)
+//!   reproduces llama.cpp's tokens exactly up to the first position where our teacher-forced argmax
+//!   differs from llama.cpp's, and that position is one where llama.cpp's own top-2 margin is
+//!   below `NOISE_MARGIN`. So the decode path is checked token for token against the batched path,
+//!   and every parting from llama.cpp is a near-tie.
 //!
-//! llama.cpp quantizes each activation row to 8-bit blocks before every quantized matmul; that
-//! moves its logits away from exact arithmetic by ~0.06 in log-probability on this model (measured
-//! against an f64 reference forward, see docs/field-guide.md). anelm does the same quantization
-//! but not bit-for-bit in the same summation order, so near-ties (the fixture has margins of
-//! 0.017) may break the other way. The bounds are set from that measured noise, not fitted to
-//! pass: a wrong RoPE pairing, norm or quantization layout moves log-probabilities by whole units.
+//! llama.cpp quantizes each activation row to 8-bit blocks before every quantized matmul, which
+//! moves its logits away from exact arithmetic. Measured against an f64 exact-math forward of the
+//! same weights (docs/field-guide.md): mean |Δ log p| 0.025–0.043 per case, at most 0.25; top-2
+//! margins shifted by up to 0.61; and exact math's argmax differs from llama.cpp's at positions
+//! where llama.cpp's margin is as large as 0.38. anelm also quantizes activations, but not in
+//! llama.cpp's exact summation order, so ties that close may break either way. The bounds are set
+//! from that measured noise, not fitted to pass: a wrong RoPE pairing, norm or quantization layout
+//! moves log-probabilities by whole units.
 //!
 //! Needs the default model (`scripts/fetch-default-model.sh`; `scripts/test.sh` runs it first).
 
@@ -27,12 +32,13 @@ use anelm_engine::{
 };
 use serde_json::Value;
 
-/// llama.cpp top-2 margins below this are treated as ties its activation noise could flip.
-const NOISE_MARGIN: f64 = 0.1;
-/// Largest allowed per-position |Δ log p(llama.cpp's top-1)|.
+/// llama.cpp top-2 margins below this are treated as ties its activation noise could flip
+/// (exact arithmetic flips margins up to 0.38 and moves them by up to 0.61).
+const NOISE_MARGIN: f64 = 0.5;
+/// Largest allowed per-position |Δ log p(llama.cpp's top-1)| (exact math: 0.25).
 const MAX_DLOGPROB: f64 = 0.3;
-/// Largest allowed mean |Δ log p| over a case.
-const MAX_MEAN_DLOGPROB: f64 = 0.1;
+/// Largest allowed mean |Δ log p| over a case (exact math: up to 0.043).
+const MAX_MEAN_DLOGPROB: f64 = 0.06;
 
 fn fixture() -> Value {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/smollm2-llamacpp-greedy.json");
@@ -92,6 +98,27 @@ fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
+/// Our logits at each of llama.cpp's generated positions, teacher-forced on its completion in one
+/// batched forward.
+fn teacher_forced(lm: &LoadedModel, case: &Value) -> Vec<Vec<f32>> {
+    let prompt_ids = ids(&case["prompt_ids"]);
+    let completion = ids(&case["completion_ids"]);
+    let mut tokens = prompt_ids.clone();
+    tokens.extend_from_slice(&completion[..completion.len() - 1]);
+    let mut session = lm.model.new_session(512);
+    let out = lm
+        .model
+        .forward(&mut [StepItem {
+            session: &mut session,
+            tokens: &tokens,
+            logits: LogitsMode::All,
+        }])
+        .expect("forward");
+    (0..completion.len())
+        .map(|pos| out.lane(prompt_ids.len() - 1 + pos).to_vec())
+        .collect()
+}
+
 #[test]
 fn tokenizes_like_llama_cpp() {
     let fx = fixture();
@@ -112,23 +139,10 @@ fn teacher_forced_distribution_matches_llama_cpp() {
     let lm = model();
     for case in fx["cases"].as_array().expect("cases") {
         let prompt = case["prompt"].as_str().expect("prompt");
-        let prompt_ids = ids(&case["prompt_ids"]);
-        let completion = ids(&case["completion_ids"]);
         let reference = top2(case);
-        let mut tokens = prompt_ids.clone();
-        tokens.extend_from_slice(&completion[..completion.len() - 1]);
-        let mut session = lm.model.new_session(512);
-        let out = lm
-            .model
-            .forward(&mut [StepItem {
-                session: &mut session,
-                tokens: &tokens,
-                logits: LogitsMode::All,
-            }])
-            .expect("forward");
+        let ours_logits = teacher_forced(&lm, case);
         let mut total = 0.0;
-        for (pos, r) in reference.iter().enumerate() {
-            let logits = out.lane(prompt_ids.len() - 1 + pos);
+        for (pos, (r, logits)) in reference.iter().zip(&ours_logits).enumerate() {
             let [(id0, lp0), (id1, lp1)] = *r;
             let d = (log_softmax_at(logits, id0) - lp0).abs();
             total += d;
@@ -169,7 +183,7 @@ fn greedy_generation_follows_llama_cpp_until_a_near_tie() {
         let opts = GenerateOptions {
             max_tokens: want.len(),
             sampler: SamplerParams::greedy(),
-            stop_on_eos: false,
+            ignore_eos: true,
             prefill_chunk: 128,
         };
         let mut session = lm.model.new_session(512);
@@ -183,22 +197,41 @@ fn greedy_generation_follows_llama_cpp_until_a_near_tie() {
         )
         .expect("generate");
         assert_eq!(got.len(), want.len(), "{prompt:?}: generated {} tokens", got.len());
-        let first_tie = reference
-            .iter()
-            .position(|[(_, a), (_, b)]| a - b < NOISE_MARGIN)
+        // llama.cpp ran with ignore_eos (end-of-generation logits masked), so its completion is the
+        // argmax over the other tokens; the generation here masks them the same way.
+        let stops = lm.tokenizer.stop_ids();
+        let first_flip = teacher_forced(&lm, case)
+            .into_iter()
+            .zip(&want)
+            .position(|(mut logits, &id)| {
+                for &s in stops {
+                    logits[s as usize] = f32::NEG_INFINITY;
+                }
+                argmax(&logits) != id
+            })
             .unwrap_or(want.len());
-        assert!(
-            first_tie >= 3,
-            "{prompt:?}: fixture has a near-tie at {first_tie}; the check would be empty"
-        );
         let agree = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
-        println!("{prompt:?}: identical for {agree} tokens (first llama.cpp near-tie at {first_tie})");
-        assert!(
-            agree >= first_tie,
-            "{prompt:?}: diverged from llama.cpp at position {agree}, before its first near-tie at {first_tie}: \
-             got {:?}, want {:?}",
-            &got[agree..],
-            &want[agree..]
+        println!("{prompt:?}: identical for {agree} tokens (first teacher-forced flip at {first_flip})");
+        assert_eq!(
+            agree,
+            first_flip,
+            "{prompt:?}: free-running decode parted from llama.cpp at {agree}, but the batched \
+             teacher-forced pass first disagrees at {first_flip}: got {:?}, want {:?}",
+            &got[agree.min(got.len())..],
+            &want[agree.min(want.len())..]
         );
+        if first_flip < want.len() {
+            // llama.cpp's margin between the token it chose and the best other non-stop token.
+            let [(id0, a), (_, b)] = reference[first_flip];
+            assert_eq!(
+                id0, want[first_flip],
+                "{prompt:?}: flip at a position where llama.cpp masked its top-1"
+            );
+            assert!(
+                a - b < NOISE_MARGIN,
+                "{prompt:?}: parted from llama.cpp at {first_flip} where its margin is {:.3}",
+                a - b
+            );
+        }
     }
 }
