@@ -40,6 +40,12 @@ pub enum KernelError {
     /// A size computation overflowed.
     #[error("size overflow")]
     Overflow,
+    /// The requested instruction set does not run on this CPU.
+    #[error("the {isa} kernels do not run on this CPU (use Isa::best())")]
+    IsaUnavailable {
+        /// Its name.
+        isa: &'static str,
+    },
 }
 
 pub(crate) fn check_len(

@@ -11,11 +11,15 @@ mod format;
 mod fp16;
 mod matmul;
 mod quantize;
+#[cfg(target_arch = "aarch64")]
+mod simd_neon;
+#[cfg(target_arch = "x86_64")]
+mod simd_x86;
 
 pub use activations::Activations;
 pub use dequant::{dequantize_row, dot_reference};
 pub use error::KernelError;
 pub use format::WeightFormat;
 pub use fp16::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, round_bf16, round_f16};
-pub use matmul::matmul;
+pub use matmul::{Isa, matmul, matmul_with};
 pub use quantize::quantize_row;

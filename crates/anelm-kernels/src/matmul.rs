@@ -9,6 +9,69 @@ use crate::error::{KernelError, check_len};
 use crate::format::WeightFormat;
 use crate::fp16::{bf16_to_f32, f16_to_f32};
 
+/// The instruction set of the matmul's inner loops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    /// Portable Rust, the reference every other path is tested against.
+    Scalar,
+    /// x86-64 AVX2 + FMA + F16C.
+    Avx2,
+    /// aarch64 NEON.
+    Neon,
+}
+
+impl Isa {
+    /// The fastest path this CPU runs; `ANELM_KERNELS=scalar` forces the reference path.
+    pub fn best() -> Self {
+        static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| {
+            if std::env::var("ANELM_KERNELS").is_ok_and(|v| v.eq_ignore_ascii_case("scalar")) {
+                return Isa::Scalar;
+            }
+            [Isa::Avx2, Isa::Neon]
+                .into_iter()
+                .find(|i| i.available())
+                .unwrap_or(Isa::Scalar)
+        })
+    }
+
+    /// Whether this CPU can run `self`.
+    pub fn available(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => crate::simd_x86::available(),
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => true,
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+
+    /// Short name for logs and benchmarks.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Neon => "neon",
+        }
+    }
+}
+
+/// Run one row on `isa` (which the caller has checked is available).
+#[inline]
+fn dot_row_on(isa: Isa, fmt: WeightFormat, row: &[u8], x: &Activations, lane0: usize, acc: &mut [f32]) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `matmul_with` only passes Avx2 when `Isa::available` confirmed AVX2, FMA, F16C.
+        Isa::Avx2 => unsafe { crate::simd_x86::dot_row(fmt, row, x, lane0, acc) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: NEON is part of every aarch64 target Rust supports here.
+        Isa::Neon => unsafe { crate::simd_neon::dot_row(fmt, row, x, lane0, acc) },
+        _ => dot_row(fmt, row, x, lane0, acc),
+    }
+}
+
 /// Lanes handled per pass over a row (an on-stack accumulator, so the hot path does not allocate).
 const LANE_GROUP: usize = 64;
 
@@ -122,7 +185,21 @@ unsafe impl Send for OutPtr {}
 
 /// out[lane*rows + r] = Σ_k W[r,k]·x[lane,k] for a row-major `rows × cols` matrix stored in `fmt`.
 /// Rows are split across the current rayon pool; each weight row is read once for all lanes.
+/// Uses the fastest instruction set of this CPU ([`Isa::best`]).
 pub fn matmul(
+    fmt: WeightFormat,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &Activations,
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    matmul_with(Isa::best(), fmt, w, rows, cols, x, out)
+}
+
+/// [`matmul`] on a chosen instruction set (tests and benchmarks compare them).
+pub fn matmul_with(
+    isa: Isa,
     fmt: WeightFormat,
     w: &[u8],
     rows: usize,
@@ -145,6 +222,9 @@ pub fn matmul(
             wanted_cols: cols,
         });
     }
+    if !isa.available() {
+        return Err(KernelError::IsaUnavailable { isa: isa.name() });
+    }
     let lanes = x.lanes;
     check_len("output", lanes * rows, out.len(), "values")?;
     if rows == 0 || lanes == 0 {
@@ -164,7 +244,7 @@ pub fn matmul(
                 let n = (lanes - lane0).min(LANE_GROUP);
                 let acc = &mut acc[..n];
                 acc.fill(0.0);
-                dot_row(fmt, row, x, lane0, acc);
+                dot_row_on(isa, fmt, row, x, lane0, acc);
                 for (l, v) in acc.iter().enumerate() {
                     // SAFETY: index (lane0+l)*rows + r < lanes*rows = out.len(); row r belongs
                     // to this task alone (see OutPtr).

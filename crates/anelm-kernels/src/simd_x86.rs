@@ -1,0 +1,230 @@
+//! AVX2 inner loops of the matmul. Integer formats compute each block's integer dot product with
+//! `maddubs`/`madd` and then accumulate in f32 exactly as the scalar path does (same expression,
+//! same order), so results are bit-identical to scalar. Float formats use 8-wide FMA and differ
+//! from scalar only by summation order.
+
+use std::arch::x86_64::*;
+
+use crate::activations::{ActKind, Activations};
+use crate::blocks::{unpack_q4_k, unpack_q5_0, unpack_q6_k};
+use crate::format::WeightFormat;
+use crate::fp16::{bf16_to_f32, f16_at, f16_to_f32};
+
+/// Whether this CPU runs the AVX2 path (AVX2, FMA and F16C).
+pub(crate) fn available() -> bool {
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn load256(b: &[u8]) -> __m256i {
+    assert!(b.len() >= 32);
+    // SAFETY: the assertion guarantees 32 readable bytes; loadu has no alignment requirement.
+    unsafe { _mm256_loadu_si256(b.as_ptr().cast()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn load256_i8(b: &[i8]) -> __m256i {
+    assert!(b.len() >= 32);
+    // SAFETY: as in `load256`.
+    unsafe { _mm256_loadu_si256(b.as_ptr().cast()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn load128(b: &[u8]) -> __m128i {
+    assert!(b.len() >= 16);
+    // SAFETY: the assertion guarantees 16 readable bytes; loadu has no alignment requirement.
+    unsafe { _mm_loadu_si128(b.as_ptr().cast()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hsum_i32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hsum_f32(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// 8 partial sums of u8 × i8 products (each 4 adjacent elements); exact (no saturation for
+/// weights ≤ 128 and activations in −127..=127).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn dot_u8_i8(w: __m256i, x: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1))
+}
+
+/// As `dot_u8_i8` for signed weights (sign moved onto the activations).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn dot_i8_i8(w: __m256i, x: __m256i) -> __m256i {
+    dot_u8_i8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
+}
+
+/// 32 nibbles of a 16-byte block: low nibbles first, then high, as u8 0..16.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn nibbles(qs: &[u8]) -> __m256i {
+    let v = load128(qs);
+    let m = _mm_set1_epi8(0x0F);
+    let lo = _mm_and_si128(v, m);
+    let hi = _mm_and_si128(_mm_srli_epi16::<4>(v), m);
+    _mm256_set_m128i(hi, lo)
+}
+
+/// acc[l] += W_row · x[lane0 + l]; the AVX2 twin of `matmul::dot_row`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dot_row(fmt: WeightFormat, row: &[u8], x: &Activations, lane0: usize, acc: &mut [f32]) {
+    let cols = x.cols;
+    let bb = fmt.block_bytes();
+    match x.kind {
+        ActKind::F32 | ActKind::F16 | ActKind::BF16 => float_row(fmt, row, x, lane0, acc),
+        ActKind::Q8_0 => {
+            let nb = cols / 32;
+            let mut q = [0i8; 32];
+            for (ib, b) in row.chunks_exact(bb).enumerate() {
+                let (w, dw) = match fmt {
+                    WeightFormat::Q8_0 => (load256(&b[2..34]), f16_at(b, 0)),
+                    WeightFormat::Q4_0 => (_mm256_sub_epi8(nibbles(&b[2..18]), _mm256_set1_epi8(8)), f16_at(b, 0)),
+                    _ => {
+                        let d = unpack_q5_0(b, &mut q);
+                        (load256_i8(&q), d)
+                    }
+                };
+                for (l, a) in acc.iter_mut().enumerate() {
+                    let blk = (lane0 + l) * nb + ib;
+                    let sumi = hsum_i32(dot_i8_i8(w, load256_i8(&x.q[32 * blk..])));
+                    *a += sumi as f32 * (dw * x.d[blk]);
+                }
+            }
+        }
+        ActKind::Q8_1 => {
+            let nb = cols / 32;
+            for (ib, b) in row.chunks_exact(bb).enumerate() {
+                let (dw, mw) = (f16_at(b, 0), f16_at(b, 2));
+                let w = nibbles(&b[4..20]);
+                for (l, a) in acc.iter_mut().enumerate() {
+                    let blk = (lane0 + l) * nb + ib;
+                    let sumi = hsum_i32(dot_u8_i8(w, load256_i8(&x.q[32 * blk..])));
+                    *a += (dw * x.d[blk]) * sumi as f32 + mw * x.s[blk];
+                }
+            }
+        }
+        ActKind::Q8K => {
+            let nb = cols / 256;
+            let mut q = [0i8; 256];
+            if fmt == WeightFormat::Q4_K {
+                let (mut sc, mut mn) = ([0u8; 8], [0u8; 8]);
+                for (ib, b) in row.chunks_exact(bb).enumerate() {
+                    let (d, dmin) = unpack_q4_k(b, &mut q, &mut sc, &mut mn);
+                    for (l, a) in acc.iter_mut().enumerate() {
+                        let blk = (lane0 + l) * nb + ib;
+                        let xq = &x.q[256 * blk..256 * blk + 256];
+                        let bs = &x.bsums[16 * blk..16 * blk + 16];
+                        let mut sumv = _mm256_setzero_si256();
+                        let mut summins = 0i32;
+                        for j in 0..8 {
+                            let p = dot_u8_i8(load256_i8(&q[32 * j..]), load256_i8(&xq[32 * j..]));
+                            sumv = _mm256_add_epi32(sumv, _mm256_mullo_epi32(p, _mm256_set1_epi32(i32::from(sc[j]))));
+                            summins += i32::from(mn[j]) * (bs[2 * j] + bs[2 * j + 1]);
+                        }
+                        let sumi = hsum_i32(sumv);
+                        let dx = x.d[blk];
+                        *a += d * dx * sumi as f32 - dmin * dx * summins as f32;
+                    }
+                }
+            } else {
+                let mut sc = [0i8; 16];
+                for (ib, b) in row.chunks_exact(bb).enumerate() {
+                    let d = unpack_q6_k(b, &mut q, &mut sc);
+                    for (l, a) in acc.iter_mut().enumerate() {
+                        let blk = (lane0 + l) * nb + ib;
+                        let xq = &x.q[256 * blk..256 * blk + 256];
+                        let mut sumv = _mm256_setzero_si256();
+                        for j in 0..8 {
+                            // Two 16-element sub-blocks: i32 lanes 0..4 are sub-block 2j, 4..8 are 2j+1.
+                            let p = dot_i8_i8(load256_i8(&q[32 * j..]), load256_i8(&xq[32 * j..]));
+                            let s0 = i32::from(sc[2 * j]);
+                            let s1 = i32::from(sc[2 * j + 1]);
+                            let scale = _mm256_setr_epi32(s0, s0, s0, s0, s1, s1, s1, s1);
+                            sumv = _mm256_add_epi32(sumv, _mm256_mullo_epi32(p, scale));
+                        }
+                        *a += d * x.d[blk] * hsum_i32(sumv) as f32;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Eight weights of a float row as f32.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn load_w8(fmt: WeightFormat, row: &[u8], k: usize) -> __m256 {
+    match fmt {
+        WeightFormat::F32 => {
+            let b = &row[4 * k..4 * k + 32];
+            // SAFETY: `b` holds exactly 32 bytes = 8 f32; loadu has no alignment requirement.
+            unsafe { _mm256_loadu_ps(b.as_ptr().cast()) }
+        }
+        WeightFormat::F16 => _mm256_cvtph_ps(load128(&row[2 * k..2 * k + 16])),
+        _ => {
+            let h = _mm256_cvtepu16_epi32(load128(&row[2 * k..2 * k + 16]));
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(h))
+        }
+    }
+}
+
+#[inline]
+fn scalar_w(fmt: WeightFormat, row: &[u8], k: usize) -> f32 {
+    match fmt {
+        WeightFormat::F32 => f32::from_le_bytes([row[4 * k], row[4 * k + 1], row[4 * k + 2], row[4 * k + 3]]),
+        WeightFormat::F16 => f16_to_f32(u16::from_le_bytes([row[2 * k], row[2 * k + 1]])),
+        _ => bf16_to_f32(u16::from_le_bytes([row[2 * k], row[2 * k + 1]])),
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn float_row(fmt: WeightFormat, row: &[u8], x: &Activations, lane0: usize, acc: &mut [f32]) {
+    let cols = x.cols;
+    let main = cols - cols % 8;
+    for (l, a) in acc.iter_mut().enumerate() {
+        let xs = &x.f[(lane0 + l) * cols..(lane0 + l + 1) * cols];
+        let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut k = 0;
+        while k + 16 <= main {
+            // SAFETY: k + 16 <= cols, so both 8-float loads stay inside `xs`.
+            let (x0, x1) = unsafe {
+                (
+                    _mm256_loadu_ps(xs.as_ptr().add(k)),
+                    _mm256_loadu_ps(xs.as_ptr().add(k + 8)),
+                )
+            };
+            s0 = _mm256_fmadd_ps(load_w8(fmt, row, k), x0, s0);
+            s1 = _mm256_fmadd_ps(load_w8(fmt, row, k + 8), x1, s1);
+            k += 16;
+        }
+        if k < main {
+            // SAFETY: k + 8 <= main <= cols.
+            let x0 = unsafe { _mm256_loadu_ps(xs.as_ptr().add(k)) };
+            s0 = _mm256_fmadd_ps(load_w8(fmt, row, k), x0, s0);
+            k += 8;
+        }
+        let mut s = hsum_f32(_mm256_add_ps(s0, s1));
+        for (kk, &xv) in xs.iter().enumerate().skip(k) {
+            s += scalar_w(fmt, row, kk) * xv;
+        }
+        *a += s;
+    }
+}

@@ -1,0 +1,86 @@
+//! Every SIMD path against the scalar reference on random data: bit-identical for the quantized
+//! formats (integer block dots, then the same f32 expression in the same order), and within a
+//! summation-order tolerance for the float formats. Runs whichever SIMD path this CPU has.
+
+use anelm_kernels::{Activations, Isa, WeightFormat, matmul_with, quantize_row};
+
+struct Rng(u64);
+impl Rng {
+    fn f(&mut self) -> f32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.f()).collect()
+    }
+}
+
+fn encode(fmt: WeightFormat, w: &[f32], rows: usize, cols: usize) -> Vec<u8> {
+    let rb = fmt.row_bytes(cols).expect("row bytes");
+    let mut out = vec![0u8; rb * rows];
+    for r in 0..rows {
+        quantize_row(fmt, &w[r * cols..(r + 1) * cols], &mut out[r * rb..(r + 1) * rb]).expect("quantize");
+    }
+    out
+}
+
+fn simd_isas() -> Vec<Isa> {
+    [Isa::Avx2, Isa::Neon].into_iter().filter(|i| i.available()).collect()
+}
+
+#[test]
+fn best_isa_is_available() {
+    assert!(Isa::best().available());
+    assert!(Isa::Scalar.available());
+}
+
+#[test]
+fn simd_matches_scalar_for_every_format() {
+    let isas = simd_isas();
+    if isas.is_empty() {
+        println!("no SIMD path on this CPU: only the scalar path exists to test");
+    }
+    let mut rng = Rng(7);
+    // 768 columns: three Q8_K super-blocks; also a float shape with a ragged tail (cols % 16 != 0).
+    for fmt in WeightFormat::ALL {
+        let shapes: &[(usize, usize)] = if !fmt.is_quantized() {
+            &[(19, 768), (5, 83)]
+        } else {
+            &[(19, 768)]
+        };
+        for &(rows, cols) in shapes {
+            let w = encode(fmt, &rng.vec(rows * cols), rows, cols);
+            for lanes in [1usize, 2, 5, 65] {
+                let x: Vec<f32> = rng.vec(lanes * cols).iter().map(|v| v * 3.0).collect();
+                let mut act = Activations::new();
+                act.quantize(fmt, &x, lanes, cols).expect("quantize activations");
+                let mut want = vec![0.0; lanes * rows];
+                matmul_with(Isa::Scalar, fmt, &w, rows, cols, &act, &mut want).expect("scalar");
+                for &isa in &isas {
+                    let mut got = vec![f32::NAN; lanes * rows];
+                    matmul_with(isa, fmt, &w, rows, cols, &act, &mut got).expect("simd");
+                    for (i, (g, s)) in got.iter().zip(&want).enumerate() {
+                        if !fmt.is_quantized() {
+                            let tol = 1e-5 * (cols as f32).sqrt() * 3.0 + 1e-5 * s.abs();
+                            assert!(
+                                (g - s).abs() <= tol,
+                                "{} {fmt:?} {rows}x{cols} lanes {lanes} [{i}]: {g} vs scalar {s}",
+                                isa.name()
+                            );
+                        } else {
+                            assert_eq!(
+                                g.to_bits(),
+                                s.to_bits(),
+                                "{} {fmt:?} lanes {lanes} [{i}]: {g} vs scalar {s}",
+                                isa.name()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
