@@ -1,6 +1,7 @@
 //! `anelm`: LLM inference on Apple's Neural Engine, with a native CPU backend everywhere else.
 
 mod args;
+mod bench;
 mod chat;
 mod default_model;
 mod generate;
@@ -31,17 +32,36 @@ enum Command {
     Logits(logits::LogitsArgs),
     /// Print the token ids a raw prompt becomes, as a JSON array.
     Tokenize(logits::TokenizeArgs),
+    /// Measure prompt processing (pp) and generation (tg) speed, llama-bench style.
+    Bench(bench::BenchArgs),
+}
+
+impl Command {
+    fn model_args(&self) -> &args::ModelArgs {
+        match self {
+            Command::Generate(a) => &a.model,
+            Command::Chat(a) => &a.model,
+            Command::Inspect(a) => &a.model,
+            Command::Logits(a) => &a.model,
+            Command::Tokenize(a) => &a.model,
+            Command::Bench(a) => &a.model,
+        }
+    }
 }
 
 fn main() {
     let cli = Cli::parse();
-    let result: Result<()> = match cli.command {
+    let threads = cli.command.model_args().threads;
+    // The whole command runs on a pool worker, so each parallel kernel starts without waking a
+    // thread to hand it over (and with --threads 1 nothing is handed over at all).
+    let result: Result<()> = runtime::in_pool(threads, || match cli.command {
         Command::Generate(a) => generate::run(a),
         Command::Chat(a) => chat::run(a),
         Command::Inspect(a) => inspect::run(a),
         Command::Logits(a) => logits::run_logits(a),
         Command::Tokenize(a) => logits::run_tokenize(a),
-    };
+        Command::Bench(a) => bench::run(a),
+    });
     if let Err(e) = result {
         let msg = format!("{e:#}").replace('\n', " ");
         eprintln!("error: {msg}");

@@ -11,17 +11,21 @@ use anelm_engine::{CpuBackend, LoadedModel, load_model};
 use crate::args::{DeviceArg, ModelArgs};
 use crate::default_model::default_model_path;
 
-/// Size the global thread pool (once per process).
-pub fn init_threads(threads: Option<usize>) -> Result<()> {
+/// Run `f` on a worker of a persistent pool of `threads` threads (default: the machine's cores),
+/// which every parallel kernel inside `f` uses.
+pub fn in_pool<T: Send>(threads: Option<usize>, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
     let n = match threads {
         Some(0) => anyhow::bail!("--threads must be at least 1"),
         Some(n) => n,
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
-    rayon::ThreadPoolBuilder::new()
+    let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(n)
-        .build_global()
-        .context("could not start the thread pool")
+        .thread_name(|i| format!("anelm-worker-{i}"))
+        .stack_size(8 << 20)
+        .build()
+        .context("could not start the thread pool")?;
+    pool.install(f)
 }
 
 /// The model path the arguments name (or the default model).
@@ -34,7 +38,6 @@ pub fn model_path(args: &ModelArgs) -> Result<PathBuf> {
 
 /// Load the model the arguments name, with a progress bar when it takes more than a moment.
 pub fn load(args: &ModelArgs) -> Result<LoadedModel> {
-    init_threads(args.threads)?;
     let path = model_path(args)?;
     let backend = match args.device {
         DeviceArg::Auto | DeviceArg::Cpu => CpuBackend::new(),

@@ -67,6 +67,24 @@ impl Rope {
     }
 }
 
+/// Σ a·b with eight independent partial sums, so the compiler vectorizes it.
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ac, at) = a.split_at(a.len() - a.len() % 8);
+    let (bc, bt) = b[..a.len()].split_at(ac.len());
+    for (x, y) in ac.chunks_exact(8).zip(bc.chunks_exact(8)) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (x, y) in at.iter().zip(bt) {
+        s += x * y;
+    }
+    s
+}
+
 /// One query head attending over `n` cached positions of its KV head.
 /// `k`/`v` hold rows of `stride` floats; the head's slice starts at `offset` in each row.
 /// Scores use f16-rounded q (K is stored f16-rounded), softmax in f32 with an f64 sum,
@@ -85,14 +103,22 @@ pub fn attend(
 ) {
     let d = q.len();
     scores.clear();
+    // q rounded once (not once per position); on the stack for every usual head size.
+    let mut q16_stack = [0f32; 512];
+    let mut q16_heap = Vec::new();
+    let q16: &mut [f32] = if d <= q16_stack.len() {
+        &mut q16_stack[..d]
+    } else {
+        q16_heap.resize(d, 0.0);
+        &mut q16_heap
+    };
+    for (r, &a) in q16.iter_mut().zip(q) {
+        *r = round_f16(a);
+    }
     let mut max = f32::NEG_INFINITY;
     for j in 0..n {
         let kr = &k[j * stride + offset..j * stride + offset + d];
-        let mut s = 0.0f32;
-        for (a, b) in q.iter().zip(kr) {
-            s += round_f16(*a) * b;
-        }
-        let s = s * scale;
+        let s = dot(q16, kr) * scale;
         max = max.max(s);
         scores.push(s);
     }

@@ -1,7 +1,8 @@
-//! AVX2 inner loops of the matmul. Integer formats compute each block's integer dot product with
-//! `maddubs`/`madd` and then accumulate in f32 exactly as the scalar path does (same expression,
-//! same order), so results are bit-identical to scalar. Float formats use 8-wide FMA and differ
-//! from scalar only by summation order.
+//! AVX2 inner loops of the matmul. Block integer dots use `maddubs`/`madd`. Q8_0/Q8_1-paired
+//! formats then accumulate blocks in eight f32 lanes with FMA and reduce once per row, as
+//! llama.cpp's AVX2 path does (no horizontal sum per block); the K-quants reduce each super-block
+//! exactly and accumulate as the scalar path does. Results differ from scalar only by f32
+//! summation order.
 
 use std::arch::x86_64::*;
 
@@ -93,32 +94,40 @@ pub(crate) fn dot_row(fmt: WeightFormat, row: &[u8], x: &Activations, lane0: usi
         ActKind::Q8_0 => {
             let nb = cols / 32;
             let mut q = [0i8; 32];
-            for (ib, b) in row.chunks_exact(bb).enumerate() {
-                let (w, dw) = match fmt {
-                    WeightFormat::Q8_0 => (load256(&b[2..34]), f16_at(b, 0)),
-                    WeightFormat::Q4_0 => (_mm256_sub_epi8(nibbles(&b[2..18]), _mm256_set1_epi8(8)), f16_at(b, 0)),
-                    _ => {
-                        let d = unpack_q5_0(b, &mut q);
-                        (load256_i8(&q), d)
-                    }
-                };
-                for (l, a) in acc.iter_mut().enumerate() {
-                    let blk = (lane0 + l) * nb + ib;
-                    let sumi = hsum_i32(dot_i8_i8(w, load256_i8(&x.q[32 * blk..])));
-                    *a += sumi as f32 * (dw * x.d[blk]);
+            for (l, a) in acc.iter_mut().enumerate() {
+                let xq = &x.q[32 * nb * (lane0 + l)..32 * nb * (lane0 + l + 1)];
+                let xd = &x.d[nb * (lane0 + l)..nb * (lane0 + l + 1)];
+                let mut sum = _mm256_setzero_ps();
+                for ((b, xb), &dx) in row.chunks_exact(bb).zip(xq.chunks_exact(32)).zip(xd) {
+                    let (w, dw) = match fmt {
+                        WeightFormat::Q8_0 => (load256(&b[2..34]), f16_at(b, 0)),
+                        WeightFormat::Q4_0 => (_mm256_sub_epi8(nibbles(&b[2..18]), _mm256_set1_epi8(8)), f16_at(b, 0)),
+                        _ => {
+                            let d = unpack_q5_0(b, &mut q);
+                            (load256_i8(&q), d)
+                        }
+                    };
+                    let p = _mm256_cvtepi32_ps(dot_i8_i8(w, load256_i8(xb)));
+                    sum = _mm256_fmadd_ps(p, _mm256_set1_ps(dw * dx), sum);
                 }
+                *a += hsum_f32(sum);
             }
         }
         ActKind::Q8_1 => {
             let nb = cols / 32;
-            for (ib, b) in row.chunks_exact(bb).enumerate() {
-                let (dw, mw) = (f16_at(b, 0), f16_at(b, 2));
-                let w = nibbles(&b[4..20]);
-                for (l, a) in acc.iter_mut().enumerate() {
-                    let blk = (lane0 + l) * nb + ib;
-                    let sumi = hsum_i32(dot_u8_i8(w, load256_i8(&x.q[32 * blk..])));
-                    *a += (dw * x.d[blk]) * sumi as f32 + mw * x.s[blk];
+            for (l, a) in acc.iter_mut().enumerate() {
+                let xq = &x.q[32 * nb * (lane0 + l)..32 * nb * (lane0 + l + 1)];
+                let xd = &x.d[nb * (lane0 + l)..nb * (lane0 + l + 1)];
+                let xs = &x.s[nb * (lane0 + l)..nb * (lane0 + l + 1)];
+                let mut sum = _mm256_setzero_ps();
+                let mut mins = 0.0f32;
+                for (((b, xb), &dx), &sx) in row.chunks_exact(bb).zip(xq.chunks_exact(32)).zip(xd).zip(xs) {
+                    let (dw, mw) = (f16_at(b, 0), f16_at(b, 2));
+                    let p = _mm256_cvtepi32_ps(dot_u8_i8(nibbles(&b[4..20]), load256_i8(xb)));
+                    sum = _mm256_fmadd_ps(p, _mm256_set1_ps(dw * dx), sum);
+                    mins += mw * sx;
                 }
+                *a += hsum_f32(sum) + mins;
             }
         }
         ActKind::Q8K => {

@@ -1,6 +1,8 @@
-//! Every SIMD path against the scalar reference on random data: bit-identical for the quantized
-//! formats (integer block dots, then the same f32 expression in the same order), and within a
-//! summation-order tolerance for the float formats. Runs whichever SIMD path this CPU has.
+//! Every SIMD path against the scalar reference on random data. Block integer dots are exact on
+//! every path; what may differ is the order of the f32 accumulation across blocks (AVX2 keeps
+//! eight partial sums like llama.cpp), so results must agree to within f32 summation error:
+//! 1e-5 relative to the magnitude of the sum plus its terms' scale. A wrong block, scale, nibble
+//! order or sign is off by whole units and fails.
 
 use anelm_kernels::{Activations, Isa, WeightFormat, matmul_with, quantize_row};
 
@@ -63,21 +65,12 @@ fn simd_matches_scalar_for_every_format() {
                     let mut got = vec![f32::NAN; lanes * rows];
                     matmul_with(isa, fmt, &w, rows, cols, &act, &mut got).expect("simd");
                     for (i, (g, s)) in got.iter().zip(&want).enumerate() {
-                        if !fmt.is_quantized() {
-                            let tol = 1e-5 * (cols as f32).sqrt() * 3.0 + 1e-5 * s.abs();
-                            assert!(
-                                (g - s).abs() <= tol,
-                                "{} {fmt:?} {rows}x{cols} lanes {lanes} [{i}]: {g} vs scalar {s}",
-                                isa.name()
-                            );
-                        } else {
-                            assert_eq!(
-                                g.to_bits(),
-                                s.to_bits(),
-                                "{} {fmt:?} lanes {lanes} [{i}]: {g} vs scalar {s}",
-                                isa.name()
-                            );
-                        }
+                        let tol = 1e-5 * (s.abs() + (cols as f32).sqrt() * 3.0);
+                        assert!(
+                            (g - s).abs() <= tol,
+                            "{} {fmt:?} {rows}x{cols} lanes {lanes} [{i}]: {g} vs scalar {s}",
+                            isa.name()
+                        );
                     }
                 }
             }

@@ -1,0 +1,181 @@
+//! `anelm bench`: llama-bench-style prompt-processing (`pp`) and text-generation (`tg`) figures,
+//! measured in-process after the model is loaded (load time excluded), median and spread over
+//! repetitions, after one warm-up run of each test.
+
+use std::io::Write;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+
+use anelm_engine::{LanguageModel, LogitsMode, StepItem};
+
+use crate::args::ModelArgs;
+use crate::runtime::{load, model_path};
+
+/// Arguments of `anelm bench`.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt lengths to measure prefill on (comma-separated; 0 = skip).
+    #[arg(short = 'p', long = "n-prompt", default_value = "128", value_delimiter = ',')]
+    pub n_prompt: Vec<usize>,
+    /// Generation lengths to measure decode on (comma-separated; 0 = skip).
+    #[arg(short = 'n', long = "n-gen", default_value = "128", value_delimiter = ',')]
+    pub n_gen: Vec<usize>,
+    /// Repetitions of each test.
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    pub repetitions: usize,
+    /// Print one JSON object per test on stdout instead of the markdown table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One measured test.
+struct Figure {
+    test: String,
+    tokens: usize,
+    /// Tokens per second of each repetition.
+    rates: Vec<f64>,
+}
+
+impl Figure {
+    fn median(&self) -> f64 {
+        let mut v = self.rates.clone();
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        }
+    }
+    fn stdev(&self) -> f64 {
+        let n = self.rates.len() as f64;
+        let mean = self.rates.iter().sum::<f64>() / n;
+        (self.rates.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0)).sqrt()
+    }
+}
+
+/// Deterministic token ids spread over the vocabulary (as llama-bench, content does not matter
+/// for speed; a fixed sequence keeps runs comparable).
+fn bench_tokens(n: usize, vocab: usize) -> Vec<u32> {
+    let mut s: u64 = 0x9E37_79B9_7F4A_7C15;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 33) % vocab.max(1) as u64) as u32
+        })
+        .collect()
+}
+
+fn prefill_once(model: &dyn LanguageModel, tokens: &[u32]) -> Result<f64> {
+    let mut session = model.new_session(tokens.len() + 1);
+    let t = Instant::now();
+    model.forward(&mut [StepItem {
+        session: &mut session,
+        tokens,
+        logits: LogitsMode::Last,
+    }])?;
+    Ok(tokens.len() as f64 / t.elapsed().as_secs_f64())
+}
+
+fn decode_once(model: &dyn LanguageModel, first: u32, n: usize) -> Result<f64> {
+    let mut session = model.new_session(n + 1);
+    let mut tok = first;
+    let t = Instant::now();
+    for _ in 0..n {
+        let out = model.forward(&mut [StepItem {
+            session: &mut session,
+            tokens: std::slice::from_ref(&tok),
+            logits: LogitsMode::Last,
+        }])?;
+        let logits = out.lane(0);
+        tok = logits
+            .iter()
+            .enumerate()
+            .fold(
+                (0usize, f32::NEG_INFINITY),
+                |b, (i, &l)| if l > b.1 { (i, l) } else { b },
+            )
+            .0 as u32;
+    }
+    Ok(n as f64 / t.elapsed().as_secs_f64())
+}
+
+/// Run `anelm bench`.
+pub fn run(a: BenchArgs) -> Result<()> {
+    if a.repetitions == 0 {
+        bail!("--repetitions must be at least 1");
+    }
+    let path = model_path(&a.model)?;
+    let lm = load(&a.model)?;
+    let model = lm.model.as_ref();
+    let vocab = model.info().vocab_size;
+    let max_ctx = model.info().context_length;
+    let mut figures = Vec::new();
+    for &p in a.n_prompt.iter().filter(|&&p| p > 0) {
+        if p > max_ctx {
+            bail!("-p {p} exceeds the model's context of {max_ctx} tokens");
+        }
+        let tokens = bench_tokens(p, vocab);
+        prefill_once(model, &tokens)?; // warm-up
+        let rates = (0..a.repetitions)
+            .map(|_| prefill_once(model, &tokens))
+            .collect::<Result<Vec<_>>>()?;
+        figures.push(Figure {
+            test: format!("pp{p}"),
+            tokens: p,
+            rates,
+        });
+    }
+    for &n in a.n_gen.iter().filter(|&&n| n > 0) {
+        if n + 1 > max_ctx {
+            bail!("-n {n} exceeds the model's context of {max_ctx} tokens");
+        }
+        let first = bench_tokens(1, vocab)[0];
+        decode_once(model, first, n.min(16))?; // warm-up
+        let rates = (0..a.repetitions)
+            .map(|_| decode_once(model, first, n))
+            .collect::<Result<Vec<_>>>()?;
+        figures.push(Figure {
+            test: format!("tg{n}"),
+            tokens: n,
+            rates,
+        });
+    }
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let size_mib = std::fs::metadata(&path)
+        .map(|m| m.len() as f64 / (1 << 20) as f64)
+        .unwrap_or(0.0);
+    let threads = rayon::current_num_threads();
+    let isa = anelm_kernels::Isa::best().name();
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        for f in &figures {
+            let v = serde_json::json!({
+                "model": name, "size_mib": size_mib, "backend": "cpu", "isa": isa, "threads": threads,
+                "test": f.test, "tokens": f.tokens, "repetitions": f.rates.len(),
+                "tok_s_median": f.median(), "tok_s_stdev": f.stdev(), "tok_s": f.rates,
+            });
+            writeln!(out, "{v}").context("write to stdout")?;
+        }
+    } else {
+        writeln!(out, "| model | size | backend | threads | test | t/s |")?;
+        writeln!(out, "| --- | ---: | --- | ---: | ---: | ---: |")?;
+        for f in &figures {
+            writeln!(
+                out,
+                "| {name} | {size_mib:.2} MiB | cpu ({isa}) | {threads} | {} | {:.2} ± {:.2} |",
+                f.test,
+                f.median(),
+                f.stdev()
+            )?;
+        }
+    }
+    Ok(())
+}
