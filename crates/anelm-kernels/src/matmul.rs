@@ -232,12 +232,38 @@ pub fn matmul_with(
     }
 
     let threads = rayon::current_num_threads().max(1);
-    let chunk = rows.div_ceil(threads * 8).clamp(4, 256);
+    // Chunks of whole 4-row tiles, several per thread so uneven progress evens out.
+    let chunk = rows.div_ceil(threads * 8).clamp(4, 256).next_multiple_of(4);
     let ptr = OutPtr(out.as_mut_ptr());
     let ptr = &ptr;
     (0..rows.div_ceil(chunk)).into_par_iter().for_each(|c| {
         let mut acc = [0f32; LANE_GROUP];
-        for r in c * chunk..((c + 1) * chunk).min(rows) {
+        let end = ((c + 1) * chunk).min(rows);
+        let mut r = c * chunk;
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Avx2 && crate::simd_x86::tiles(fmt) {
+            use crate::simd_x86::TILE_ROWS;
+            let mut tile = [[0f32; TILE_ROWS]; LANE_GROUP];
+            while r + TILE_ROWS <= end {
+                let rows4: [&[u8]; TILE_ROWS] = std::array::from_fn(|i| &w[(r + i) * rb..(r + i + 1) * rb]);
+                let mut lane0 = 0;
+                while lane0 < lanes {
+                    let n = (lanes - lane0).min(LANE_GROUP);
+                    // SAFETY: `Isa::Avx2` is only used after `available()` confirmed the features.
+                    unsafe { crate::simd_x86::dot_rows4(fmt, rows4, x, lane0, &mut tile[..n]) };
+                    for (l, t) in tile[..n].iter().enumerate() {
+                        for (i, v) in t.iter().enumerate() {
+                            // SAFETY: (lane0+l)*rows + r+i < lanes*rows = out.len(); rows r..r+4
+                            // belong to this task alone (see OutPtr).
+                            unsafe { *ptr.0.add((lane0 + l) * rows + r + i) = *v };
+                        }
+                    }
+                    lane0 += n;
+                }
+                r += TILE_ROWS;
+            }
+        }
+        while r < end {
             let row = &w[r * rb..(r + 1) * rb];
             let mut lane0 = 0;
             while lane0 < lanes {
@@ -252,6 +278,7 @@ pub fn matmul_with(
                 }
                 lane0 += n;
             }
+            r += 1;
         }
     });
     Ok(())

@@ -9,7 +9,7 @@ use std::arch::x86_64::*;
 use crate::activations::{ActKind, Activations};
 use crate::blocks::{unpack_q4_k, unpack_q5_0, unpack_q6_k};
 use crate::format::WeightFormat;
-use crate::fp16::{bf16_to_f32, f16_at, f16_to_f32};
+use crate::fp16::{bf16_to_f32, f16_to_f32};
 
 /// Whether this CPU runs the AVX2 path (AVX2, FMA and F16C).
 pub(crate) fn available() -> bool {
@@ -58,6 +58,23 @@ fn hsum_f32(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
+/// The f16 at byte `at` of `b`, converted by F16C (no table lookup in the hot loop).
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn f16c_at(b: &[u8], at: usize) -> f32 {
+    let bits = u16::from_le_bytes([b[at], b[at + 1]]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+}
+
+/// The two f16 at bytes 0..4 of `b` (a block's d and m).
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn f16c_pair(b: &[u8]) -> (f32, f32) {
+    let bits = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32));
+    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+}
+
 /// 8 partial sums of u8 × i8 products (each 4 adjacent elements); exact (no saturation for
 /// weights ≤ 128 and activations in −127..=127).
 #[inline]
@@ -100,8 +117,8 @@ pub(crate) fn dot_row(fmt: WeightFormat, row: &[u8], x: &Activations, lane0: usi
                 let mut sum = _mm256_setzero_ps();
                 for ((b, xb), &dx) in row.chunks_exact(bb).zip(xq.chunks_exact(32)).zip(xd) {
                     let (w, dw) = match fmt {
-                        WeightFormat::Q8_0 => (load256(&b[2..34]), f16_at(b, 0)),
-                        WeightFormat::Q4_0 => (_mm256_sub_epi8(nibbles(&b[2..18]), _mm256_set1_epi8(8)), f16_at(b, 0)),
+                        WeightFormat::Q8_0 => (load256(&b[2..34]), f16c_at(b, 0)),
+                        WeightFormat::Q4_0 => (_mm256_sub_epi8(nibbles(&b[2..18]), _mm256_set1_epi8(8)), f16c_at(b, 0)),
                         _ => {
                             let d = unpack_q5_0(b, &mut q);
                             (load256_i8(&q), d)
@@ -122,7 +139,7 @@ pub(crate) fn dot_row(fmt: WeightFormat, row: &[u8], x: &Activations, lane0: usi
                 let mut sum = _mm256_setzero_ps();
                 let mut mins = 0.0f32;
                 for (((b, xb), &dx), &sx) in row.chunks_exact(bb).zip(xq.chunks_exact(32)).zip(xd).zip(xs) {
-                    let (dw, mw) = (f16_at(b, 0), f16_at(b, 2));
+                    let (dw, mw) = f16c_pair(b);
                     let p = _mm256_cvtepi32_ps(dot_u8_i8(nibbles(&b[4..20]), load256_i8(xb)));
                     sum = _mm256_fmadd_ps(p, _mm256_set1_ps(dw * dx), sum);
                     mins += mw * sx;
@@ -235,5 +252,100 @@ fn float_row(fmt: WeightFormat, row: &[u8], x: &Activations, lane0: usize, acc: 
             s += scalar_w(fmt, row, kk) * xv;
         }
         *a += s;
+    }
+}
+
+/// Rows per register tile of [`dot_rows4`].
+pub(crate) const TILE_ROWS: usize = 4;
+
+/// Whether [`dot_rows4`] handles weights in `fmt` (the Q8_0/Q8_1-paired formats).
+pub(crate) fn tiles(fmt: WeightFormat) -> bool {
+    matches!(
+        fmt,
+        WeightFormat::Q8_0 | WeightFormat::Q4_0 | WeightFormat::Q5_0 | WeightFormat::Q4_1
+    )
+}
+
+/// One block of a tiled row: its 32 weights (as u8 magnitudes when `signed`, with the original
+/// signed values kept for the activation's sign), d and m.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn decode_block(fmt: WeightFormat, b: &[u8]) -> (__m256i, __m256i, f32, f32) {
+    match fmt {
+        WeightFormat::Q4_1 => {
+            let (d, m) = f16c_pair(b);
+            let w = nibbles(&b[4..20]);
+            (w, w, d, m)
+        }
+        WeightFormat::Q8_0 => {
+            let w = load256(&b[2..34]);
+            (_mm256_sign_epi8(w, w), w, f16c_at(b, 0), 0.0)
+        }
+        WeightFormat::Q4_0 => {
+            let w = _mm256_sub_epi8(nibbles(&b[2..18]), _mm256_set1_epi8(8));
+            (_mm256_sign_epi8(w, w), w, f16c_at(b, 0), 0.0)
+        }
+        _ => {
+            let mut q = [0i8; 32];
+            let d = unpack_q5_0(b, &mut q);
+            let w = load256_i8(&q);
+            (_mm256_sign_epi8(w, w), w, d, 0.0)
+        }
+    }
+}
+
+/// `out[l][r] = rows[r] · x[lane0 + l]` for `l < out.len()`: a 4-row × 2-lane register tile, so
+/// each activation block is loaded once for four rows and each weight block decoded once for two
+/// lanes (the untiled loop re-streams every activation for every row). Accumulation per (row,
+/// lane) is the same eight-lane FMA order as [`dot_row`], so tiled and untiled results are equal.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dot_rows4(fmt: WeightFormat, rows: [&[u8]; TILE_ROWS], x: &Activations, lane0: usize, out: &mut [[f32; TILE_ROWS]]) {
+    let nb = x.cols / 32;
+    let bb = fmt.block_bytes();
+    let with_min = fmt == WeightFormat::Q4_1;
+    let signed = !with_min;
+    let n = out.len();
+    let mut l = 0;
+    while l < n {
+        let pair = l + 1 < n;
+        let la = lane0 + l;
+        let lb = if pair { la + 1 } else { la };
+        let xqa = &x.q[32 * nb * la..32 * nb * (la + 1)];
+        let xqb = &x.q[32 * nb * lb..32 * nb * (lb + 1)];
+        let xda = &x.d[nb * la..nb * (la + 1)];
+        let xdb = &x.d[nb * lb..nb * (lb + 1)];
+        let mut acc_a = [_mm256_setzero_ps(); TILE_ROWS];
+        let mut acc_b = [_mm256_setzero_ps(); TILE_ROWS];
+        let mut min_a = [0f32; TILE_ROWS];
+        let mut min_b = [0f32; TILE_ROWS];
+        for ib in 0..nb {
+            let xa = load256_i8(&xqa[32 * ib..32 * ib + 32]);
+            let xb = load256_i8(&xqb[32 * ib..32 * ib + 32]);
+            let (da, db) = (xda[ib], xdb[ib]);
+            for r in 0..TILE_ROWS {
+                let (mag, sgn, dw, mw) = decode_block(fmt, &rows[r][ib * bb..(ib + 1) * bb]);
+                let (pa, pb) = if signed {
+                    (
+                        dot_u8_i8(mag, _mm256_sign_epi8(xa, sgn)),
+                        dot_u8_i8(mag, _mm256_sign_epi8(xb, sgn)),
+                    )
+                } else {
+                    (dot_u8_i8(mag, xa), dot_u8_i8(mag, xb))
+                };
+                acc_a[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pa), _mm256_set1_ps(dw * da), acc_a[r]);
+                acc_b[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pb), _mm256_set1_ps(dw * db), acc_b[r]);
+                if with_min {
+                    min_a[r] += mw * x.s[nb * la + ib];
+                    min_b[r] += mw * x.s[nb * lb + ib];
+                }
+            }
+        }
+        for r in 0..TILE_ROWS {
+            out[l][r] = hsum_f32(acc_a[r]) + min_a[r];
+            if pair {
+                out[l + 1][r] = hsum_f32(acc_b[r]) + min_b[r];
+            }
+        }
+        l += if pair { 2 } else { 1 };
     }
 }
