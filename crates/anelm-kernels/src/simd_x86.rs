@@ -299,53 +299,97 @@ fn decode_block(fmt: WeightFormat, b: &[u8]) -> (__m256i, __m256i, f32, f32) {
 /// lanes (the untiled loop re-streams every activation for every row). Accumulation per (row,
 /// lane) is the same eight-lane FMA order as [`dot_row`], so tiled and untiled results are equal.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn dot_rows4(fmt: WeightFormat, rows: [&[u8]; TILE_ROWS], x: &Activations, lane0: usize, out: &mut [[f32; TILE_ROWS]]) {
-    let nb = x.cols / 32;
-    let bb = fmt.block_bytes();
-    let with_min = fmt == WeightFormat::Q4_1;
-    let signed = !with_min;
+pub(crate) fn dot_rows4(
+    fmt: WeightFormat,
+    rows: [&[u8]; TILE_ROWS],
+    x: &Activations,
+    lane0: usize,
+    out: &mut [[f32; TILE_ROWS]],
+) {
     let n = out.len();
     let mut l = 0;
-    while l < n {
-        let pair = l + 1 < n;
-        let la = lane0 + l;
-        let lb = if pair { la + 1 } else { la };
-        let xqa = &x.q[32 * nb * la..32 * nb * (la + 1)];
-        let xqb = &x.q[32 * nb * lb..32 * nb * (lb + 1)];
-        let xda = &x.d[nb * la..nb * (la + 1)];
-        let xdb = &x.d[nb * lb..nb * (lb + 1)];
-        let mut acc_a = [_mm256_setzero_ps(); TILE_ROWS];
-        let mut acc_b = [_mm256_setzero_ps(); TILE_ROWS];
-        let mut min_a = [0f32; TILE_ROWS];
-        let mut min_b = [0f32; TILE_ROWS];
-        for ib in 0..nb {
-            let xa = load256_i8(&xqa[32 * ib..32 * ib + 32]);
-            let xb = load256_i8(&xqb[32 * ib..32 * ib + 32]);
-            let (da, db) = (xda[ib], xdb[ib]);
-            for r in 0..TILE_ROWS {
-                let (mag, sgn, dw, mw) = decode_block(fmt, &rows[r][ib * bb..(ib + 1) * bb]);
-                let (pa, pb) = if signed {
-                    (
-                        dot_u8_i8(mag, _mm256_sign_epi8(xa, sgn)),
-                        dot_u8_i8(mag, _mm256_sign_epi8(xb, sgn)),
-                    )
-                } else {
-                    (dot_u8_i8(mag, xa), dot_u8_i8(mag, xb))
-                };
-                acc_a[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pa), _mm256_set1_ps(dw * da), acc_a[r]);
-                acc_b[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pb), _mm256_set1_ps(dw * db), acc_b[r]);
+    while l + 2 <= n {
+        tile::<2>(fmt, rows, x, lane0 + l, &mut out[l..l + 2]);
+        l += 2;
+    }
+    if l < n {
+        tile::<1>(fmt, rows, x, lane0 + l, &mut out[l..l + 1]);
+    }
+}
+
+/// One `TILE_ROWS × L` tile starting at lane `lane`, monomorphised per weight format so the
+/// block decode is straight-line code inside the loop.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tile<const L: usize>(
+    fmt: WeightFormat,
+    rows: [&[u8]; TILE_ROWS],
+    x: &Activations,
+    lane: usize,
+    out: &mut [[f32; TILE_ROWS]],
+) {
+    match fmt {
+        WeightFormat::Q4_1 => tile_fmt::<L, 1>(rows, x, lane, out),
+        WeightFormat::Q8_0 => tile_fmt::<L, 2>(rows, x, lane, out),
+        WeightFormat::Q4_0 => tile_fmt::<L, 3>(rows, x, lane, out),
+        _ => tile_fmt::<L, 4>(rows, x, lane, out),
+    }
+}
+
+/// Bytes ahead of the current block that each row stream prefetches (a few cache lines: the
+/// rows of a tile are separate streams, more than the hardware prefetcher follows well).
+const PREFETCH_AHEAD: usize = 384;
+
+/// Format codes of `tile_fmt`: 1 Q4_1, 2 Q8_0, 3 Q4_0, 4 Q5_0.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tile_fmt<const L: usize, const F: u8>(
+    rows: [&[u8]; TILE_ROWS],
+    x: &Activations,
+    lane: usize,
+    out: &mut [[f32; TILE_ROWS]],
+) {
+    let fmt = match F {
+        1 => WeightFormat::Q4_1,
+        2 => WeightFormat::Q8_0,
+        3 => WeightFormat::Q4_0,
+        _ => WeightFormat::Q5_0,
+    };
+    let nb = x.cols / 32;
+    let bb = fmt.block_bytes();
+    let with_min = F == 1;
+    let xq: [&[i8]; L] = std::array::from_fn(|j| &x.q[32 * nb * (lane + j)..32 * nb * (lane + j + 1)]);
+    let xd: [&[f32]; L] = std::array::from_fn(|j| &x.d[nb * (lane + j)..nb * (lane + j + 1)]);
+    let xs: [&[f32]; L] = std::array::from_fn(|j| {
+        if with_min {
+            &x.s[nb * (lane + j)..nb * (lane + j + 1)]
+        } else {
+            &[]
+        }
+    });
+    let mut acc = [[_mm256_setzero_ps(); TILE_ROWS]; L];
+    let mut mins = [[0f32; TILE_ROWS]; L];
+    for ib in 0..nb {
+        let xv: [__m256i; L] = std::array::from_fn(|j| load256_i8(&xq[j][32 * ib..32 * ib + 32]));
+        for r in 0..TILE_ROWS {
+            let row = rows[r];
+            let ahead = (ib * bb + PREFETCH_AHEAD).min(row.len() - 1);
+            // SAFETY: `ahead < row.len()`; a prefetch never faults and has no visible effect.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().add(ahead).cast()) };
+            let (mag, sgn, dw, mw) = decode_block(fmt, &row[ib * bb..(ib + 1) * bb]);
+            for j in 0..L {
+                let xj = if with_min { xv[j] } else { _mm256_sign_epi8(xv[j], sgn) };
+                let p = _mm256_cvtepi32_ps(dot_u8_i8(mag, xj));
+                acc[j][r] = _mm256_fmadd_ps(p, _mm256_set1_ps(dw * xd[j][ib]), acc[j][r]);
                 if with_min {
-                    min_a[r] += mw * x.s[nb * la + ib];
-                    min_b[r] += mw * x.s[nb * lb + ib];
+                    mins[j][r] += mw * xs[j][ib];
                 }
             }
         }
+    }
+    for j in 0..L {
         for r in 0..TILE_ROWS {
-            out[l][r] = hsum_f32(acc_a[r]) + min_a[r];
-            if pair {
-                out[l + 1][r] = hsum_f32(acc_b[r]) + min_b[r];
-            }
+            out[j][r] = hsum_f32(acc[j][r]) + mins[j][r];
         }
-        l += if pair { 2 } else { 1 };
     }
 }

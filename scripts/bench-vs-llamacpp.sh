@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# anelm vs llama.cpp on the same GGUF, same thread count, pp128 and tg128, 5 repetitions each,
+# run alternately (llama.cpp, anelm, llama.cpp, anelm, ...) so both see the same machine state.
+# Prints one markdown table with the ratio anelm / llama.cpp per figure.
+#
+#   scripts/bench-vs-llamacpp.sh [--model M.gguf] [--threads N] [--rounds K]
+#
+# Builds llama-bench first if needed (scripts/build-llama-bench.sh; not part of CI).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MODEL=""
+THREADS=2
+ROUNDS=3
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --model) MODEL="$2"; shift 2 ;;
+    --threads) THREADS="$2"; shift 2 ;;
+    --rounds) ROUNDS="$2"; shift 2 ;;
+    *) echo "unknown argument: $1 (see the header of $0)" >&2; exit 2 ;;
+  esac
+done
+if [[ -z "$MODEL" ]]; then
+  MODEL="$(scripts/fetch-default-model.sh | tail -n 1)"
+fi
+[[ -f "$MODEL" ]] || { echo "no model file at $MODEL" >&2; exit 1; }
+LLAMA_BENCH="$(scripts/build-llama-bench.sh | tail -n 1)"
+cargo build --release --quiet -p anelm-cli
+ANELM=target/release/anelm
+OUT="$(mktemp -d)"
+trap 'rm -rf "$OUT"' EXIT
+for round in $(seq "$ROUNDS"); do
+  echo "round $round/$ROUNDS: llama.cpp" >&2
+  "$LLAMA_BENCH" -m "$MODEL" -t "$THREADS" -p 128 -n 128 -r 5 -o jsonl >> "$OUT/llama.jsonl"
+  echo "round $round/$ROUNDS: anelm" >&2
+  "$ANELM" bench --model "$MODEL" -t "$THREADS" -p 128 -n 128 -r 5 --json >> "$OUT/anelm.jsonl"
+done
+python3 - "$OUT/llama.jsonl" "$OUT/anelm.jsonl" "$MODEL" "$THREADS" <<'PY'
+import json, statistics, sys, platform, os
+llama, anelm, model, threads = sys.argv[1:5]
+def collect(path, key):
+    figs = {}
+    for line in open(path):
+        line = line.strip()
+        if not line:
+            continue
+        r = json.loads(line)
+        test = key(r)
+        rates = r.get("samples_ts") or r.get("tok_s") or []
+        figs.setdefault(test, []).extend(rates)
+    return figs
+def llama_key(r):
+    return f"pp{r['n_prompt']}" if r.get("n_prompt", 0) > 0 and r.get("n_gen", 0) == 0 else f"tg{r['n_gen']}"
+L = collect(llama, llama_key)
+A = collect(anelm, lambda r: r["test"])
+cpu = "unknown CPU"
+try:
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip(); break
+except OSError:
+    pass
+print(f"model: {os.path.basename(model)}, threads: {threads}, machine: {cpu} ({os.cpu_count()} logical CPUs), {platform.system()}")
+print()
+print("| test | llama.cpp t/s (median, n) | anelm t/s (median, n) | anelm / llama.cpp |")
+print("| --- | ---: | ---: | ---: |")
+for test in sorted(set(L) | set(A)):
+    l, a = L.get(test, []), A.get(test, [])
+    lm = statistics.median(l) if l else float("nan")
+    am = statistics.median(a) if a else float("nan")
+    print(f"| {test} | {lm:.1f} ({len(l)}) | {am:.1f} ({len(a)}) | {am / lm:.2f}× |")
+PY
