@@ -325,32 +325,56 @@ impl Statement {
 
 /// The ops anelm knows by name. Anything else is [`OpKind::Other`] (still parsed and printed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[allow(missing_docs)]
 pub enum OpKind {
+    /// `const`.
     Const,
+    /// `conv`.
     Conv,
+    /// `matmul`.
     Matmul,
+    /// `add`.
     Add,
+    /// `sub`.
     Sub,
+    /// `mul`.
     Mul,
+    /// `real_div`.
     RealDiv,
+    /// `pow`.
     Pow,
+    /// `sqrt`.
     Sqrt,
+    /// `sigmoid`.
     Sigmoid,
+    /// `silu`.
     Silu,
+    /// `softmax`.
     Softmax,
+    /// `concat`.
     Concat,
+    /// `slice_by_index`.
     SliceByIndex,
+    /// `slice_by_size`.
     SliceBySize,
+    /// `reshape`.
     Reshape,
+    /// `transpose`.
     Transpose,
+    /// `reduce_sum`.
     ReduceSum,
+    /// `cast`.
     Cast,
+    /// `constexpr_blockwise_shift_scale`.
     ConstexprBlockwiseShiftScale,
+    /// `constexpr_affine_dequantize`.
     ConstexprAffineDequantize,
+    /// `quantize`.
     Quantize,
+    /// `dequantize`.
     Dequantize,
+    /// `tile`.
     Tile,
+    /// Any other op name.
     Other,
 }
 
