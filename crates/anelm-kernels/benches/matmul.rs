@@ -1,0 +1,113 @@
+//! `cargo bench -p anelm-kernels`: matmul throughput per weight format and shape, as weight
+//! GB/s and GFLOP/s, next to this machine's measured memory bandwidth (a streaming read of a
+//! buffer much larger than the caches), for one lane (decode) and 32 lanes (prefill / batched
+//! streams), on the best instruction set and on the scalar reference.
+//!
+//! Options (after `--`): `--quick` (fewer formats/shapes), `--threads N` (default: all cores).
+//! A plain harness (no criterion): each figure is the median of repeated timed runs after a warm-up.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use anelm_kernels::{Activations, Isa, WeightFormat, matmul_with, quantize_row};
+
+fn median_time(mut f: impl FnMut(), min_total: Duration) -> Duration {
+    f(); // warm-up
+    let mut times = Vec::new();
+    let start = Instant::now();
+    while times.len() < 5 || (start.elapsed() < min_total && times.len() < 200) {
+        let t = Instant::now();
+        f();
+        times.push(t.elapsed());
+    }
+    times.sort();
+    times[times.len() / 2]
+}
+
+/// GB/s of a streaming read (sum of u64s) over a 512 MiB buffer, split across the pool.
+fn memory_bandwidth(pool: &rayon::ThreadPool) -> f64 {
+    let words = (512usize << 20) / 8;
+    let buf: Vec<u64> = (0..words as u64).collect();
+    let t = median_time(
+        || {
+            let s: u64 = pool.install(|| {
+                use rayon::prelude::*;
+                buf.par_chunks(1 << 16).map(|c| c.iter().fold(0u64, |a, &b| a.wrapping_add(b))).sum()
+            });
+            black_box(s);
+        },
+        Duration::from_secs(2),
+    );
+    (words * 8) as f64 / t.as_secs_f64() / 1e9
+}
+
+fn random(n: usize, seed: &mut u64) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let threads = args
+        .iter()
+        .position(|a| a == "--threads")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("thread pool");
+    let bw = memory_bandwidth(&pool);
+    println!("threads: {threads}, best ISA: {}, memory bandwidth (streaming read): {bw:.1} GB/s\n", Isa::best().name());
+    println!("| format | rows × cols | lanes | isa | time | weight GB/s | % of bandwidth | GFLOP/s |");
+    println!("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: |");
+    let shapes: &[(usize, usize)] = if quick { &[(1536, 576)] } else { &[(1536, 576), (576, 1536), (9216, 2560)] };
+    let formats: Vec<WeightFormat> = if quick {
+        vec![WeightFormat::Q4_1, WeightFormat::Q8_0]
+    } else {
+        WeightFormat::ALL.to_vec()
+    };
+    let mut seed = 1u64;
+    for &(rows, cols) in shapes {
+        for &fmt in &formats {
+            let rb = fmt.row_bytes(cols).expect("shape fits the format's blocks");
+            let wf = random(rows * cols, &mut seed);
+            let mut w = vec![0u8; rb * rows];
+            for r in 0..rows {
+                quantize_row(fmt, &wf[r * cols..(r + 1) * cols], &mut w[r * rb..(r + 1) * rb]).expect("quantize");
+            }
+            for lanes in [1usize, 32] {
+                let x = random(lanes * cols, &mut seed);
+                let mut act = Activations::new();
+                act.quantize(fmt, &x, lanes, cols).expect("activations");
+                let mut out = vec![0f32; lanes * rows];
+                let mut isas = vec![Isa::best()];
+                if Isa::best() != Isa::Scalar && lanes == 1 && !quick {
+                    isas.push(Isa::Scalar);
+                }
+                for isa in isas {
+                    let t = median_time(
+                        || {
+                            pool.install(|| matmul_with(isa, fmt, &w, rows, cols, &act, &mut out)).expect("matmul");
+                            black_box(&out);
+                        },
+                        Duration::from_millis(400),
+                    );
+                    let s = t.as_secs_f64();
+                    let gbs = w.len() as f64 / s / 1e9;
+                    let gflops = 2.0 * (rows * cols * lanes) as f64 / s / 1e9;
+                    println!(
+                        "| {} | {rows} × {cols} | {lanes} | {} | {:.1} µs | {gbs:.2} | {:.0}% | {gflops:.1} |",
+                        fmt.name(),
+                        isa.name(),
+                        s * 1e6,
+                        100.0 * gbs / bw
+                    );
+                }
+            }
+        }
+    }
+}
