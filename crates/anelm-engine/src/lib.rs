@@ -13,7 +13,9 @@ pub mod loader;
 pub mod model;
 pub mod ops;
 pub mod sampler;
+pub mod scheduler;
 pub mod session;
+pub mod stop;
 pub mod stored_matrix;
 
 pub use backend::{Backend, Dispatch, Kernel, KernelSpec, WeightId};
@@ -24,4 +26,5 @@ pub use generate::{FinishReason, GenerateOptions, GenerationStats, generate, pre
 pub use loader::{LoadedModel, ModelSource, load_model};
 pub use model::{LanguageModel, LogitsMode, ModelInfo, StepItem};
 pub use sampler::{Sampler, SamplerParams};
+pub use scheduler::{CancelToken, Completion, Event, Metrics, Request, Scheduler, SchedulerConfig, Sink, SubmitError};
 pub use session::Session;

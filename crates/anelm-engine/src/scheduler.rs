@@ -1,0 +1,606 @@
+//! Continuous batching: a pool of sessions serving many requests from one warm model. Every step
+//! runs **one** batched forward for every session that needs work — a decode token for each
+//! generating stream plus a bounded chunk of prompt for streams still prefilling — so each weight
+//! block is read once for all of them, and a long prompt never stalls the other streams for more
+//! than one chunk.
+//!
+//! Requests wait in a bounded queue; a full queue is refused at once ([`SubmitError::QueueFull`]).
+//! A request's events go to its [`Sink`]; a sink that returns false (its client went away), or a
+//! cancelled [`CancelToken`], frees the session at the next step. A finished session keeps its
+//! cache, and a new request whose prompt extends that session's tokens is placed there and
+//! prefills only the new part (multi-turn chat without re-prefill).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anelm_model::tokenizer::{StreamDecoder, Tokenizer};
+
+use crate::error::{EngineError, Result};
+use crate::generate::FinishReason;
+use crate::loader::LoadedModel;
+use crate::model::{LogitsMode, StepItem};
+use crate::sampler::{Sampler, SamplerParams};
+use crate::session::Session;
+use crate::stop::StopMatcher;
+
+/// How the scheduler is sized.
+#[derive(Clone, Debug)]
+pub struct SchedulerConfig {
+    /// Concurrent sessions (streams generating at once).
+    pub sessions: usize,
+    /// Requests that may wait for a session; more are refused.
+    pub queue: usize,
+    /// Positions per session.
+    pub ctx_size: usize,
+    /// Most prompt tokens one session prefills per step.
+    pub prefill_chunk: usize,
+    /// Most tokens (decode + prefill, all sessions) in one step's forward.
+    pub max_step_tokens: usize,
+    /// CPU threads of the scheduler's pool.
+    pub threads: usize,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            sessions: 4,
+            queue: 64,
+            ctx_size: 4096,
+            prefill_chunk: 128,
+            max_step_tokens: 256,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
+}
+
+/// One generation request.
+#[derive(Clone, Debug)]
+pub struct Request {
+    /// Prompt token ids (the chat template already applied).
+    pub prompt: Vec<u32>,
+    /// Most tokens to generate (≥ 1).
+    pub max_tokens: usize,
+    /// Sampling parameters, including the stream's seed.
+    pub sampler: SamplerParams,
+    /// Strings that end generation (not included in the output).
+    pub stop: Vec<String>,
+    /// Never sample end-of-generation tokens (run to `max_tokens`).
+    pub ignore_eos: bool,
+}
+
+/// What a request produces, in order: text pieces, then exactly one `Done` or `Failed`.
+#[derive(Clone, Debug)]
+pub enum Event {
+    /// Newly generated text.
+    Text(String),
+    /// Generation ended.
+    Done(Completion),
+    /// The request failed (the message says why).
+    Failed(String),
+}
+
+/// Counts and timings of a finished request.
+#[derive(Clone, Debug)]
+pub struct Completion {
+    /// Why it ended.
+    pub finish: FinishReason,
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Of those, reused from the session's cache.
+    pub reused_tokens: usize,
+    /// Generated token ids.
+    pub tokens: Vec<u32>,
+    /// Time waiting for a session.
+    pub queued: Duration,
+    /// Submission to first generated token.
+    pub time_to_first_token: Duration,
+    /// Submission to end.
+    pub total: Duration,
+}
+
+/// Receives a request's events; returns false when nobody listens any more (cancels it).
+pub type Sink = Box<dyn FnMut(Event) -> bool + Send>;
+
+/// Set to cancel a request from outside (e.g. when its HTTP client disconnects).
+#[derive(Clone, Debug, Default)]
+pub struct CancelToken(Arc<AtomicBool>);
+
+impl CancelToken {
+    /// A fresh token.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Ask for cancellation.
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+    /// Whether cancellation was asked for.
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Why a request was not accepted.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    /// The queue is full: retry later.
+    #[error("the request queue is full ({0} waiting): retry later")]
+    QueueFull(usize),
+    /// The scheduler is shutting down.
+    #[error("the server is shutting down")]
+    ShuttingDown,
+    /// The request itself is invalid.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Live counters (Prometheus-friendly totals and gauges).
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// Requests accepted into the queue.
+    pub requests_total: AtomicU64,
+    /// Requests refused because the queue was full.
+    pub requests_rejected: AtomicU64,
+    /// Requests finished (any reason).
+    pub requests_finished: AtomicU64,
+    /// Requests cancelled by their client.
+    pub requests_cancelled: AtomicU64,
+    /// Prompt tokens prefilled (not counting reused ones).
+    pub prompt_tokens_total: AtomicU64,
+    /// Prompt tokens reused from session caches.
+    pub reused_tokens_total: AtomicU64,
+    /// Tokens generated.
+    pub generated_tokens_total: AtomicU64,
+    /// Requests waiting for a session.
+    pub queue_depth: AtomicU64,
+    /// Sessions serving a request.
+    pub busy_sessions: AtomicU64,
+    /// Batched forward steps run.
+    pub steps_total: AtomicU64,
+    /// Time spent in steps, in microseconds.
+    pub step_time_us_total: AtomicU64,
+    /// Tokens per second of generation over the last step with any (×1000, fixed point).
+    pub last_step_gen_tok_s_milli: AtomicU64,
+}
+
+struct Job {
+    req: Request,
+    sink: Sink,
+    cancel: CancelToken,
+    submitted: Instant,
+}
+
+/// The continuous-batching scheduler; dropping it (or [`Scheduler::shutdown`]) stops the worker
+/// after the in-flight requests finish.
+pub struct Scheduler {
+    tx: Mutex<Option<SyncSender<Job>>>,
+    metrics: Arc<Metrics>,
+    worker: Mutex<Option<JoinHandle<()>>>,
+    stop_now: Arc<AtomicBool>,
+    cfg: SchedulerConfig,
+    vocab: usize,
+}
+
+impl Scheduler {
+    /// Start the worker thread for `model`.
+    pub fn start(model: Arc<LoadedModel>, cfg: SchedulerConfig) -> Result<Self> {
+        if cfg.sessions == 0 || cfg.threads == 0 || cfg.prefill_chunk == 0 || cfg.max_step_tokens == 0 {
+            return Err(EngineError::InvalidRequest(
+                "sessions, threads, prefill chunk and step tokens must all be at least 1".into(),
+            ));
+        }
+        let (tx, rx) = sync_channel::<Job>(cfg.queue);
+        let metrics = Arc::new(Metrics::default());
+        let stop_now = Arc::new(AtomicBool::new(false));
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(cfg.threads)
+            .thread_name(|i| format!("anelm-sched-{i}"))
+            .build()
+            .map_err(|e| EngineError::InvalidRequest(format!("could not start the thread pool: {e}")))?;
+        let vocab = model.model.info().vocab_size;
+        let worker = {
+            let (metrics, stop_now, cfg) = (metrics.clone(), stop_now.clone(), cfg.clone());
+            std::thread::Builder::new()
+                .name("anelm-scheduler".into())
+                .spawn(move || pool.install(move || run_loop(&model, &cfg, &rx, &metrics, &stop_now)))
+                .map_err(|e| EngineError::InvalidRequest(format!("could not start the scheduler: {e}")))?
+        };
+        Ok(Self {
+            tx: Mutex::new(Some(tx)),
+            metrics,
+            worker: Mutex::new(Some(worker)),
+            stop_now,
+            cfg,
+            vocab,
+        })
+    }
+
+    /// Queue a request; its events go to `sink`. Refused at once when the queue is full.
+    pub fn submit(&self, req: Request, sink: Sink, cancel: CancelToken) -> std::result::Result<(), SubmitError> {
+        if req.prompt.is_empty() {
+            return Err(SubmitError::Invalid("the prompt is empty (no tokens)".into()));
+        }
+        if let Some(&bad) = req.prompt.iter().find(|&&t| t as usize >= self.vocab) {
+            return Err(SubmitError::Invalid(format!(
+                "token id {bad} is outside the vocabulary of {}",
+                self.vocab
+            )));
+        }
+        if req.max_tokens == 0 {
+            return Err(SubmitError::Invalid("max_tokens must be at least 1".into()));
+        }
+        if req.prompt.len() + 1 > self.cfg.ctx_size {
+            return Err(SubmitError::Invalid(format!(
+                "the prompt has {} tokens; the context holds {} (including at least one generated token)",
+                req.prompt.len(),
+                self.cfg.ctx_size
+            )));
+        }
+        req.sampler
+            .validate()
+            .map_err(|e| SubmitError::Invalid(e.to_string()))?;
+        let guard = self.tx.lock().map_err(|_| SubmitError::ShuttingDown)?;
+        let tx = guard.as_ref().ok_or(SubmitError::ShuttingDown)?;
+        let job = Job {
+            req,
+            sink,
+            cancel,
+            submitted: Instant::now(),
+        };
+        // Count before sending so the worker's decrement never runs first.
+        self.metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
+        match tx.try_send(job) {
+            Ok(()) => {
+                self.metrics.requests_total.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                self.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
+                match e {
+                    TrySendError::Full(_) => {
+                        self.metrics.requests_rejected.fetch_add(1, Ordering::Relaxed);
+                        Err(SubmitError::QueueFull(self.cfg.queue))
+                    }
+                    TrySendError::Disconnected(_) => Err(SubmitError::ShuttingDown),
+                }
+            }
+        }
+    }
+
+    /// Live counters.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The configuration it runs with.
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.cfg
+    }
+
+    /// Stop accepting requests and wait for the worker. With `cancel_in_flight`, running requests
+    /// end at the next step with [`FinishReason::Cancelled`]; otherwise they run to completion
+    /// (and queued ones are still served).
+    pub fn shutdown(&self, cancel_in_flight: bool) {
+        if cancel_in_flight {
+            self.stop_now.store(true, Ordering::Relaxed);
+        }
+        if let Ok(mut tx) = self.tx.lock() {
+            tx.take();
+        }
+        if let Ok(mut w) = self.worker.lock()
+            && let Some(handle) = w.take()
+        {
+            let _ = handle.join();
+        }
+    }
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        self.shutdown(true);
+    }
+}
+
+/// A request being served in a session.
+struct Active<'t> {
+    job: Job,
+    sampler: Sampler,
+    decoder: StreamDecoder<'t>,
+    stop: StopMatcher,
+    /// Prompt tokens not yet prefilled.
+    pending: VecDeque<u32>,
+    /// The token to feed next step once prefill is done.
+    next: Option<u32>,
+    generated: Vec<u32>,
+    reused: usize,
+    admitted: Instant,
+    first_token: Option<Instant>,
+}
+
+struct Slot<'t> {
+    session: Session,
+    active: Option<Active<'t>>,
+    last_used: u64,
+}
+
+fn run_loop(lm: &LoadedModel, cfg: &SchedulerConfig, rx: &Receiver<Job>, metrics: &Metrics, stop_now: &AtomicBool) {
+    let model = lm.model.as_ref();
+    let tok: &Tokenizer = &lm.tokenizer;
+    let ctx = cfg.ctx_size.min(model.info().context_length.max(1));
+    let mut slots: Vec<Slot<'_>> = (0..cfg.sessions)
+        .map(|_| Slot {
+            session: model.new_session(ctx),
+            active: None,
+            last_used: 0,
+        })
+        .collect();
+    let mut clock = 0u64;
+    let mut open = true;
+    loop {
+        // Admission: fill free sessions from the queue; block only when there is nothing to do.
+        while open && slots.iter().any(|s| s.active.is_none()) {
+            let idle = slots.iter().all(|s| s.active.is_none());
+            let job = if idle {
+                match rx.recv_timeout(Duration::from_millis(200)) {
+                    Ok(j) => j,
+                    Err(RecvTimeoutError::Timeout) => {
+                        if stop_now.load(Ordering::Relaxed) {
+                            return;
+                        }
+                        continue;
+                    }
+                    Err(RecvTimeoutError::Disconnected) => {
+                        open = false;
+                        break;
+                    }
+                }
+            } else {
+                match rx.try_recv() {
+                    Ok(j) => j,
+                    Err(std::sync::mpsc::TryRecvError::Empty) => break,
+                    Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                        open = false;
+                        break;
+                    }
+                }
+            };
+            metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
+            clock += 1;
+            admit(&mut slots, job, tok, metrics, clock);
+        }
+        if !open && slots.iter().all(|s| s.active.is_none()) {
+            return;
+        }
+        if slots.iter().all(|s| s.active.is_none()) {
+            continue;
+        }
+        // Drop cancelled requests before spending a step on them.
+        let cancel_all = stop_now.load(Ordering::Relaxed);
+        for slot in slots.iter_mut() {
+            if let Some(a) = &slot.active
+                && (cancel_all || a.job.cancel.is_cancelled())
+            {
+                finish(slot, FinishReason::Cancelled, metrics);
+            }
+        }
+        step(model, &mut slots, cfg, tok, metrics);
+    }
+}
+
+/// Place `job` in the free session sharing the longest prefix with its prompt (else the least
+/// recently used free one) and rewind that session to the shared prefix.
+fn admit<'t>(slots: &mut [Slot<'t>], mut job: Job, tok: &'t Tokenizer, metrics: &Metrics, clock: u64) {
+    let shared = |s: &Session, p: &[u32]| s.tokens().iter().zip(p).take_while(|(a, b)| a == b).count();
+    let Some(best) = slots
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.active.is_none())
+        .max_by_key(|(_, s)| (shared(&s.session, &job.req.prompt), std::cmp::Reverse(s.last_used)))
+        .map(|(i, _)| i)
+    else {
+        return;
+    };
+    let sampler = match Sampler::new(job.req.sampler.clone()) {
+        Ok(s) => s,
+        Err(e) => {
+            (job.sink)(Event::Failed(e.to_string()));
+            metrics.requests_finished.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+    };
+    let slot = &mut slots[best];
+    // Keep at least the last prompt token to run again: its logits start generation.
+    let common = shared(&slot.session, &job.req.prompt).min(job.req.prompt.len() - 1);
+    slot.session.truncate(common);
+    slot.last_used = clock;
+    metrics.busy_sessions.fetch_add(1, Ordering::Relaxed);
+    metrics.reused_tokens_total.fetch_add(common as u64, Ordering::Relaxed);
+    let stop = StopMatcher::new(&job.req.stop);
+    slot.active = Some(Active {
+        pending: job.req.prompt[common..].iter().copied().collect(),
+        next: None,
+        generated: Vec::new(),
+        reused: common,
+        admitted: Instant::now(),
+        first_token: None,
+        sampler,
+        decoder: StreamDecoder::new(tok),
+        stop,
+        job,
+    });
+}
+
+/// End the slot's request with `reason` (the session keeps its cache for reuse).
+fn finish(slot: &mut Slot<'_>, reason: FinishReason, metrics: &Metrics) {
+    let Some(mut a) = slot.active.take() else {
+        return;
+    };
+    metrics.busy_sessions.fetch_sub(1, Ordering::Relaxed);
+    metrics.requests_finished.fetch_add(1, Ordering::Relaxed);
+    if reason == FinishReason::Cancelled {
+        metrics.requests_cancelled.fetch_add(1, Ordering::Relaxed);
+    } else {
+        let mut tail = a.decoder.finish();
+        tail.push_str(&a.stop.finish());
+        if !tail.is_empty() {
+            (a.job.sink)(Event::Text(tail));
+        }
+    }
+    let now = Instant::now();
+    let submitted = a.job.submitted;
+    let done = Completion {
+        finish: reason,
+        prompt_tokens: a.job.req.prompt.len(),
+        reused_tokens: a.reused,
+        tokens: std::mem::take(&mut a.generated),
+        queued: a.admitted - submitted,
+        time_to_first_token: a.first_token.map_or(Duration::ZERO, |t| t - submitted),
+        total: now - submitted,
+    };
+    (a.job.sink)(Event::Done(done));
+}
+
+fn fail(slot: &mut Slot<'_>, msg: String, metrics: &Metrics) {
+    if let Some(mut a) = slot.active.take() {
+        metrics.busy_sessions.fetch_sub(1, Ordering::Relaxed);
+        metrics.requests_finished.fetch_add(1, Ordering::Relaxed);
+        (a.job.sink)(Event::Failed(msg));
+    }
+    // The cache may be half-written: forget it.
+    slot.session.clear();
+}
+
+/// One batched forward for every active session, then sampling and streaming.
+fn step(
+    model: &dyn crate::model::LanguageModel,
+    slots: &mut [Slot<'_>],
+    cfg: &SchedulerConfig,
+    tok: &Tokenizer,
+    metrics: &Metrics,
+) {
+    let t0 = Instant::now();
+    // Decide each slot's tokens: decoders first (one each), then prefill chunks within budget.
+    let mut budget = cfg.max_step_tokens;
+    let mut feed: Vec<(usize, Vec<u32>, bool)> = Vec::new(); // (slot, tokens, wants logits)
+    for (i, slot) in slots.iter().enumerate() {
+        if let Some(a) = &slot.active
+            && let Some(t) = a.next
+        {
+            feed.push((i, vec![t], true));
+            budget = budget.saturating_sub(1);
+        }
+    }
+    for (i, slot) in slots.iter().enumerate() {
+        if let Some(a) = &slot.active
+            && a.next.is_none()
+            && !a.pending.is_empty()
+        {
+            // Always let a prefilling stream move, even when decoders used the budget.
+            let n = a.pending.len().min(cfg.prefill_chunk).min(budget.max(16));
+            budget = budget.saturating_sub(n);
+            let chunk: Vec<u32> = a.pending.iter().take(n).copied().collect();
+            let last = n == a.pending.len();
+            feed.push((i, chunk, last));
+        }
+    }
+    if feed.is_empty() {
+        return;
+    }
+    // One forward over all of them.
+    let result = {
+        let mut sessions: Vec<Option<&mut Session>> = slots.iter_mut().map(|s| Some(&mut s.session)).collect();
+        let mut items: Vec<StepItem<'_>> = Vec::with_capacity(feed.len());
+        for (i, tokens, wants) in &feed {
+            let Some(session) = sessions[*i].take() else {
+                continue;
+            };
+            items.push(StepItem {
+                session,
+                tokens,
+                logits: if *wants { LogitsMode::Last } else { LogitsMode::None },
+            });
+        }
+        model.forward(&mut items)
+    };
+    let out = match result {
+        Ok(out) => out,
+        Err(e) => {
+            for (i, _, _) in &feed {
+                fail(&mut slots[*i], format!("forward pass failed: {e}"), metrics);
+            }
+            return;
+        }
+    };
+    let mut row = 0;
+    let mut generated_now = 0u64;
+    for (i, tokens, wants) in feed {
+        let slot = &mut slots[i];
+        let Some(a) = slot.active.as_mut() else {
+            continue;
+        };
+        if a.next.is_some() {
+            a.next = None;
+        } else {
+            a.pending.drain(..tokens.len());
+            metrics
+                .prompt_tokens_total
+                .fetch_add(tokens.len() as u64, Ordering::Relaxed);
+        }
+        if !wants {
+            continue;
+        }
+        let mut logits = out.lane(row).to_vec();
+        row += 1;
+        let stops = tok.stop_ids();
+        if a.job.req.ignore_eos {
+            for &s in stops {
+                if let Some(l) = logits.get_mut(s as usize) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
+        let t = match a.sampler.sample(&logits, slot.session.tokens()) {
+            Ok(t) => t,
+            Err(e) => {
+                fail(slot, format!("sampling failed: {e}"), metrics);
+                continue;
+            }
+        };
+        a.first_token.get_or_insert_with(Instant::now);
+        if stops.contains(&t) {
+            finish(slot, FinishReason::Stop, metrics);
+            continue;
+        }
+        a.generated.push(t);
+        generated_now += 1;
+        metrics.generated_tokens_total.fetch_add(1, Ordering::Relaxed);
+        let piece = a.decoder.push(t);
+        let s = a.stop.push(&piece);
+        if !s.emit.is_empty() && !(a.job.sink)(Event::Text(s.emit)) {
+            finish(slot, FinishReason::Cancelled, metrics);
+            continue;
+        }
+        if s.stopped {
+            finish(slot, FinishReason::Stop, metrics);
+        } else if a.generated.len() >= a.job.req.max_tokens || slot.session.len() + 1 > slot.session.ctx_size() {
+            finish(slot, FinishReason::Length, metrics);
+        } else {
+            a.next = Some(t);
+        }
+    }
+    let dt = t0.elapsed();
+    metrics.steps_total.fetch_add(1, Ordering::Relaxed);
+    metrics
+        .step_time_us_total
+        .fetch_add(dt.as_micros() as u64, Ordering::Relaxed);
+    if generated_now > 0 && !dt.is_zero() {
+        let rate = generated_now as f64 / dt.as_secs_f64();
+        metrics
+            .last_step_gen_tok_s_milli
+            .store((rate * 1000.0) as u64, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,212 @@
+//! The continuous-batching scheduler on the default model (SmolLM2-135M Q4_1, CPU): batching
+//! must not change results, the queue bound holds, cancellation frees sessions, and a request
+//! that extends a finished conversation reuses its session's cache.
+//!
+//! Needs the default model (`scripts/fetch-default-model.sh`; `scripts/test.sh` runs it first).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, channel};
+use std::time::Duration;
+
+use anelm_engine::default_model::{FETCH_COMMAND, default_model_location};
+use anelm_engine::{
+    CancelToken, Completion, CpuBackend, Event, FinishReason, GenerateOptions, LoadedModel, Request, SamplerParams,
+    Scheduler, SchedulerConfig, SubmitError, generate, load_model,
+};
+
+fn model() -> Arc<LoadedModel> {
+    let path = default_model_location().expect("a home directory");
+    assert!(
+        path.is_file(),
+        "default model missing at {}: run {FETCH_COMMAND}",
+        path.display()
+    );
+    Arc::new(load_model(&path, &CpuBackend::new(), &mut |_, _| {}).expect("load SmolLM2"))
+}
+
+fn config(sessions: usize, queue: usize) -> SchedulerConfig {
+    SchedulerConfig {
+        sessions,
+        queue,
+        ctx_size: 512,
+        prefill_chunk: 16,
+        max_step_tokens: 64,
+        threads: 2,
+    }
+}
+
+fn request(lm: &LoadedModel, prompt: &str, max_tokens: usize) -> Request {
+    Request {
+        prompt: lm.tokenizer.encode(prompt).expect("encode"),
+        max_tokens,
+        sampler: SamplerParams::greedy(),
+        stop: Vec::new(),
+        ignore_eos: true,
+    }
+}
+
+fn submit(s: &Scheduler, req: Request) -> Receiver<Event> {
+    let (tx, rx) = channel();
+    s.submit(req, Box::new(move |e| tx.send(e).is_ok()), CancelToken::new())
+        .expect("accepted");
+    rx
+}
+
+/// All text and the completion of one request.
+fn collect(rx: &Receiver<Event>) -> (String, Completion) {
+    let mut text = String::new();
+    loop {
+        match rx
+            .recv_timeout(Duration::from_secs(120))
+            .expect("an event within 120 s")
+        {
+            Event::Text(t) => text.push_str(&t),
+            Event::Done(c) => return (text, c),
+            Event::Failed(e) => panic!("request failed: {e}"),
+        }
+    }
+}
+
+const PROMPTS: [&str; 8] = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "The three primary colors are",
+    "Water boils at",
+    "My favourite programming language is",
+    "The quick brown fox",
+    "In 1969, the first humans",
+];
+
+#[test]
+fn eight_concurrent_greedy_streams_equal_each_run_alone() {
+    let lm = model();
+    // Alone: the single-stream generation loop, one request at a time.
+    let alone: Vec<Vec<u32>> = PROMPTS
+        .iter()
+        .map(|p| {
+            let req = request(&lm, p, 20);
+            let mut session = lm.model.new_session(512);
+            let opts = GenerateOptions {
+                max_tokens: 20,
+                sampler: SamplerParams::greedy(),
+                ignore_eos: true,
+                prefill_chunk: 128,
+            };
+            generate(
+                lm.model.as_ref(),
+                &lm.tokenizer,
+                &mut session,
+                &req.prompt,
+                &opts,
+                &mut |_| true,
+            )
+            .expect("generate")
+            .0
+        })
+        .collect();
+    // Together: eight sessions, prompts of different lengths prefilling in 16-token chunks while
+    // others decode, all in shared batched steps.
+    let sched = Scheduler::start(lm.clone(), config(8, 16)).expect("start");
+    let rxs: Vec<_> = PROMPTS.iter().map(|p| submit(&sched, request(&lm, p, 20))).collect();
+    for (i, rx) in rxs.iter().enumerate() {
+        let (text, done) = collect(rx);
+        assert_eq!(done.finish, FinishReason::Length);
+        assert_eq!(
+            done.tokens, alone[i],
+            "{:?}: batched tokens differ from running alone",
+            PROMPTS[i]
+        );
+        assert_eq!(
+            text,
+            lm.tokenizer.decode(&alone[i]).expect("decode"),
+            "{:?}",
+            PROMPTS[i]
+        );
+    }
+    let m = sched.metrics();
+    assert_eq!(m.busy_sessions.load(Ordering::Relaxed), 0);
+    assert_eq!(m.generated_tokens_total.load(Ordering::Relaxed), 8 * 20);
+    // Fewer steps than running the eight one after another: they were batched.
+    assert!(
+        m.steps_total.load(Ordering::Relaxed) < 8 * 20,
+        "steps {}",
+        m.steps_total.load(Ordering::Relaxed)
+    );
+}
+
+#[test]
+fn a_full_queue_is_refused_at_once_and_cancelled_clients_free_their_session() {
+    let lm = model();
+    let sched = Scheduler::start(lm.clone(), config(1, 1)).expect("start");
+    // The first occupies the only session; the client stops listening after one piece.
+    let cancel = CancelToken::new();
+    let (tx, rx) = channel();
+    sched
+        .submit(
+            request(&lm, "Tell me a very long story about dragons.", 400),
+            Box::new(move |e| {
+                let _ = tx.send(e);
+                false
+            }),
+            cancel,
+        )
+        .expect("first accepted");
+    // Wait until it is admitted (its first event), so the queue is empty again.
+    let first = rx.recv_timeout(Duration::from_secs(60)).expect("first event");
+    assert!(matches!(first, Event::Text(_)));
+    let done = rx.recv_timeout(Duration::from_secs(60)).expect("cancel completes");
+    match done {
+        Event::Done(c) => assert_eq!(c.finish, FinishReason::Cancelled),
+        other => panic!("expected Done(Cancelled), got {other:?}"),
+    }
+    // Now hold the session with a long request and fill the one queue place.
+    let busy = submit(&sched, request(&lm, "Count from one to a thousand:", 300));
+    assert!(
+        matches!(busy.recv_timeout(Duration::from_secs(60)), Ok(Event::Text(_))),
+        "busy is generating"
+    );
+    let queued = submit(&sched, request(&lm, "Hello", 2));
+    let third = sched.submit(request(&lm, "Hi", 2), Box::new(|_| true), CancelToken::new());
+    assert!(matches!(third, Err(SubmitError::QueueFull(1))), "got {third:?}");
+    assert_eq!(sched.metrics().requests_rejected.load(Ordering::Relaxed), 1);
+    drop(busy); // its sink now fails: the scheduler cancels it at the next piece of text
+    let (_, c) = collect(&queued);
+    assert_eq!(c.tokens.len(), 2);
+    let m = sched.metrics();
+    assert_eq!(m.busy_sessions.load(Ordering::Relaxed), 0);
+    assert_eq!(m.queue_depth.load(Ordering::Relaxed), 0);
+    assert_eq!(m.requests_cancelled.load(Ordering::Relaxed), 2);
+}
+
+#[test]
+fn extending_a_conversation_reuses_the_session_cache_and_stop_strings_end_early() {
+    let lm = model();
+    let sched = Scheduler::start(lm.clone(), config(2, 4)).expect("start");
+    let first = request(&lm, "The capital of France is", 8);
+    let (_, c1) = collect(&submit(&sched, first.clone()));
+    // The follow-up prompt extends the first prompt and its answer.
+    let mut follow = first.prompt.clone();
+    follow.extend_from_slice(&c1.tokens);
+    follow.extend(
+        lm.tokenizer
+            .encode(" And of Italy?")
+            .expect("encode")
+            .iter()
+            .skip(usize::from(lm.tokenizer.adds_bos())),
+    );
+    let mut req = first.clone();
+    req.prompt = follow.clone();
+    let (_, c2) = collect(&submit(&sched, req));
+    // Everything but the last generated token (never fed) was cached.
+    assert_eq!(c2.reused_tokens, first.prompt.len() + c1.tokens.len() - 1);
+    // Stop strings: the greedy continuation of this prompt contains " Paris"; stop before it.
+    let mut req = request(&lm, "The capital of France is", 16);
+    let (full, _) = collect(&submit(&sched, req.clone()));
+    let cut = full.find("Paris").expect("the model names Paris");
+    req.stop = vec!["Paris".into()];
+    let (text, c) = collect(&submit(&sched, req));
+    assert_eq!(c.finish, FinishReason::Stop);
+    assert_eq!(text, full[..cut]);
+}
