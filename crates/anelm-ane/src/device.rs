@@ -1,0 +1,68 @@
+//! The seam between the ANE path and a Neural Engine: real (private framework) or emulated.
+//!
+//! A device receives exactly what Apple's compiler receives — MIL **text** and weight-blob
+//! **bytes** — so lowering, blob writing and surface packing are one code path for both.
+
+use std::time::Duration;
+
+use anelm_mil::WeightFiles;
+
+use crate::error::AneError;
+use crate::surface::Surface;
+
+/// A compiled program on a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProgramHandle(pub u64);
+
+/// The runtime signature of a compiled program: `(channels, lanes)` of each surface.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Signature {
+    /// Input surfaces, in declaration order.
+    pub inputs: Vec<(usize, usize)>,
+    /// Output surfaces, in `-> (…)` order.
+    pub outputs: Vec<(usize, usize)>,
+}
+
+impl Signature {
+    /// Zeroed output surfaces of the right shapes.
+    pub fn output_surfaces(&self) -> Vec<Surface> {
+        self.outputs.iter().map(|&(c, w)| Surface::with_lanes(c, w)).collect()
+    }
+}
+
+/// What one dispatch cost.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct DispatchTime {
+    /// Wall time measured on this host for the evaluation.
+    pub host: Duration,
+    /// Modelled (emulator) or measured (hardware) Neural Engine time.
+    pub ane: Duration,
+    /// Bytes the dispatch moves: constants plus input and output surfaces.
+    pub bytes: u64,
+}
+
+/// A Neural Engine: compile → load → evaluate → unload.
+pub trait AneDevice: Send + Sync {
+    /// Device name (`ane-emu`, `ane`).
+    fn name(&self) -> &str;
+
+    /// Compile MIL text with its weight files (path → blob bytes).
+    fn compile(&self, mil_text: &str, weights: &WeightFiles) -> Result<ProgramHandle, AneError>;
+
+    /// Load a compiled (or unloaded) program so it can be evaluated.
+    fn load(&self, program: ProgramHandle) -> Result<(), AneError>;
+
+    /// Evaluate a loaded program on input surfaces (declaration order), writing the outputs.
+    fn evaluate(
+        &self,
+        program: ProgramHandle,
+        inputs: &[&Surface],
+        outputs: &mut [Surface],
+    ) -> Result<DispatchTime, AneError>;
+
+    /// Unload a loaded program (frees its share of the per-process budget; it can be reloaded).
+    fn unload(&self, program: ProgramHandle) -> Result<(), AneError>;
+
+    /// The surface shapes a compiled program expects.
+    fn signature(&self, program: ProgramHandle) -> Result<Signature, AneError>;
+}

@@ -1,0 +1,360 @@
+//! The emulated Neural Engine: validates MIL text + blob bytes against the hardware rules,
+//! executes accepted programs in fp16, and charges each dispatch on a virtual clock.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use anelm_mil::{WeightFiles, f16, parse_program};
+
+use crate::chip::ChipProfile;
+use crate::device::{AneDevice, DispatchTime, ProgramHandle, Signature};
+use crate::error::AneError;
+use crate::exec::{Executable, Tensor, round_fp16};
+use crate::rules::Rule;
+use crate::surface::Surface;
+use crate::validate::validate;
+
+/// Largest tensor dimension the emulator accepts (the per-op cap; DESIGN.md: LM-head chunks ≤ 65,536 rows).
+pub const DEFAULT_MAX_DIM: usize = 65_536;
+
+/// Largest conv input width: 9216 is known to work (Qwen3.5-4B down projection, ane-runtime.md §3.4)
+/// and 32,000 is rejected (ane-hardware.md §3.6); nothing is known in between, so 16,384.
+pub const DEFAULT_MAX_CONV_INPUT_CHANNELS: usize = 16_384;
+
+/// Largest constant payload per kernel (at fp16 size): the biggest kernel known to run, a
+/// 65,536 × 4096 fp16 LM-head chunk of Qwen3.5-9B (ane-runtime.md §3.4, §11), 512 MiB.
+pub const DEFAULT_MAX_KERNEL_CONST_BYTES: u64 = 65_536 * 4096 * 2;
+
+/// Default per-process budget of simultaneously loaded programs: 229, the most kernels seen
+/// loaded at once (FG, M3 Max; ane-hardware.md §4.7). Qwen3-4B's 226 fit.
+pub const DEFAULT_MAX_LOADED: usize = 229;
+
+/// Emulator settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EmuConfig {
+    /// Chip profile for the cost model.
+    pub chip: ChipProfile,
+    /// Per-process budget of simultaneously loaded programs ([`Rule::LoadBudget`]).
+    pub max_loaded_programs: usize,
+    /// Optional budget of loaded constant bytes (FG measured ~3.5 GB on M3 Max / macOS 26, which
+    /// contradicts models that ran; off by default).
+    pub max_loaded_bytes: Option<u64>,
+    /// Per-op dimension cap ([`Rule::DimCap`]).
+    pub max_dim: usize,
+    /// Conv input-channel cap ([`Rule::DimCap`]).
+    pub max_conv_input_channels: usize,
+    /// Per-kernel constant limit in bytes at fp16 size ([`Rule::KernelSize`]).
+    pub max_kernel_const_bytes: u64,
+    /// Flush fp16 subnormals to zero after every op (the ANE appears to; ane-hardware.md §3.7).
+    pub flush_subnormals: bool,
+}
+
+impl Default for EmuConfig {
+    fn default() -> Self {
+        EmuConfig {
+            chip: ChipProfile::m3_max(),
+            max_loaded_programs: DEFAULT_MAX_LOADED,
+            max_loaded_bytes: None,
+            max_dim: DEFAULT_MAX_DIM,
+            max_conv_input_channels: DEFAULT_MAX_CONV_INPUT_CHANNELS,
+            max_kernel_const_bytes: DEFAULT_MAX_KERNEL_CONST_BYTES,
+            flush_subnormals: true,
+        }
+    }
+}
+
+/// Counters and clocks of an emulated device.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct EmuStats {
+    /// Successful compiles.
+    pub compiles: u64,
+    /// Successful loads.
+    pub loads: u64,
+    /// Programs loaded now.
+    pub loaded: usize,
+    /// Constant bytes of the programs loaded now.
+    pub loaded_bytes: u64,
+    /// Evaluations.
+    pub dispatches: u64,
+    /// Bytes moved by all evaluations.
+    pub bytes: u64,
+    /// Measured host time of all evaluations.
+    pub host_time: Duration,
+    /// Modelled ANE time of all evaluations (the virtual clock).
+    pub ane_time: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Compiled,
+    Loaded,
+    Unloaded,
+}
+
+impl State {
+    fn name(self) -> &'static str {
+        match self {
+            State::Compiled => "compiled (not loaded)",
+            State::Loaded => "loaded",
+            State::Unloaded => "unloaded",
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Entry {
+    exe: Arc<Executable>,
+    state: State,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    next: u64,
+    programs: BTreeMap<u64, Entry>,
+    stats: EmuStats,
+}
+
+/// A software Neural Engine. Thread-safe; evaluations of different programs run concurrently.
+#[derive(Debug, Default)]
+pub struct EmuAne {
+    cfg: EmuConfig,
+    inner: Mutex<Inner>,
+}
+
+impl EmuAne {
+    /// An emulator with `cfg`.
+    pub fn new(cfg: EmuConfig) -> Self {
+        EmuAne {
+            cfg,
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    /// An emulator for `chip` with default limits.
+    pub fn for_chip(chip: ChipProfile) -> Self {
+        EmuAne::new(EmuConfig {
+            chip,
+            ..EmuConfig::default()
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &EmuConfig {
+        &self.cfg
+    }
+
+    /// Counters and clocks so far.
+    pub fn stats(&self) -> EmuStats {
+        self.lock().stats
+    }
+
+    /// Reset the dispatch counters and both clocks (compile/load counters and loaded state stay).
+    pub fn reset_clock(&self) {
+        let mut g = self.lock();
+        g.stats.dispatches = 0;
+        g.stats.bytes = 0;
+        g.stats.host_time = Duration::ZERO;
+        g.stats.ane_time = Duration::ZERO;
+    }
+
+    /// Forget a compiled program (unloading it first if loaded).
+    pub fn release(&self, program: ProgramHandle) -> Result<(), AneError> {
+        let mut g = self.lock();
+        let e = g
+            .programs
+            .remove(&program.0)
+            .ok_or(AneError::UnknownHandle(program.0))?;
+        if e.state == State::Loaded {
+            g.stats.loaded -= 1;
+            g.stats.loaded_bytes = g.stats.loaded_bytes.saturating_sub(e.exe.const_bytes);
+        }
+        Ok(())
+    }
+
+    /// Validate MIL text and weights without keeping a program (what `compile` checks).
+    pub fn check(&self, mil_text: &str, weights: &WeightFiles) -> Result<(), AneError> {
+        let program = parse_program(mil_text)?;
+        validate(&program, weights, &self.cfg).map(|_| ())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave Inner inconsistent (every update is a
+        // single assignment), so a poisoned lock is still usable.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn entry<'g>(g: &'g mut Inner, h: ProgramHandle) -> Result<&'g mut Entry, AneError> {
+        g.programs.get_mut(&h.0).ok_or(AneError::UnknownHandle(h.0))
+    }
+}
+
+impl AneDevice for EmuAne {
+    fn name(&self) -> &str {
+        "ane-emu"
+    }
+
+    fn compile(&self, mil_text: &str, weights: &WeightFiles) -> Result<ProgramHandle, AneError> {
+        let program = parse_program(mil_text)?;
+        let exe = validate(&program, weights, &self.cfg)?;
+        let mut g = self.lock();
+        g.next += 1;
+        let h = g.next;
+        g.programs.insert(
+            h,
+            Entry {
+                exe: Arc::new(exe),
+                state: State::Compiled,
+            },
+        );
+        g.stats.compiles += 1;
+        Ok(ProgramHandle(h))
+    }
+
+    fn load(&self, program: ProgramHandle) -> Result<(), AneError> {
+        let cfg = &self.cfg;
+        let mut g = self.lock();
+        let (loaded, loaded_bytes) = (g.stats.loaded, g.stats.loaded_bytes);
+        let e = Self::entry(&mut g, program)?;
+        if e.state == State::Loaded {
+            return Err(AneError::State {
+                handle: program.0,
+                call: "load",
+                state: e.state.name(),
+            });
+        }
+        if loaded + 1 > cfg.max_loaded_programs {
+            return Err(AneError::rule_err(
+                Rule::LoadBudget,
+                format!(
+                    "{loaded} programs are loaded and the per-process budget is {}",
+                    cfg.max_loaded_programs
+                ),
+            ));
+        }
+        let bytes = e.exe.const_bytes;
+        if let Some(max) = cfg.max_loaded_bytes {
+            if loaded_bytes.saturating_add(bytes) > max {
+                return Err(AneError::rule_err(
+                    Rule::LoadBudget,
+                    format!("{loaded_bytes} constant bytes are loaded, this program adds {bytes}, the budget is {max}"),
+                ));
+            }
+        }
+        e.state = State::Loaded;
+        g.stats.loaded += 1;
+        g.stats.loaded_bytes += bytes;
+        g.stats.loads += 1;
+        Ok(())
+    }
+
+    fn evaluate(
+        &self,
+        program: ProgramHandle,
+        inputs: &[&Surface],
+        outputs: &mut [Surface],
+    ) -> Result<DispatchTime, AneError> {
+        let exe = {
+            let mut g = self.lock();
+            let e = Self::entry(&mut g, program)?;
+            if e.state != State::Loaded {
+                return Err(AneError::State {
+                    handle: program.0,
+                    call: "evaluate",
+                    state: e.state.name(),
+                });
+            }
+            e.exe.clone()
+        };
+        let start = Instant::now();
+        check_surfaces("input", &exe.inputs, inputs.iter().map(|s| (s.channels(), s.lanes())))?;
+        check_surfaces(
+            "output",
+            &exe.outputs,
+            outputs.iter().map(|s| (s.channels(), s.lanes())),
+        )?;
+        let flush = self.cfg.flush_subnormals;
+        let tensors = exe
+            .inputs
+            .iter()
+            .zip(inputs)
+            .map(|((_, shape), s)| Tensor {
+                shape: shape.clone(),
+                data: s.halves().iter().map(|h| round_fp16(h.to_f32(), flush)).collect(),
+            })
+            .collect();
+        let results = exe.run(tensors)?;
+        let mut io_bytes = 0u64;
+        for s in inputs {
+            io_bytes += s.byte_len() as u64;
+        }
+        for (out, t) in outputs.iter_mut().zip(&results) {
+            for (h, &v) in out.halves_mut().iter_mut().zip(&t.data) {
+                *h = f16::from_f32(v);
+            }
+            io_bytes += out.byte_len() as u64;
+        }
+        let host = start.elapsed();
+        let bytes = exe.const_bytes + io_bytes;
+        let ane = self.cfg.chip.dispatch_time(bytes);
+        let mut g = self.lock();
+        g.stats.dispatches += 1;
+        g.stats.bytes += bytes;
+        g.stats.host_time += host;
+        g.stats.ane_time += ane;
+        Ok(DispatchTime { host, ane, bytes })
+    }
+
+    fn unload(&self, program: ProgramHandle) -> Result<(), AneError> {
+        let mut g = self.lock();
+        let e = Self::entry(&mut g, program)?;
+        if e.state != State::Loaded {
+            return Err(AneError::State {
+                handle: program.0,
+                call: "unload",
+                state: e.state.name(),
+            });
+        }
+        e.state = State::Unloaded;
+        let bytes = e.exe.const_bytes;
+        g.stats.loaded -= 1;
+        g.stats.loaded_bytes = g.stats.loaded_bytes.saturating_sub(bytes);
+        Ok(())
+    }
+
+    fn signature(&self, program: ProgramHandle) -> Result<Signature, AneError> {
+        let mut g = self.lock();
+        let e = Self::entry(&mut g, program)?;
+        let sig = |v: &[(String, Vec<usize>)]| {
+            v.iter()
+                .map(|(_, s)| (s.get(1).copied().unwrap_or(0), s.get(3).copied().unwrap_or(0)))
+                .collect()
+        };
+        Ok(Signature {
+            inputs: sig(&e.exe.inputs),
+            outputs: sig(&e.exe.outputs),
+        })
+    }
+}
+
+fn check_surfaces(
+    what: &str,
+    want: &[(String, Vec<usize>)],
+    got: impl ExactSizeIterator<Item = (usize, usize)>,
+) -> Result<(), AneError> {
+    if got.len() != want.len() {
+        return Err(AneError::Surfaces(format!(
+            "the program has {} {what} surfaces, {} given",
+            want.len(),
+            got.len()
+        )));
+    }
+    for ((name, shape), (c, w)) in want.iter().zip(got) {
+        if shape.as_slice() != [1, c, 1, w] {
+            return Err(AneError::Surfaces(format!(
+                "{what} `{name}` is {shape:?} but the surface is [1, {c}, 1, {w}]; allocate it from signature()"
+            )));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,60 @@
+//! The ANE path of anelm: surfaces, kernel lowering, the model planner, and the emulated
+//! Neural Engine.
+//!
+//! * [`Surface`] — the fp16 `[1, C, 1, 32]` I/O layout (element (c, lane) at halfword
+//!   `c·32 + lane`), with round-to-nearest-even packing of up to 32 lanes.
+//! * [`AneKernel`] + [`lower`] — a kernel of the catalogue and its f32 weights become a MIL
+//!   [`anelm_mil::Program`] plus [`anelm_mil::WeightFiles`] (fp16, or int8 with fp16 scales).
+//! * [`plan`] — which kernels each layer of a model gets, and why (`anelm plan`).
+//! * [`AneDevice`] / [`EmuAne`] — the device seam and the emulated Neural Engine, which accepts
+//!   only MIL text and blob bytes, refuses what the hardware rejects or runs wrongly (each
+//!   refusal names a [`Rule`]), runs accepted programs in fp16 and charges a virtual clock per
+//!   [`ChipProfile`].
+//!
+//! ```
+//! use anelm_ane::{AneDevice, AneKernel, EmuAne, Surface, WeightMode, lower};
+//! let k = AneKernel::Linear { rows: 2, cols: 3 };
+//! let w = [1.0, 0.0, 0.0, 0.0, 1.0, 1.0];
+//! let low = lower(&k, &[&w], WeightMode::Fp16).unwrap();
+//! let ane = EmuAne::default();
+//! let h = ane.compile(&low.mil_text(), &low.weights).unwrap();
+//! ane.load(h).unwrap();
+//! let x = Surface::pack(3, &[&[1.0, 2.0, 3.0]]).unwrap();
+//! let mut y = [Surface::new(2)];
+//! ane.evaluate(h, &[&x], &mut y).unwrap();
+//! assert_eq!(y[0].read_lane(0).unwrap(), vec![1.0, 5.0]);
+//! ```
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod chip;
+mod device;
+mod emu;
+mod error;
+mod exec;
+mod kernel;
+mod lower;
+mod plan;
+mod quant;
+mod rules;
+mod surface;
+mod validate;
+
+pub use chip::{CHIPS, ChipProfile, FIT_TO_ANEMLL_RATIO};
+pub use device::{AneDevice, DispatchTime, ProgramHandle, Signature};
+pub use emu::{
+    DEFAULT_MAX_CONV_INPUT_CHANNELS, DEFAULT_MAX_DIM, DEFAULT_MAX_KERNEL_CONST_BYTES, DEFAULT_MAX_LOADED, EmuAne,
+    EmuConfig, EmuStats,
+};
+pub use error::{AneError, LowerError, SurfaceError};
+pub use kernel::{AneKernel, WeightMode, WeightShape};
+pub use lower::{Lowered, blob_path, ffn_chunk_weights, lower};
+pub use plan::{
+    FFN_MAX_BYTES, KernelRole, LM_HEAD_MAX_ROWS, LayerKind, LayerPlan, LinearAttention, ModelDims, Plan, PlanError,
+    PlanOptions, PlannedKernel, plan,
+};
+pub use quant::{QuantizedMatrix, quantize_int8};
+pub use rules::Rule;
+pub use surface::{LANES, Surface, f32_to_fp16, fp16_to_f32};
+pub use validate::WHITELIST;

@@ -1,0 +1,642 @@
+//! The model planner: which ANE kernels each layer gets, and why (`anelm plan`).
+//!
+//! From a model's shapes alone (no weights) it chooses, per layer, the kernels of
+//! `ane-runtime.md` §3.4–3.5 — a fused input projection, the output projection with the
+//! residual add, and the SwiGLU FFN with the residual add (split into accumulating chunks when
+//! one kernel would exceed the FFN size limit) — plus the LM head in row chunks, and models the
+//! cost of one decode step as `Σ (fixed + bytes / bandwidth)` over its dispatches.
+
+use std::fmt::{self, Write as _};
+
+use thiserror::Error;
+
+use crate::chip::ChipProfile;
+use crate::emu::{DEFAULT_MAX_CONV_INPUT_CHANNELS, DEFAULT_MAX_DIM, DEFAULT_MAX_KERNEL_CONST_BYTES};
+use crate::kernel::{AneKernel, WeightMode};
+use crate::surface::LANES;
+
+/// The FFN size rule of the C++ system: `ANE_FFN_CHUNK_MAX_BYTES` = 150 MiB of fp16 weights
+/// (`ane-runtime.md` §3.5; raised 48 → 72 → 150 MB as larger single kernels proved to work).
+pub const FFN_MAX_BYTES: u64 = 150 * 1024 * 1024;
+
+/// LM-head rows per chunk: 65,536 (`ane-runtime.md` §3.4; the per-op dimension cap).
+pub const LM_HEAD_MAX_ROWS: usize = 65_536;
+
+/// Gated-DeltaNet (linear attention) dimensions of a hybrid model such as Qwen3.5.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinearAttention {
+    /// `linear_num_key_heads`.
+    pub key_heads: usize,
+    /// `linear_num_value_heads`.
+    pub value_heads: usize,
+    /// `linear_key_head_dim`.
+    pub key_head_dim: usize,
+    /// `linear_value_head_dim`.
+    pub value_head_dim: usize,
+    /// Layer i is full attention when (i + 1) % interval == 0 (`full_attention_interval`).
+    pub full_attention_interval: usize,
+}
+
+/// The shapes the planner needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelDims {
+    /// `hidden_size`.
+    pub hidden: usize,
+    /// `intermediate_size` (SwiGLU width).
+    pub intermediate: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Attention head dimension.
+    pub head_dim: usize,
+    /// Vocabulary rows of the LM head.
+    pub vocab: usize,
+    /// Decoder layers.
+    pub layers: usize,
+    /// `q_proj` also emits an output gate (Qwen3.5 full attention: 2·heads·head_dim rows).
+    pub attn_output_gate: bool,
+    /// Gated-DeltaNet layers, for hybrid models.
+    pub linear_attention: Option<LinearAttention>,
+}
+
+impl ModelDims {
+    /// A plain transformer (Llama / Qwen3 style): every layer is attention.
+    pub fn dense(
+        hidden: usize,
+        intermediate: usize,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        vocab: usize,
+        layers: usize,
+    ) -> Self {
+        ModelDims {
+            hidden,
+            intermediate,
+            heads,
+            kv_heads,
+            head_dim,
+            vocab,
+            layers,
+            attn_output_gate: false,
+            linear_attention: None,
+        }
+    }
+
+    /// The mixer of layer `i`.
+    pub fn layer_kind(&self, i: usize) -> LayerKind {
+        match self.linear_attention {
+            Some(la) if la.full_attention_interval > 0 && (i + 1) % la.full_attention_interval != 0 => {
+                LayerKind::LinearAttention
+            }
+            _ => LayerKind::Attention,
+        }
+    }
+}
+
+/// The mixer of a layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LayerKind {
+    /// Softmax attention (on the CPU between the projections).
+    Attention,
+    /// Gated DeltaNet (on the CPU between the projections).
+    LinearAttention,
+}
+
+impl LayerKind {
+    /// `attention` / `linear-attention`.
+    pub fn name(self) -> &'static str {
+        match self {
+            LayerKind::Attention => "attention",
+            LayerKind::LinearAttention => "linear-attention",
+        }
+    }
+}
+
+/// What a planned kernel is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KernelRole {
+    /// Fused input projection (QKV, or QKVZ for DeltaNet).
+    InputProj,
+    /// Output projection + residual.
+    OutputProjResidual,
+    /// Whole SwiGLU FFN + residual.
+    FfnResidual,
+    /// Chunk `index` of `count` of a split FFN.
+    FfnChunk {
+        /// 0-based chunk.
+        index: usize,
+        /// Chunks.
+        count: usize,
+    },
+    /// Chunk `index` of `count` of the LM head.
+    LmHead {
+        /// 0-based chunk.
+        index: usize,
+        /// Chunks.
+        count: usize,
+    },
+}
+
+impl fmt::Display for KernelRole {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KernelRole::InputProj => f.write_str("input_proj"),
+            KernelRole::OutputProjResidual => f.write_str("output_proj_residual"),
+            KernelRole::FfnResidual => f.write_str("ffn_residual"),
+            KernelRole::FfnChunk { index, count } => write!(f, "ffn_chunk {}/{count}", index + 1),
+            KernelRole::LmHead { index, count } => write!(f, "lm_head {}/{count}", index + 1),
+        }
+    }
+}
+
+/// One kernel choice and the reason for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedKernel {
+    /// What it is for.
+    pub role: KernelRole,
+    /// The kernel.
+    pub kernel: AneKernel,
+    /// Why this kernel (human-readable; printed by `anelm plan`).
+    pub reason: String,
+}
+
+/// The kernels of one layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayerPlan {
+    /// Layer index.
+    pub index: usize,
+    /// Its mixer.
+    pub kind: LayerKind,
+    /// Kernels in dispatch order.
+    pub kernels: Vec<PlannedKernel>,
+}
+
+/// Planner settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PlanOptions {
+    /// Weight storage.
+    pub weights: WeightMode,
+    /// FFN split threshold, bytes of fp16 weights ([`FFN_MAX_BYTES`]).
+    pub ffn_max_bytes: u64,
+    /// LM-head rows per chunk ([`LM_HEAD_MAX_ROWS`]).
+    pub lm_head_max_rows: usize,
+    /// The device's per-kernel constant limit at fp16 size (every kernel must fit).
+    pub max_kernel_const_bytes: u64,
+    /// The device's conv input-channel cap.
+    pub max_conv_input_channels: usize,
+    /// The device's per-op dimension cap.
+    pub max_dim: usize,
+}
+
+impl Default for PlanOptions {
+    fn default() -> Self {
+        PlanOptions {
+            weights: WeightMode::Fp16,
+            ffn_max_bytes: FFN_MAX_BYTES,
+            lm_head_max_rows: LM_HEAD_MAX_ROWS,
+            max_kernel_const_bytes: DEFAULT_MAX_KERNEL_CONST_BYTES,
+            max_conv_input_channels: DEFAULT_MAX_CONV_INPUT_CHANNELS,
+            max_dim: DEFAULT_MAX_DIM,
+        }
+    }
+}
+
+impl PlanOptions {
+    /// Defaults with weights stored as `weights`.
+    pub fn with_weights(weights: WeightMode) -> Self {
+        PlanOptions {
+            weights,
+            ..PlanOptions::default()
+        }
+    }
+}
+
+/// A model cannot be planned onto the ANE.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum PlanError {
+    /// A dimension is zero or inconsistent.
+    #[error("cannot plan this model: {0}; check the model's config")]
+    BadDims(String),
+    /// A kernel cannot be made to fit the device limits.
+    #[error("cannot fit {0} on the ANE; raise the device limits or run this part on the CPU")]
+    DoesNotFit(String),
+}
+
+/// The kernels of a whole model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// The shapes planned.
+    pub dims: ModelDims,
+    /// The settings used.
+    pub options: PlanOptions,
+    /// Per-layer kernels.
+    pub layers: Vec<LayerPlan>,
+    /// LM-head chunks.
+    pub lm_head: Vec<PlannedKernel>,
+}
+
+fn mb(bytes: u64) -> String {
+    format!("{:.1} MB", bytes as f64 / 1e6)
+}
+
+/// Plan `dims` onto the ANE.
+pub fn plan(dims: &ModelDims, opts: &PlanOptions) -> Result<Plan, PlanError> {
+    check(dims)?;
+    let mut layers = Vec::with_capacity(dims.layers);
+    // Layers of one kind get identical kernels: plan each kind once.
+    let mut by_kind: Vec<(LayerKind, Vec<PlannedKernel>)> = Vec::new();
+    for i in 0..dims.layers {
+        let kind = dims.layer_kind(i);
+        let kernels = match by_kind.iter().find(|(k, _)| *k == kind) {
+            Some((_, ks)) => ks.clone(),
+            None => {
+                let mut ks = vec![input_proj(dims, kind)?, output_proj(dims, kind)?];
+                ks.extend(ffn(dims, opts)?);
+                for k in &ks {
+                    fits(&k.kernel, opts)?;
+                }
+                by_kind.push((kind, ks.clone()));
+                ks
+            }
+        };
+        layers.push(LayerPlan {
+            index: i,
+            kind,
+            kernels,
+        });
+    }
+    let lm_head = lm_head(dims, opts)?;
+    for k in &lm_head {
+        fits(&k.kernel, opts)?;
+    }
+    Ok(Plan {
+        dims: *dims,
+        options: *opts,
+        layers,
+        lm_head,
+    })
+}
+
+fn check(d: &ModelDims) -> Result<(), PlanError> {
+    let named = [
+        ("hidden", d.hidden),
+        ("intermediate", d.intermediate),
+        ("heads", d.heads),
+        ("kv_heads", d.kv_heads),
+        ("head_dim", d.head_dim),
+        ("vocab", d.vocab),
+        ("layers", d.layers),
+    ];
+    if let Some((n, _)) = named.iter().find(|(_, v)| *v == 0) {
+        return Err(PlanError::BadDims(format!("{n} is 0")));
+    }
+    if d.heads % d.kv_heads != 0 {
+        return Err(PlanError::BadDims(format!(
+            "{} query heads are not a multiple of {} kv heads",
+            d.heads, d.kv_heads
+        )));
+    }
+    if let Some(la) = d.linear_attention {
+        if la.key_heads == 0 || la.value_heads == 0 || la.key_head_dim == 0 || la.value_head_dim == 0 {
+            return Err(PlanError::BadDims("a linear-attention dimension is 0".into()));
+        }
+    }
+    Ok(())
+}
+
+fn input_proj(d: &ModelDims, kind: LayerKind) -> Result<PlannedKernel, PlanError> {
+    let h = d.hidden;
+    let (parts, reason) = match (kind, d.linear_attention) {
+        (LayerKind::LinearAttention, Some(la)) => {
+            let k = la.key_heads * la.key_head_dim;
+            let v = la.value_heads * la.value_head_dim;
+            (
+                vec![2 * k + v, v],
+                format!(
+                    "in_proj_qkv ({} = 2·{k} + {v} rows) and in_proj_z ({v} rows) read the same normed input, so they \
+                     are one conv program with a channel concat: 1 dispatch instead of 2 (in_proj_a/b are tiny and stay \
+                     on the CPU)",
+                    2 * k + v
+                ),
+            )
+        }
+        _ => {
+            let q = d.heads * d.head_dim * if d.attn_output_gate { 2 } else { 1 };
+            let kv = d.kv_heads * d.head_dim;
+            let gate = if d.attn_output_gate {
+                " (query + output gate)"
+            } else {
+                ""
+            };
+            (
+                vec![q, kv, kv],
+                format!(
+                    "q ({q} rows{gate}), k ({kv}) and v ({kv}) projections read the same normed input, so they are one \
+                     conv program with a channel concat: 1 dispatch instead of 3"
+                ),
+            )
+        }
+    };
+    Ok(PlannedKernel {
+        role: KernelRole::InputProj,
+        kernel: AneKernel::FusedLinear { parts, cols: h },
+        reason,
+    })
+}
+
+fn output_proj(d: &ModelDims, kind: LayerKind) -> Result<PlannedKernel, PlanError> {
+    let cols = match (kind, d.linear_attention) {
+        (LayerKind::LinearAttention, Some(la)) => la.value_heads * la.value_head_dim,
+        _ => d.heads * d.head_dim,
+    };
+    Ok(PlannedKernel {
+        role: KernelRole::OutputProjResidual,
+        kernel: AneKernel::LinearResidual { rows: d.hidden, cols },
+        reason: format!(
+            "output projection ({}×{cols}) with the residual add in the same program: the residual never \
+             round-trips through the host (no norm fused: fp16 RMSNorm on the ANE drifts)",
+            d.hidden
+        ),
+    })
+}
+
+fn ffn(d: &ModelDims, opts: &PlanOptions) -> Result<Vec<PlannedKernel>, PlanError> {
+    let (h, f) = (d.hidden, d.intermediate);
+    let total = 3 * (h as u64) * (f as u64) * 2;
+    let limit = opts.ffn_max_bytes.min(opts.max_kernel_const_bytes);
+    let conv_ok = |chunk: usize| chunk <= opts.max_conv_input_channels;
+    if total <= limit && conv_ok(f) {
+        return Ok(vec![PlannedKernel {
+            role: KernelRole::FfnResidual,
+            kernel: AneKernel::SwiGluFfnResidual { hidden: h, inter: f },
+            reason: format!(
+                "gate + up + down = 3·{f}·{h}·2 B = {} ≤ the {} FFN limit, so the whole SwiGLU FFN and the residual \
+                 add are one kernel",
+                mb(total),
+                mb(limit)
+            ),
+        }]);
+    }
+    if 2 * h > opts.max_dim {
+        return Err(PlanError::DoesNotFit(format!(
+            "a chunked FFN: its packed x ‖ acc input has {} channels, over the {}-channel cap",
+            2 * h,
+            opts.max_dim
+        )));
+    }
+    let mut n = total.div_ceil(limit).max(2) as usize;
+    while n <= f && (f % n != 0 || !conv_ok(f / n)) {
+        n += 1;
+    }
+    if n > f {
+        return Err(PlanError::DoesNotFit(format!("an FFN of width {f}")));
+    }
+    let chunk = f / n;
+    let why = if total > limit {
+        format!(
+            "gate + up + down = 3·{f}·{h}·2 B = {} > the {} FFN limit, so the FFN is split into {n} chunks of {chunk} \
+             rows (the smallest n ≥ ⌈{}/{}⌉ that divides {f})",
+            mb(total),
+            mb(limit),
+            mb(total),
+            mb(limit)
+        )
+    } else {
+        format!(
+            "the down projection would read {f} channels, over the conv input cap of {}, so the FFN is split into {n} \
+             chunks of {chunk}",
+            opts.max_conv_input_channels
+        )
+    };
+    Ok((0..n)
+        .map(|index| PlannedKernel {
+            role: KernelRole::FfnChunk { index, count: n },
+            kernel: AneKernel::FfnChunk { hidden: h, chunk },
+            reason: if index == 0 {
+                format!(
+                    "{why}; each chunk reads x ‖ acc and adds its partial sum on the ANE (chunk 1 gets the residual \
+                     as its accumulator, so the last chunk returns x + FFN(x))"
+                )
+            } else {
+                format!(
+                    "chunk {} of {n}: intermediate rows [{}, {})",
+                    index + 1,
+                    index * chunk,
+                    (index + 1) * chunk
+                )
+            },
+        })
+        .collect())
+}
+
+fn lm_head(d: &ModelDims, opts: &PlanOptions) -> Result<Vec<PlannedKernel>, PlanError> {
+    let (v, h) = (d.vocab, d.hidden);
+    let by_bytes = usize::try_from(opts.max_kernel_const_bytes / (2 * h as u64)).unwrap_or(usize::MAX);
+    let rows = opts.lm_head_max_rows.min(opts.max_dim).min(by_bytes);
+    if rows == 0 {
+        return Err(PlanError::DoesNotFit(format!("an LM-head row of width {h}")));
+    }
+    let n = v.div_ceil(rows);
+    let cap = if rows == opts.lm_head_max_rows {
+        format!("{} rows per chunk (the per-op cap)", opts.lm_head_max_rows)
+    } else {
+        format!(
+            "{rows} rows per chunk (what fits the {} kernel limit)",
+            mb(opts.max_kernel_const_bytes)
+        )
+    };
+    Ok((0..n)
+        .map(|index| {
+            let r = rows.min(v - index * rows);
+            PlannedKernel {
+                role: KernelRole::LmHead { index, count: n },
+                kernel: AneKernel::LmHeadChunk { rows: r, cols: h },
+                reason: if n == 1 {
+                    format!("vocab {v} ≤ {cap}: one LM-head kernel")
+                } else {
+                    format!(
+                        "vocab {v} at {cap} → {n} chunks; this one is rows [{}, {})",
+                        index * rows,
+                        index * rows + r
+                    )
+                },
+            }
+        })
+        .collect())
+}
+
+fn fits(k: &AneKernel, opts: &PlanOptions) -> Result<(), PlanError> {
+    let bytes = k.fp16_weight_bytes() as u64;
+    if bytes > opts.max_kernel_const_bytes {
+        return Err(PlanError::DoesNotFit(format!(
+            "{k} ({} over the {} kernel limit)",
+            mb(bytes),
+            mb(opts.max_kernel_const_bytes)
+        )));
+    }
+    let widest = k
+        .weights()
+        .iter()
+        .flat_map(|w| [w.rows, w.cols])
+        .chain([k.output_channels()])
+        .chain(k.input_channels())
+        .max()
+        .unwrap_or(0);
+    if widest > opts.max_dim {
+        return Err(PlanError::DoesNotFit(format!(
+            "{k} (a dimension of {widest} > {})",
+            opts.max_dim
+        )));
+    }
+    Ok(())
+}
+
+impl Plan {
+    /// Every kernel in dispatch order (layers, then LM head).
+    pub fn kernels(&self) -> impl Iterator<Item = &PlannedKernel> {
+        self.layers.iter().flat_map(|l| &l.kernels).chain(&self.lm_head)
+    }
+
+    /// Kernels to compile and load (one per planned kernel; layers do not share weights).
+    pub fn kernel_count(&self) -> usize {
+        self.kernels().count()
+    }
+
+    /// ANE dispatches per decode step (every kernel runs once per step, for up to 32 lanes).
+    pub fn dispatches_per_token(&self) -> usize {
+        self.kernel_count()
+    }
+
+    /// Weight bytes streamed per decode step, in the plan's weight mode.
+    pub fn weight_bytes_per_token(&self) -> u64 {
+        self.kernels()
+            .map(|k| k.kernel.weight_bytes(self.options.weights) as u64)
+            .sum()
+    }
+
+    /// All bytes moved per decode step: weights plus every input and output surface.
+    pub fn bytes_per_token(&self) -> u64 {
+        self.kernels()
+            .map(|k| k.kernel.dispatch_bytes(self.options.weights) as u64)
+            .sum()
+    }
+
+    /// Modelled ANE time of one step (all dispatches), seconds. Host work (norms, attention,
+    /// DeltaNet, sampling, surface conversion) is not included.
+    pub fn step_seconds(&self, chip: &ChipProfile) -> f64 {
+        self.kernels()
+            .map(|k| chip.dispatch_seconds(k.kernel.dispatch_bytes(self.options.weights) as u64))
+            .sum()
+    }
+
+    /// Modelled decode tokens/s with `streams` concurrent sessions sharing each dispatch's lanes
+    /// (more than 32 streams take several dispatch groups).
+    pub fn decode_tok_s(&self, chip: &ChipProfile, streams: usize) -> f64 {
+        let streams = streams.max(1);
+        let groups = streams.div_ceil(LANES);
+        streams as f64 / (groups as f64 * self.step_seconds(chip))
+    }
+
+    /// Modelled prefill tokens/s when `batch` consecutive prompt tokens share each dispatch.
+    pub fn prefill_tok_s(&self, chip: &ChipProfile, batch: usize) -> f64 {
+        self.decode_tok_s(chip, batch.clamp(1, LANES))
+    }
+
+    /// The human-readable table `anelm plan` prints for `chip`.
+    pub fn report(&self, chip: &ChipProfile) -> String {
+        let d = &self.dims;
+        let mode = self.options.weights;
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "model: hidden {}, intermediate {}, heads {}/{} × {}, vocab {}, {} layers; weights {mode}; chip {}",
+            d.hidden, d.intermediate, d.heads, d.kv_heads, d.head_dim, d.vocab, d.layers, chip.name
+        );
+        // Group layers with identical kernels.
+        let mut groups: Vec<(&LayerPlan, Vec<usize>)> = Vec::new();
+        for l in &self.layers {
+            match groups
+                .iter_mut()
+                .find(|(g, _)| g.kind == l.kind && g.kernels == l.kernels)
+            {
+                Some((_, idx)) => idx.push(l.index),
+                None => groups.push((l, vec![l.index])),
+            }
+        }
+        for (l, idx) in &groups {
+            let _ = writeln!(s, "\n{} × {} layer ({}):", idx.len(), l.kind.name(), ranges(idx));
+            for k in &l.kernels {
+                kernel_line(&mut s, k, mode, chip);
+            }
+        }
+        let _ = writeln!(s, "\nLM head:");
+        for k in &self.lm_head {
+            kernel_line(&mut s, k, mode, chip);
+        }
+        let _ = writeln!(
+            s,
+            "\nkernels: {} · dispatches/token: {} · weight bytes/token: {} · bytes/dispatch (mean): {}",
+            self.kernel_count(),
+            self.dispatches_per_token(),
+            mb(self.weight_bytes_per_token()),
+            mb(self.bytes_per_token() / self.dispatches_per_token().max(1) as u64)
+        );
+        let _ = writeln!(
+            s,
+            "modelled on {} ({:.0} µs + bytes / {:.1} GB/s; ANE only, host work excluded): step {:.1} ms",
+            chip.name,
+            chip.fixed_us,
+            chip.bandwidth_gb_s,
+            self.step_seconds(chip) * 1e3
+        );
+        let _ = write!(s, "decode tok/s:");
+        for n in [1, 2, 4, 8] {
+            let _ = write!(
+                s,
+                "  {n} stream{}: {:.2}",
+                if n == 1 { "" } else { "s" },
+                self.decode_tok_s(chip, n)
+            );
+        }
+        let _ = writeln!(
+            s,
+            "\nprefill tok/s (4-token W-lane batch): {:.2}",
+            self.prefill_tok_s(chip, 4)
+        );
+        s
+    }
+}
+
+fn kernel_line(s: &mut String, k: &PlannedKernel, mode: WeightMode, chip: &ChipProfile) {
+    let bytes = k.kernel.dispatch_bytes(mode) as u64;
+    let _ = writeln!(
+        s,
+        "  {:<22} {:<44} {:>10}  {:>7.3} ms\n      why: {}",
+        k.role.to_string(),
+        k.kernel.to_string(),
+        mb(bytes),
+        chip.dispatch_seconds(bytes) * 1e3,
+        k.reason
+    );
+}
+
+/// `0-2, 4-6, 8` style ranges.
+fn ranges(idx: &[usize]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < idx.len() {
+        let mut j = i;
+        while j + 1 < idx.len() && idx[j + 1] == idx[j] + 1 {
+            j += 1;
+        }
+        out.push(if i == j {
+            idx[i].to_string()
+        } else {
+            format!("{}-{}", idx[i], idx[j])
+        });
+        i = j + 1;
+    }
+    out.join(", ")
+}
