@@ -8,7 +8,7 @@ use clap::Args;
 use anelm_engine::{LogitsMode, StepItem};
 
 use crate::args::ModelArgs;
-use crate::runtime::load;
+use crate::runtime::{load, load_weights};
 
 /// Arguments of `anelm logits`.
 #[derive(Args, Debug)]
@@ -51,8 +51,9 @@ fn parse_ids(s: &str) -> Result<Vec<u32>> {
 /// Run `anelm logits`.
 pub fn run_logits(a: LogitsArgs) -> Result<()> {
     let ids = parse_ids(&a.token_ids)?;
-    let lm = load(&a.model)?;
-    let mut session = lm.model.new_session(a.model.ctx_size.max(ids.len()));
+    // Token ids in, logits out: no tokenizer needed (test fixtures ship without one).
+    let model = load_weights(&a.model)?;
+    let mut session = model.new_session(a.model.ctx_size.max(ids.len()));
     let mut items = [StepItem {
         session: &mut session,
         tokens: &ids,
@@ -62,7 +63,7 @@ pub fn run_logits(a: LogitsArgs) -> Result<()> {
             LogitsMode::Last
         },
     }];
-    let logits = lm.model.forward(&mut items)?;
+    let logits = model.forward(&mut items)?;
     let rows: Vec<&[f32]> = (0..logits.lanes()).map(|i| logits.lane(i)).collect();
     let out = serde_json::json!({ "logits": rows });
     let stdout = std::io::stdout();

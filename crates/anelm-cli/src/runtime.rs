@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use anelm_engine::{CpuBackend, LoadedModel, load_model};
+use anelm_engine::{Backend, CpuBackend, LanguageModel, LoadedModel, load_model, load_model_weights};
 
 use crate::args::{DeviceArg, ModelArgs};
 use crate::default_model::default_model_path;
@@ -38,6 +38,21 @@ pub fn model_path(args: &ModelArgs) -> Result<PathBuf> {
 
 /// Load the model the arguments name, with a progress bar when it takes more than a moment.
 pub fn load(args: &ModelArgs) -> Result<LoadedModel> {
+    load_with(args, |path, backend, progress| Ok(load_model(path, backend, progress)?))
+}
+
+/// Load only the forward pass of the model the arguments name (no tokenizer or chat template):
+/// for token-id-level commands, and for safetensors directories without `tokenizer.json`.
+pub fn load_weights(args: &ModelArgs) -> Result<Box<dyn LanguageModel>> {
+    load_with(args, |path, backend, progress| {
+        Ok(load_model_weights(path, backend, progress)?)
+    })
+}
+
+fn load_with<T>(
+    args: &ModelArgs,
+    loader: impl FnOnce(&std::path::Path, &dyn Backend, &mut dyn FnMut(usize, usize)) -> Result<T>,
+) -> Result<T> {
     let path = model_path(args)?;
     let backend = match args.device {
         DeviceArg::Auto | DeviceArg::Cpu => CpuBackend::new(),
@@ -62,7 +77,7 @@ pub fn load(args: &ModelArgs) -> Result<LoadedModel> {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     };
-    let model = load_model(&path, &backend, &mut progress)
+    let model = loader(&path, &backend, &mut progress)
         .with_context(|| format!("could not load the model at {}", path.display()))?;
     bar.finish_and_clear();
     Ok(model)

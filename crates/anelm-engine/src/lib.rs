@@ -23,7 +23,7 @@ pub use batch::Batch;
 pub use cpu_backend::CpuBackend;
 pub use error::{EngineError, Result};
 pub use generate::{FinishReason, GenerateOptions, GenerationStats, generate, prefill};
-pub use loader::{LoadedModel, ModelSource, load_model};
+pub use loader::{LoadedModel, ModelSource, load_model, load_model_weights};
 pub use model::{LanguageModel, LogitsMode, ModelInfo, StepItem};
 pub use sampler::{Sampler, SamplerParams};
 pub use scheduler::{CancelToken, Completion, Event, Metrics, Request, Scheduler, SchedulerConfig, Sink, SubmitError};

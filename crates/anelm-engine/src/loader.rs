@@ -79,30 +79,23 @@ fn template_or_fallback(source: Option<String>, tok: &Tokenizer) -> Result<(Chat
 /// `progress(done, total)` reports compilation per layer.
 pub fn load_model(path: &Path, backend: &dyn Backend, progress: &mut dyn FnMut(usize, usize)) -> Result<LoadedModel> {
     if path.is_dir() {
-        return load_hf_dir(path, backend, progress);
+        let config = HfConfig::from_file(&path.join("config.json"))?;
+        let tokenizer = Tokenizer::from_hf_dir(path)?;
+        let (template, has_own_template) = template_or_fallback(load_hf_chat_template(path)?, &tokenizer)?;
+        let model = hf_model(path, &config, backend, progress)?;
+        return Ok(LoadedModel {
+            model,
+            tokenizer,
+            template,
+            has_own_template,
+            source: ModelSource::SafetensorsDir(path.to_path_buf()),
+        });
     }
-    if !path.exists() {
-        return Err(EngineError::Model(ModelError::Io {
-            path: path.to_path_buf(),
-            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory"),
-        }));
-    }
-    let gguf = Arc::new(GgufFile::open(path)?);
-    let arch = gguf.architecture().unwrap_or("").to_string();
+    let gguf = open_gguf(path)?;
     let tokenizer = gguf_tokenizer(&gguf)?;
     let (template, has_own_template) =
         template_or_fallback(gguf.get_str("tokenizer.chat_template").map(str::to_string), &tokenizer)?;
-    let store: Arc<dyn TensorStore> = gguf.clone();
-    let model: Box<dyn LanguageModel> = match arch.as_str() {
-        "llama" => Box::new(Llama::load(
-            LlamaConfig::from_gguf(&gguf)?,
-            &store,
-            TensorNaming::Gguf,
-            backend,
-            progress,
-        )?),
-        other => return Err(EngineError::UnsupportedArchitecture(other.to_string())),
-    };
+    let model = gguf_model(&gguf, backend, progress)?;
     Ok(LoadedModel {
         model,
         tokenizer,
@@ -112,26 +105,65 @@ pub fn load_model(path: &Path, backend: &dyn Backend, progress: &mut dyn FnMut(u
     })
 }
 
-fn load_hf_dir(dir: &Path, backend: &dyn Backend, progress: &mut dyn FnMut(usize, usize)) -> Result<LoadedModel> {
-    let config = HfConfig::from_file(&dir.join("config.json"))?;
-    let tokenizer = Tokenizer::from_hf_dir(dir)?;
-    let (template, has_own_template) = template_or_fallback(load_hf_chat_template(dir)?, &tokenizer)?;
+/// Open only the forward pass of the model at `path`, without its tokenizer or chat template:
+/// enough for token-id-level work such as `anelm logits` and numerical tests, and the way to run
+/// a safetensors directory that has no `tokenizer.json`.
+pub fn load_model_weights(
+    path: &Path,
+    backend: &dyn Backend,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Box<dyn LanguageModel>> {
+    if path.is_dir() {
+        let config = HfConfig::from_file(&path.join("config.json"))?;
+        return hf_model(path, &config, backend, progress);
+    }
+    gguf_model(&open_gguf(path)?, backend, progress)
+}
+
+fn open_gguf(path: &Path) -> Result<Arc<GgufFile>> {
+    if !path.exists() {
+        return Err(EngineError::Model(ModelError::Io {
+            path: path.to_path_buf(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory"),
+        }));
+    }
+    Ok(Arc::new(GgufFile::open(path)?))
+}
+
+fn gguf_model(
+    gguf: &Arc<GgufFile>,
+    backend: &dyn Backend,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Box<dyn LanguageModel>> {
+    let arch = gguf.architecture().unwrap_or("").to_string();
+    let store: Arc<dyn TensorStore> = gguf.clone();
+    Ok(match arch.as_str() {
+        "llama" | "qwen3" => Box::new(Llama::load(
+            LlamaConfig::from_gguf(gguf)?,
+            &store,
+            TensorNaming::Gguf,
+            backend,
+            progress,
+        )?),
+        other => return Err(EngineError::UnsupportedArchitecture(other.to_string())),
+    })
+}
+
+fn hf_model(
+    dir: &Path,
+    config: &HfConfig,
+    backend: &dyn Backend,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Box<dyn LanguageModel>> {
     let store: Arc<dyn TensorStore> = Arc::new(SafetensorsDir::open(dir)?);
-    let model: Box<dyn LanguageModel> = match config.model_type.as_str() {
-        "llama" | "mistral" => Box::new(Llama::load(
-            LlamaConfig::from_hf(&config)?,
+    Ok(match config.model_type.as_str() {
+        "llama" | "mistral" | "qwen3" => Box::new(Llama::load(
+            LlamaConfig::from_hf(config)?,
             &store,
             TensorNaming::HuggingFace,
             backend,
             progress,
         )?),
         other => return Err(EngineError::UnsupportedArchitecture(other.to_string())),
-    };
-    Ok(LoadedModel {
-        model,
-        tokenizer,
-        template,
-        has_own_template,
-        source: ModelSource::SafetensorsDir(dir.to_path_buf()),
     })
 }

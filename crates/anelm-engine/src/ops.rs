@@ -1,6 +1,6 @@
 //! CPU-side model operations in fp32: RMSNorm, RoPE, attention over the KV cache.
 //! Their arithmetic follows llama.cpp's CPU path where it matters for bit-level agreement
-//! (f64 sum of squares in RMSNorm, iterated RoPE angles, f16 K/V and probabilities).
+//! (f64 sum of squares in RMSNorm, iterated RoPE angles, optionally f16 K/V and probabilities).
 
 use anelm_kernels::round_f16;
 
@@ -85,40 +85,77 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
-/// One query head attending over `n` cached positions of its KV head.
-/// `k`/`v` hold rows of `stride` floats; the head's slice starts at `offset` in each row.
-/// Scores use f16-rounded q (K is stored f16-rounded), softmax in f32 with an f64 sum,
-/// probabilities rounded to f16 before weighting V, as llama.cpp's non-flash CPU path does.
-#[allow(clippy::too_many_arguments)]
+/// How attention stores and rounds its operands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionPrecision {
+    /// K, V, q and the softmax probabilities rounded to f16, as llama.cpp's non-flash CPU path
+    /// does (GGUF models: bit-level agreement with llama.cpp).
+    F16,
+    /// Everything in f32, as transformers computes an fp32 checkpoint (safetensors models).
+    F32,
+}
+
+impl AttentionPrecision {
+    /// A K or V value as the cache stores it.
+    #[inline]
+    pub fn store(self, x: f32) -> f32 {
+        match self {
+            Self::F16 => round_f16(x),
+            Self::F32 => x,
+        }
+    }
+}
+
+/// Where one head's rows sit in the cache and how its scores are formed.
+#[derive(Clone, Copy, Debug)]
+pub struct AttendParams {
+    /// Floats per cached position (all KV heads).
+    pub stride: usize,
+    /// Offset of this KV head inside a cached row.
+    pub offset: usize,
+    /// Score multiplier (1/√head_dim, or the model's own).
+    pub scale: f32,
+    /// `cap · tanh(score / cap)` on the scaled scores (Gemma 2/3 `attn_logit_softcapping`).
+    pub softcap: Option<f32>,
+    /// Rounding of q and the probabilities (K/V are rounded when stored).
+    pub precision: AttentionPrecision,
+}
+
+/// One query head attending over the cached positions `positions` of its KV head.
+/// `k`/`v` hold rows of `p.stride` floats; the head's slice starts at `p.offset` in each row.
+/// Softmax in f32 with an f64 sum; with [`AttentionPrecision::F16`] q is rounded to f16 once and
+/// the probabilities before weighting V, as llama.cpp's non-flash CPU path does.
 pub fn attend(
     q: &[f32],
     k: &[f32],
     v: &[f32],
-    n: usize,
-    stride: usize,
-    offset: usize,
-    scale: f32,
+    positions: std::ops::Range<usize>,
+    p: &AttendParams,
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
     let d = q.len();
+    let (stride, offset) = (p.stride, p.offset);
     scores.clear();
     // q rounded once (not once per position); on the stack for every usual head size.
     let mut q16_stack = [0f32; 512];
     let mut q16_heap = Vec::new();
-    let q16: &mut [f32] = if d <= q16_stack.len() {
+    let qr: &mut [f32] = if d <= q16_stack.len() {
         &mut q16_stack[..d]
     } else {
         q16_heap.resize(d, 0.0);
         &mut q16_heap
     };
-    for (r, &a) in q16.iter_mut().zip(q) {
-        *r = round_f16(a);
+    for (r, &a) in qr.iter_mut().zip(q) {
+        *r = p.precision.store(a);
     }
     let mut max = f32::NEG_INFINITY;
-    for j in 0..n {
+    for j in positions.clone() {
         let kr = &k[j * stride + offset..j * stride + offset + d];
-        let s = dot(q16, kr) * scale;
+        let mut s = dot(qr, kr) * p.scale;
+        if let Some(cap) = p.softcap {
+            s = cap * (s / cap).tanh();
+        }
         max = max.max(s);
         scores.push(s);
     }
@@ -129,11 +166,14 @@ pub fn attend(
     }
     let inv = if sum > 0.0 { (1.0 / sum) as f32 } else { 0.0 };
     out.fill(0.0);
-    for (j, p) in scores.iter().enumerate() {
-        let p = round_f16(p * inv);
+    for (j, p_j) in positions.zip(scores.iter()) {
+        let pr = match p.precision {
+            AttentionPrecision::F16 => round_f16(p_j * inv),
+            AttentionPrecision::F32 => p_j * inv,
+        };
         let vr = &v[j * stride + offset..j * stride + offset + d];
         for (o, x) in out.iter_mut().zip(vr) {
-            *o += p * x;
+            *o += pr * x;
         }
     }
 }
@@ -185,10 +225,17 @@ mod tests {
         let v = [1.0, 2.0, 3.0, 4.0];
         let mut scores = Vec::new();
         let mut out = [0.0; 2];
-        attend(&q, &k, &v, 2, 2, 0, 1.0, &mut scores, &mut out);
+        let p = AttendParams {
+            stride: 2,
+            offset: 0,
+            scale: 1.0,
+            softcap: None,
+            precision: AttentionPrecision::F16,
+        };
+        attend(&q, &k, &v, 0..2, &p, &mut scores, &mut out);
         assert!((out[0] - 3.0).abs() < 1e-3 && (out[1] - 4.0).abs() < 1e-3, "{out:?}");
         // With equal scores the output is the mean of the values.
-        attend(&[0.0, 0.0], &k, &v, 2, 2, 0, 1.0, &mut scores, &mut out);
+        attend(&[0.0, 0.0], &k, &v, 0..2, &p, &mut scores, &mut out);
         assert!((out[0] - 2.0).abs() < 1e-3 && (out[1] - 3.0).abs() < 1e-3, "{out:?}");
     }
 }

@@ -237,10 +237,13 @@ fn gguf_and_safetensors_layouts_agree() {
     let backend = CpuBackend::new();
     let gguf = Arc::new(GgufFile::open(&gguf_path).unwrap());
     let gcfg = LlamaConfig::from_gguf(&gguf).unwrap();
+    let gcfg_precision = gcfg.attention_precision;
     let gstore: Arc<dyn TensorStore> = gguf;
     let gmodel = Llama::load(gcfg, &gstore, TensorNaming::Gguf, &backend, &mut |_, _| {}).unwrap();
 
-    let hcfg = LlamaConfig::from_hf(&HfConfig::from_file(&dir.join("config.json")).unwrap()).unwrap();
+    let mut hcfg = LlamaConfig::from_hf(&HfConfig::from_file(&dir.join("config.json")).unwrap()).unwrap();
+    // Same attention rounding on both sides, so only the layouts differ.
+    hcfg.attention_precision = gcfg_precision;
     let hstore: Arc<dyn TensorStore> = Arc::new(SafetensorsDir::open(&dir).unwrap());
     let hmodel = Llama::load(hcfg, &hstore, TensorNaming::HuggingFace, &backend, &mut |_, _| {}).unwrap();
 

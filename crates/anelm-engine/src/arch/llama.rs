@@ -1,20 +1,21 @@
-//! Llama-family forward (Llama 2/3, SmolLM2, ...): RMSNorm, RoPE, GQA attention with a KV cache,
-//! SwiGLU FFN, tied or untied LM head. Matmuls are backend kernels; the rest runs on the CPU in f32.
+//! Llama-family forward (Llama 2/3, SmolLM2, Mistral, and Qwen3, which adds per-head QK-norm):
+//! RMSNorm, RoPE, GQA attention with a KV cache, SwiGLU FFN, tied or untied LM head. Matmuls are
+//! backend kernels; the rest runs on the CPU in f32.
 
 use std::sync::Arc;
 
-use anelm_kernels::round_f16;
 use anelm_model::gguf::GgufFile;
 use anelm_model::hf_config::HfConfig;
 use anelm_model::tensor_store::TensorStore;
-use rayon::prelude::*;
 
+use crate::arch::attention::Attention;
+use crate::arch::step::{commit_tokens, embed_lanes, plan_lanes, wanted_lanes};
 use crate::backend::{Backend, Kernel, KernelSpec, WeightId};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
 use crate::kv_cache::KvCache;
-use crate::model::{LanguageModel, LogitsMode, ModelInfo, StepItem};
-use crate::ops::{Rope, RopePairing, attend, rms_norm};
+use crate::model::{LanguageModel, ModelInfo, StepItem};
+use crate::ops::{AttentionPrecision, Rope, RopePairing, rms_norm};
 use crate::session::Session;
 use crate::stored_matrix::StoredMatrix;
 
@@ -45,6 +46,12 @@ pub struct LlamaConfig {
     pub context_length: usize,
     /// How RoPE pairs elements in this file's layout.
     pub rope_pairing: RopePairing,
+    /// Per-head RMSNorm of q and k before RoPE (Qwen3).
+    pub qk_norm: bool,
+    /// How attention rounds K/V, q and probabilities.
+    pub attention_precision: AttentionPrecision,
+    /// Architecture name reported in [`ModelInfo`] (`llama`, `qwen3`, ...).
+    pub architecture: String,
 }
 
 /// Tensor names of one file layout.
@@ -86,6 +93,8 @@ impl TensorNaming {
                     "attn_k" => "self_attn.k_proj",
                     "attn_v" => "self_attn.v_proj",
                     "attn_output" => "self_attn.o_proj",
+                    "attn_q_norm" => "self_attn.q_norm",
+                    "attn_k_norm" => "self_attn.k_norm",
                     "ffn_gate" => "mlp.gate_proj",
                     "ffn_up" => "mlp.up_proj",
                     "ffn_down" => "mlp.down_proj",
@@ -102,9 +111,10 @@ fn need<T>(v: Option<T>, key: &str) -> Result<T> {
 }
 
 impl LlamaConfig {
-    /// From a GGUF file's `llama.*` (or `<arch>.*`) metadata.
+    /// From a GGUF file's `llama.*` (or `qwen3.*`) metadata.
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
         let arch = g.architecture().unwrap_or("llama").to_string();
+        let qwen3 = arch == "qwen3";
         let key = |k: &str| format!("{arch}.{k}");
         let u = |k: &str| -> Result<usize> { need(g.get_u64(&key(k)), &key(k)).map(|v| v as usize) };
         let hidden_size = u("embedding_length")?;
@@ -134,14 +144,30 @@ impl LlamaConfig {
             rope_theta: g.get_f32(&key("rope.freq_base")).unwrap_or(10000.0),
             rms_eps: g.get_f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
             context_length: g.get_u64(&key("context_length")).map_or(4096, |v| v as usize),
-            rope_pairing: RopePairing::Adjacent,
+            // llama.cpp's converter permutes Llama's Q/K rows for adjacent-pair RoPE; Qwen3 keeps
+            // the Hugging Face order and runs NeoX (rotate-half) RoPE.
+            rope_pairing: if qwen3 {
+                RopePairing::Halves
+            } else {
+                RopePairing::Adjacent
+            },
+            qk_norm: qwen3,
+            attention_precision: AttentionPrecision::F16,
+            architecture: arch,
         };
         cfg.validate()?;
         Ok(cfg)
     }
 
-    /// From a Hugging Face `config.json`.
+    /// From a Hugging Face `config.json` (`llama`, `mistral`, `qwen3`).
     pub fn from_hf(c: &HfConfig) -> Result<Self> {
+        for key in ["attention_bias", "mlp_bias"] {
+            if c.raw().get(key).and_then(serde_json::Value::as_bool) == Some(true) {
+                return Err(EngineError::Config(format!(
+                    "'{key}' is true: linear-layer biases are not supported for this architecture"
+                )));
+            }
+        }
         let hidden_size = need(c.hidden_size, "hidden_size")?;
         let n_heads = need(c.num_attention_heads, "num_attention_heads")?;
         if n_heads == 0 {
@@ -161,6 +187,9 @@ impl LlamaConfig {
             rms_eps: c.rms_norm_eps.unwrap_or(1e-6) as f32,
             context_length: c.max_position_embeddings.unwrap_or(4096),
             rope_pairing: RopePairing::Halves,
+            qk_norm: c.model_type == "qwen3",
+            attention_precision: AttentionPrecision::F32,
+            architecture: c.model_type.clone(),
         };
         cfg.validate()?;
         Ok(cfg)
@@ -187,6 +216,8 @@ impl LlamaConfig {
 struct Layer {
     attn_norm: Vec<f32>,
     ffn_norm: Vec<f32>,
+    /// QK-norm weights (q, k), each `head_dim` long.
+    qk_norm: Option<(Vec<f32>, Vec<f32>)>,
     qkv: Box<dyn Kernel>,
     out_residual: Box<dyn Kernel>,
     ffn_residual: Box<dyn Kernel>,
@@ -201,6 +232,7 @@ pub struct Llama {
     output_norm: Vec<f32>,
     lm_head: Box<dyn Kernel>,
     rope: Rope,
+    attention: Attention,
 }
 
 impl Llama {
@@ -217,11 +249,12 @@ impl Llama {
         let kv_dim = cfg.n_kv_heads * cfg.head_dim;
         let embed = StoredMatrix::load(store, naming.embed())?;
         embed.expect_shape(cfg.vocab_size, h)?;
-        let norm = |name: &str| -> Result<Vec<f32>> {
+        let vector = |name: &str, len: usize| -> Result<Vec<f32>> {
             let m = StoredMatrix::load(store, name)?;
-            m.expect_shape(1, h)?;
+            m.expect_shape(1, len)?;
             m.to_f32()
         };
+        let norm = |name: &str| vector(name, h);
         let mut layers = Vec::with_capacity(cfg.n_layers);
         for i in 0..cfg.n_layers {
             let name = |what: &str| naming.layer(i, what);
@@ -253,9 +286,18 @@ impl Llama {
                     "layer {i}: FFN input width differs from hidden size"
                 )));
             }
+            let qk_norm = if cfg.qk_norm {
+                Some((
+                    vector(&name("attn_q_norm"), cfg.head_dim)?,
+                    vector(&name("attn_k_norm"), cfg.head_dim)?,
+                ))
+            } else {
+                None
+            };
             layers.push(Layer {
                 attn_norm: norm(&name("attn_norm"))?,
                 ffn_norm: norm(&name("ffn_norm"))?,
+                qk_norm,
                 qkv,
                 out_residual,
                 ffn_residual,
@@ -283,7 +325,7 @@ impl Llama {
         }
         progress(cfg.n_layers + 1, cfg.n_layers + 1);
         let info = ModelInfo {
-            architecture: "llama".into(),
+            architecture: cfg.architecture.clone(),
             vocab_size: cfg.vocab_size,
             context_length: cfg.context_length,
             n_layers: cfg.n_layers,
@@ -291,6 +333,15 @@ impl Llama {
         };
         Ok(Self {
             rope: Rope::new(cfg.rope_dims, cfg.rope_theta, cfg.rope_pairing),
+            attention: Attention {
+                n_heads: cfg.n_heads,
+                n_kv_heads: cfg.n_kv_heads,
+                head_dim: cfg.head_dim,
+                scale: 1.0 / (cfg.head_dim as f32).sqrt(),
+                window: None,
+                softcap: None,
+                precision: cfg.attention_precision,
+            },
             output_norm: norm(naming.output_norm())?,
             info,
             embed,
@@ -304,12 +355,6 @@ impl Llama {
     pub fn config(&self) -> &LlamaConfig {
         &self.cfg
     }
-}
-
-/// Where one lane of a step comes from.
-struct LaneRef {
-    item: usize,
-    pos: usize,
 }
 
 impl LanguageModel for Llama {
@@ -330,97 +375,48 @@ impl LanguageModel for Llama {
         let (h, hd) = (cfg.hidden_size, cfg.head_dim);
         let q_dim = cfg.n_heads * hd;
         let kv_dim = cfg.n_kv_heads * hd;
-        let group = cfg.n_heads / cfg.n_kv_heads;
-        // Lanes: every item's tokens, in order.
-        let mut lanes = Vec::new();
-        for (i, it) in items.iter().enumerate() {
-            if it.tokens.is_empty() && it.logits != LogitsMode::None {
-                return Err(EngineError::InvalidRequest(
-                    "a step item that asks for logits must carry at least one token".into(),
-                ));
-            }
-            let needed = it.session.len() + it.tokens.len();
-            if needed > it.session.ctx_size() {
-                return Err(EngineError::ContextFull {
-                    needed,
-                    limit: it.session.ctx_size(),
-                });
-            }
-            for (t, &tok) in it.tokens.iter().enumerate() {
-                if tok as usize >= cfg.vocab_size {
-                    return Err(EngineError::InvalidRequest(format!(
-                        "token id {tok} is outside the vocabulary (size {})",
-                        cfg.vocab_size
-                    )));
-                }
-                lanes.push(LaneRef {
-                    item: i,
-                    pos: it.session.len() + t,
-                });
-            }
-        }
+        let lanes = plan_lanes(items, cfg.vocab_size)?;
         let n = lanes.len();
         if n == 0 {
             return Ok(Batch::zeros(0, cfg.vocab_size));
         }
-        // Embeddings.
-        let mut x = Batch::zeros(n, h);
-        {
-            let mut lane = 0;
-            for it in items.iter() {
-                for &tok in it.tokens {
-                    let row = self.embed.row_bytes(tok as usize).unwrap_or(&[]);
-                    anelm_kernels::dequantize_row(self.embed.format, row, x.lane_mut(lane))?;
-                    lane += 1;
-                }
-            }
-        }
+        let mut x = embed_lanes(&self.embed, items, n, 1.0)?;
         let mut angles: Vec<Vec<(f32, f32)>> = Vec::with_capacity(n);
         for l in &lanes {
             let mut cs = Vec::new();
             self.rope.angles(l.pos, &mut cs);
             angles.push(cs);
         }
-        let scale = 1.0 / (hd as f32).sqrt();
         let mut xn = Batch::zeros(n, h);
         let mut qkv = Batch::default();
         let mut attn = Batch::zeros(n, q_dim);
         let mut y = Batch::default();
+        let mut tmp = vec![0.0f32; hd];
         for (li, layer) in self.layers.iter().enumerate() {
             for lane in 0..n {
                 rms_norm(x.lane(lane), &layer.attn_norm, cfg.rms_eps, 0.0, xn.lane_mut(lane));
             }
             layer.qkv.run(&[&xn], &mut qkv)?;
-            // RoPE on q and k, then append k/v (f16-rounded) to each lane's session.
-            for (lane, l) in lanes.iter().enumerate() {
+            // QK-norm and RoPE on q and k.
+            for (lane, cs) in angles.iter().enumerate() {
                 let row = qkv.lane_mut(lane);
                 let (q, kv) = row.split_at_mut(q_dim);
-                for head in q.chunks_mut(hd) {
-                    self.rope.apply(head, &angles[lane]);
+                let k = &mut kv[..kv_dim];
+                for (heads, w) in [
+                    (q, layer.qk_norm.as_ref().map(|n| &n.0)),
+                    (k, layer.qk_norm.as_ref().map(|n| &n.1)),
+                ] {
+                    for head in heads.chunks_mut(hd) {
+                        if let Some(w) = w {
+                            tmp.copy_from_slice(head);
+                            rms_norm(&tmp, w, cfg.rms_eps, 0.0, head);
+                        }
+                        self.rope.apply(head, cs);
+                    }
                 }
-                let (k, v) = kv.split_at_mut(kv_dim);
-                for head in k.chunks_mut(hd) {
-                    self.rope.apply(head, &angles[lane]);
-                }
-                let cache = &mut items[l.item].session.kv.layers[li];
-                cache.k.extend(k.iter().map(|&e| round_f16(e)));
-                cache.v.extend(v.iter().map(|&e| round_f16(e)));
             }
-            // Attention: every (lane, head) independently, over positions 0..=pos.
-            let caches: Vec<&crate::kv_cache::KvLayer> = items.iter().map(|it| &it.session.kv.layers[li]).collect();
-            let qkv_ref = &qkv;
-            attn.as_mut_slice()
-                .par_chunks_mut(hd)
-                .enumerate()
-                .for_each_init(Vec::new, |scores, (idx, out)| {
-                    let (lane, head) = (idx / cfg.n_heads, idx % cfg.n_heads);
-                    let l = &lanes[lane];
-                    let q = &qkv_ref.lane(lane)[head * hd..(head + 1) * hd];
-                    let c = caches[l.item];
-                    let kvh = head / group;
-                    attend(q, &c.k, &c.v, l.pos + 1, kv_dim, kvh * hd, scale, scores, out);
-                });
-            drop(caches);
+            self.attention.append(items, &lanes, li, &qkv, q_dim, q_dim + kv_dim);
+            self.attention.run(items, &lanes, li, &qkv, 0, hd, &mut attn);
             layer.out_residual.run(&[&attn, &x], &mut y)?;
             std::mem::swap(&mut x, &mut y);
             for lane in 0..n {
@@ -429,21 +425,9 @@ impl LanguageModel for Llama {
             layer.ffn_residual.run(&[&xn, &x], &mut y)?;
             std::mem::swap(&mut x, &mut y);
         }
-        for it in items.iter_mut() {
-            it.session.push_tokens(it.tokens);
-        }
+        commit_tokens(items);
         // Final norm and LM head, only for the rows asked for.
-        let mut wanted = Vec::new();
-        let mut lane = 0;
-        for it in items.iter() {
-            let k = it.tokens.len();
-            match it.logits {
-                LogitsMode::None => {}
-                LogitsMode::Last => wanted.push(lane + k - 1),
-                LogitsMode::All => wanted.extend(lane..lane + k),
-            }
-            lane += k;
-        }
+        let wanted = wanted_lanes(items);
         let mut normed = Batch::zeros(wanted.len(), h);
         for (row, &lane) in wanted.iter().enumerate() {
             rms_norm(x.lane(lane), &self.output_norm, cfg.rms_eps, 0.0, normed.lane_mut(row));

@@ -1,3 +1,5 @@
-//! Model forwards per architecture.
+//! Model forwards per architecture, and the pieces they share.
 
+pub mod attention;
 pub mod llama;
+pub(crate) mod step;

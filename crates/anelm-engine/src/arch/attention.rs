@@ -1,0 +1,103 @@
+//! Causal multi-head attention with grouped KV heads over each session's KV cache: the part of
+//! every attention layer that runs on the CPU after the fused input projection. Optional sliding
+//! window (Gemma 3 local layers) and score soft-capping.
+
+use rayon::prelude::*;
+
+use crate::arch::step::LaneRef;
+use crate::batch::Batch;
+use crate::kv_cache::KvLayer;
+use crate::model::StepItem;
+use crate::ops::{AttendParams, AttentionPrecision, attend};
+
+/// Shape and scoring of one attention layer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Attention {
+    /// Query heads.
+    pub n_heads: usize,
+    /// Key/value heads (each serves `n_heads / n_kv_heads` consecutive query heads).
+    pub n_kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// Score multiplier.
+    pub scale: f32,
+    /// Attend only to the last `window` positions, the current one included.
+    pub window: Option<usize>,
+    /// `cap · tanh(score / cap)` on the scaled scores.
+    pub softcap: Option<f32>,
+    /// How K/V, q and probabilities are rounded.
+    pub precision: AttentionPrecision,
+}
+
+impl Attention {
+    /// Floats per cached position: all KV heads.
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+
+    /// Floats of one lane's attention output: all query heads.
+    pub fn q_dim(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+
+    /// Append each lane's key and value (at `k_off` / `v_off` of its row in `rows`, `kv_dim`
+    /// floats each) to its session's cache of layer `layer`. Lanes must come in position order.
+    pub(crate) fn append(
+        &self,
+        items: &mut [StepItem<'_>],
+        lanes: &[LaneRef],
+        layer: usize,
+        rows: &Batch,
+        k_off: usize,
+        v_off: usize,
+    ) {
+        let kv_dim = self.kv_dim();
+        for (lane, l) in lanes.iter().enumerate() {
+            let row = rows.lane(lane);
+            let cache = &mut items[l.item].session.kv.layers[layer];
+            let p = self.precision;
+            cache.k.extend(row[k_off..k_off + kv_dim].iter().map(|&e| p.store(e)));
+            cache.v.extend(row[v_off..v_off + kv_dim].iter().map(|&e| p.store(e)));
+        }
+    }
+
+    /// Every lane's query heads (head `h` at `q_off + h·q_stride` of its row in `rows`) over its
+    /// session's cache of layer `layer`, up to and including its own position (already
+    /// appended). Writes `out` as lanes × `q_dim`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn run(
+        &self,
+        items: &[StepItem<'_>],
+        lanes: &[LaneRef],
+        layer: usize,
+        rows: &Batch,
+        q_off: usize,
+        q_stride: usize,
+        out: &mut Batch,
+    ) {
+        let hd = self.head_dim;
+        let group = self.n_heads / self.n_kv_heads.max(1);
+        out.resize(lanes.len(), self.q_dim());
+        let caches: Vec<&KvLayer> = items.iter().map(|it| &it.session.kv.layers[layer]).collect();
+        out.as_mut_slice()
+            .par_chunks_mut(hd)
+            .enumerate()
+            .for_each_init(Vec::new, |scores, (idx, o)| {
+                let (lane, head) = (idx / self.n_heads, idx % self.n_heads);
+                let l = &lanes[lane];
+                let at = q_off + head * q_stride;
+                let q = &rows.lane(lane)[at..at + hd];
+                let c = caches[l.item];
+                let end = l.pos + 1;
+                let start = self.window.map_or(0, |w| end.saturating_sub(w));
+                let p = AttendParams {
+                    stride: self.kv_dim(),
+                    offset: (head / group) * hd,
+                    scale: self.scale,
+                    softcap: self.softcap,
+                    precision: self.precision,
+                };
+                attend(q, &c.k, &c.v, start..end, &p, scores, o);
+            });
+    }
+}
