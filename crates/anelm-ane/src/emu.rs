@@ -184,7 +184,7 @@ impl EmuAne {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn entry<'g>(g: &'g mut Inner, h: ProgramHandle) -> Result<&'g mut Entry, AneError> {
+    fn entry(g: &mut Inner, h: ProgramHandle) -> Result<&mut Entry, AneError> {
         g.programs.get_mut(&h.0).ok_or(AneError::UnknownHandle(h.0))
     }
 }

@@ -268,27 +268,28 @@ impl<'a> Run<'a> {
                     .map(<[i32]>::to_vec)
                     .unwrap_or_else(|| vec![1; r]);
                 let bm = self.flags(st, "begin_mask", r);
-                let mut starts = Vec::with_capacity(r);
-                let mut steps = Vec::with_capacity(r);
-                for d in 0..r {
-                    let b = if bm[d] {
-                        0
-                    } else {
-                        begin
-                            .get(d)
-                            .copied()
-                            .and_then(|v| norm_index(v, x.shape[d]))
-                            .unwrap_or(0)
-                    };
-                    starts.push(b);
-                    steps.push(
+                let starts: Vec<usize> = (0..r)
+                    .map(|d| {
+                        if bm[d] {
+                            0
+                        } else {
+                            begin
+                                .get(d)
+                                .copied()
+                                .and_then(|v| norm_index(v, x.shape[d]))
+                                .unwrap_or(0)
+                        }
+                    })
+                    .collect();
+                let steps: Vec<usize> = (0..r)
+                    .map(|d| {
                         stride
                             .get(d)
                             .copied()
                             .and_then(|s| usize::try_from(s).ok())
-                            .unwrap_or(1),
-                    );
-                }
+                            .unwrap_or(1)
+                    })
+                    .collect();
                 let lens = self.slice_lens(st, &x, "end")?;
                 Ok(Tensor {
                     shape: out_shape.to_vec(),

@@ -49,7 +49,7 @@ pub use emu::{
 };
 pub use error::{AneError, LowerError, SurfaceError};
 pub use kernel::{AneKernel, WeightMode, WeightShape};
-pub use lower::{Lowered, blob_path, ffn_chunk_weights, lower};
+pub use lower::{FfnChunkWeights, Lowered, blob_path, ffn_chunk_weights, lower};
 pub use plan::{
     FFN_MAX_BYTES, KernelRole, LM_HEAD_MAX_ROWS, LayerKind, LayerPlan, LinearAttention, ModelDims, Plan, PlanError,
     PlanOptions, PlannedKernel, plan,

@@ -232,9 +232,21 @@ fn int8_base(name: &str) -> &str {
     }
 }
 
+/// The weights of one chunk of a split FFN, row-major: gate and up `[chunk, hidden]`, down
+/// `[hidden, chunk]` — in [`AneKernel::FfnChunk`] weight order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FfnChunkWeights {
+    /// Gate rows of the chunk.
+    pub gate: Vec<f32>,
+    /// Up rows of the chunk.
+    pub up: Vec<f32>,
+    /// Down columns of the chunk, re-packed dense.
+    pub down: Vec<f32>,
+}
+
 /// The chunk-`index` weights of a split FFN with `chunk` intermediate rows per chunk: rows
 /// `[index·chunk, (index+1)·chunk)` of gate and up, and the same **columns** of down, re-packed
-/// into a dense `[hidden, chunk]` (`ane-runtime.md` §3.5). Returned as (gate, up, down).
+/// into a dense `[hidden, chunk]` (`ane-runtime.md` §3.5).
 pub fn ffn_chunk_weights(
     gate: &[f32],
     up: &[f32],
@@ -243,7 +255,7 @@ pub fn ffn_chunk_weights(
     inter: usize,
     index: usize,
     chunk: usize,
-) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>), LowerError> {
+) -> Result<FfnChunkWeights, LowerError> {
     let n = hidden.checked_mul(inter);
     for (name, w) in [("gate", gate), ("up", up), ("down", down)] {
         if Some(w.len()) != n {
@@ -269,5 +281,9 @@ pub fn ffn_chunk_weights(
     for r in 0..hidden {
         d.extend_from_slice(&down[r * inter + start..r * inter + start + chunk]);
     }
-    Ok((g, u, d))
+    Ok(FfnChunkWeights {
+        gate: g,
+        up: u,
+        down: d,
+    })
 }

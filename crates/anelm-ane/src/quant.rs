@@ -56,7 +56,7 @@ pub fn quantize_int8(w: &[f32], rows: usize, cols: usize, block: Option<usize>) 
         });
     }
     let mut data = vec![0i8; w.len()];
-    let mut scales = Vec::with_capacity(if block == 0 { 0 } else { w.len() / block });
+    let mut scales = Vec::with_capacity(w.len().checked_div(block).unwrap_or(0));
     if block == 0 {
         return Ok(QuantizedMatrix { data, scales, block: 1 });
     }

@@ -50,8 +50,10 @@ pub(crate) fn validate(
     cfg: &EmuConfig,
 ) -> Result<Executable, AneError> {
     let f = dialect(program)?;
-    program.check().map_err(AneError::Invalid)?;
+    // The signature rules come first: a wrongly typed surface is a hardware rule even when it
+    // also makes the body ill-typed.
     io_rules(f)?;
+    program.check().map_err(AneError::Invalid)?;
 
     let stmts: HashMap<&str, &Statement> = f.body.iter().map(|s| (s.output.name.as_str(), s)).collect();
     let is_compile_time = |name: &str| {
@@ -156,7 +158,7 @@ fn io_rules(f: &Function) -> Result<(), AneError> {
             }
         }
     }
-    if f.inputs.is_empty() || outs.is_empty() {
+    if f.inputs.is_empty() || f.outputs.is_empty() {
         return Err(rule(
             Rule::IoShape,
             "a program needs at least one input and one output surface",
@@ -458,7 +460,7 @@ fn dequantize(
     let block: Vec<usize> = shape
         .iter()
         .zip(&scale.shape)
-        .map(|(&d, &s)| if s == 0 { 1 } else { d / s })
+        .map(|(&d, &s)| d.checked_div(s).unwrap_or(1))
         .collect();
     let mut sstr = vec![1usize; shape.len()];
     for i in (0..shape.len().saturating_sub(1)).rev() {

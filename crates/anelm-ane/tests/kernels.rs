@@ -284,8 +284,13 @@ fn ffn_chunks_accumulate_to_the_whole_ffn_plus_residual() {
     for mode in MODES {
         let mut programs = Vec::new();
         for c in 0..n {
-            let (gc, uc, dc) = ffn_chunk_weights(&g, &u, &d, hidden, inter, c, chunk).unwrap();
-            let low = lower(&AneKernel::FfnChunk { hidden, chunk }, &[&gc, &uc, &dc], mode).unwrap();
+            let cw = ffn_chunk_weights(&g, &u, &d, hidden, inter, c, chunk).unwrap();
+            let low = lower(
+                &AneKernel::FfnChunk { hidden, chunk },
+                &[&cw.gate, &cw.up, &cw.down],
+                mode,
+            )
+            .unwrap();
             let h = ane.compile(&low.mil_text(), &low.weights).unwrap();
             ane.load(h).unwrap();
             programs.push(h);

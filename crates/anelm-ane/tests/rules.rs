@@ -1,0 +1,320 @@
+//! One program per hardware rule: each is refused by the emulated ANE with that rule's error.
+
+use std::collections::HashSet;
+
+use anelm_ane::{AneDevice, AneError, AneKernel, EmuAne, EmuConfig, Rule, Surface, WeightMode, lower};
+use anelm_mil::{WeightFiles, write_fp16_blob};
+
+const HEAD: &str = "program(1.0)\n[buildInfo = dict<tensor<string, []>, tensor<string, []>>({{\"coremlc-version\", \"3505.4.1\"}})]\n{\n";
+
+/// A hand-written program: `sig` is the parameter list, `body` the statements, `out` the outputs.
+fn program(opset: &str, sig: &str, body: &str, out: &str) -> String {
+    format!("{HEAD}    func main<{opset}>({sig}) {{\n{body}    }} -> ({out});\n}}\n")
+}
+
+fn s(name: &str) -> String {
+    format!("[name = tensor<string, []>(\"{name}\")]")
+}
+
+/// The shared conv parameter consts.
+fn conv_params(strides: &str, dilations: &str) -> String {
+    let c = |ty: &str, name: &str, val: &str| {
+        format!("        {ty} {name} = const()[name = tensor<string, []>(\"{name}\"), val = {ty}({val})];\n")
+    };
+    [
+        c("tensor<string, []>", "pt", "\"valid\""),
+        c("tensor<int32, [2]>", "st", strides),
+        c("tensor<int32, [4]>", "pd", "[0, 0, 0, 0]"),
+        c("tensor<int32, [2]>", "dl", dilations),
+        c("tensor<int32, []>", "gr", "1"),
+    ]
+    .concat()
+}
+
+fn linear(rows: usize, cols: usize) -> (String, WeightFiles) {
+    let w: Vec<f32> = (0..rows * cols).map(|i| (i % 7) as f32 * 0.01).collect();
+    let low = lower(&AneKernel::Linear { rows, cols }, &[&w], WeightMode::Fp16).unwrap();
+    (low.mil_text(), low.weights)
+}
+
+fn refused(ane: &EmuAne, text: &str, weights: &WeightFiles) -> Rule {
+    match ane.compile(text, weights) {
+        Err(AneError::Rule { rule, detail }) => {
+            let msg = AneError::Rule { rule, detail }.to_string();
+            assert!(msg.contains(rule.name()), "{msg}");
+            assert!(msg.contains("Fix:"), "{msg}");
+            rule
+        }
+        Err(e) => panic!("refused for another reason: {e}\n{text}"),
+        Ok(_) => panic!("accepted:\n{text}"),
+    }
+}
+
+/// Every rule's case: (rule, device config, MIL text, weights).
+fn cases() -> Vec<(Rule, EmuConfig, String, WeightFiles)> {
+    let d = EmuConfig::default;
+    let (text, weights) = linear(64, 64);
+    let none = WeightFiles::new();
+    let mut v = Vec::new();
+
+    // mil-dialect: no coremlc-version; program(1.3) with ios16; ios17.
+    v.push((
+        Rule::Dialect,
+        d(),
+        text.replace("coremlc-version", "coremlc-build"),
+        weights.clone(),
+    ));
+    v.push((
+        Rule::Dialect,
+        d(),
+        text.replace("program(1.0)", "program(1.3)"),
+        weights.clone(),
+    ));
+    v.push((
+        Rule::Dialect,
+        d(),
+        text.replace("main<ios16>", "main<ios17>"),
+        weights.clone(),
+    ));
+
+    // io-fp16: an fp32 input (and an fp32 output).
+    let io32 = program(
+        "ios16",
+        "tensor<fp32, [1, 64, 1, 32]> x",
+        &format!(
+            "        tensor<fp32, [1, 64, 1, 32]> y = add(x = x, y = x){};\n",
+            s("y")
+        ),
+        "y",
+    );
+    v.push((Rule::IoFp16, d(), io32, none.clone()));
+
+    // io-lanes-32: the whole Linear kernel at W = 16.
+    v.push((Rule::IoLanes, d(), text.replace("1, 32]", "1, 16]"), weights.clone()));
+    let lanes1 = program(
+        "ios16",
+        "tensor<fp16, [1, 64, 1, 1]> x",
+        &format!("        tensor<fp16, [1, 64, 1, 1]> y = add(x = x, y = x){};\n", s("y")),
+        "y",
+    );
+    v.push((Rule::IoLanes, d(), lanes1, none.clone()));
+
+    // io-shape: a rank-3 input.
+    let rank3 = program(
+        "ios16",
+        "tensor<fp16, [1, 64, 32]> x",
+        &format!("        tensor<fp16, [1, 64, 32]> y = add(x = x, y = x){};\n", s("y")),
+        "y",
+    );
+    v.push((Rule::IoShape, d(), rank3, none.clone()));
+
+    // no-tile: tile, even with its result added back in the usual way.
+    let tile = program(
+        "ios16",
+        "tensor<fp16, [1, 64, 1, 32]> x",
+        &format!(
+            "        tensor<int32, [4]> reps = const()[name = tensor<string, []>(\"reps\"), val = tensor<int32, [4]>([1, 2, 1, 1])];\n\
+             \x20       tensor<fp16, [1, 128, 1, 32]> y = tile(reps = reps, x = x){};\n",
+            s("y")
+        ),
+        "y",
+    );
+    v.push((Rule::NoTile, d(), tile, none.clone()));
+
+    // op-whitelist: sqrt (typed, but unverified on hardware) and an unknown op.
+    let sqrt = program(
+        "ios16",
+        "tensor<fp16, [1, 64, 1, 32]> x",
+        &format!("        tensor<fp16, [1, 64, 1, 32]> y = sqrt(x = x){};\n", s("y")),
+        "y",
+    );
+    v.push((Rule::OpWhitelist, d(), sqrt, none.clone()));
+    let gelu = program(
+        "ios16",
+        "tensor<fp16, [1, 64, 1, 32]> x",
+        &format!("        tensor<fp16, [1, 64, 1, 32]> y = gelu(x = x){};\n", s("y")),
+        "y",
+    );
+    v.push((Rule::OpWhitelist, d(), gelu, none.clone()));
+
+    // conv-const-weight: the weight is a reshaped runtime input.
+    let runtime_w = program(
+        "ios16",
+        "tensor<fp16, [1, 64, 1, 32]> x, tensor<fp16, [1, 128, 1, 32]> w",
+        &format!(
+            "        tensor<int32, [4]> ws = const()[name = tensor<string, []>(\"ws\"), val = tensor<int32, [4]>([64, 64, 1, 1])];\n\
+             \x20       tensor<fp16, [64, 64, 1, 1]> wr = reshape(shape = ws, x = w){};\n{}\
+             \x20       tensor<fp16, [1, 64, 1, 32]> y = conv(dilations = dl, groups = gr, pad = pd, pad_type = pt, strides = st, weight = wr, x = x){};\n",
+            s("wr"),
+            conv_params("[1, 1]", "[1, 1]"),
+            s("y")
+        ),
+        "y",
+    );
+    v.push((Rule::ConvConstWeight, d(), runtime_w, none.clone()));
+
+    // conv-1x1: dilations [2, 2] (and a bias).
+    v.push((
+        Rule::ConvForm,
+        d(),
+        text.replace(
+            "val = tensor<int32, [2]>([1, 1])];\n        tensor<int32, []> gr",
+            "val = tensor<int32, [2]>([2, 2])];\n        tensor<int32, []> gr",
+        ),
+        weights.clone(),
+    ));
+
+    // fp16-compute: an fp32 constant; fp16 data fed to constexpr_blockwise_shift_scale.
+    let fp32 = program(
+        "ios16",
+        "tensor<fp16, [1, 64, 1, 32]> x",
+        &format!(
+            "        tensor<fp32, []> c = const()[name = tensor<string, []>(\"c\"), val = tensor<fp32, []>(1.5)];\n\
+             \x20       tensor<fp16, [1, 64, 1, 32]> y = add(x = x, y = x){};\n",
+            s("y")
+        ),
+        "y",
+    );
+    v.push((Rule::Fp16Compute, d(), fp32, none.clone()));
+    let mut fp16_data = weights.clone();
+    fp16_data.insert(
+        "@model_path/weights/ws.bin",
+        write_fp16_blob(&[anelm_mil::f16::ONE; 64]).unwrap(),
+    );
+    let not_int8 = text.replace("main<ios16>", "main<ios18>").replace(
+        "tensor<fp16, [64, 64, 1, 1]> weight = const()",
+        "tensor<fp16, [64, 1, 1, 1]> ws = const()[name = tensor<string, []>(\"ws\"), val = tensor<fp16, [64, 1, 1, 1]>(BLOBFILE(path = tensor<string, []>(\"@model_path/weights/ws.bin\"), offset = tensor<uint64, []>(64)))];\n        tensor<fp16, [64, 64, 1, 1]> wf = const()",
+    ).replace("[name = tensor<string, []>(\"weight\")", "[name = tensor<string, []>(\"wf\")").replace(
+        "        tensor<string, []> pt",
+        "        tensor<fp16, [64, 64, 1, 1]> weight = constexpr_blockwise_shift_scale(data = wf, scale = ws)[name = tensor<string, []>(\"weight\")];\n        tensor<string, []> pt",
+    );
+    v.push((Rule::Fp16Compute, d(), not_int8, fp16_data));
+
+    // blob-header: corrupted magic; missing file; offset other than 64; payload of the wrong size.
+    let mut bad_magic = WeightFiles::new();
+    for (p, b) in weights.iter() {
+        let mut b = b.to_vec();
+        b[64] ^= 0xFF;
+        bad_magic.insert(p, b);
+    }
+    v.push((Rule::BlobHeader, d(), text.clone(), bad_magic));
+    v.push((Rule::BlobHeader, d(), text.clone(), WeightFiles::new()));
+    v.push((
+        Rule::BlobHeader,
+        d(),
+        text.replace("uint64, []>(64)", "uint64, []>(128)"),
+        weights.clone(),
+    ));
+    let (_, small) = linear(32, 64);
+    v.push((Rule::BlobHeader, d(), text.clone(), small));
+
+    // dim-cap: 65,537 output channels; conv input over a lowered conv cap.
+    let (wide, wide_w) = linear(65_537, 1);
+    v.push((Rule::DimCap, d(), wide, wide_w));
+    let small_cap = EmuConfig {
+        max_conv_input_channels: 32,
+        ..d()
+    };
+    v.push((Rule::DimCap, small_cap, text.clone(), weights.clone()));
+
+    // kernel-size: 8 KiB of constants against a 4 KiB limit.
+    let tiny_limit = EmuConfig {
+        max_kernel_const_bytes: 4096,
+        ..d()
+    };
+    v.push((Rule::KernelSize, tiny_limit, text.clone(), weights.clone()));
+    v
+}
+
+#[test]
+fn every_rule_has_a_refused_program() {
+    let mut covered = HashSet::new();
+    for (rule, cfg, text, weights) in cases() {
+        let ane = EmuAne::new(cfg);
+        assert_eq!(refused(&ane, &text, &weights), rule, "{text}");
+        covered.insert(rule);
+    }
+    covered.insert(Rule::LoadBudget); // tested below: it is a load-time rule
+    for r in Rule::ALL {
+        assert!(covered.contains(&r), "no test program for rule {r}");
+    }
+}
+
+#[test]
+fn the_unbroken_program_is_accepted() {
+    let (text, weights) = linear(64, 64);
+    let ane = EmuAne::default();
+    ane.compile(&text, &weights).unwrap();
+}
+
+#[test]
+fn load_budget_is_per_process_and_reclaimed_by_unload() {
+    let ane = EmuAne::new(EmuConfig {
+        max_loaded_programs: 2,
+        ..EmuConfig::default()
+    });
+    let (text, weights) = linear(64, 64);
+    let hs: Vec<_> = (0..3).map(|_| ane.compile(&text, &weights).unwrap()).collect();
+    ane.load(hs[0]).unwrap();
+    ane.load(hs[1]).unwrap();
+    let e = ane.load(hs[2]).unwrap_err();
+    assert_eq!(e.rule(), Some(Rule::LoadBudget), "{e}");
+    assert!(e.to_string().contains("load-budget"));
+    ane.unload(hs[0]).unwrap();
+    ane.load(hs[2]).unwrap();
+    assert_eq!(ane.stats().loaded, 2);
+    // A byte budget too.
+    let ane = EmuAne::new(EmuConfig {
+        max_loaded_bytes: Some(10_000),
+        ..EmuConfig::default()
+    });
+    let a = ane.compile(&text, &weights).unwrap();
+    let b = ane.compile(&text, &weights).unwrap();
+    ane.load(a).unwrap();
+    assert_eq!(ane.load(b).unwrap_err().rule(), Some(Rule::LoadBudget));
+}
+
+#[test]
+fn lifecycle_and_surface_errors_say_what_to_do() {
+    let ane = EmuAne::default();
+    let (text, weights) = linear(64, 64);
+    let h = ane.compile(&text, &weights).unwrap();
+    let x = Surface::new(64);
+    let mut y = [Surface::new(64)];
+    let e = ane.evaluate(h, &[&x], &mut y).unwrap_err();
+    assert!(matches!(e, AneError::State { call: "evaluate", .. }), "{e}");
+    assert!(ane.unload(h).is_err());
+    ane.load(h).unwrap();
+    assert!(ane.load(h).is_err());
+    let e = ane.evaluate(h, &[], &mut y).unwrap_err();
+    assert!(matches!(e, AneError::Surfaces(_)), "{e}");
+    let wrong = Surface::new(32);
+    let e = ane.evaluate(h, &[&wrong], &mut y).unwrap_err();
+    assert!(e.to_string().contains("signature()"), "{e}");
+    ane.evaluate(h, &[&x], &mut y).unwrap();
+    ane.release(h).unwrap();
+    assert!(matches!(ane.load(h), Err(AneError::UnknownHandle(_))));
+    assert!(matches!(ane.compile("program(", &weights), Err(AneError::Parse(_))));
+}
+
+#[test]
+fn reload_after_unload_keeps_the_compiled_weights() {
+    let ane = EmuAne::default();
+    let (text, mut weights) = linear(64, 64);
+    let h = ane.compile(&text, &weights).unwrap();
+    // Changing the caller's weight files after compile must not change the program.
+    weights.insert(
+        "@model_path/weights/weight.bin",
+        write_fp16_blob(&[anelm_mil::f16::ZERO; 4096]).unwrap(),
+    );
+    ane.load(h).unwrap();
+    let x = Surface::pack(64, &[&[1.0; 64]]).unwrap();
+    let mut a = [Surface::new(64)];
+    ane.evaluate(h, &[&x], &mut a).unwrap();
+    ane.unload(h).unwrap();
+    ane.load(h).unwrap();
+    let mut b = [Surface::new(64)];
+    ane.evaluate(h, &[&x], &mut b).unwrap();
+    assert_eq!(a, b);
+    assert!(a[0].get(1, 0).unwrap() != 0.0);
+}
