@@ -208,7 +208,9 @@ def make_gemma3():
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
         },
         final_logit_softcapping=10.0,
-        attn_logit_softcapping=8.0,
+        # transformers' Gemma 3 attention never applies `attn_logit_softcapping` (and the
+        # published configs set it to null), so it stays unset here.
+        attn_logit_softcapping=None,
         tie_word_embeddings=True,
         pad_token_id=0,
         bos_token_id=2,

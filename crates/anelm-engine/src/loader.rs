@@ -12,6 +12,7 @@ use anelm_model::safetensors_dir::SafetensorsDir;
 use anelm_model::tensor_store::TensorStore;
 use anelm_model::tokenizer::{GgufVocab, Tokenizer};
 
+use crate::arch::gemma3::{Gemma3, Gemma3Config, Gemma3Naming};
 use crate::arch::llama::{Llama, LlamaConfig, TensorNaming};
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
@@ -145,6 +146,13 @@ fn gguf_model(
             backend,
             progress,
         )?),
+        "gemma3" => Box::new(Gemma3::load(
+            Gemma3Config::from_gguf(gguf)?,
+            &store,
+            Gemma3Naming::Gguf,
+            backend,
+            progress,
+        )?),
         other => return Err(EngineError::UnsupportedArchitecture(other.to_string())),
     })
 }
@@ -164,6 +172,21 @@ fn hf_model(
             backend,
             progress,
         )?),
+        "gemma3_text" | "gemma3" => {
+            // The multimodal checkpoint keeps the text model under `model.language_model.`.
+            let prefix = if store.contains("model.language_model.embed_tokens.weight") {
+                "model.language_model."
+            } else {
+                "model."
+            };
+            Box::new(Gemma3::load(
+                Gemma3Config::from_hf(config)?,
+                &store,
+                Gemma3Naming::HuggingFace(prefix),
+                backend,
+                progress,
+            )?)
+        }
         other => return Err(EngineError::UnsupportedArchitecture(other.to_string())),
     })
 }

@@ -14,6 +14,32 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, offset: f32, y: &mut [f32]) {
     }
 }
 
+/// GELU with the tanh approximation (`gelu_pytorch_tanh`):
+/// 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
+#[inline]
+pub fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x)).tanh())
+}
+
+/// x·σ(x).
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// σ(x) = 1 / (1 + e^(−x)).
+#[inline]
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// ln(1 + eˣ), linear above 20 as torch's softplus is.
+#[inline]
+pub fn softplus(x: f32) -> f32 {
+    if x > 20.0 { x } else { x.exp().ln_1p() }
+}
+
 /// Which elements RoPE rotates together.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RopePairing {

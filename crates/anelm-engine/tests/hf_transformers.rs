@@ -86,6 +86,9 @@ fn rel_error(got: &[Vec<f32>], want: &[Vec<f32>], scale: f64) -> (f64, usize) {
             .zip(w)
             .fold(0.0f64, |m, (&a, &b)| m.max(f64::from((a - b).abs())))
             / scale;
+        if std::env::var("HF_DEBUG").is_ok() {
+            eprintln!("row {i}: {e:.2e}");
+        }
         if e > worst.0 {
             worst = (e, i);
         }
@@ -289,4 +292,9 @@ fn llama_matches_transformers() {
 #[test]
 fn qwen3_matches_transformers() {
     run_all("qwen3");
+}
+
+#[test]
+fn gemma3_matches_transformers() {
+    run_all("gemma3");
 }

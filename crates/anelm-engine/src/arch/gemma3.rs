@@ -1,0 +1,524 @@
+//! Gemma 3 text forward: embedding scaled by √hidden, four `(1 + w)` RMSNorms per layer (input,
+//! post-attention, pre-FFN, post-FFN: the attention and FFN outputs are normalised before they
+//! join the residual), QK-norm, GQA attention scaled by `query_pre_attn_scalar^-½`, sliding-window (local) layers with their own RoPE base and a global layer
+//! every N, GeGLU FFN with tanh-approximated GELU, tied LM head, optional final logit soft-capping.
+//! `attn_logit_softcapping` is ignored, as the reference (transformers' Gemma 3 attention) and
+//! llama.cpp ignore it; Gemma 3's published configs set it to null.
+//!
+//! The residual adds happen on the CPU after the post-norms, so the output projection and the
+//! FFN's down projection are plain `Linear` kernels, and the FFN's gate and up projections are one
+//! fused `Concat` kernel (the GELU runs on the CPU between them).
+
+use std::sync::Arc;
+
+use anelm_model::gguf::GgufFile;
+use anelm_model::hf_config::HfConfig;
+use anelm_model::tensor_store::TensorStore;
+use serde_json::Value;
+
+use crate::arch::attention::Attention;
+use crate::arch::step::{commit_tokens, embed_lanes, plan_lanes, wanted_lanes};
+use crate::backend::{Backend, Kernel, KernelSpec, WeightId};
+use crate::batch::Batch;
+use crate::error::{EngineError, Result};
+use crate::kv_cache::KvCache;
+use crate::model::{LanguageModel, ModelInfo, StepItem};
+use crate::ops::{AttentionPrecision, Rope, RopePairing, gelu_tanh, rms_norm};
+use crate::session::Session;
+use crate::stored_matrix::StoredMatrix;
+
+/// Hyper-parameters of a Gemma 3 text model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Gemma3Config {
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// Hidden width.
+    pub hidden_size: usize,
+    /// FFN width.
+    pub intermediate_size: usize,
+    /// Query heads.
+    pub n_heads: usize,
+    /// Key/value heads.
+    pub n_kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// Per layer: true for a sliding-window (local) layer, false for a global one.
+    pub sliding: Vec<bool>,
+    /// Window of the local layers (positions attended, the current one included).
+    pub sliding_window: usize,
+    /// RoPE base of the global layers.
+    pub rope_theta_global: f32,
+    /// RoPE base of the local layers.
+    pub rope_theta_local: f32,
+    /// Attention scores are multiplied by `query_pre_attn_scalar^-½`.
+    pub query_pre_attn_scalar: f32,
+    /// `cap · tanh(logit / cap)` on the output logits.
+    pub final_softcap: Option<f32>,
+    /// RMSNorm epsilon.
+    pub rms_eps: f32,
+    /// Added to every stored norm weight: 1 for Hugging Face files (`(1 + w)`), 0 for GGUF
+    /// (llama.cpp's converter stores `1 + w`).
+    pub norm_offset: f32,
+    /// Training context length.
+    pub context_length: usize,
+    /// How attention rounds K/V, q and probabilities.
+    pub attention_precision: AttentionPrecision,
+}
+
+fn need<T>(v: Option<T>, key: &str) -> Result<T> {
+    v.ok_or_else(|| EngineError::Config(format!("missing '{key}' in the model's metadata")))
+}
+
+fn positive_f32(v: Option<&Value>) -> Option<f32> {
+    v.and_then(Value::as_f64).filter(|x| *x > 0.0).map(|x| x as f32)
+}
+
+impl Gemma3Config {
+    /// From a Hugging Face `config.json` (`gemma3_text`, or the text part of `gemma3`).
+    pub fn from_hf(c: &HfConfig) -> Result<Self> {
+        let raw = c.raw();
+        let hidden_size = need(c.hidden_size, "hidden_size")?;
+        let n_layers = need(c.num_hidden_layers, "num_hidden_layers")?;
+        let n_heads = need(c.num_attention_heads, "num_attention_heads")?;
+        if n_heads == 0 {
+            return Err(EngineError::Config("num_attention_heads is 0".into()));
+        }
+        let head_dim = c.head_dim.unwrap_or(hidden_size / n_heads);
+        let sliding = if c.layer_types.is_empty() {
+            let pattern = raw
+                .get("sliding_window_pattern")
+                .or_else(|| raw.get("_sliding_window_pattern"))
+                .and_then(Value::as_u64)
+                .unwrap_or(6)
+                .max(1) as usize;
+            (0..n_layers).map(|i| (i + 1) % pattern != 0).collect()
+        } else {
+            if c.layer_types.len() != n_layers {
+                return Err(EngineError::Config(format!(
+                    "layer_types lists {} layers but num_hidden_layers is {n_layers}",
+                    c.layer_types.len()
+                )));
+            }
+            c.layer_types.iter().map(|t| t == "sliding_attention").collect()
+        };
+        let rope = raw.get("rope_parameters");
+        let local = rope
+            .and_then(|p| p.get("sliding_attention"))
+            .and_then(|p| p.get("rope_theta"))
+            .or_else(|| raw.get("rope_local_base_freq"));
+        if raw.get("use_bidirectional_attention").and_then(Value::as_bool) == Some(true) {
+            return Err(EngineError::Config(
+                "use_bidirectional_attention is true: that is an encoder (EmbeddingGemma), not a causal LM".into(),
+            ));
+        }
+        let cfg = Self {
+            vocab_size: need(c.vocab_size, "vocab_size")?,
+            hidden_size,
+            intermediate_size: need(c.intermediate_size, "intermediate_size")?,
+            n_heads,
+            n_kv_heads: c.num_key_value_heads.unwrap_or(n_heads),
+            head_dim,
+            sliding,
+            sliding_window: c.sliding_window.unwrap_or(4096),
+            rope_theta_global: c.rope_theta.unwrap_or(1_000_000.0) as f32,
+            rope_theta_local: positive_f32(local).unwrap_or(10_000.0),
+            query_pre_attn_scalar: positive_f32(raw.get("query_pre_attn_scalar")).unwrap_or(head_dim as f32),
+            final_softcap: positive_f32(raw.get("final_logit_softcapping")),
+            rms_eps: c.rms_norm_eps.unwrap_or(1e-6) as f32,
+            norm_offset: 1.0,
+            context_length: c.max_position_embeddings.unwrap_or(8192),
+            attention_precision: AttentionPrecision::F32,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// From a GGUF file's `gemma3.*` metadata (llama.cpp conventions: norms stored as `1 + w`,
+    /// local RoPE base 10000, a global layer every 6th unless the file says otherwise).
+    pub fn from_gguf(g: &GgufFile) -> Result<Self> {
+        let key = |k: &str| format!("gemma3.{k}");
+        let u = |k: &str| -> Result<usize> { need(g.get_u64(&key(k)), &key(k)).map(|v| v as usize) };
+        let hidden_size = u("embedding_length")?;
+        let n_layers = u("block_count")?;
+        let n_heads = u("attention.head_count")?;
+        if n_heads == 0 {
+            return Err(EngineError::Config("attention.head_count is 0".into()));
+        }
+        let head_dim = g
+            .get_u64(&key("attention.key_length"))
+            .map_or(hidden_size / n_heads, |v| v as usize);
+        let vocab_size = match g.get_u64(&key("vocab_size")) {
+            Some(v) => v as usize,
+            None => need(g.get_string_array("tokenizer.ggml.tokens"), "tokenizer.ggml.tokens")?.len(),
+        };
+        let pattern = g.get_u64(&key("attention.sliding_window_pattern")).unwrap_or(6).max(1) as usize;
+        let cfg = Self {
+            vocab_size,
+            hidden_size,
+            intermediate_size: u("feed_forward_length")?,
+            n_heads,
+            n_kv_heads: g
+                .get_u64(&key("attention.head_count_kv"))
+                .map_or(n_heads, |v| v as usize),
+            head_dim,
+            sliding: (0..n_layers).map(|i| (i + 1) % pattern != 0).collect(),
+            sliding_window: g.get_u64(&key("attention.sliding_window")).map_or(4096, |v| v as usize),
+            rope_theta_global: g.get_f32(&key("rope.freq_base")).unwrap_or(1_000_000.0),
+            rope_theta_local: g.get_f32(&key("rope.freq_base_swa")).unwrap_or(10_000.0),
+            query_pre_attn_scalar: head_dim as f32,
+            final_softcap: g.get_f32(&key("final_logit_softcapping")).filter(|c| *c > 0.0),
+            rms_eps: g.get_f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-6),
+            norm_offset: 0.0,
+            context_length: g.get_u64(&key("context_length")).map_or(8192, |v| v as usize),
+            attention_precision: AttentionPrecision::F16,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> Result<()> {
+        let bad = |m: &str| Err(EngineError::Config(m.to_string()));
+        if self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
+            return bad("query heads must be a positive multiple of key/value heads");
+        }
+        if self.head_dim == 0 || self.head_dim % 2 != 0 {
+            return bad("the head width must be positive and even (RoPE rotates pairs)");
+        }
+        if self.hidden_size == 0 || self.vocab_size == 0 || self.sliding.is_empty() || self.sliding_window == 0 {
+            return bad("hidden size, vocabulary, layer count and sliding window must be positive");
+        }
+        if self.sliding.len() > 4096 || self.n_heads > 4096 || self.head_dim > 8192 {
+            return bad("implausibly large layer/head counts: the file is corrupt");
+        }
+        Ok(())
+    }
+
+    /// Decoder layers.
+    pub fn n_layers(&self) -> usize {
+        self.sliding.len()
+    }
+}
+
+/// Tensor names of one file layout.
+#[derive(Clone, Copy, Debug)]
+pub enum Gemma3Naming {
+    /// llama.cpp names (`blk.N.attn_q.weight`, `blk.N.post_ffw_norm.weight`).
+    Gguf,
+    /// Hugging Face names under `prefix` (`model.` for `Gemma3ForCausalLM`,
+    /// `model.language_model.` for the multimodal checkpoint).
+    HuggingFace(&'static str),
+}
+
+impl Gemma3Naming {
+    fn global(self, what: &str) -> String {
+        match self {
+            Self::Gguf => match what {
+                "embed" => "token_embd.weight".into(),
+                "norm" => "output_norm.weight".into(),
+                _ => "output.weight".into(),
+            },
+            Self::HuggingFace(prefix) => match what {
+                "embed" => format!("{prefix}embed_tokens.weight"),
+                "norm" => format!("{prefix}norm.weight"),
+                _ => "lm_head.weight".into(),
+            },
+        }
+    }
+
+    fn layer(self, i: usize, what: &str) -> String {
+        match self {
+            Self::Gguf => {
+                let g = match what {
+                    "input_norm" => "attn_norm",
+                    "post_attn_norm" => "post_attention_norm",
+                    "pre_ffn_norm" => "ffn_norm",
+                    "post_ffn_norm" => "post_ffw_norm",
+                    "q" => "attn_q",
+                    "k" => "attn_k",
+                    "v" => "attn_v",
+                    "o" => "attn_output",
+                    "q_norm" => "attn_q_norm",
+                    "k_norm" => "attn_k_norm",
+                    "gate" => "ffn_gate",
+                    "up" => "ffn_up",
+                    _ => "ffn_down",
+                };
+                format!("blk.{i}.{g}.weight")
+            }
+            Self::HuggingFace(prefix) => {
+                let h = match what {
+                    "input_norm" => "input_layernorm",
+                    "post_attn_norm" => "post_attention_layernorm",
+                    "pre_ffn_norm" => "pre_feedforward_layernorm",
+                    "post_ffn_norm" => "post_feedforward_layernorm",
+                    "q" => "self_attn.q_proj",
+                    "k" => "self_attn.k_proj",
+                    "v" => "self_attn.v_proj",
+                    "o" => "self_attn.o_proj",
+                    "q_norm" => "self_attn.q_norm",
+                    "k_norm" => "self_attn.k_norm",
+                    "gate" => "mlp.gate_proj",
+                    "up" => "mlp.up_proj",
+                    _ => "mlp.down_proj",
+                };
+                format!("{prefix}layers.{i}.{h}.weight")
+            }
+        }
+    }
+}
+
+struct Layer {
+    input_norm: Vec<f32>,
+    post_attn_norm: Vec<f32>,
+    pre_ffn_norm: Vec<f32>,
+    post_ffn_norm: Vec<f32>,
+    q_norm: Vec<f32>,
+    k_norm: Vec<f32>,
+    qkv: Box<dyn Kernel>,
+    o: Box<dyn Kernel>,
+    gate_up: Box<dyn Kernel>,
+    down: Box<dyn Kernel>,
+    sliding: bool,
+}
+
+/// A loaded Gemma 3 text model.
+pub struct Gemma3 {
+    cfg: Gemma3Config,
+    info: ModelInfo,
+    embed: StoredMatrix,
+    layers: Vec<Layer>,
+    output_norm: Vec<f32>,
+    lm_head: Box<dyn Kernel>,
+    rope_global: Rope,
+    rope_local: Rope,
+    attn_global: Attention,
+    attn_local: Attention,
+}
+
+impl Gemma3 {
+    /// Compile every kernel on `backend`. `progress(done, total)` is called after each layer.
+    pub fn load(
+        cfg: Gemma3Config,
+        store: &Arc<dyn TensorStore>,
+        naming: Gemma3Naming,
+        backend: &dyn Backend,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self> {
+        let h = cfg.hidden_size;
+        let hd = cfg.head_dim;
+        let q_dim = cfg.n_heads * hd;
+        let kv_dim = cfg.n_kv_heads * hd;
+        let n_layers = cfg.n_layers();
+        let embed = StoredMatrix::load(store, &naming.global("embed"))?;
+        embed.expect_shape(cfg.vocab_size, h)?;
+        let offset = cfg.norm_offset;
+        let vector = |name: &str, len: usize| -> Result<Vec<f32>> {
+            let m = StoredMatrix::load(store, name)?;
+            m.expect_shape(1, len)?;
+            let mut v = m.to_f32()?;
+            v.iter_mut().for_each(|w| *w += offset);
+            Ok(v)
+        };
+        let mut layers = Vec::with_capacity(n_layers);
+        for (i, &sliding) in cfg.sliding.iter().enumerate() {
+            let name = |what: &str| naming.layer(i, what);
+            let w = |what: &str| WeightId::new(name(what));
+            let check = |what: &str, rows: usize, cols: usize| -> Result<()> {
+                StoredMatrix::load(store, &name(what))?.expect_shape(rows, cols)
+            };
+            check("q", q_dim, h)?;
+            check("k", kv_dim, h)?;
+            check("v", kv_dim, h)?;
+            check("o", h, q_dim)?;
+            check("gate", cfg.intermediate_size, h)?;
+            check("up", cfg.intermediate_size, h)?;
+            check("down", h, cfg.intermediate_size)?;
+            let compile = |spec: KernelSpec| backend.compile(&spec, store);
+            layers.push(Layer {
+                input_norm: vector(&name("input_norm"), h)?,
+                post_attn_norm: vector(&name("post_attn_norm"), h)?,
+                pre_ffn_norm: vector(&name("pre_ffn_norm"), h)?,
+                post_ffn_norm: vector(&name("post_ffn_norm"), h)?,
+                q_norm: vector(&name("q_norm"), hd)?,
+                k_norm: vector(&name("k_norm"), hd)?,
+                qkv: compile(KernelSpec::Concat {
+                    ws: vec![w("q"), w("k"), w("v")],
+                })?,
+                o: compile(KernelSpec::Linear { w: w("o") })?,
+                gate_up: compile(KernelSpec::Concat {
+                    ws: vec![w("gate"), w("up")],
+                })?,
+                down: compile(KernelSpec::Linear { w: w("down") })?,
+                sliding,
+            });
+            progress(i + 1, n_layers + 1);
+        }
+        let head_name = if store.contains(&naming.global("output")) {
+            naming.global("output")
+        } else {
+            naming.global("embed")
+        };
+        let lm_head = backend.compile(
+            &KernelSpec::Linear {
+                w: WeightId::new(head_name.clone()),
+            },
+            store,
+        )?;
+        if lm_head.shape().output != cfg.vocab_size || lm_head.shape().input != h {
+            return Err(EngineError::Config(format!(
+                "LM head '{head_name}' is {}×{}, expected {}×{h}",
+                lm_head.shape().output,
+                lm_head.shape().input,
+                cfg.vocab_size
+            )));
+        }
+        progress(n_layers + 1, n_layers + 1);
+        let attn = |window: Option<usize>| Attention {
+            n_heads: cfg.n_heads,
+            n_kv_heads: cfg.n_kv_heads,
+            head_dim: hd,
+            scale: 1.0 / cfg.query_pre_attn_scalar.sqrt(),
+            window,
+            softcap: None,
+            precision: cfg.attention_precision,
+        };
+        let (attn_global, attn_local) = (attn(None), attn(Some(cfg.sliding_window)));
+        let info = ModelInfo {
+            architecture: "gemma3".into(),
+            vocab_size: cfg.vocab_size,
+            context_length: cfg.context_length,
+            n_layers,
+            hidden_size: h,
+        };
+        Ok(Self {
+            rope_global: Rope::new(hd, cfg.rope_theta_global, RopePairing::Halves),
+            rope_local: Rope::new(hd, cfg.rope_theta_local, RopePairing::Halves),
+            output_norm: vector(&naming.global("norm"), h)?,
+            attn_global,
+            attn_local,
+            info,
+            embed,
+            layers,
+            lm_head,
+            cfg,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Gemma3Config {
+        &self.cfg
+    }
+}
+
+impl LanguageModel for Gemma3 {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn new_session(&self, ctx_size: usize) -> Session {
+        let ctx = ctx_size.clamp(1, self.cfg.context_length.max(1));
+        Session::new(
+            KvCache::new(self.cfg.n_layers(), self.cfg.n_kv_heads * self.cfg.head_dim),
+            ctx,
+        )
+    }
+
+    fn forward(&self, items: &mut [StepItem<'_>]) -> Result<Batch> {
+        let cfg = &self.cfg;
+        let (h, hd, ffn) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
+        let q_dim = cfg.n_heads * hd;
+        let kv_dim = cfg.n_kv_heads * hd;
+        let eps = cfg.rms_eps;
+        let lanes = plan_lanes(items, cfg.vocab_size)?;
+        let n = lanes.len();
+        if n == 0 {
+            return Ok(Batch::zeros(0, cfg.vocab_size));
+        }
+        let mut x = embed_lanes(&self.embed, items, n, (h as f32).sqrt())?;
+        let angles = |rope: &Rope| -> Vec<Vec<(f32, f32)>> {
+            lanes
+                .iter()
+                .map(|l| {
+                    let mut cs = Vec::new();
+                    rope.angles(l.pos, &mut cs);
+                    cs
+                })
+                .collect()
+        };
+        let (angles_global, angles_local) = (angles(&self.rope_global), angles(&self.rope_local));
+        let mut xn = Batch::zeros(n, h);
+        let mut qkv = Batch::default();
+        let mut attn = Batch::zeros(n, q_dim);
+        let mut y = Batch::default();
+        let mut gu = Batch::default();
+        let mut act = Batch::zeros(n, ffn);
+        let mut tmp = vec![0.0f32; hd.max(h)];
+        for (li, layer) in self.layers.iter().enumerate() {
+            let (angles, attention, rope) = if layer.sliding {
+                (&angles_local, &self.attn_local, &self.rope_local)
+            } else {
+                (&angles_global, &self.attn_global, &self.rope_global)
+            };
+            for lane in 0..n {
+                rms_norm(x.lane(lane), &layer.input_norm, eps, 0.0, xn.lane_mut(lane));
+            }
+            layer.qkv.run(&[&xn], &mut qkv)?;
+            for (lane, cs) in angles.iter().enumerate() {
+                let row = qkv.lane_mut(lane);
+                let (q, kv) = row.split_at_mut(q_dim);
+                for (heads, w) in [(q, &layer.q_norm), (&mut kv[..kv_dim], &layer.k_norm)] {
+                    for head in heads.chunks_mut(hd) {
+                        tmp[..hd].copy_from_slice(head);
+                        rms_norm(&tmp[..hd], w, eps, 0.0, head);
+                        rope.apply(head, cs);
+                    }
+                }
+            }
+            attention.append(items, &lanes, li, &qkv, q_dim, q_dim + kv_dim);
+            attention.run(items, &lanes, li, &qkv, 0, hd, &mut attn);
+            layer.o.run(&[&attn], &mut y)?;
+            add_normed(&mut x, &y, &layer.post_attn_norm, eps, &mut tmp[..h]);
+            for lane in 0..n {
+                rms_norm(x.lane(lane), &layer.pre_ffn_norm, eps, 0.0, xn.lane_mut(lane));
+            }
+            layer.gate_up.run(&[&xn], &mut gu)?;
+            for lane in 0..n {
+                let (g, u) = gu.lane(lane).split_at(ffn);
+                for ((a, &g), &u) in act.lane_mut(lane).iter_mut().zip(g).zip(u) {
+                    *a = gelu_tanh(g) * u;
+                }
+            }
+            layer.down.run(&[&act], &mut y)?;
+            add_normed(&mut x, &y, &layer.post_ffn_norm, eps, &mut tmp[..h]);
+        }
+        commit_tokens(items);
+        let wanted = wanted_lanes(items);
+        let mut normed = Batch::zeros(wanted.len(), h);
+        for (row, &lane) in wanted.iter().enumerate() {
+            rms_norm(x.lane(lane), &self.output_norm, eps, 0.0, normed.lane_mut(row));
+        }
+        let mut logits = Batch::default();
+        if wanted.is_empty() {
+            logits.resize(0, cfg.vocab_size);
+        } else {
+            self.lm_head.run(&[&normed], &mut logits)?;
+        }
+        if let Some(cap) = cfg.final_softcap {
+            logits
+                .as_mut_slice()
+                .iter_mut()
+                .for_each(|v| *v = cap * (*v / cap).tanh());
+        }
+        Ok(logits)
+    }
+}
+
+/// x += rmsnorm(y) ⊙ w, lane by lane (`tmp` holds one lane).
+fn add_normed(x: &mut Batch, y: &Batch, w: &[f32], eps: f32, tmp: &mut [f32]) {
+    for lane in 0..x.lanes() {
+        rms_norm(y.lane(lane), w, eps, 0.0, tmp);
+        for (a, &b) in x.lane_mut(lane).iter_mut().zip(tmp.iter()) {
+            *a += b;
+        }
+    }
+}
