@@ -8,6 +8,7 @@ mod generate;
 mod inspect;
 mod logits;
 mod runtime;
+mod serve;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -34,6 +35,8 @@ enum Command {
     Tokenize(logits::TokenizeArgs),
     /// Measure prompt processing (pp) and generation (tg) speed, llama-bench style.
     Bench(bench::BenchArgs),
+    /// Serve the OpenAI-compatible HTTP API (continuous batching over --sessions streams).
+    Serve(serve::ServeArgs),
 }
 
 impl Command {
@@ -45,6 +48,7 @@ impl Command {
             Command::Logits(a) => &a.model,
             Command::Tokenize(a) => &a.model,
             Command::Bench(a) => &a.model,
+            Command::Serve(a) => &a.model,
         }
     }
 }
@@ -61,6 +65,7 @@ fn main() {
         Command::Logits(a) => logits::run_logits(a),
         Command::Tokenize(a) => logits::run_tokenize(a),
         Command::Bench(a) => bench::run(a),
+        Command::Serve(a) => serve::run(a),
     });
     if let Err(e) = result {
         let msg = format!("{e:#}").replace('\n', " ");

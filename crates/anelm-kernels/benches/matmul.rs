@@ -32,7 +32,9 @@ fn memory_bandwidth(pool: &rayon::ThreadPool) -> f64 {
         || {
             let s: u64 = pool.install(|| {
                 use rayon::prelude::*;
-                buf.par_chunks(1 << 16).map(|c| c.iter().fold(0u64, |a, &b| a.wrapping_add(b))).sum()
+                buf.par_chunks(1 << 16)
+                    .map(|c| c.iter().fold(0u64, |a, &b| a.wrapping_add(b)))
+                    .sum()
             });
             black_box(s);
         },
@@ -59,12 +61,22 @@ fn main() {
         .and_then(|i| args.get(i + 1))
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("thread pool");
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("thread pool");
     let bw = memory_bandwidth(&pool);
-    println!("threads: {threads}, best ISA: {}, memory bandwidth (streaming read): {bw:.1} GB/s\n", Isa::best().name());
+    println!(
+        "threads: {threads}, best ISA: {}, memory bandwidth (streaming read): {bw:.1} GB/s\n",
+        Isa::best().name()
+    );
     println!("| format | rows × cols | lanes | isa | time | weight GB/s | % of bandwidth | GFLOP/s |");
     println!("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: |");
-    let shapes: &[(usize, usize)] = if quick { &[(1536, 576)] } else { &[(1536, 576), (576, 1536), (9216, 2560)] };
+    let shapes: &[(usize, usize)] = if quick {
+        &[(1536, 576)]
+    } else {
+        &[(1536, 576), (576, 1536), (9216, 2560)]
+    };
     let formats: Vec<WeightFormat> = if quick {
         vec![WeightFormat::Q4_1, WeightFormat::Q8_0]
     } else {
@@ -91,7 +103,8 @@ fn main() {
                 for isa in isas {
                     let t = median_time(
                         || {
-                            pool.install(|| matmul_with(isa, fmt, &w, rows, cols, &act, &mut out)).expect("matmul");
+                            pool.install(|| matmul_with(isa, fmt, &w, rows, cols, &act, &mut out))
+                                .expect("matmul");
                             black_box(&out);
                         },
                         Duration::from_millis(400),

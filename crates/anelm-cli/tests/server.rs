@@ -1,0 +1,411 @@
+//! `anelm serve` end to end: the official openai Python client against the server, and a
+//! robustness run (200 requests, disconnects mid-stream, malformed and oversized bodies) that
+//! must leave no busy session and no memory growth behind.
+//!
+//! Needs the default model and the Python virtualenv: `scripts/test.sh` sets both up
+//! (`scripts/setup-test-env.sh` prints the python it exports as `ANELM_TEST_PYTHON`).
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+const KEY: &str = "test-key";
+const BODY_LIMIT: usize = 64 * 1024;
+
+/// A running server, killed on drop.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn start(sessions: usize, queue: usize) -> Server {
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_anelm"))
+        .args(["serve", "--port", &port.to_string(), "--api-key", KEY, "-t", "2"])
+        .args(["--sessions", &sessions.to_string(), "--queue", &queue.to_string()])
+        .args(["--max-body-bytes", &BODY_LIMIT.to_string(), "--ctx-size", "1024"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start anelm serve");
+    let server = Server { child, port };
+    let t = Instant::now();
+    loop {
+        if let Ok(r) = http(port, "GET", "/health", b"", None)
+            && r.status == 200
+        {
+            return server;
+        }
+        assert!(t.elapsed() < Duration::from_secs(120), "server not healthy after 120 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+struct Reply {
+    status: u16,
+    headers: String,
+    body: String,
+}
+
+fn dechunk(raw: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut rest = raw;
+    while let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") {
+        let size = std::str::from_utf8(&rest[..eol])
+            .ok()
+            .and_then(|s| usize::from_str_radix(s.trim(), 16).ok())
+            .unwrap_or(0);
+        rest = &rest[eol + 2..];
+        if size == 0 || size > rest.len() {
+            break;
+        }
+        out.extend_from_slice(&rest[..size]);
+        rest = &rest[(size + 2).min(rest.len())..];
+    }
+    out
+}
+
+/// One HTTP/1.1 request with `Connection: close`, read to the end.
+fn http(port: u16, method: &str, path: &str, body: &[u8], key: Option<&str>) -> std::io::Result<Reply> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(120)))?;
+    let auth = key
+        .map(|k| format!("Authorization: Bearer {k}\r\n"))
+        .unwrap_or_default();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes())?;
+    // The server may answer (413) and close before it has read an oversized body.
+    let _ = s.write_all(body);
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other("no HTTP header in the reply"))?;
+    let headers = String::from_utf8_lossy(&raw[..split]).to_string();
+    let status = headers
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::other("no status"))?;
+    let payload = &raw[split + 4..];
+    let body = if headers.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        dechunk(payload)
+    } else {
+        payload.to_vec()
+    };
+    Ok(Reply {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&body).to_string(),
+    })
+}
+
+/// Open a streaming request, read until the first generated text arrives, then hang up.
+fn disconnect_mid_stream(port: u16, body: &str) -> std::io::Result<()> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(120)))?;
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(head.as_bytes())?;
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 512];
+    while !String::from_utf8_lossy(&seen).contains("\"content\":\"") || seen.len() < 300 {
+        let n = s.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        seen.extend_from_slice(&buf[..n]);
+    }
+    Ok(()) // dropped here: the client is gone
+}
+
+fn metric(port: u16, name: &str) -> f64 {
+    let r = http(port, "GET", "/metrics", b"", None).expect("metrics");
+    r.body
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("anelm_{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("metric {name} missing:\n{}", r.body))
+}
+
+fn rss_kib(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+fn python() -> PathBuf {
+    if let Some(p) = std::env::var_os("ANELM_TEST_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
+    let p = home.join(".cache/anelm/venv-openai/bin/python");
+    assert!(
+        p.exists(),
+        "no Python with the openai client: run scripts/setup-test-env.sh (scripts/test.sh does)"
+    );
+    p
+}
+
+#[test]
+fn the_official_openai_client_works_against_the_server() {
+    let server = start(4, 16);
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
+    let out = Command::new(python())
+        .arg(&script)
+        .arg(format!("http://127.0.0.1:{}/v1", server.port))
+        .arg(KEY)
+        .output()
+        .expect("run python");
+    assert!(
+        out.status.success(),
+        "openai client checks failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Without the key: 401 with an OpenAI error body.
+    let r = http(server.port, "GET", "/v1/models", b"", None).expect("request");
+    assert_eq!(r.status, 401);
+    assert!(r.body.contains("\"error\""), "{}", r.body);
+}
+
+/// A tiny deterministic RNG for the robustness mix.
+struct Rng(u64);
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n
+    }
+}
+
+#[test]
+fn two_hundred_mixed_requests_leave_no_session_busy_and_no_memory_behind() {
+    let server = start(4, 256);
+    let port = server.port;
+    let pid = server.child.id();
+    // Warm up so the baseline includes the steady-state buffers.
+    let warm = r#"{"messages":[{"role":"user","content":"Hello"}],"max_tokens":4,"temperature":0}"#;
+    assert_eq!(
+        http(port, "POST", "/v1/chat/completions", warm.as_bytes(), Some(KEY))
+            .expect("warm")
+            .status,
+        200
+    );
+    let rss_start = rss_kib(pid);
+
+    const N: usize = 200;
+    let ok = Arc::new(AtomicUsize::new(0));
+    let rejected_as_expected = Arc::new(AtomicUsize::new(0));
+    let disconnected = Arc::new(AtomicUsize::new(0));
+    let words = [
+        "alpha", "river", "stone", "cloud", "seven", "green", "quiet", "north", "paper", "light",
+    ];
+    let drain = || {
+        // Disconnected streams end at their next step: wait for the pool to drain.
+        let t = Instant::now();
+        while metric(port, "busy_sessions") > 0.0 || metric(port, "queue_depth") > 0.0 {
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "sessions still busy 60 s after the last request"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    // Two rounds of N/2: memory after the second must be where the first left it (the first
+    // fills the session caches, which stay for prompt reuse; a per-request leak would grow).
+    let mut rss_after = Vec::new();
+    for round in 0..2u64 {
+        let next = Arc::new(AtomicUsize::new(round as usize * N / 2));
+        let end = (round as usize + 1) * N / 2;
+        let workers: Vec<_> = (0..8)
+        .map(|w| {
+            let (next, ok, rej, disc) = (next.clone(), ok.clone(), rejected_as_expected.clone(), disconnected.clone());
+            std::thread::spawn(move || {
+                let mut rng = Rng(1000 + w + 100 * round);
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= end {
+                        return Vec::<String>::new();
+                    }
+                    let kind = rng.below(100);
+                    let n_words = 1 + rng.below(150) as usize;
+                    let prompt: Vec<&str> = (0..n_words).map(|_| words[rng.below(10) as usize]).collect();
+                    let prompt = prompt.join(" ");
+                    let max_tokens = 1 + rng.below(10);
+                    if kind < 5 {
+                        // Malformed JSON or fields: 400 with an error body.
+                        let bad = [r#"{"messages": "#, "[]", r#"{"messages":[{"content":"x"}]}"#, r#"{"prompt": 7}"#];
+                        let path = if kind % 2 == 0 { "/v1/chat/completions" } else { "/v1/completions" };
+                        let body = bad[(kind % 4) as usize];
+                        let r = http(port, "POST", path, body.as_bytes(), Some(KEY)).expect("bad request answered");
+                        assert_eq!(r.status, 400, "{body} → {} {}", r.status, r.body);
+                        assert!(r.body.contains("\"error\""), "{}", r.body);
+                        rej.fetch_add(1, Ordering::Relaxed);
+                    } else if kind < 8 {
+                        // Oversized: 413 with an error body.
+                        let big = format!(r#"{{"prompt":"{}"}}"#, "x".repeat(BODY_LIMIT + 1000));
+                        let r = http(port, "POST", "/v1/completions", big.as_bytes(), Some(KEY)).expect("413");
+                        assert_eq!(r.status, 413, "{}", r.body);
+                        assert!(r.body.contains("\"error\""), "{}", r.body);
+                        rej.fetch_add(1, Ordering::Relaxed);
+                    } else if kind < 38 {
+                        // 30%: a streaming client that hangs up mid-stream.
+                        let body = format!(
+                            r#"{{"messages":[{{"role":"user","content":"{prompt}"}}],"max_tokens":200,"stream":true}}"#
+                        );
+                        disconnect_mid_stream(port, &body).expect("stream opened");
+                        disc.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        let stream = kind % 2 == 0;
+                        let body = format!(
+                            r#"{{"prompt":"{prompt}","max_tokens":{max_tokens},"temperature":0.7,"seed":{i},"stream":{stream}}}"#
+                        );
+                        let r = http(port, "POST", "/v1/completions", body.as_bytes(), Some(KEY)).expect("answered");
+                        assert_eq!(r.status, 200, "{}", r.body);
+                        if stream {
+                            assert!(r.body.trim_end().ends_with("data: [DONE]"), "{}", r.body);
+                        } else {
+                            assert!(r.body.contains("\"usage\""), "{}", r.body);
+                        }
+                        ok.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+        for w in workers {
+            w.join().expect("worker");
+        }
+        drain();
+        rss_after.push(rss_kib(pid));
+    }
+    let (ok, rej, disc) = (
+        ok.load(Ordering::Relaxed),
+        rejected_as_expected.load(Ordering::Relaxed),
+        disconnected.load(Ordering::Relaxed),
+    );
+    println!("well-formed answered: {ok}, bad bodies refused: {rej}, disconnected mid-stream: {disc}");
+    assert_eq!(ok + rej + disc, N);
+    assert!(
+        disc >= 40 && rej >= 5,
+        "the mix must exercise disconnects and bad bodies"
+    );
+    assert!(
+        metric(port, "requests_cancelled_total") >= disc as f64 * 0.9,
+        "disconnects were not cancelled"
+    );
+    if let (Some(a), Some(Some(b)), Some(Some(c))) = (rss_start, rss_after.first(), rss_after.get(1)) {
+        println!("resident memory: {a} KiB after warm-up, {b} KiB after round 1, {c} KiB after round 2");
+        assert!(
+            *c <= b + 24 * 1024,
+            "resident memory grew from {b} KiB to {c} KiB in the second round"
+        );
+    }
+    // The server still answers normally.
+    assert_eq!(
+        http(port, "POST", "/v1/chat/completions", warm.as_bytes(), Some(KEY))
+            .expect("after")
+            .status,
+        200
+    );
+}
+
+#[test]
+fn errors_are_openai_shaped() {
+    let server = start(1, 1);
+    let r = http(server.port, "GET", "/nope", b"", None).expect("404");
+    assert_eq!(r.status, 404);
+    assert!(r.body.contains("\"error\""));
+    let r = http(server.port, "POST", "/v1/chat/completions", b"{", Some(KEY)).expect("400");
+    assert_eq!(r.status, 400);
+    assert!(r.body.contains("not valid JSON"), "{}", r.body);
+    let r = http(
+        server.port,
+        "POST",
+        "/v1/completions",
+        br#"{"prompt":"hi","max_tokens":5000}"#,
+        Some(KEY),
+    )
+    .expect("400");
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.headers.starts_with("HTTP/1.1"));
+
+    // Queue full: one session busy with a stream, one request waiting, the next gets 429.
+    let port = server.port;
+    let mut a = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    let body = r#"{"messages":[{"role":"user","content":"Tell a long story"}],"max_tokens":500,"stream":true}"#;
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    a.write_all(head.as_bytes()).expect("send");
+    let mut buf = [0u8; 4096];
+    let mut seen = String::new();
+    while !seen.contains("\"content\":\"") {
+        let n = a.read(&mut buf).expect("read");
+        assert!(n > 0, "stream closed early: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    let waiting = std::thread::spawn(move || {
+        http(
+            port,
+            "POST",
+            "/v1/completions",
+            br#"{"prompt":"Hi","max_tokens":2}"#,
+            Some(KEY),
+        )
+        .expect("queued")
+    });
+    let t = Instant::now();
+    while metric(port, "queue_depth") < 1.0 {
+        assert!(t.elapsed() < Duration::from_secs(30), "the second request never queued");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let r = http(
+        port,
+        "POST",
+        "/v1/completions",
+        br#"{"prompt":"Hi","max_tokens":2}"#,
+        Some(KEY),
+    )
+    .expect("429");
+    assert_eq!(r.status, 429, "{}", r.body);
+    assert!(
+        r.headers.to_ascii_lowercase().contains("retry-after: 1"),
+        "{}",
+        r.headers
+    );
+    assert!(r.body.contains("queue is full"), "{}", r.body);
+    drop(a); // the streaming client leaves; the waiting request gets the session
+    let w = waiting.join().expect("waiting thread");
+    assert_eq!(w.status, 200, "{}", w.body);
+}

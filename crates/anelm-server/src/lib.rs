@@ -1,0 +1,493 @@
+//! anelm's OpenAI-compatible HTTP server: `/v1/chat/completions` and `/v1/completions`
+//! (streaming SSE or not), `/v1/models`, `/health` (503 until the model is ready), Prometheus
+//! `/metrics`. Every request becomes a scheduler request, so concurrent clients share batched
+//! steps; a client that disconnects frees its session at the next step.
+
+pub mod api_error;
+pub mod openai;
+
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anelm_engine::{
+    CancelToken, Completion, Event, FinishReason, LoadedModel, Scheduler, SchedulerConfig, SubmitError,
+};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::Stream;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use crate::api_error::ApiError;
+use crate::openai::{Input, Parsed};
+
+/// Server settings.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Name reported by `/v1/models` and echoed in responses.
+    pub model_id: String,
+    /// Bearer token required on `/v1/*` when set.
+    pub api_key: Option<String>,
+    /// Largest accepted request body in bytes.
+    pub max_body_bytes: usize,
+}
+
+/// The loaded model and its scheduler, once ready.
+pub struct Ready {
+    /// Model, tokenizer and template.
+    pub model: Arc<LoadedModel>,
+    /// The continuous-batching scheduler serving it.
+    pub scheduler: Scheduler,
+}
+
+/// Shared by all handlers. `ready` is empty while the model loads.
+pub struct AppState {
+    /// Settings.
+    pub config: ServerConfig,
+    /// Filled when loading is done.
+    pub ready: OnceLock<Ready>,
+    /// Set if loading failed (health reports it).
+    pub load_error: OnceLock<String>,
+}
+
+impl AppState {
+    /// A state that is still loading.
+    pub fn new(config: ServerConfig) -> Arc<Self> {
+        Arc::new(Self {
+            config,
+            ready: OnceLock::new(),
+            load_error: OnceLock::new(),
+        })
+    }
+
+    /// Make the model live; returns false if it already was.
+    pub fn set_ready(&self, model: Arc<LoadedModel>, cfg: SchedulerConfig) -> anelm_engine::Result<bool> {
+        let scheduler = Scheduler::start(model.clone(), cfg)?;
+        Ok(self.ready.set(Ready { model, scheduler }).is_ok())
+    }
+
+    fn get_ready(&self) -> Result<&Ready, ApiError> {
+        self.ready.get().ok_or_else(|| {
+            let msg = match self.load_error.get() {
+                Some(e) => format!("the model failed to load: {e}"),
+                None => "the model is still loading: retry shortly".to_string(),
+            };
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", msg).retry_after(2)
+        })
+    }
+
+    fn check_key(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        let Some(key) = &self.config.api_key else {
+            return Ok(());
+        };
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if given == Some(key.as_str()) {
+            Ok(())
+        } else {
+            Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "invalid_request_error",
+                "missing or wrong API key: send 'Authorization: Bearer <key>'",
+            ))
+        }
+    }
+}
+
+/// The router with every endpoint.
+pub fn router(state: Arc<AppState>) -> Router {
+    let limit = state.config.max_body_bytes;
+    Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(state)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "no such endpoint: see /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics",
+    )
+}
+
+async fn health(State(st): State<Arc<AppState>>) -> Response {
+    match (st.ready.get(), st.load_error.get()) {
+        (Some(_), _) => (StatusCode::OK, Json(json!({"status": "ok"}))).into_response(),
+        (None, Some(e)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "error", "error": e})),
+        )
+            .into_response(),
+        (None, None) => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "loading"}))).into_response(),
+    }
+}
+
+async fn models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
+    st.check_key(&headers)?;
+    Ok(Json(json!({
+        "object": "list",
+        "data": [{"id": st.config.model_id, "object": "model", "created": now(), "owned_by": "anelm"}],
+    })))
+}
+
+async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    let mut out = String::new();
+    let mut put = |name: &str, kind: &str, help: &str, v: f64| {
+        out.push_str(&format!(
+            "# HELP anelm_{name} {help}\n# TYPE anelm_{name} {kind}\nanelm_{name} {v}\n"
+        ));
+    };
+    put(
+        "ready",
+        "gauge",
+        "1 when the model is loaded",
+        f64::from(u8::from(st.ready.get().is_some())),
+    );
+    if let Some(r) = st.ready.get() {
+        let m = r.scheduler.metrics();
+        let g = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed) as f64;
+        put("requests_total", "counter", "requests accepted", g(&m.requests_total));
+        put(
+            "requests_rejected_total",
+            "counter",
+            "requests refused (queue full)",
+            g(&m.requests_rejected),
+        );
+        put(
+            "requests_finished_total",
+            "counter",
+            "requests finished",
+            g(&m.requests_finished),
+        );
+        put(
+            "requests_cancelled_total",
+            "counter",
+            "requests cancelled by clients",
+            g(&m.requests_cancelled),
+        );
+        put(
+            "prompt_tokens_total",
+            "counter",
+            "prompt tokens prefilled",
+            g(&m.prompt_tokens_total),
+        );
+        put(
+            "reused_tokens_total",
+            "counter",
+            "prompt tokens reused from session caches",
+            g(&m.reused_tokens_total),
+        );
+        put(
+            "generated_tokens_total",
+            "counter",
+            "tokens generated",
+            g(&m.generated_tokens_total),
+        );
+        put(
+            "queue_depth",
+            "gauge",
+            "requests waiting for a session",
+            g(&m.queue_depth),
+        );
+        put(
+            "busy_sessions",
+            "gauge",
+            "sessions serving a request",
+            g(&m.busy_sessions),
+        );
+        put(
+            "sessions",
+            "gauge",
+            "sessions in the pool",
+            r.scheduler.config().sessions as f64,
+        );
+        put("steps_total", "counter", "batched forward steps", g(&m.steps_total));
+        put(
+            "step_seconds_total",
+            "counter",
+            "time in steps",
+            g(&m.step_time_us_total) / 1e6,
+        );
+        put(
+            "generation_tokens_per_second",
+            "gauge",
+            "generation rate of the last step",
+            g(&m.last_step_gen_tok_s_milli) / 1000.0,
+        );
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
+}
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+fn request_id(prefix: &str) -> String {
+    use std::sync::atomic::AtomicU64;
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    format!("{prefix}-{:x}{:06x}", now(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+async fn chat_completions(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    handle(st, headers, body, true).await
+}
+
+async fn completions(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    handle(st, headers, body, false).await
+}
+
+/// Cancels the scheduler request when the response (or its stream) is dropped early.
+struct CancelOnDrop(CancelToken);
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+fn finish_reason(f: FinishReason) -> &'static str {
+    match f {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+        FinishReason::Cancelled => "cancelled",
+    }
+}
+
+fn usage(c: &Completion) -> Value {
+    json!({"prompt_tokens": c.prompt_tokens, "completion_tokens": c.tokens.len(),
+           "total_tokens": c.prompt_tokens + c.tokens.len()})
+}
+
+async fn handle(
+    st: Arc<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    chat: bool,
+) -> Result<Response, ApiError> {
+    st.check_key(&headers)?;
+    let body = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                format!("the request body is larger than {} bytes", st.config.max_body_bytes),
+            )
+        } else {
+            ApiError::bad_request(format!("could not read the body: {e}"), None)
+        }
+    })?;
+    let ready = st.get_ready()?;
+    let lm = &ready.model;
+    let ctx = ready.scheduler.config().ctx_size;
+    let parsed: Parsed = openai::parse(&body, chat, ctx)?;
+    let prompt_text = match &parsed.input {
+        Input::Chat(msgs) => lm
+            .template
+            .render(msgs, true, &parsed.template_kwargs)
+            .map_err(|e| ApiError::bad_request(format!("chat template: {e}"), Some("messages")))?,
+        Input::Text(t) => t.clone(),
+    };
+    let prompt = lm
+        .tokenizer
+        .encode(&prompt_text)
+        .map_err(|e| ApiError::bad_request(format!("tokenization failed: {e}"), None))?;
+    if prompt.is_empty() {
+        return Err(ApiError::bad_request(
+            "the prompt is empty",
+            Some(if chat { "messages" } else { "prompt" }),
+        ));
+    }
+    if prompt.len() + parsed.max_tokens > ctx {
+        return Err(ApiError::bad_request(
+            format!(
+                "the prompt ({} tokens) plus max_tokens ({}) exceeds the context of {ctx} tokens",
+                prompt.len(),
+                parsed.max_tokens
+            ),
+            Some("max_tokens"),
+        ));
+    }
+    let (tx, rx) = mpsc::unbounded_channel::<Event>();
+    let cancel = CancelToken::new();
+    ready
+        .scheduler
+        .submit(
+            parsed.request(prompt),
+            Box::new(move |e| tx.send(e).is_ok()),
+            cancel.clone(),
+        )
+        .map_err(|e| match e {
+            SubmitError::QueueFull(_) => {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "server_error", e.to_string()).retry_after(1)
+            }
+            SubmitError::ShuttingDown => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", e.to_string()).retry_after(5)
+            }
+            SubmitError::Invalid(m) => ApiError::bad_request(m, None),
+        })?;
+    let guard = CancelOnDrop(cancel);
+    let id = request_id(if chat { "chatcmpl" } else { "cmpl" });
+    let model = parsed.model.clone().unwrap_or_else(|| st.config.model_id.clone());
+    if parsed.stream {
+        Ok(stream_response(rx, guard, id, model, chat, parsed.include_usage).into_response())
+    } else {
+        collect_response(rx, guard, id, model, chat).await
+    }
+}
+
+async fn collect_response(
+    mut rx: mpsc::UnboundedReceiver<Event>,
+    guard: CancelOnDrop,
+    id: String,
+    model: String,
+    chat: bool,
+) -> Result<Response, ApiError> {
+    let mut text = String::new();
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Text(t) => text.push_str(&t),
+            Event::Failed(m) => {
+                return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", m));
+            }
+            Event::Done(c) => {
+                drop(guard);
+                let choice = if chat {
+                    json!({"index": 0, "message": {"role": "assistant", "content": text},
+                           "finish_reason": finish_reason(c.finish)})
+                } else {
+                    json!({"index": 0, "text": text, "finish_reason": finish_reason(c.finish)})
+                };
+                let obj = if chat { "chat.completion" } else { "text_completion" };
+                let body = json!({"id": id, "object": obj, "created": now(), "model": model,
+                                  "choices": [choice], "usage": usage(&c)});
+                return Ok(Json(body).into_response());
+            }
+        }
+    }
+    Err(ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "server_error",
+        "generation ended without a result",
+    ))
+}
+
+fn stream_response(
+    rx: mpsc::UnboundedReceiver<Event>,
+    guard: CancelOnDrop,
+    id: String,
+    model: String,
+    chat: bool,
+    include_usage: bool,
+) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+    let created = now();
+    let obj = if chat {
+        "chat.completion.chunk"
+    } else {
+        "text_completion"
+    };
+    let chunk = move |delta: Value, finish: Option<&str>| -> Value {
+        let choice = if chat {
+            json!({"index": 0, "delta": delta, "finish_reason": finish})
+        } else {
+            json!({"index": 0, "text": delta.get("content").cloned().unwrap_or(json!("")), "finish_reason": finish})
+        };
+        json!({"id": id, "object": obj, "created": created, "model": model, "choices": [choice]})
+    };
+    // State: (receiver, guard, role sent, pending frames, finished).
+    let first = if chat {
+        vec![chunk(json!({"role": "assistant", "content": ""}), None)]
+    } else {
+        Vec::new()
+    };
+    let init = (rx, Some(guard), first, false);
+    let stream = futures_util::stream::unfold(init, move |(mut rx, mut guard, mut queue, mut done)| {
+        let chunk = chunk.clone();
+        async move {
+            loop {
+                if !queue.is_empty() {
+                    let v = queue.remove(0);
+                    let ev = match v {
+                        Value::String(s) => SseEvent::default().data(s),
+                        v => SseEvent::default().data(v.to_string()),
+                    };
+                    return Some((Ok(ev), (rx, guard, queue, done)));
+                }
+                if done {
+                    return None;
+                }
+                match rx.recv().await {
+                    Some(Event::Text(t)) => queue.push(chunk(json!({"content": t}), None)),
+                    Some(Event::Done(c)) => {
+                        guard.take(); // finished: cancelling a finished request is a no-op
+                        queue.push(chunk(json!({}), Some(finish_reason(c.finish))));
+                        if include_usage {
+                            let mut u = chunk(json!({}), None);
+                            if let Some(o) = u.as_object_mut() {
+                                o.insert("choices".into(), json!([]));
+                                o.insert("usage".into(), usage(&c));
+                            }
+                            queue.push(u);
+                        }
+                        queue.push(Value::String("[DONE]".into()));
+                        done = true;
+                    }
+                    Some(Event::Failed(m)) => {
+                        queue.push(json!({"error": {"message": m, "type": "server_error"}}));
+                        queue.push(Value::String("[DONE]".into()));
+                        done = true;
+                    }
+                    None => {
+                        queue.push(Value::String("[DONE]".into()));
+                        done = true;
+                    }
+                }
+            }
+        }
+    });
+    Sse::new(stream).keep_alive(KeepAlive::default())
+}
+
+/// Resolves when the process gets SIGINT (Ctrl-C) or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
