@@ -25,7 +25,9 @@ pub enum EngineError {
     #[error("model configuration: {0}")]
     Config(String),
     /// The model's architecture is not implemented.
-    #[error("unsupported model architecture '{0}': anelm runs llama (incl. SmolLM2, mistral), qwen3 and gemma3 today")]
+    #[error(
+        "unsupported model architecture '{0}': anelm runs llama (incl. SmolLM2, mistral), qwen3, gemma3 and qwen3_5 (safetensors) today"
+    )]
     UnsupportedArchitecture(String),
     /// A tensor has a shape other than the configuration implies.
     #[error(

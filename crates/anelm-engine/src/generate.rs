@@ -99,7 +99,8 @@ pub fn prefill(
     let mut common = session.tokens().iter().zip(prompt).take_while(|(a, b)| a == b).count();
     // The last prompt token must run again to produce its logits.
     common = common.min(prompt.len() - 1);
-    session.truncate(common);
+    // A recurrent session cannot rewind, so it may keep less than asked (everything or nothing).
+    let common = session.truncate(common);
     let chunk = chunk.max(1);
     let rest = &prompt[common..];
     let mut logits = Vec::new();

@@ -27,4 +27,4 @@ pub use loader::{LoadedModel, ModelSource, load_model, load_model_weights};
 pub use model::{LanguageModel, LogitsMode, ModelInfo, StepItem};
 pub use sampler::{Sampler, SamplerParams};
 pub use scheduler::{CancelToken, Completion, Event, Metrics, Request, Scheduler, SchedulerConfig, Sink, SubmitError};
-pub use session::Session;
+pub use session::{RecurrentLayer, Session};

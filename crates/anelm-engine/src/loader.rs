@@ -14,6 +14,7 @@ use anelm_model::tokenizer::{GgufVocab, Tokenizer};
 
 use crate::arch::gemma3::{Gemma3, Gemma3Config, Gemma3Naming};
 use crate::arch::llama::{Llama, LlamaConfig, TensorNaming};
+use crate::arch::qwen3_5::{Qwen35, Qwen35Config};
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
 use crate::model::LanguageModel;
@@ -183,6 +184,20 @@ fn hf_model(
                 Gemma3Config::from_hf(config)?,
                 &store,
                 Gemma3Naming::HuggingFace(prefix),
+                backend,
+                progress,
+            )?)
+        }
+        "qwen3_5" | "qwen3_5_text" => {
+            let prefix = if store.contains("model.language_model.embed_tokens.weight") {
+                "model.language_model."
+            } else {
+                "model."
+            };
+            Box::new(Qwen35::load(
+                Qwen35Config::from_hf(config)?,
+                &store,
+                prefix,
                 backend,
                 progress,
             )?)

@@ -415,7 +415,8 @@ fn admit<'t>(slots: &mut [Slot<'t>], mut job: Job, tok: &'t Tokenizer, metrics: 
     let slot = &mut slots[best];
     // Keep at least the last prompt token to run again: its logits start generation.
     let common = shared(&slot.session, &job.req.prompt).min(job.req.prompt.len() - 1);
-    slot.session.truncate(common);
+    // A recurrent (hybrid-model) session cannot rewind: it may keep less than asked.
+    let common = slot.session.truncate(common);
     slot.last_used = clock;
     metrics.busy_sessions.fetch_add(1, Ordering::Relaxed);
     metrics.reused_tokens_total.fetch_add(common as u64, Ordering::Relaxed);

@@ -1,0 +1,472 @@
+//! Qwen3.5 (dense, text) forward: a hybrid of Gated DeltaNet layers ([`crate::arch::deltanet`])
+//! and gated full-attention layers, each followed by a SwiGLU FFN.
+//!
+//! - Layer kinds from `layer_types`, else full attention at every `full_attention_interval`-th
+//!   layer (default 4: three DeltaNet layers, then one attention layer).
+//! - `(1 + w)` RMSNorms for input, post-attention, final, q and k norms.
+//! - Gated attention: `q_proj` emits, per head, the query then an output gate; QK-norm; RoPE
+//!   with rotate-half pairing on the first `partial_rotary_factor · head_dim` dimensions; the
+//!   attention output is multiplied by σ(gate) before `o_proj`.
+//! - Tied or untied LM head.
+//!
+//! Hugging Face layout only: tensors under `model.` (text checkpoint) or
+//! `model.language_model.` (the multimodal checkpoint; vision and `mtp.*` tensors are not read).
+
+use std::sync::Arc;
+
+use anelm_model::hf_config::HfConfig;
+use anelm_model::tensor_store::TensorStore;
+use serde_json::Value;
+
+use crate::arch::attention::Attention;
+use crate::arch::deltanet::{DeltaNetShape, GatedDeltaNet};
+use crate::arch::step::{commit_tokens, embed_lanes, plan_lanes, wanted_lanes};
+use crate::backend::{Backend, Kernel, KernelSpec, WeightId};
+use crate::batch::Batch;
+use crate::error::{EngineError, Result};
+use crate::kv_cache::KvCache;
+use crate::model::{LanguageModel, ModelInfo, StepItem};
+use crate::ops::{AttentionPrecision, Rope, RopePairing, rms_norm, sigmoid};
+use crate::session::{RecurrentLayer, Session};
+use crate::stored_matrix::StoredMatrix;
+
+/// Hyper-parameters of a Qwen3.5 text model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Qwen35Config {
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// Hidden width.
+    pub hidden_size: usize,
+    /// FFN width.
+    pub intermediate_size: usize,
+    /// Per layer: true for linear attention (Gated DeltaNet), false for full attention.
+    pub linear: Vec<bool>,
+    /// Attention query heads.
+    pub n_heads: usize,
+    /// Attention key/value heads.
+    pub n_kv_heads: usize,
+    /// Attention head width.
+    pub head_dim: usize,
+    /// Dimensions RoPE rotates (`partial_rotary_factor · head_dim`).
+    pub rope_dims: usize,
+    /// RoPE base.
+    pub rope_theta: f32,
+    /// DeltaNet dimensions.
+    pub deltanet: DeltaNetShape,
+    /// RMSNorm epsilon.
+    pub rms_eps: f32,
+    /// Training context length.
+    pub context_length: usize,
+}
+
+fn need<T>(v: Option<T>, key: &str) -> Result<T> {
+    v.ok_or_else(|| EngineError::Config(format!("missing '{key}' in config.json")))
+}
+
+impl Qwen35Config {
+    /// From a Hugging Face `config.json` (`qwen3_5`, whose `text_config` is used, or
+    /// `qwen3_5_text`).
+    pub fn from_hf(c: &HfConfig) -> Result<Self> {
+        let raw = c.raw();
+        let uint = |k: &str| raw.get(k).and_then(Value::as_u64).map(|v| v as usize);
+        let hidden_size = need(c.hidden_size, "hidden_size")?;
+        let n_layers = need(c.num_hidden_layers, "num_hidden_layers")?;
+        let n_heads = need(c.num_attention_heads, "num_attention_heads")?;
+        let head_dim = match c.head_dim {
+            Some(d) => d,
+            None => hidden_size / n_heads.max(1),
+        };
+        let linear = if c.layer_types.is_empty() {
+            let interval = uint("full_attention_interval").unwrap_or(4).max(1);
+            (0..n_layers).map(|i| (i + 1) % interval != 0).collect()
+        } else {
+            if c.layer_types.len() != n_layers {
+                return Err(EngineError::Config(format!(
+                    "layer_types lists {} layers but num_hidden_layers is {n_layers}",
+                    c.layer_types.len()
+                )));
+            }
+            c.layer_types.iter().map(|t| t == "linear_attention").collect()
+        };
+        let factor = c.partial_rotary_factor.unwrap_or(0.25);
+        if !(factor > 0.0 && factor <= 1.0) {
+            return Err(EngineError::Config(format!(
+                "partial_rotary_factor {factor} is outside (0, 1]"
+            )));
+        }
+        let rope_dims = (head_dim as f64 * factor) as usize;
+        let cfg = Self {
+            vocab_size: need(c.vocab_size, "vocab_size")?,
+            hidden_size,
+            intermediate_size: need(c.intermediate_size, "intermediate_size")?,
+            linear,
+            n_heads,
+            n_kv_heads: c.num_key_value_heads.unwrap_or(n_heads),
+            head_dim,
+            rope_dims,
+            rope_theta: c.rope_theta.unwrap_or(10_000_000.0) as f32,
+            deltanet: DeltaNetShape {
+                n_k_heads: uint("linear_num_key_heads").unwrap_or(16),
+                n_v_heads: uint("linear_num_value_heads").unwrap_or(32),
+                k_dim: uint("linear_key_head_dim").unwrap_or(128),
+                v_dim: uint("linear_value_head_dim").unwrap_or(128),
+                conv_kernel: uint("linear_conv_kernel_dim").unwrap_or(4),
+            },
+            rms_eps: c.rms_norm_eps.unwrap_or(1e-6) as f32,
+            context_length: c.max_position_embeddings.unwrap_or(32768),
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> Result<()> {
+        let bad = |m: &str| Err(EngineError::Config(m.to_string()));
+        if self.n_heads == 0 || self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
+            return bad("query heads must be a positive multiple of key/value heads");
+        }
+        if self.head_dim == 0 || self.rope_dims % 2 != 0 || self.rope_dims > self.head_dim {
+            return bad("the rotated dimensions (partial_rotary_factor · head_dim) must be even and ≤ head_dim");
+        }
+        let d = &self.deltanet;
+        if d.n_k_heads == 0 || d.n_v_heads % d.n_k_heads != 0 || d.k_dim == 0 || d.v_dim == 0 || d.conv_kernel == 0 {
+            return bad("linear attention: value heads must be a positive multiple of key heads, dims positive");
+        }
+        if self.hidden_size == 0 || self.vocab_size == 0 || self.linear.is_empty() {
+            return bad("hidden size, vocabulary and layer count must be positive");
+        }
+        if self.linear.len() > 4096 || self.n_heads > 4096 || self.head_dim > 8192 || d.n_v_heads > 4096 {
+            return bad("implausibly large layer/head counts: the file is corrupt");
+        }
+        Ok(())
+    }
+
+    /// Decoder layers.
+    pub fn n_layers(&self) -> usize {
+        self.linear.len()
+    }
+}
+
+enum Mixer {
+    /// Gated DeltaNet: fused `[qkv | z | b | a]` projection, CPU recurrence, out_proj + residual.
+    Linear {
+        proj: Box<dyn Kernel>,
+        net: GatedDeltaNet,
+        out: Box<dyn Kernel>,
+    },
+    /// Gated attention: fused `[q+gate | k | v]` projection, QK-norm weights (1 + w), o_proj +
+    /// residual.
+    Attention {
+        qkv: Box<dyn Kernel>,
+        q_norm: Vec<f32>,
+        k_norm: Vec<f32>,
+        out: Box<dyn Kernel>,
+    },
+}
+
+struct Layer {
+    input_norm: Vec<f32>,
+    post_norm: Vec<f32>,
+    mixer: Mixer,
+    ffn_residual: Box<dyn Kernel>,
+}
+
+/// A loaded Qwen3.5 text model.
+pub struct Qwen35 {
+    cfg: Qwen35Config,
+    info: ModelInfo,
+    embed: StoredMatrix,
+    layers: Vec<Layer>,
+    output_norm: Vec<f32>,
+    lm_head: Box<dyn Kernel>,
+    rope: Rope,
+    attention: Attention,
+}
+
+/// Decode a small tensor of any rank to f32 (conv weights are `[C, 1, k]`).
+fn small_tensor(store: &Arc<dyn TensorStore>, name: &str, len: usize) -> Result<Vec<f32>> {
+    let view = store.tensor(name)?;
+    if view.n_elements() != len {
+        return Err(EngineError::TensorShape {
+            name: name.to_string(),
+            found: view.shape.clone(),
+            expected: vec![len],
+        });
+    }
+    let mut out = vec![0.0; len];
+    anelm_kernels::dequantize_row(view.format, view.data, &mut out)?;
+    Ok(out)
+}
+
+impl Qwen35 {
+    /// Compile every kernel on `backend`; `prefix` is where the text model's tensors live
+    /// (`model.` or `model.language_model.`). `progress(done, total)` is called after each layer.
+    pub fn load(
+        cfg: Qwen35Config,
+        store: &Arc<dyn TensorStore>,
+        prefix: &str,
+        backend: &dyn Backend,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self> {
+        let h = cfg.hidden_size;
+        let hd = cfg.head_dim;
+        let n_layers = cfg.n_layers();
+        let embed_name = format!("{prefix}embed_tokens.weight");
+        let embed = StoredMatrix::load(store, &embed_name)?;
+        embed.expect_shape(cfg.vocab_size, h)?;
+        let vector = |name: &str, len: usize, offset: f32| -> Result<Vec<f32>> {
+            let mut v = small_tensor(store, name, len)?;
+            v.iter_mut().for_each(|w| *w += offset);
+            Ok(v)
+        };
+        let check = |name: &str, rows: usize, cols: usize| -> Result<()> {
+            StoredMatrix::load(store, name)?.expect_shape(rows, cols)
+        };
+        let compile = |spec: KernelSpec| backend.compile(&spec, store);
+        let d = cfg.deltanet;
+        let mut layers = Vec::with_capacity(n_layers);
+        for (i, &linear) in cfg.linear.iter().enumerate() {
+            let name = |what: &str| format!("{prefix}layers.{i}.{what}");
+            let w = |what: &str| WeightId::new(name(what));
+            let mixer = if linear {
+                let t = |s: &str| name(&format!("linear_attn.{s}"));
+                check(&t("in_proj_qkv.weight"), d.conv_dim(), h)?;
+                check(&t("in_proj_z.weight"), d.value_width(), h)?;
+                check(&t("in_proj_b.weight"), d.n_v_heads, h)?;
+                check(&t("in_proj_a.weight"), d.n_v_heads, h)?;
+                check(&t("out_proj.weight"), h, d.value_width())?;
+                let net = GatedDeltaNet::new(
+                    d,
+                    small_tensor(store, &t("conv1d.weight"), d.conv_dim() * d.conv_kernel)?,
+                    &small_tensor(store, &t("A_log"), d.n_v_heads)?,
+                    small_tensor(store, &t("dt_bias"), d.n_v_heads)?,
+                    small_tensor(store, &t("norm.weight"), d.v_dim)?,
+                    cfg.rms_eps,
+                )?;
+                Mixer::Linear {
+                    proj: compile(KernelSpec::Concat {
+                        ws: ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"]
+                            .iter()
+                            .map(|s| WeightId::new(t(&format!("{s}.weight"))))
+                            .collect(),
+                    })?,
+                    net,
+                    out: compile(KernelSpec::LinearResidual {
+                        w: WeightId::new(t("out_proj.weight")),
+                    })?,
+                }
+            } else {
+                check(&name("self_attn.q_proj.weight"), 2 * cfg.n_heads * hd, h)?;
+                check(&name("self_attn.k_proj.weight"), cfg.n_kv_heads * hd, h)?;
+                check(&name("self_attn.v_proj.weight"), cfg.n_kv_heads * hd, h)?;
+                check(&name("self_attn.o_proj.weight"), h, cfg.n_heads * hd)?;
+                Mixer::Attention {
+                    qkv: compile(KernelSpec::Concat {
+                        ws: vec![
+                            w("self_attn.q_proj.weight"),
+                            w("self_attn.k_proj.weight"),
+                            w("self_attn.v_proj.weight"),
+                        ],
+                    })?,
+                    q_norm: vector(&name("self_attn.q_norm.weight"), hd, 1.0)?,
+                    k_norm: vector(&name("self_attn.k_norm.weight"), hd, 1.0)?,
+                    out: compile(KernelSpec::LinearResidual {
+                        w: w("self_attn.o_proj.weight"),
+                    })?,
+                }
+            };
+            let ffn_residual = compile(KernelSpec::SwiGluResidual {
+                gate: w("mlp.gate_proj.weight"),
+                up: w("mlp.up_proj.weight"),
+                down: w("mlp.down_proj.weight"),
+            })?;
+            if ffn_residual.shape().input != h || ffn_residual.shape().output != h {
+                return Err(EngineError::Config(format!(
+                    "layer {i}: FFN width differs from hidden size"
+                )));
+            }
+            layers.push(Layer {
+                input_norm: vector(&name("input_layernorm.weight"), h, 1.0)?,
+                post_norm: vector(&name("post_attention_layernorm.weight"), h, 1.0)?,
+                mixer,
+                ffn_residual,
+            });
+            progress(i + 1, n_layers + 1);
+        }
+        let head_name = if store.contains("lm_head.weight") {
+            "lm_head.weight".to_string()
+        } else {
+            embed_name
+        };
+        let lm_head = compile(KernelSpec::Linear {
+            w: WeightId::new(head_name.clone()),
+        })?;
+        if lm_head.shape().output != cfg.vocab_size || lm_head.shape().input != h {
+            return Err(EngineError::Config(format!(
+                "LM head '{head_name}' is {}×{}, expected {}×{h}",
+                lm_head.shape().output,
+                lm_head.shape().input,
+                cfg.vocab_size
+            )));
+        }
+        progress(n_layers + 1, n_layers + 1);
+        let info = ModelInfo {
+            architecture: "qwen3_5".into(),
+            vocab_size: cfg.vocab_size,
+            context_length: cfg.context_length,
+            n_layers,
+            hidden_size: h,
+        };
+        Ok(Self {
+            output_norm: vector(&format!("{prefix}norm.weight"), h, 1.0)?,
+            rope: Rope::new(cfg.rope_dims, cfg.rope_theta, RopePairing::Halves),
+            attention: Attention {
+                n_heads: cfg.n_heads,
+                n_kv_heads: cfg.n_kv_heads,
+                head_dim: hd,
+                scale: 1.0 / (hd as f32).sqrt(),
+                window: None,
+                softcap: None,
+                precision: AttentionPrecision::F32,
+            },
+            info,
+            embed,
+            layers,
+            lm_head,
+            cfg,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Qwen35Config {
+        &self.cfg
+    }
+}
+
+impl LanguageModel for Qwen35 {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn new_session(&self, ctx_size: usize) -> Session {
+        let ctx = ctx_size.clamp(1, self.cfg.context_length.max(1));
+        let recurrent = self
+            .cfg
+            .linear
+            .iter()
+            .map(|&l| {
+                if l {
+                    self.cfg.deltanet.new_state()
+                } else {
+                    RecurrentLayer::default()
+                }
+            })
+            .collect();
+        Session::with_recurrent(
+            KvCache::new(self.cfg.n_layers(), self.cfg.n_kv_heads * self.cfg.head_dim),
+            recurrent,
+            ctx,
+        )
+    }
+
+    fn forward(&self, items: &mut [StepItem<'_>]) -> Result<Batch> {
+        let cfg = &self.cfg;
+        let (h, hd) = (cfg.hidden_size, cfg.head_dim);
+        let q_dim = cfg.n_heads * hd;
+        let kv_dim = cfg.n_kv_heads * hd;
+        let eps = cfg.rms_eps;
+        let lanes = plan_lanes(items, cfg.vocab_size)?;
+        let n = lanes.len();
+        if n == 0 {
+            return Ok(Batch::zeros(0, cfg.vocab_size));
+        }
+        let mut x = embed_lanes(&self.embed, items, n, 1.0)?;
+        let angles: Vec<Vec<(f32, f32)>> = lanes
+            .iter()
+            .map(|l| {
+                let mut cs = Vec::new();
+                self.rope.angles(l.pos, &mut cs);
+                cs
+            })
+            .collect();
+        let vw = cfg.deltanet.value_width();
+        let mut xn = Batch::zeros(n, h);
+        let mut proj = Batch::default();
+        let mut attn = Batch::zeros(n, q_dim);
+        let mut mixed = Batch::zeros(n, vw);
+        let mut y = Batch::default();
+        let mut conv = vec![0.0f32; cfg.deltanet.conv_dim()];
+        let mut tmp = vec![0.0f32; hd];
+        for (li, layer) in self.layers.iter().enumerate() {
+            for lane in 0..n {
+                rms_norm(x.lane(lane), &layer.input_norm, eps, 0.0, xn.lane_mut(lane));
+            }
+            match &layer.mixer {
+                Mixer::Linear { proj: p, net, out } => {
+                    p.run(&[&xn], &mut proj)?;
+                    // Token by token within each session (lanes are in position order).
+                    for (lane, l) in lanes.iter().enumerate() {
+                        let st = &mut items[l.item].session.recurrent[li];
+                        net.step(st, proj.lane(lane), &mut conv, mixed.lane_mut(lane));
+                    }
+                    out.run(&[&mixed, &x], &mut y)?;
+                }
+                Mixer::Attention {
+                    qkv,
+                    q_norm,
+                    k_norm,
+                    out,
+                } => {
+                    qkv.run(&[&xn], &mut proj)?;
+                    // Per head: [query | gate] (2·hd) for q heads, then k, then v.
+                    for (lane, cs) in angles.iter().enumerate() {
+                        let row = proj.lane_mut(lane);
+                        let (qg, kv) = row.split_at_mut(2 * q_dim);
+                        for head in qg.chunks_mut(2 * hd) {
+                            let q = &mut head[..hd];
+                            tmp.copy_from_slice(q);
+                            rms_norm(&tmp, q_norm, eps, 0.0, q);
+                            self.rope.apply(q, cs);
+                        }
+                        for k in kv[..kv_dim].chunks_mut(hd) {
+                            tmp.copy_from_slice(k);
+                            rms_norm(&tmp, k_norm, eps, 0.0, k);
+                            self.rope.apply(k, cs);
+                        }
+                    }
+                    self.attention
+                        .append(items, &lanes, li, &proj, 2 * q_dim, 2 * q_dim + kv_dim);
+                    self.attention.run(items, &lanes, li, &proj, 0, 2 * hd, &mut attn);
+                    // Output gate: o ⊙ σ(gate).
+                    for lane in 0..n {
+                        let gates = &proj.lane(lane)[..2 * q_dim];
+                        for (o, g) in attn.lane_mut(lane).chunks_mut(hd).zip(gates.chunks(2 * hd)) {
+                            for (ov, &gv) in o.iter_mut().zip(&g[hd..]) {
+                                *ov *= sigmoid(gv);
+                            }
+                        }
+                    }
+                    out.run(&[&attn, &x], &mut y)?;
+                }
+            }
+            std::mem::swap(&mut x, &mut y);
+            for lane in 0..n {
+                rms_norm(x.lane(lane), &layer.post_norm, eps, 0.0, xn.lane_mut(lane));
+            }
+            layer.ffn_residual.run(&[&xn, &x], &mut y)?;
+            std::mem::swap(&mut x, &mut y);
+        }
+        commit_tokens(items);
+        let wanted = wanted_lanes(items);
+        let mut normed = Batch::zeros(wanted.len(), h);
+        for (row, &lane) in wanted.iter().enumerate() {
+            rms_norm(x.lane(lane), &self.output_norm, eps, 0.0, normed.lane_mut(row));
+        }
+        let mut logits = Batch::default();
+        if wanted.is_empty() {
+            logits.resize(0, cfg.vocab_size);
+        } else {
+            self.lm_head.run(&[&normed], &mut logits)?;
+        }
+        Ok(logits)
+    }
+}
