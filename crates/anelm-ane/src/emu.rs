@@ -26,6 +26,9 @@ pub const DEFAULT_MAX_CONV_INPUT_CHANNELS: usize = 16_384;
 /// 65,536 × 4096 fp16 LM-head chunk of Qwen3.5-9B (ane-runtime.md §3.4, §11), 512 MiB.
 pub const DEFAULT_MAX_KERNEL_CONST_BYTES: u64 = 65_536 * 4096 * 2;
 
+/// Largest element count of any one tensor: the largest weight known to run (65,536 × 4096).
+pub const DEFAULT_MAX_TENSOR_ELEMENTS: usize = 65_536 * 4096;
+
 /// Default per-process budget of simultaneously loaded programs: 229, the most kernels seen
 /// loaded at once (FG, M3 Max; ane-hardware.md §4.7). Qwen3-4B's 226 fit.
 pub const DEFAULT_MAX_LOADED: usize = 229;
@@ -44,6 +47,8 @@ pub struct EmuConfig {
     pub max_dim: usize,
     /// Conv input-channel cap ([`Rule::DimCap`]).
     pub max_conv_input_channels: usize,
+    /// Element cap of any one tensor ([`Rule::DimCap`]).
+    pub max_tensor_elements: usize,
     /// Per-kernel constant limit in bytes at fp16 size ([`Rule::KernelSize`]).
     pub max_kernel_const_bytes: u64,
     /// Flush fp16 subnormals to zero after every op (the ANE appears to; ane-hardware.md §3.7).
@@ -58,6 +63,7 @@ impl Default for EmuConfig {
             max_loaded_bytes: None,
             max_dim: DEFAULT_MAX_DIM,
             max_conv_input_channels: DEFAULT_MAX_CONV_INPUT_CHANNELS,
+            max_tensor_elements: DEFAULT_MAX_TENSOR_ELEMENTS,
             max_kernel_const_bytes: DEFAULT_MAX_KERNEL_CONST_BYTES,
             flush_subnormals: true,
         }

@@ -44,8 +44,8 @@ mod validate;
 pub use chip::{CHIPS, ChipProfile, FIT_TO_ANEMLL_RATIO};
 pub use device::{AneDevice, DispatchTime, ProgramHandle, Signature};
 pub use emu::{
-    DEFAULT_MAX_CONV_INPUT_CHANNELS, DEFAULT_MAX_DIM, DEFAULT_MAX_KERNEL_CONST_BYTES, DEFAULT_MAX_LOADED, EmuAne,
-    EmuConfig, EmuStats,
+    DEFAULT_MAX_CONV_INPUT_CHANNELS, DEFAULT_MAX_DIM, DEFAULT_MAX_KERNEL_CONST_BYTES, DEFAULT_MAX_LOADED,
+    DEFAULT_MAX_TENSOR_ELEMENTS, EmuAne, EmuConfig, EmuStats,
 };
 pub use error::{AneError, LowerError, SurfaceError};
 pub use kernel::{AneKernel, WeightMode, WeightShape};

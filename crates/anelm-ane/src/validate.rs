@@ -323,6 +323,18 @@ fn dim_rules(f: &Function, stmts: &HashMap<&str, &Statement>, cfg: &EmuConfig) -
                 ),
             ));
         }
+        if ty.shape.contains(&0) {
+            return Err(rule(Rule::DimCap, format!("`{name}` is {ty}: a dimension is 0")));
+        }
+        if ty.num_elements().is_none_or(|n| n > cfg.max_tensor_elements) {
+            return Err(rule(
+                Rule::DimCap,
+                format!(
+                    "`{name}` is {ty}: more than the {} elements one tensor may hold",
+                    cfg.max_tensor_elements
+                ),
+            ));
+        }
     }
     for st in f.body.iter().filter(|s| s.kind() == OpKind::Conv) {
         if let Some(&[_, ic, ..]) = weight_shape(st, stmts) {

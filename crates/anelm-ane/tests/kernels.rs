@@ -10,6 +10,9 @@
 //! int8 adds a weight error of up to half a quantisation step, s/2 = max|w_row|/254; for
 //! uniform weights that is a relative RMS weight error of (1/254)/√3 ÷ (1/√3) ≈ 3.9e-3 per
 //! projection, ≈ 6e-3 through the three FFN projections: bound **1e-2** (the int8 tolerance).
+//! Measured here (hidden 128, inter 320, uniform weights): fp16 FFN mean 7e-4 / max 9e-4; int8
+//! per-row FFN mean 7.0e-3 / max 8.8e-3, blocks of 16 mean 6.3e-3 / max 7.5e-3. The int8 bound
+//! is therefore tight: weights with outliers (amax ≫ rms) need block scales to stay under it.
 //!
 //! For single-projection kernels we also check a rigorous per-element bound:
 //! |Δy| ≤ Σ|Δw_i|·|x_i| + 2u·Σ|w_i|·|x_i| + u·|y| (+ the residual's own rounding u·|r|), with

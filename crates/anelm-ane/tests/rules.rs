@@ -216,6 +216,18 @@ fn cases() -> Vec<(Rule, EmuConfig, String, WeightFiles)> {
         ..d()
     };
     v.push((Rule::DimCap, small_cap, text.clone(), weights.clone()));
+    let zero = program(
+        "ios16",
+        "tensor<fp16, [1, 0, 1, 32]> x",
+        &format!("        tensor<fp16, [1, 0, 1, 32]> y = add(x = x, y = x){};\n", s("y")),
+        "y",
+    );
+    v.push((Rule::DimCap, d(), zero, none.clone()));
+    let few_elements = EmuConfig {
+        max_tensor_elements: 1000,
+        ..d()
+    };
+    v.push((Rule::DimCap, few_elements, text.clone(), weights.clone()));
 
     // kernel-size: 8 KiB of constants against a 4 KiB limit.
     let tiny_limit = EmuConfig {
