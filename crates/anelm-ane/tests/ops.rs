@@ -45,7 +45,7 @@ fn slices_concat_and_broadcast_sub() {
     let y = f.concat("y", &[&first, &d], &ax, &ci).unwrap();
     f.output(&y).unwrap();
     let x = ramp(6);
-    let out = run(f, EmuConfig::default(), &[x.clone()]);
+    let out = run(f, EmuConfig::default(), std::slice::from_ref(&x));
     let y = &out[0];
     assert_eq!(y.channels(), 5);
     for l in 0..32 {
@@ -83,7 +83,7 @@ fn reshape_transpose_matmul_softmax_reduce() {
         x.set(0, l, 0.01 * l as f32).unwrap();
         x.set(1, l, -0.02 * l as f32).unwrap();
     }
-    let out = run(f, EmuConfig::default(), &[x.clone()]);
+    let out = run(f, EmuConfig::default(), std::slice::from_ref(&x));
     for c in 0..2 {
         for l in 0..32 {
             let (got, want) = (out[0].get(c, l).unwrap(), x.get(c, l).unwrap());
@@ -105,7 +105,7 @@ fn every_op_rounds_to_fp16_and_flushes_subnormals() {
     f.output(&tiny).unwrap();
     f.output(&y).unwrap();
     let x = Surface::pack(1, &[&[f32::powi(2.0, -6)], &[f32::powi(2.0, -2)]]).unwrap();
-    let flushed = run(f.clone(), EmuConfig::default(), &[x.clone()]);
+    let flushed = run(f.clone(), EmuConfig::default(), std::slice::from_ref(&x));
     assert_eq!(flushed[0].get(0, 0).unwrap(), 0.0);
     assert_eq!(flushed[1].get(0, 0).unwrap(), 1.0);
     assert_eq!(flushed[0].get(0, 1).unwrap(), f32::powi(2.0, -12));
@@ -136,7 +136,7 @@ fn matmul_and_transpose_values() {
     let y = f.reshape("y", &g, &os).unwrap();
     f.output(&y).unwrap();
     let x = ramp(2);
-    let out = run(f, EmuConfig::default(), &[x.clone()]);
+    let out = run(f, EmuConfig::default(), std::slice::from_ref(&x));
     for i in 0..32 {
         for j in 0..32 {
             let want: f32 = (0..2).map(|k| x.get(k, i).unwrap() * x.get(k, j).unwrap()).sum();
