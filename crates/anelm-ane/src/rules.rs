@@ -21,7 +21,8 @@ pub enum Rule {
     IoLanes,
     /// No `tile` anywhere.
     NoTile,
-    /// A `conv` weight is a compile-time constant (`const` or a `constexpr_*` of constants).
+    /// A `conv` weight is a compile-time constant (`const` or a `constexpr_*` of constants), and
+    /// so is every operand of a `constexpr_*` op.
     ConvConstWeight,
     /// A `conv` is 1×1, stride 1, dilation 1, `pad_type = "valid"`, groups 1.
     ConvForm,
