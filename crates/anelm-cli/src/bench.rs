@@ -30,6 +30,72 @@ pub struct BenchArgs {
     /// Print one JSON object per test on stdout instead of the markdown table.
     #[arg(long)]
     pub json: bool,
+    /// Concurrency levels for the serving benchmark (e.g. 1,2,4,8); replaces pp/tg when given.
+    #[arg(long, value_delimiter = ',')]
+    pub concurrency: Vec<usize>,
+    /// Serving benchmark: requests per concurrency level (default: 2 × the highest level).
+    #[arg(long)]
+    pub requests: Option<usize>,
+    /// Serving benchmark: tokens generated per request.
+    #[arg(long, default_value_t = 64)]
+    pub tokens: usize,
+    /// Serving benchmark: an already running server (host:port) instead of an in-process one.
+    #[arg(long)]
+    pub url: Option<String>,
+    /// Serving benchmark: write the results as JSON here.
+    #[arg(long)]
+    pub json_out: Option<std::path::PathBuf>,
+    /// Serving benchmark: write an SVG chart here.
+    #[arg(long)]
+    pub chart_out: Option<std::path::PathBuf>,
+}
+
+fn run_serving(a: &BenchArgs) -> Result<()> {
+    use crate::bench_serve::*;
+    if a.concurrency.contains(&0) {
+        bail!("--concurrency levels must be at least 1");
+    }
+    if a.tokens == 0 {
+        bail!("--tokens must be at least 1");
+    }
+    let top = a.concurrency.iter().copied().max().unwrap_or(1);
+    let requests = a.requests.unwrap_or(2 * top).max(1);
+    let (addr, what) = match &a.url {
+        Some(u) => {
+            let hp = u
+                .trim_start_matches("http://")
+                .trim_end_matches('/')
+                .trim_end_matches("/v1")
+                .to_string();
+            (hp, format!("server at {u}"))
+        }
+        None => {
+            let lm = std::sync::Arc::new(load(&a.model)?);
+            let threads = rayon::current_num_threads();
+            let name = model_path(&a.model)?
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            (
+                start_server(lm, top, threads)?,
+                format!("{name}, in-process server, {top} sessions, {threads} threads"),
+            )
+        }
+    };
+    let levels = run_levels(&addr, &a.concurrency, requests, a.tokens)?;
+    let title = format!("anelm: {requests} requests × {} tokens per level ({what})", a.tokens);
+    println!("{title}\n");
+    print!("{}", markdown(&levels));
+    if let Some(p) = &a.json_out {
+        let meta = serde_json::json!({"what": what, "requests": requests, "tokens": a.tokens,
+                                      "isa": anelm_kernels::Isa::best().name()});
+        std::fs::write(p, serde_json::to_string_pretty(&to_json(&levels, meta))?)
+            .with_context(|| format!("write {}", p.display()))?;
+    }
+    if let Some(p) = &a.chart_out {
+        std::fs::write(p, svg(&levels, &title)).with_context(|| format!("write {}", p.display()))?;
+    }
+    Ok(())
 }
 
 /// One measured test.
@@ -106,6 +172,9 @@ fn decode_once(model: &dyn LanguageModel, first: u32, n: usize) -> Result<f64> {
 
 /// Run `anelm bench`.
 pub fn run(a: BenchArgs) -> Result<()> {
+    if !a.concurrency.is_empty() {
+        return run_serving(&a);
+    }
     if a.repetitions == 0 {
         bail!("--repetitions must be at least 1");
     }

@@ -2,6 +2,7 @@
 
 mod args;
 mod bench;
+mod bench_serve;
 mod chat;
 mod default_model;
 mod generate;

@@ -196,6 +196,7 @@ impl Scheduler {
         let (tx, rx) = sync_channel::<Job>(cfg.queue);
         let metrics = Arc::new(Metrics::default());
         let stop_now = Arc::new(AtomicBool::new(false));
+        anelm_kernels::pool::init_global(cfg.threads);
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(cfg.threads)
             .thread_name(|i| format!("anelm-sched-{i}"))

@@ -10,6 +10,7 @@ mod error;
 mod format;
 mod fp16;
 mod matmul;
+pub mod pool;
 mod quantize;
 #[cfg(target_arch = "aarch64")]
 mod simd_neon;

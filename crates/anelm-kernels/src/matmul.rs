@@ -1,7 +1,5 @@
 //! Matrix × activations with lanes: every weight block is decoded once and dotted with all lanes,
-//! rows are split across the rayon pool. Per-block arithmetic follows ggml's generic CPU dots.
-
-use rayon::prelude::*;
+//! rows are split across the kernel pool (`pool.rs`). Per-block arithmetic follows ggml's generic CPU dots.
 
 use crate::activations::{ActKind, Activations};
 use crate::blocks::*;
@@ -184,7 +182,8 @@ unsafe impl Sync for OutPtr {}
 unsafe impl Send for OutPtr {}
 
 /// out[lane*rows + r] = Σ_k W[r,k]·x[lane,k] for a row-major `rows × cols` matrix stored in `fmt`.
-/// Rows are split across the current rayon pool; each weight row is read once for all lanes.
+/// Rows are split across the kernel pool ([`crate::pool::global`]); each weight row is read once
+/// for all lanes.
 /// Uses the fastest instruction set of this CPU ([`Isa::best`]).
 pub fn matmul(
     fmt: WeightFormat,
@@ -231,12 +230,13 @@ pub fn matmul_with(
         return Ok(());
     }
 
-    let threads = rayon::current_num_threads().max(1);
+    let pool = crate::pool::global();
+    let threads = pool.threads();
     // Chunks of whole 4-row tiles, several per thread so uneven progress evens out.
     let chunk = rows.div_ceil(threads * 8).clamp(4, 256).next_multiple_of(4);
     let ptr = OutPtr(out.as_mut_ptr());
     let ptr = &ptr;
-    (0..rows.div_ceil(chunk)).into_par_iter().for_each(|c| {
+    pool.run(rows.div_ceil(chunk), &|c| {
         let mut acc = [0f32; LANE_GROUP];
         let end = ((c + 1) * chunk).min(rows);
         let mut r = c * chunk;

@@ -29,6 +29,8 @@ pub struct Parsed {
     pub template_kwargs: Map<String, Value>,
     /// Echo of `model`.
     pub model: Option<String>,
+    /// Non-standard (as llama.cpp's server): never sample end-of-generation tokens.
+    pub ignore_eos: bool,
 }
 
 /// The prompt part of a request.
@@ -197,7 +199,13 @@ pub fn parse(body: &[u8], chat: bool, max_context: usize) -> Result<Parsed, ApiE
         Some(_) => return Err(bad("chat_template_kwargs", "must be an object")),
     };
     let model = obj.get("model").and_then(Value::as_str).map(str::to_string);
+    let ignore_eos = match obj.get("ignore_eos") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(bad("ignore_eos", "must be a boolean")),
+    };
     Ok(Parsed {
+        ignore_eos,
         input,
         stream,
         include_usage,
@@ -217,7 +225,7 @@ impl Parsed {
             max_tokens: self.max_tokens,
             sampler: self.sampler.clone(),
             stop: self.stop.clone(),
-            ignore_eos: false,
+            ignore_eos: self.ignore_eos,
         }
     }
 }

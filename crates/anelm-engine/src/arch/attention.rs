@@ -2,8 +2,6 @@
 //! every attention layer that runs on the CPU after the fused input projection. Optional sliding
 //! window (Gemma 3 local layers) and score soft-capping.
 
-use rayon::prelude::*;
-
 use crate::arch::step::LaneRef;
 use crate::batch::Batch;
 use crate::kv_cache::KvLayer;
@@ -79,25 +77,27 @@ impl Attention {
         let group = self.n_heads / self.n_kv_heads.max(1);
         out.resize(lanes.len(), self.q_dim());
         let caches: Vec<&KvLayer> = items.iter().map(|it| &it.session.kv.layers[layer]).collect();
-        out.as_mut_slice()
-            .par_chunks_mut(hd)
-            .enumerate()
-            .for_each_init(Vec::new, |scores, (idx, o)| {
-                let (lane, head) = (idx / self.n_heads, idx % self.n_heads);
-                let l = &lanes[lane];
-                let at = q_off + head * q_stride;
-                let q = &rows.lane(lane)[at..at + hd];
-                let c = caches[l.item];
-                let end = l.pos + 1;
-                let start = self.window.map_or(0, |w| end.saturating_sub(w));
-                let p = AttendParams {
-                    stride: self.kv_dim(),
-                    offset: (head / group) * hd,
-                    scale: self.scale,
-                    softcap: self.softcap,
-                    precision: self.precision,
-                };
-                attend(q, &c.k, &c.v, start..end, &p, scores, o);
-            });
+        // On the kernel pool (spinning workers shared with the matmuls), one task per
+        // (lane, head); the score buffer is per thread, so the hot path does not allocate.
+        thread_local! {
+            static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        anelm_kernels::pool::global().for_each_chunk_mut(out.as_mut_slice(), hd, &|idx, o| {
+            let (lane, head) = (idx / self.n_heads, idx % self.n_heads);
+            let l = &lanes[lane];
+            let at = q_off + head * q_stride;
+            let q = &rows.lane(lane)[at..at + hd];
+            let c = caches[l.item];
+            let end = l.pos + 1;
+            let start = self.window.map_or(0, |w| end.saturating_sub(w));
+            let p = AttendParams {
+                stride: self.kv_dim(),
+                offset: (head / group) * hd,
+                scale: self.scale,
+                softcap: self.softcap,
+                precision: self.precision,
+            };
+            SCORES.with(|sc| attend(q, &c.k, &c.v, start..end, &p, &mut sc.borrow_mut(), o));
+        });
     }
 }

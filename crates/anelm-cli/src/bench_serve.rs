@@ -1,0 +1,292 @@
+//! `anelm bench --concurrency 1,2,4,8`: N streaming requests of M tokens at each concurrency
+//! level against a server (one it starts in-process, or `--url`), reporting aggregate and
+//! per-stream generation tok/s, time to first token and p50/p95 latency, as markdown, JSON and
+//! an SVG chart.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+use anelm_engine::{LoadedModel, SchedulerConfig};
+use anelm_server::{AppState, ServerConfig, router};
+
+/// What one concurrency level measured.
+pub struct Level {
+    /// Requests in flight at once.
+    pub concurrency: usize,
+    /// Requests run.
+    pub requests: usize,
+    /// Generated tokens over all requests / wall time of the level.
+    pub aggregate_tok_s: f64,
+    /// Mean over requests of (tokens − 1) / (last token − first token).
+    pub per_stream_tok_s: f64,
+    /// Median time to first token, seconds.
+    pub ttft_p50: f64,
+    /// Median request latency, seconds.
+    pub latency_p50: f64,
+    /// 95th-percentile request latency, seconds.
+    pub latency_p95: f64,
+}
+
+struct One {
+    tokens: usize,
+    ttft: f64,
+    gen_time: f64,
+    latency: f64,
+}
+
+/// Start the server in-process on an ephemeral port; returns host:port.
+pub fn start_server(lm: Arc<LoadedModel>, sessions: usize, threads: usize) -> Result<String> {
+    let state = AppState::new(ServerConfig {
+        model_id: "bench".into(),
+        api_key: None,
+        max_body_bytes: 1 << 20,
+    });
+    state.set_ready(
+        lm,
+        SchedulerConfig {
+            sessions,
+            queue: 1024,
+            ctx_size: 2048,
+            prefill_chunk: 128,
+            max_step_tokens: 128 + sessions,
+            threads,
+        },
+    )?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("anelm-bench-server".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = tx.send(Err(e.to_string()));
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                match tokio::net::TcpListener::bind("127.0.0.1:0").await {
+                    Ok(l) => {
+                        let addr = l.local_addr().map(|a| a.to_string()).unwrap_or_default();
+                        let _ = tx.send(Ok(addr));
+                        let _ = axum::serve(l, router(state)).await;
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e.to_string()));
+                    }
+                }
+            });
+        })
+        .context("could not start the bench server thread")?;
+    rx.recv_timeout(Duration::from_secs(30))
+        .context("the bench server did not start")?
+        .map_err(|e| anyhow::anyhow!("the bench server could not listen: {e}"))
+}
+
+/// One streaming completion; returns its timings.
+fn one_request(addr: &str, tokens: usize, salt: usize) -> Result<One> {
+    let body = json!({
+        "prompt": format!("Request {salt}. Write a long story about a lighthouse keeper and the sea."),
+        "max_tokens": tokens, "temperature": 0, "stream": true, "ignore_eos": true,
+        "stream_options": {"include_usage": true},
+    })
+    .to_string();
+    let t0 = Instant::now();
+    let mut s = TcpStream::connect(addr).with_context(|| format!("connect to {addr}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(600)))?;
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut first = None;
+    let mut n = 0usize;
+    let mut status_ok = false;
+    for line in BufReader::new(s).lines() {
+        let line = line?;
+        if line.starts_with("HTTP/1.1 ") {
+            status_ok = line.contains(" 200 ");
+            if !status_ok {
+                bail!("the server answered: {line}");
+            }
+        }
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        if data == "[DONE]" {
+            break;
+        }
+        let v: Value = serde_json::from_str(data).unwrap_or(Value::Null);
+        if let Some(u) = v
+            .get("usage")
+            .and_then(|u| u.get("completion_tokens"))
+            .and_then(Value::as_u64)
+        {
+            n = u as usize;
+        } else if v["choices"][0]["text"].as_str().is_some_and(|t| !t.is_empty()) {
+            first.get_or_insert_with(|| t0.elapsed());
+        }
+    }
+    if !status_ok {
+        bail!("no HTTP reply from {addr}");
+    }
+    let latency = t0.elapsed().as_secs_f64();
+    let ttft = first.map_or(latency, |d| d.as_secs_f64());
+    Ok(One {
+        tokens: n,
+        ttft,
+        gen_time: latency - ttft,
+        latency,
+    })
+}
+
+fn percentile(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return 0.0;
+    }
+    let i = ((v.len() - 1) as f64 * p).round() as usize;
+    v[i]
+}
+
+/// Run every level.
+pub fn run_levels(addr: &str, levels: &[usize], requests: usize, tokens: usize) -> Result<Vec<Level>> {
+    // Warm-up: one request so the first level does not pay for first-touch costs.
+    one_request(addr, 4, 0)?;
+    let mut out = Vec::new();
+    for &c in levels {
+        eprintln!("concurrency {c}: {requests} requests of {tokens} tokens");
+        let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let t0 = Instant::now();
+        let handles: Vec<_> = (0..c)
+            .map(|_| {
+                let (next, addr) = (next.clone(), addr.to_string());
+                std::thread::spawn(move || -> Result<Vec<One>> {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if i >= requests {
+                            return Ok(mine);
+                        }
+                        mine.push(one_request(&addr, tokens, i + 1)?);
+                    }
+                })
+            })
+            .collect();
+        let mut all = Vec::new();
+        for h in handles {
+            all.extend(h.join().map_err(|_| anyhow::anyhow!("a client thread panicked"))??);
+        }
+        let wall = t0.elapsed().as_secs_f64();
+        let total: usize = all.iter().map(|o| o.tokens).sum();
+        let per_stream = all
+            .iter()
+            .map(|o| o.tokens.saturating_sub(1) as f64 / o.gen_time.max(1e-9))
+            .sum::<f64>()
+            / all.len() as f64;
+        let mut ttft: Vec<f64> = all.iter().map(|o| o.ttft).collect();
+        let mut lat: Vec<f64> = all.iter().map(|o| o.latency).collect();
+        out.push(Level {
+            concurrency: c,
+            requests: all.len(),
+            aggregate_tok_s: total as f64 / wall,
+            per_stream_tok_s: per_stream,
+            ttft_p50: percentile(&mut ttft, 0.5),
+            latency_p50: percentile(&mut lat, 0.5),
+            latency_p95: percentile(&mut lat, 0.95),
+        });
+    }
+    Ok(out)
+}
+
+/// The markdown table.
+pub fn markdown(levels: &[Level]) -> String {
+    let base = levels.first().map_or(1.0, |l| l.aggregate_tok_s.max(1e-9));
+    let mut s = String::from(
+        "| concurrency | requests | aggregate tok/s | × c1 | per-stream tok/s | TTFT p50 | latency p50 | latency p95 |\n\
+         | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+    );
+    for l in levels {
+        s.push_str(&format!(
+            "| {} | {} | {:.1} | {:.2} | {:.1} | {:.0} ms | {:.2} s | {:.2} s |\n",
+            l.concurrency,
+            l.requests,
+            l.aggregate_tok_s,
+            l.aggregate_tok_s / base,
+            l.per_stream_tok_s,
+            l.ttft_p50 * 1e3,
+            l.latency_p50,
+            l.latency_p95
+        ));
+    }
+    s
+}
+
+/// JSON of every level.
+pub fn to_json(levels: &[Level], meta: Value) -> Value {
+    let rows: Vec<Value> = levels
+        .iter()
+        .map(|l| {
+            json!({"concurrency": l.concurrency, "requests": l.requests, "aggregate_tok_s": l.aggregate_tok_s,
+                   "per_stream_tok_s": l.per_stream_tok_s, "ttft_p50_s": l.ttft_p50,
+                   "latency_p50_s": l.latency_p50, "latency_p95_s": l.latency_p95})
+        })
+        .collect();
+    json!({"meta": meta, "levels": rows})
+}
+
+/// A bar chart (aggregate tok/s) with the per-stream rate as a line, as standalone SVG.
+pub fn svg(levels: &[Level], title: &str) -> String {
+    let (w, h, pad) = (640.0, 360.0, 50.0);
+    let max = levels.iter().map(|l| l.aggregate_tok_s).fold(1.0, f64::max) * 1.1;
+    let n = levels.len().max(1) as f64;
+    let bw = (w - 2.0 * pad) / n;
+    let y = |v: f64| h - pad - v / max * (h - 2.0 * pad);
+    let esc = |t: &str| t.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{pad}\" y=\"24\" font-size=\"14\">{}</text>\n\
+         <line x1=\"{pad}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n",
+        esc(title),
+        h - pad,
+        w - pad,
+        h - pad
+    );
+    let mut line = String::new();
+    for (i, l) in levels.iter().enumerate() {
+        let x = pad + i as f64 * bw;
+        let top = y(l.aggregate_tok_s);
+        s.push_str(&format!(
+            "<rect x=\"{:.1}\" y=\"{top:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"#4a7ab0\"/>\n\
+             <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{:.0}</text>\n\
+             <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">c={}</text>\n",
+            x + bw * 0.15,
+            bw * 0.7,
+            h - pad - top,
+            x + bw / 2.0,
+            top - 4.0,
+            l.aggregate_tok_s,
+            x + bw / 2.0,
+            h - pad + 16.0,
+            l.concurrency
+        ));
+        line.push_str(&format!("{:.1},{:.1} ", x + bw / 2.0, y(l.per_stream_tok_s)));
+    }
+    s.push_str(&format!(
+        "<polyline points=\"{line}\" fill=\"none\" stroke=\"#d0603a\" stroke-width=\"2\"/>\n\
+         <text x=\"{pad}\" y=\"{}\" fill=\"#4a7ab0\">bars: aggregate generation tok/s</text>\n\
+         <text x=\"{}\" y=\"{}\" fill=\"#d0603a\">line: per-stream tok/s</text>\n</svg>\n",
+        h - 12.0,
+        w / 2.0,
+        h - 12.0
+    ));
+    s
+}

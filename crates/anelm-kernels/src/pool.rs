@@ -1,0 +1,305 @@
+//! A persistent worker pool for the kernels' parallel loops. Decode runs hundreds of short
+//! matmuls per token (tens of microseconds each); a pool whose idle workers sleep pays a wake-up
+//! on every one of them, and the work ends up on the calling thread. Here idle workers spin for a
+//! short while (`SPIN`) before parking, so back-to-back kernels of one forward pass start at
+//! once on every core, while a pool with nothing to do goes quiet within a millisecond.
+//!
+//! The calling thread takes part in every loop; `threads − 1` workers are started once.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::{JoinHandle, Thread};
+use std::time::{Duration, Instant};
+
+/// How long an idle worker spins before parking.
+const SPIN: Duration = Duration::from_micros(500);
+
+type Task = dyn Fn(usize) + Sync;
+
+struct Shared {
+    /// Bumped for every published loop.
+    epoch: AtomicU64,
+    /// The current loop body (lifetime-erased; valid while `run` is inside that loop) and its
+    /// task count, published together so a late worker never pairs a body with another count.
+    job: Mutex<Option<(&'static Task, usize)>>,
+    next: AtomicUsize,
+    done: AtomicUsize,
+    /// Workers currently holding the job reference.
+    inside: AtomicUsize,
+    shutdown: AtomicBool,
+    /// A task panicked during the current loop (re-raised by `run`).
+    panicked: AtomicBool,
+    threads: Mutex<Vec<Thread>>,
+}
+
+/// Run task `i`, counting it done even if it panics (so `run` never waits forever).
+fn run_task(s: &Shared, f: &(dyn Fn(usize) + Sync + '_), i: usize) {
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(i))).is_err() {
+        s.panicked.store(true, Ordering::SeqCst);
+    }
+    s.done.fetch_add(1, Ordering::SeqCst);
+}
+
+/// A fixed set of worker threads running index-parallel loops.
+pub struct Pool {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+    size: usize,
+    /// Serialises concurrent `run` calls from different threads.
+    run_lock: Mutex<()>,
+}
+
+impl Pool {
+    /// A pool of `threads` (≥ 1; the caller is one of them).
+    pub fn new(threads: usize) -> Self {
+        let size = threads.max(1);
+        let shared = Arc::new(Shared {
+            epoch: AtomicU64::new(0),
+            job: Mutex::new(None),
+            next: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
+            inside: AtomicUsize::new(0),
+            shutdown: AtomicBool::new(false),
+            panicked: AtomicBool::new(false),
+            threads: Mutex::new(Vec::new()),
+        });
+        let workers = (1..size)
+            .filter_map(|i| {
+                let s = shared.clone();
+                std::thread::Builder::new()
+                    .name(format!("anelm-kernel-{i}"))
+                    .spawn(move || worker(&s))
+                    .ok()
+            })
+            .collect::<Vec<_>>();
+        if let Ok(mut t) = shared.threads.lock() {
+            *t = workers.iter().map(|w| w.thread().clone()).collect();
+        }
+        let size = workers.len() + 1;
+        Self {
+            shared,
+            workers,
+            size,
+            run_lock: Mutex::new(()),
+        }
+    }
+
+    /// Threads taking part in a loop (workers + the caller).
+    pub fn threads(&self) -> usize {
+        self.size
+    }
+
+    /// Call `f(i)` for every `i < n`, spread over the pool; returns when all are done.
+    pub fn run(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
+        if n == 0 {
+            return;
+        }
+        if self.size == 1 || n == 1 {
+            (0..n).for_each(f);
+            return;
+        }
+        let _serial = self.run_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let s = &*self.shared;
+        // SAFETY: the reference is only used by workers between `inside += 1` and `inside -= 1`
+        // below, and this function does not return before the job is cleared and `inside` is 0,
+        // so `f` outlives every use of the erased reference.
+        let erased: &'static Task = unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static Task>(f) };
+        // Counters first, then the job (the mutex orders them for every worker that sees it).
+        s.panicked.store(false, Ordering::SeqCst);
+        s.next.store(0, Ordering::SeqCst);
+        s.done.store(0, Ordering::SeqCst);
+        if let Ok(mut j) = s.job.lock() {
+            *j = Some((erased, n));
+        }
+        s.epoch.fetch_add(1, Ordering::SeqCst);
+        if let Ok(ts) = s.threads.lock() {
+            for t in ts.iter() {
+                t.unpark();
+            }
+        }
+        // Take part.
+        loop {
+            let i = s.next.fetch_add(1, Ordering::SeqCst);
+            if i >= n {
+                break;
+            }
+            run_task(s, f, i);
+        }
+        while s.done.load(Ordering::SeqCst) < n {
+            std::hint::spin_loop();
+        }
+        if let Ok(mut j) = s.job.lock() {
+            *j = None;
+        }
+        while s.inside.load(Ordering::SeqCst) > 0 {
+            std::hint::spin_loop();
+        }
+        if s.panicked.load(Ordering::SeqCst) {
+            panic!("a parallel kernel task panicked");
+        }
+    }
+}
+
+fn worker(s: &Shared) {
+    let mut seen = s.epoch.load(Ordering::SeqCst);
+    loop {
+        // Wait for a new epoch: spin, then park.
+        let t0 = Instant::now();
+        loop {
+            if s.shutdown.load(Ordering::SeqCst) {
+                return;
+            }
+            let e = s.epoch.load(Ordering::SeqCst);
+            if e != seen {
+                seen = e;
+                break;
+            }
+            if t0.elapsed() < SPIN {
+                std::hint::spin_loop();
+            } else {
+                std::thread::park_timeout(Duration::from_millis(100));
+            }
+        }
+        s.inside.fetch_add(1, Ordering::SeqCst);
+        let job = s.job.lock().ok().and_then(|j| *j);
+        if let Some((f, n)) = job {
+            loop {
+                let i = s.next.fetch_add(1, Ordering::SeqCst);
+                if i >= n {
+                    break;
+                }
+                run_task(s, f, i);
+            }
+        }
+        s.inside.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::SeqCst);
+        for w in &self.workers {
+            w.thread().unpark();
+        }
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+static GLOBAL: OnceLock<Pool> = OnceLock::new();
+
+/// Size the process-wide kernel pool (first call wins; later calls return false).
+pub fn init_global(threads: usize) -> bool {
+    let mut created = false;
+    GLOBAL.get_or_init(|| {
+        created = true;
+        Pool::new(threads)
+    });
+    created
+}
+
+/// The process-wide kernel pool (all cores unless [`init_global`] sized it first).
+pub fn global() -> &'static Pool {
+    GLOBAL.get_or_init(|| Pool::new(std::thread::available_parallelism().map_or(1, |n| n.get())))
+}
+
+/// Raw base pointer of a slice split into disjoint chunks across tasks.
+struct SendPtr<T>(*mut T);
+// SAFETY: `for_each_chunk_mut` hands each task a distinct, non-overlapping chunk, so sharing the
+// base pointer never creates two live `&mut` to the same element.
+unsafe impl<T: Send> Sync for SendPtr<T> {}
+// SAFETY: see `Sync`.
+unsafe impl<T: Send> Send for SendPtr<T> {}
+
+impl Pool {
+    /// Call `f(index, chunk)` for every `chunk`-sized piece of `data` (the last may be shorter),
+    /// spread over the pool.
+    pub fn for_each_chunk_mut<T: Send>(&self, data: &mut [T], chunk: usize, f: &(dyn Fn(usize, &mut [T]) + Sync)) {
+        let chunk = chunk.max(1);
+        let len = data.len();
+        let n = len.div_ceil(chunk);
+        let base = SendPtr(data.as_mut_ptr());
+        let base = &base;
+        self.run(n, &|i| {
+            let start = i * chunk;
+            let end = (start + chunk).min(len);
+            // SAFETY: chunks [start, end) of distinct i never overlap and lie inside `data`, which
+            // stays mutably borrowed (and alive) until `run` returns.
+            let piece = unsafe { std::slice::from_raw_parts_mut(base.0.add(start), end - start) };
+            f(i, piece);
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    #[test]
+    fn every_index_runs_exactly_once_across_many_loops() {
+        let pool = Pool::new(3);
+        for n in [0usize, 1, 2, 7, 100, 1000] {
+            let hits: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
+            pool.run(n, &|i| {
+                hits[i].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "n = {n}");
+        }
+        // Many short loops back to back (the decode pattern), and after the workers parked.
+        let total = AtomicU64::new(0);
+        for _ in 0..2000 {
+            pool.run(8, &|i| {
+                total.fetch_add(i as u64, Ordering::Relaxed);
+            });
+        }
+        std::thread::sleep(Duration::from_millis(5));
+        pool.run(8, &|i| {
+            total.fetch_add(i as u64, Ordering::Relaxed);
+        });
+        assert_eq!(total.load(Ordering::Relaxed), 2001 * 28);
+    }
+
+    #[test]
+    fn back_to_back_loops_of_varying_size_lose_no_task() {
+        // Regression: a late worker once paired a new body with the previous loop's task count
+        // and skipped tasks, so the caller waited forever.
+        let pool = Pool::new(3);
+        let mut expect = 0u64;
+        let total = AtomicU64::new(0);
+        for it in 0..20_000u64 {
+            let n = (1 + (it * 7919) % 23) as usize;
+            pool.run(n, &|i| {
+                total.fetch_add(1 + i as u64, Ordering::Relaxed);
+            });
+            expect += (n * (n + 1) / 2) as u64;
+            if it % 5000 == 0 {
+                std::thread::sleep(Duration::from_millis(2)); // let workers park
+            }
+        }
+        assert_eq!(total.load(Ordering::Relaxed), expect);
+    }
+
+    #[test]
+    fn concurrent_callers_are_serialised() {
+        let pool = Arc::new(Pool::new(2));
+        let sum = Arc::new(AtomicU64::new(0));
+        let hs: Vec<_> = (0..4)
+            .map(|_| {
+                let (p, s) = (pool.clone(), sum.clone());
+                std::thread::spawn(move || {
+                    for _ in 0..200 {
+                        p.run(16, &|i| {
+                            s.fetch_add(i as u64, Ordering::Relaxed);
+                        });
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().expect("caller");
+        }
+        assert_eq!(sum.load(Ordering::Relaxed), 4 * 200 * 120);
+    }
+}
