@@ -3,6 +3,10 @@
 //! buffer much larger than the caches), for one lane (decode) and 32 lanes (prefill / batched
 //! streams), on the best instruction set and on the scalar reference.
 //!
+//! A second table sweeps a whole decode step's matrices (SmolLM2-135M's shapes: 30 layers of Q4_1
+//! plus a Q8_0 LM head, ~96 MB, more than the caches hold) the way a forward pass streams them, so
+//! the figure includes cold-cache effects that one hot matrix hides.
+//!
 //! Options (after `--`): `--quick` (fewer formats/shapes), `--threads N` (default: all cores).
 //! A plain harness (no criterion): each figure is the median of repeated timed runs after a warm-up.
 
@@ -83,9 +87,13 @@ fn main() {
         WeightFormat::ALL.to_vec()
     };
     let mut seed = 1u64;
+    decode_sweep(&pool, bw, &mut seed);
     for &(rows, cols) in shapes {
         for &fmt in &formats {
-            let rb = fmt.row_bytes(cols).expect("shape fits the format's blocks");
+            // K-quants need 256-column rows: a shape they cannot hold is skipped, not an error.
+            let Ok(rb) = fmt.row_bytes(cols) else {
+                continue;
+            };
             let wf = random(rows * cols, &mut seed);
             let mut w = vec![0u8; rb * rows];
             for r in 0..rows {
@@ -96,8 +104,13 @@ fn main() {
                 let mut act = Activations::new();
                 act.quantize(fmt, &x, lanes, cols).expect("activations");
                 let mut out = vec![0f32; lanes * rows];
-                let mut isas = vec![Isa::best()];
-                if Isa::best() != Isa::Scalar && lanes == 1 && !quick {
+                // Every SIMD path this CPU runs (A/B of e.g. avx2 vs avx2+vnni), plus the scalar
+                // reference for single-lane shapes.
+                let mut isas: Vec<Isa> = [Isa::Avx2Vnni, Isa::Avx2, Isa::Neon]
+                    .into_iter()
+                    .filter(|i| i.available())
+                    .collect();
+                if isas.is_empty() || (lanes == 1 && !quick) {
                     isas.push(Isa::Scalar);
                 }
                 for isa in isas {
@@ -123,4 +136,74 @@ fn main() {
             }
         }
     }
+}
+
+/// One decode step's worth of distinct matrices (SmolLM2-135M-Instruct Q4_1 shapes), swept in
+/// forward order with 1 and 4 lanes: weight bytes per step ÷ time, against the streaming-read
+/// bandwidth (the single-stream decode bound).
+fn decode_sweep(pool: &rayon::ThreadPool, bw: f64, seed: &mut u64) {
+    let (h, ffn, kv, vocab, layers) = (576usize, 1536usize, 192usize, 49152usize, 30usize);
+    let mut mats: Vec<(WeightFormat, usize, usize, Vec<u8>)> = Vec::new();
+    let make = |fmt: WeightFormat, rows: usize, cols: usize, seed: &mut u64| {
+        let rb = fmt.row_bytes(cols).expect("shape fits the format's blocks");
+        let row = random(cols, seed);
+        let mut one = vec![0u8; rb];
+        quantize_row(fmt, &row, &mut one).expect("quantize");
+        // Distinct bytes per matrix are not needed for timing, distinct memory is.
+        let w: Vec<u8> = one.iter().copied().cycle().take(rb * rows).collect();
+        (fmt, rows, cols, w)
+    };
+    for _ in 0..layers {
+        for (rows, cols) in [(h + 2 * kv, h), (h, h), (ffn, h), (ffn, h), (h, ffn)] {
+            mats.push(make(WeightFormat::Q4_1, rows, cols, seed));
+        }
+    }
+    mats.push(make(WeightFormat::Q8_0, vocab, h, seed));
+    let bytes: usize = mats.iter().map(|m| m.3.len()).sum();
+    println!(
+        "decode sweep: SmolLM2-135M shapes, {} matrices, {:.1} MB per step\n",
+        mats.len(),
+        bytes as f64 / 1e6
+    );
+    println!("| lanes | isa | time per step | weight GB/s | % of bandwidth |");
+    println!("| ---: | --- | ---: | ---: | ---: |");
+    for lanes in [1usize, 4] {
+        let mut acts: Vec<(WeightFormat, usize, Activations)> = Vec::new();
+        for (fmt, cols) in [
+            (WeightFormat::Q4_1, h),
+            (WeightFormat::Q4_1, ffn),
+            (WeightFormat::Q8_0, h),
+        ] {
+            let mut a = Activations::new();
+            a.quantize(fmt, &random(lanes * cols, seed), lanes, cols)
+                .expect("activations");
+            acts.push((fmt, cols, a));
+        }
+        let mut out = vec![0f32; lanes * vocab];
+        for isa in [Isa::Avx2Vnni, Isa::Avx2, Isa::Neon, Isa::Scalar]
+            .into_iter()
+            .filter(|i| i.available())
+        {
+            let t = median_time(
+                || {
+                    for (fmt, rows, cols, w) in &mats {
+                        let act = &acts.iter().find(|a| a.0 == *fmt && a.1 == *cols).expect("activation").2;
+                        pool.install(|| matmul_with(isa, *fmt, w, *rows, *cols, act, &mut out[..lanes * rows]))
+                            .expect("matmul");
+                    }
+                    black_box(&out);
+                },
+                Duration::from_millis(600),
+            );
+            let s = t.as_secs_f64();
+            let gbs = bytes as f64 / s / 1e9;
+            println!(
+                "| {lanes} | {} | {:.2} ms | {gbs:.2} | {:.0}% |",
+                isa.name(),
+                s * 1e3,
+                100.0 * gbs / bw
+            );
+        }
+    }
+    println!();
 }

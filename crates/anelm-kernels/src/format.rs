@@ -117,7 +117,7 @@ impl WeightFormat {
     /// Bytes of one row of `cols` elements.
     pub fn row_bytes(self, cols: usize) -> Result<usize, KernelError> {
         let be = self.block_elems();
-        if cols % be != 0 {
+        if !cols.is_multiple_of(be) {
             return Err(KernelError::PartialBlock {
                 format: self.name(),
                 elems: cols,
@@ -130,7 +130,7 @@ impl WeightFormat {
     /// Bytes of a tensor of `elems` elements; `None` on overflow or a partial block.
     pub fn tensor_bytes(self, elems: u64) -> Option<u64> {
         let be = self.block_elems() as u64;
-        if elems % be != 0 {
+        if !elems.is_multiple_of(be) {
             return None;
         }
         (elems / be).checked_mul(self.block_bytes() as u64)

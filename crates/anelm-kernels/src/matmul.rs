@@ -14,22 +14,26 @@ pub enum Isa {
     Scalar,
     /// x86-64 AVX2 + FMA + F16C.
     Avx2,
+    /// AVX2 plus AVX-512 VNNI (256-bit `vpdpbusd` for the block dots); results equal `Avx2`'s.
+    Avx2Vnni,
     /// aarch64 NEON.
     Neon,
 }
 
 impl Isa {
-    /// The fastest path this CPU runs; `ANELM_KERNELS=scalar` forces the reference path.
+    /// The fastest path this CPU runs. `ANELM_KERNELS=<name>` (`scalar`, `avx2`, `avx2+vnni`, `neon`)
+    /// forces a path for A/B measurements; a name this CPU cannot run falls back to the best one.
     pub fn best() -> Self {
         static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
         *BEST.get_or_init(|| {
-            if std::env::var("ANELM_KERNELS").is_ok_and(|v| v.eq_ignore_ascii_case("scalar")) {
-                return Isa::Scalar;
+            let all = [Isa::Avx2Vnni, Isa::Avx2, Isa::Neon, Isa::Scalar];
+            if let Ok(v) = std::env::var("ANELM_KERNELS")
+                && let Some(isa) = all.into_iter().find(|i| i.name().eq_ignore_ascii_case(v.trim()))
+                && isa.available()
+            {
+                return isa;
             }
-            [Isa::Avx2, Isa::Neon]
-                .into_iter()
-                .find(|i| i.available())
-                .unwrap_or(Isa::Scalar)
+            all.into_iter().find(|i| i.available()).unwrap_or(Isa::Scalar)
         })
     }
 
@@ -39,6 +43,8 @@ impl Isa {
             Isa::Scalar => true,
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => crate::simd_x86::available(),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2Vnni => crate::simd_x86::available() && crate::simd_x86::has_vnni(),
             #[cfg(target_arch = "aarch64")]
             Isa::Neon => true,
             #[allow(unreachable_patterns)]
@@ -51,6 +57,7 @@ impl Isa {
         match self {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
+            Isa::Avx2Vnni => "avx2+vnni",
             Isa::Neon => "neon",
         }
     }
@@ -62,7 +69,7 @@ fn dot_row_on(isa: Isa, fmt: WeightFormat, row: &[u8], x: &Activations, lane0: u
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `matmul_with` only passes Avx2 when `Isa::available` confirmed AVX2, FMA, F16C.
-        Isa::Avx2 => unsafe { crate::simd_x86::dot_row(fmt, row, x, lane0, acc) },
+        Isa::Avx2 | Isa::Avx2Vnni => unsafe { crate::simd_x86::dot_row(fmt, row, x, lane0, acc) },
         #[cfg(target_arch = "aarch64")]
         // SAFETY: NEON is part of every aarch64 target Rust supports here.
         Isa::Neon => unsafe { crate::simd_neon::dot_row(fmt, row, x, lane0, acc) },
@@ -241,7 +248,7 @@ pub fn matmul_with(
         let end = ((c + 1) * chunk).min(rows);
         let mut r = c * chunk;
         #[cfg(target_arch = "x86_64")]
-        if isa == Isa::Avx2 && crate::simd_x86::tiles(fmt) {
+        if matches!(isa, Isa::Avx2 | Isa::Avx2Vnni) && crate::simd_x86::tiles(fmt) {
             use crate::simd_x86::TILE_ROWS;
             let mut tile = [[0f32; TILE_ROWS]; LANE_GROUP];
             while r + TILE_ROWS <= end {
@@ -249,8 +256,14 @@ pub fn matmul_with(
                 let mut lane0 = 0;
                 while lane0 < lanes {
                     let n = (lanes - lane0).min(LANE_GROUP);
-                    // SAFETY: `Isa::Avx2` is only used after `available()` confirmed the features.
-                    unsafe { crate::simd_x86::dot_rows4(fmt, rows4, x, lane0, &mut tile[..n]) };
+                    // SAFETY: these ISAs are only used after `available()` confirmed their features.
+                    unsafe {
+                        if isa == Isa::Avx2Vnni {
+                            crate::simd_x86::dot_rows4_vnni(fmt, rows4, x, lane0, &mut tile[..n])
+                        } else {
+                            crate::simd_x86::dot_rows4(fmt, rows4, x, lane0, &mut tile[..n])
+                        }
+                    };
                     for (l, t) in tile[..n].iter().enumerate() {
                         for (i, v) in t.iter().enumerate() {
                             // SAFETY: (lane0+l)*rows + r+i < lanes*rows = out.len(); rows r..r+4

@@ -294,102 +294,138 @@ fn decode_block(fmt: WeightFormat, b: &[u8]) -> (__m256i, __m256i, f32, f32) {
     }
 }
 
-/// `out[l][r] = rows[r] · x[lane0 + l]` for `l < out.len()`: a 4-row × 2-lane register tile, so
-/// each activation block is loaded once for four rows and each weight block decoded once for two
-/// lanes (the untiled loop re-streams every activation for every row). Accumulation per (row,
-/// lane) is the same eight-lane FMA order as [`dot_row`], so tiled and untiled results are equal.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn dot_rows4(
-    fmt: WeightFormat,
-    rows: [&[u8]; TILE_ROWS],
-    x: &Activations,
-    lane0: usize,
-    out: &mut [[f32; TILE_ROWS]],
-) {
-    let n = out.len();
-    let mut l = 0;
-    while l + 2 <= n {
-        tile::<2>(fmt, rows, x, lane0 + l, &mut out[l..l + 2]);
-        l += 2;
-    }
-    if l < n {
-        tile::<1>(fmt, rows, x, lane0 + l, &mut out[l..l + 1]);
-    }
+/// How many tiles ahead each row stream prefetches: the same block of the row `PREFETCH_TILES ·
+/// TILE_ROWS` rows further on (rows of a matrix are contiguous). A fixed distance inside the row
+/// did nothing for short rows (a 576-column Q4_1 row is 360 bytes, under six cache lines), so every
+/// tile of a decode step started cold from DRAM.
+const PREFETCH_TILES: usize = 2;
+
+/// `dot_u8_i8` as one AVX-512 VNNI instruction (`vpdpbusd`, 256-bit form): the same exact
+/// i32 sums, since neither form saturates for these operands.
+#[inline]
+#[target_feature(enable = "avx2,avx512vnni,avx512vl")]
+fn dot_u8_i8_vnni(w: __m256i, x: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x)
 }
 
-/// One `TILE_ROWS × L` tile starting at lane `lane`, monomorphised per weight format so the
-/// block decode is straight-line code inside the loop.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn tile<const L: usize>(
-    fmt: WeightFormat,
-    rows: [&[u8]; TILE_ROWS],
-    x: &Activations,
-    lane: usize,
-    out: &mut [[f32; TILE_ROWS]],
-) {
-    match fmt {
-        WeightFormat::Q4_1 => tile_fmt::<L, 1>(rows, x, lane, out),
-        WeightFormat::Q8_0 => tile_fmt::<L, 2>(rows, x, lane, out),
-        WeightFormat::Q4_0 => tile_fmt::<L, 3>(rows, x, lane, out),
-        _ => tile_fmt::<L, 4>(rows, x, lane, out),
-    }
+/// Whether this CPU has AVX-512 VNNI with 256-bit vectors (used by [`dot_rows4_vnni`]).
+pub(crate) fn has_vnni() -> bool {
+    is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl")
 }
 
-/// Bytes ahead of the current block that each row stream prefetches (a few cache lines: the
-/// rows of a tile are separate streams, more than the hardware prefetcher follows well).
-const PREFETCH_AHEAD: usize = 384;
-
-/// Format codes of `tile_fmt`: 1 Q4_1, 2 Q8_0, 3 Q4_0, 4 Q5_0.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn tile_fmt<const L: usize, const F: u8>(
-    rows: [&[u8]; TILE_ROWS],
-    x: &Activations,
-    lane: usize,
-    out: &mut [[f32; TILE_ROWS]],
-) {
-    let fmt = match F {
-        1 => WeightFormat::Q4_1,
-        2 => WeightFormat::Q8_0,
-        3 => WeightFormat::Q4_0,
-        _ => WeightFormat::Q5_0,
-    };
-    let nb = x.cols / 32;
-    let bb = fmt.block_bytes();
-    let with_min = F == 1;
-    let xq: [&[i8]; L] = std::array::from_fn(|j| &x.q[32 * nb * (lane + j)..32 * nb * (lane + j + 1)]);
-    let xd: [&[f32]; L] = std::array::from_fn(|j| &x.d[nb * (lane + j)..nb * (lane + j + 1)]);
-    let xs: [&[f32]; L] = std::array::from_fn(|j| {
-        if with_min {
-            &x.s[nb * (lane + j)..nb * (lane + j + 1)]
-        } else {
-            &[]
+/// The register tile, generated once per instruction-set variant.
+macro_rules! define_tiles {
+    ($entry:ident, $tile:ident, $tile_fmt:ident, $features:literal, $dot:ident) => {
+        /// `out[l][r] = rows[r] · x[lane0 + l]` for `l < out.len()`: a 4-row × 2-lane register tile, so
+        /// each activation block is loaded once for four rows and each weight block decoded once for two
+        /// lanes (the untiled loop re-streams every activation for every row). Accumulation per (row,
+        /// lane) is the same eight-lane FMA order as [`dot_row`], so tiled and untiled results are equal.
+        #[target_feature(enable = $features)]
+        pub(crate) fn $entry(
+            fmt: WeightFormat,
+            rows: [&[u8]; TILE_ROWS],
+            x: &Activations,
+            lane0: usize,
+            out: &mut [[f32; TILE_ROWS]],
+        ) {
+            let n = out.len();
+            let mut l = 0;
+            while l + 2 <= n {
+                $tile::<2>(fmt, rows, x, lane0 + l, &mut out[l..l + 2]);
+                l += 2;
+            }
+            if l < n {
+                $tile::<1>(fmt, rows, x, lane0 + l, &mut out[l..l + 1]);
+            }
         }
-    });
-    let mut acc = [[_mm256_setzero_ps(); TILE_ROWS]; L];
-    let mut mins = [[0f32; TILE_ROWS]; L];
-    for ib in 0..nb {
-        let xv: [__m256i; L] = std::array::from_fn(|j| load256_i8(&xq[j][32 * ib..32 * ib + 32]));
-        for r in 0..TILE_ROWS {
-            let row = rows[r];
-            let ahead = (ib * bb + PREFETCH_AHEAD).min(row.len() - 1);
-            // SAFETY: `ahead < row.len()`; a prefetch never faults and has no visible effect.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().add(ahead).cast()) };
-            let (mag, sgn, dw, mw) = decode_block(fmt, &row[ib * bb..(ib + 1) * bb]);
-            for j in 0..L {
-                let xj = if with_min { xv[j] } else { _mm256_sign_epi8(xv[j], sgn) };
-                let p = _mm256_cvtepi32_ps(dot_u8_i8(mag, xj));
-                acc[j][r] = _mm256_fmadd_ps(p, _mm256_set1_ps(dw * xd[j][ib]), acc[j][r]);
+
+        /// One `TILE_ROWS × L` tile starting at lane `lane`, monomorphised per weight format so the
+        /// block decode is straight-line code inside the loop.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn $tile<const L: usize>(
+            fmt: WeightFormat,
+            rows: [&[u8]; TILE_ROWS],
+            x: &Activations,
+            lane: usize,
+            out: &mut [[f32; TILE_ROWS]],
+        ) {
+            match fmt {
+                WeightFormat::Q4_1 => $tile_fmt::<L, 1>(rows, x, lane, out),
+                WeightFormat::Q8_0 => $tile_fmt::<L, 2>(rows, x, lane, out),
+                WeightFormat::Q4_0 => $tile_fmt::<L, 3>(rows, x, lane, out),
+                _ => $tile_fmt::<L, 4>(rows, x, lane, out),
+            }
+        }
+
+        /// Format codes of `tile_fmt`: 1 Q4_1, 2 Q8_0, 3 Q4_0, 4 Q5_0.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn $tile_fmt<const L: usize, const F: u8>(
+            rows: [&[u8]; TILE_ROWS],
+            x: &Activations,
+            lane: usize,
+            out: &mut [[f32; TILE_ROWS]],
+        ) {
+            let fmt = match F {
+                1 => WeightFormat::Q4_1,
+                2 => WeightFormat::Q8_0,
+                3 => WeightFormat::Q4_0,
+                _ => WeightFormat::Q5_0,
+            };
+            let nb = x.cols / 32;
+            let bb = fmt.block_bytes();
+            let with_min = F == 1;
+            let xq: [&[i8]; L] = std::array::from_fn(|j| &x.q[32 * nb * (lane + j)..32 * nb * (lane + j + 1)]);
+            let xd: [&[f32]; L] = std::array::from_fn(|j| &x.d[nb * (lane + j)..nb * (lane + j + 1)]);
+            let xs: [&[f32]; L] = std::array::from_fn(|j| {
                 if with_min {
-                    mins[j][r] += mw * xs[j][ib];
+                    &x.s[nb * (lane + j)..nb * (lane + j + 1)]
+                } else {
+                    &[]
+                }
+            });
+            let mut acc = [[_mm256_setzero_ps(); TILE_ROWS]; L];
+            let mut mins = [[0f32; TILE_ROWS]; L];
+            for ib in 0..nb {
+                let xv: [__m256i; L] = std::array::from_fn(|j| load256_i8(&xq[j][32 * ib..32 * ib + 32]));
+                for r in 0..TILE_ROWS {
+                    let row = rows[r];
+                    // A prefetch never faults and has no visible effect, so the address may lie past
+                    // the matrix (last tiles); `wrapping_add` keeps that free of pointer UB.
+                    let ahead = row
+                        .as_ptr()
+                        .wrapping_add(ib * bb + PREFETCH_TILES * TILE_ROWS * row.len());
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+                    let (mag, sgn, dw, mw) = decode_block(fmt, &row[ib * bb..(ib + 1) * bb]);
+                    for j in 0..L {
+                        let xj = if with_min {
+                            xv[j]
+                        } else {
+                            _mm256_sign_epi8(xv[j], sgn)
+                        };
+                        let p = _mm256_cvtepi32_ps($dot(mag, xj));
+                        acc[j][r] = _mm256_fmadd_ps(p, _mm256_set1_ps(dw * xd[j][ib]), acc[j][r]);
+                        if with_min {
+                            mins[j][r] += mw * xs[j][ib];
+                        }
+                    }
+                }
+            }
+            for j in 0..L {
+                for r in 0..TILE_ROWS {
+                    out[j][r] = hsum_f32(acc[j][r]) + mins[j][r];
                 }
             }
         }
-    }
-    for j in 0..L {
-        for r in 0..TILE_ROWS {
-            out[j][r] = hsum_f32(acc[j][r]) + mins[j][r];
-        }
-    }
+    };
 }
+
+define_tiles!(dot_rows4, tile, tile_fmt, "avx2,fma,f16c", dot_u8_i8);
+define_tiles!(
+    dot_rows4_vnni,
+    tile_vnni,
+    tile_fmt_vnni,
+    "avx2,fma,f16c,avx512vnni,avx512vl",
+    dot_u8_i8_vnni
+);

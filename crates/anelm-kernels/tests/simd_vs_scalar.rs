@@ -30,7 +30,35 @@ fn encode(fmt: WeightFormat, w: &[f32], rows: usize, cols: usize) -> Vec<u8> {
 }
 
 fn simd_isas() -> Vec<Isa> {
-    [Isa::Avx2, Isa::Neon].into_iter().filter(|i| i.available()).collect()
+    [Isa::Avx2, Isa::Avx2Vnni, Isa::Neon]
+        .into_iter()
+        .filter(|i| i.available())
+        .collect()
+}
+
+#[test]
+fn vnni_tiles_equal_avx2_tiles_bit_for_bit() {
+    if !(Isa::Avx2.available() && Isa::Avx2Vnni.available()) {
+        println!("no AVX-512 VNNI on this CPU: nothing to compare");
+        return;
+    }
+    let mut rng = Rng(11);
+    for fmt in [
+        WeightFormat::Q4_1,
+        WeightFormat::Q8_0,
+        WeightFormat::Q4_0,
+        WeightFormat::Q5_0,
+    ] {
+        let (rows, cols, lanes) = (21, 512, 5);
+        let w = encode(fmt, &rng.vec(rows * cols), rows, cols);
+        let mut act = Activations::new();
+        act.quantize(fmt, &rng.vec(lanes * cols), lanes, cols)
+            .expect("activations");
+        let (mut a, mut b) = (vec![0.0; lanes * rows], vec![1.0; lanes * rows]);
+        matmul_with(Isa::Avx2, fmt, &w, rows, cols, &act, &mut a).expect("avx2");
+        matmul_with(Isa::Avx2Vnni, fmt, &w, rows, cols, &act, &mut b).expect("vnni");
+        assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "{fmt:?}");
+    }
 }
 
 #[test]
