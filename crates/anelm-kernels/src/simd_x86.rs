@@ -7,7 +7,7 @@
 use std::arch::x86_64::*;
 
 use crate::activations::{ActKind, Activations};
-use crate::blocks::{unpack_q4_k, unpack_q5_0, unpack_q6_k};
+use crate::blocks::{unpack_q4_k, unpack_q6_k};
 use crate::format::WeightFormat;
 use crate::fp16::{bf16_to_f32, f16_to_f32};
 
@@ -101,6 +101,25 @@ fn nibbles(qs: &[u8]) -> __m256i {
     _mm256_set_m128i(hi, lo)
 }
 
+/// The 32 signed weights of a Q5_0 block (`{f16 d; u32 qh; u8 qs[16]}`), -16..16: weight `p` is
+/// nibble `p` of `qs` (low nibbles first) with bit `p` of `qh` as its fifth bit, minus 16. The
+/// fifth bits are spread one per byte by a byte shuffle and a bit-mask compare.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q5_0_weights(b: &[u8]) -> __m256i {
+    let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+    // Byte p of `spread` is byte p/8 of qh (the shuffle indexes within each 128-bit half, and
+    // both halves hold all four bytes of qh).
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(qh as i32),
+        _mm256_setr_epi64x(0, 0x0101_0101_0101_0101, 0x0202_0202_0202_0202, 0x0303_0303_0303_0303),
+    );
+    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    let high = _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+    _mm256_sub_epi8(_mm256_or_si256(nibbles(&b[6..22]), high), _mm256_set1_epi8(16))
+}
+
 /// acc[l] += W_row · x[lane0 + l]; the AVX2 twin of `matmul::dot_row`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn dot_row(fmt: WeightFormat, row: &[u8], x: &Activations, lane0: usize, acc: &mut [f32]) {
@@ -110,7 +129,6 @@ pub(crate) fn dot_row(fmt: WeightFormat, row: &[u8], x: &Activations, lane0: usi
         ActKind::F32 | ActKind::F16 | ActKind::BF16 => float_row(fmt, row, x, lane0, acc),
         ActKind::Q8_0 => {
             let nb = cols / 32;
-            let mut q = [0i8; 32];
             for (l, a) in acc.iter_mut().enumerate() {
                 let xq = &x.q[32 * nb * (lane0 + l)..32 * nb * (lane0 + l + 1)];
                 let xd = &x.d[nb * (lane0 + l)..nb * (lane0 + l + 1)];
@@ -119,10 +137,7 @@ pub(crate) fn dot_row(fmt: WeightFormat, row: &[u8], x: &Activations, lane0: usi
                     let (w, dw) = match fmt {
                         WeightFormat::Q8_0 => (load256(&b[2..34]), f16c_at(b, 0)),
                         WeightFormat::Q4_0 => (_mm256_sub_epi8(nibbles(&b[2..18]), _mm256_set1_epi8(8)), f16c_at(b, 0)),
-                        _ => {
-                            let d = unpack_q5_0(b, &mut q);
-                            (load256_i8(&q), d)
-                        }
+                        _ => (q5_0_weights(b), f16c_at(b, 0)),
                     };
                     let p = _mm256_cvtepi32_ps(dot_i8_i8(w, load256_i8(xb)));
                     sum = _mm256_fmadd_ps(p, _mm256_set1_ps(dw * dx), sum);
@@ -286,10 +301,8 @@ fn decode_block(fmt: WeightFormat, b: &[u8]) -> (__m256i, __m256i, f32, f32) {
             (_mm256_sign_epi8(w, w), w, f16c_at(b, 0), 0.0)
         }
         _ => {
-            let mut q = [0i8; 32];
-            let d = unpack_q5_0(b, &mut q);
-            let w = load256_i8(&q);
-            (_mm256_sign_epi8(w, w), w, d, 0.0)
+            let w = q5_0_weights(b);
+            (_mm256_sign_epi8(w, w), w, f16c_at(b, 0), 0.0)
         }
     }
 }
