@@ -49,6 +49,25 @@ pub trait AneDevice: Send + Sync {
     /// Compile MIL text with its weight files (path → blob bytes).
     fn compile(&self, mil_text: &str, weights: &WeightFiles) -> Result<ProgramHandle, AneError>;
 
+    /// Load a program this device compiled before (in this or an earlier process) **without
+    /// compiling it**, the cache-hit path of [`crate::compile_or_load`]: on a Mac the OS ANE
+    /// service keeps compiled programs keyed by their identifier; the emulator trusts a marker
+    /// that these exact bytes passed validation. The program comes back loaded. Devices without
+    /// such a path keep this default, which always fails (so the caller compiles).
+    fn load_without_compile(&self, mil_text: &str, weights: &WeightFiles) -> Result<ProgramHandle, AneError> {
+        let _ = (mil_text, weights);
+        Err(AneError::Unavailable(format!(
+            "{} cannot load a program without compiling it",
+            self.name()
+        )))
+    }
+
+    /// What besides the MIL text and weights decides whether a program compiles on this device
+    /// (device kind, OS build, limits); part of the cache identifier.
+    fn cache_salt(&self) -> String {
+        self.name().to_string()
+    }
+
     /// Load a compiled (or unloaded) program so it can be evaluated.
     fn load(&self, program: ProgramHandle) -> Result<(), AneError>;
 

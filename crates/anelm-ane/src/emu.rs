@@ -13,7 +13,7 @@ use crate::error::AneError;
 use crate::exec::{Executable, Tensor, round_fp16};
 use crate::rules::Rule;
 use crate::surface::Surface;
-use crate::validate::validate;
+use crate::validate::{load_validated, validate};
 
 /// Largest tensor dimension the emulator accepts (the per-op cap; DESIGN.md: LM-head chunks ≤ 65,536 rows).
 pub const DEFAULT_MAX_DIM: usize = 65_536;
@@ -77,6 +77,8 @@ pub struct EmuStats {
     pub compiles: u64,
     /// Successful loads.
     pub loads: u64,
+    /// Programs loaded without compiling (compile-cache hits).
+    pub cache_loads: u64,
     /// Programs loaded now.
     pub loaded: usize,
     /// Constant bytes of the programs loaded now.
@@ -184,6 +186,23 @@ impl EmuAne {
         validate(&program, weights, &self.cfg).map(|_| ())
     }
 
+    fn insert(&self, exe: Executable, state: State, compiled: bool) -> ProgramHandle {
+        let mut g = self.lock();
+        g.next += 1;
+        let h = g.next;
+        g.programs.insert(
+            h,
+            Entry {
+                exe: Arc::new(exe),
+                state,
+            },
+        );
+        if compiled {
+            g.stats.compiles += 1;
+        }
+        ProgramHandle(h)
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic while holding the lock cannot leave Inner inconsistent (every update is a
         // single assignment), so a poisoned lock is still usable.
@@ -203,18 +222,33 @@ impl AneDevice for EmuAne {
     fn compile(&self, mil_text: &str, weights: &WeightFiles) -> Result<ProgramHandle, AneError> {
         let program = parse_program(mil_text)?;
         let exe = validate(&program, weights, &self.cfg)?;
-        let mut g = self.lock();
-        g.next += 1;
-        let h = g.next;
-        g.programs.insert(
-            h,
-            Entry {
-                exe: Arc::new(exe),
-                state: State::Compiled,
-            },
-        );
-        g.stats.compiles += 1;
-        Ok(ProgramHandle(h))
+        Ok(self.insert(exe, State::Compiled, true))
+    }
+
+    fn load_without_compile(&self, mil_text: &str, weights: &WeightFiles) -> Result<ProgramHandle, AneError> {
+        let program = parse_program(mil_text)?;
+        let exe = load_validated(&program, weights, &self.cfg)?;
+        let h = self.insert(exe, State::Compiled, false);
+        if let Err(e) = self.load(h) {
+            let _ = self.release(h);
+            return Err(e);
+        }
+        self.lock().stats.cache_loads += 1;
+        Ok(h)
+    }
+
+    fn cache_salt(&self) -> String {
+        // Everything but the chip profile decides acceptance.
+        let c = &self.cfg;
+        format!(
+            "ane-emu {} dim {} conv {} elems {} const {} flush {}",
+            env!("CARGO_PKG_VERSION"),
+            c.max_dim,
+            c.max_conv_input_channels,
+            c.max_tensor_elements,
+            c.max_kernel_const_bytes,
+            c.flush_subnormals
+        )
     }
 
     fn load(&self, program: ProgramHandle) -> Result<(), AneError> {

@@ -28,6 +28,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod cache;
 mod chip;
 mod device;
 mod emu;
@@ -41,6 +42,7 @@ mod rules;
 mod surface;
 mod validate;
 
+pub use cache::{CACHE_DIR_ENV, CacheOutcome, CompileCache, compile_or_load, content_id};
 pub use chip::{CHIPS, ChipProfile, FIT_TO_ANEMLL_RATIO};
 pub use device::{AneDevice, DispatchTime, ProgramHandle, Signature};
 pub use emu::{
@@ -52,7 +54,7 @@ pub use kernel::{AneKernel, WeightMode, WeightShape};
 pub use lower::{FfnChunkWeights, Lowered, blob_path, ffn_chunk_weights, lower};
 pub use plan::{
     FFN_MAX_BYTES, KernelRole, LM_HEAD_MAX_ROWS, LayerKind, LayerPlan, LinearAttention, ModelDims, Plan, PlanError,
-    PlanOptions, PlannedKernel, plan,
+    PlanOptions, PlannedKernel, linear_chunk_rows, plan, plan_ffn,
 };
 pub use quant::{QuantizedMatrix, quantize_int8};
 pub use rules::Rule;

@@ -363,7 +363,17 @@ fn output_proj(d: &ModelDims, kind: LayerKind) -> Result<PlannedKernel, PlanErro
 }
 
 fn ffn(d: &ModelDims, opts: &PlanOptions) -> Result<Vec<PlannedKernel>, PlanError> {
-    let (h, f) = (d.hidden, d.intermediate);
+    plan_ffn(d.hidden, d.intermediate, opts)
+}
+
+/// The kernels a SwiGLU FFN of width `hidden` → `inter` → `hidden` becomes under `opts`: one
+/// [`AneKernel::SwiGluFfnResidual`], or accumulating [`AneKernel::FfnChunk`]s when one kernel
+/// would exceed the FFN limit or the conv input cap. The ANE backend compiles exactly these.
+pub fn plan_ffn(hidden: usize, inter: usize, opts: &PlanOptions) -> Result<Vec<PlannedKernel>, PlanError> {
+    if hidden == 0 || inter == 0 {
+        return Err(PlanError::BadDims(format!("an FFN of {hidden}→{inter} channels")));
+    }
+    let (h, f) = (hidden, inter);
     let total = 3 * (h as u64) * (f as u64) * 2;
     let limit = opts.ffn_max_bytes.min(opts.max_kernel_const_bytes);
     let conv_ok = |chunk: usize| chunk <= opts.max_conv_input_channels;
@@ -431,13 +441,20 @@ fn ffn(d: &ModelDims, opts: &PlanOptions) -> Result<Vec<PlannedKernel>, PlanErro
         .collect())
 }
 
-fn lm_head(d: &ModelDims, opts: &PlanOptions) -> Result<Vec<PlannedKernel>, PlanError> {
-    let (v, h) = (d.vocab, d.hidden);
-    let by_bytes = usize::try_from(opts.max_kernel_const_bytes / (2 * h as u64)).unwrap_or(usize::MAX);
+/// Rows per chunk when a `[_, cols]` matrix is split by rows (the LM head): at most
+/// [`PlanOptions::lm_head_max_rows`], the per-op cap, and what fits the kernel size limit.
+pub fn linear_chunk_rows(cols: usize, opts: &PlanOptions) -> Result<usize, PlanError> {
+    let by_bytes = usize::try_from(opts.max_kernel_const_bytes / (2 * cols.max(1) as u64)).unwrap_or(usize::MAX);
     let rows = opts.lm_head_max_rows.min(opts.max_dim).min(by_bytes);
     if rows == 0 {
-        return Err(PlanError::DoesNotFit(format!("an LM-head row of width {h}")));
+        return Err(PlanError::DoesNotFit(format!("a matrix row of width {cols}")));
     }
+    Ok(rows)
+}
+
+fn lm_head(d: &ModelDims, opts: &PlanOptions) -> Result<Vec<PlannedKernel>, PlanError> {
+    let (v, h) = (d.vocab, d.hidden);
+    let rows = linear_chunk_rows(h, opts)?;
     let n = v.div_ceil(rows);
     let cap = if rows == opts.lm_head_max_rows {
         format!("{} rows per chunk (the per-op cap)", opts.lm_head_max_rows)

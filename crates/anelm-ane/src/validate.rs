@@ -95,6 +95,19 @@ pub(crate) fn validate(
     fold(f, program, weights, cfg)
 }
 
+/// Build the executable of a program that passed [`validate`] before under the same settings
+/// (a compile-cache hit): the dialect is checked and constants are folded, the other rules are
+/// not re-run.
+pub(crate) fn load_validated(
+    program: &Program,
+    weights: &anelm_mil::WeightFiles,
+    cfg: &EmuConfig,
+) -> Result<Executable, AneError> {
+    let f = dialect(program)?;
+    program.check().map_err(AneError::Invalid)?;
+    fold(f, program, weights, cfg)
+}
+
 fn dialect(program: &Program) -> Result<&Function, AneError> {
     if program.build_info_value("coremlc-version").is_none() {
         return Err(rule(

@@ -1,6 +1,7 @@
 //! The anelm engine: the Backend/Kernel seam, model forwards per architecture, sessions,
 //! sampling and generation.
 
+pub mod ane_backend;
 pub mod arch;
 pub mod backend;
 pub mod batch;
@@ -12,12 +13,14 @@ pub mod kv_cache;
 pub mod loader;
 pub mod model;
 pub mod ops;
+pub mod plan_dims;
 pub mod sampler;
 pub mod scheduler;
 pub mod session;
 pub mod stop;
 pub mod stored_matrix;
 
+pub use ane_backend::{AneBackend, AneOptions, AneStats};
 pub use backend::{Backend, Dispatch, Kernel, KernelSpec, WeightId};
 pub use batch::Batch;
 pub use cpu_backend::CpuBackend;

@@ -1,0 +1,96 @@
+//! The planner's view of a model (`anelm_ane::ModelDims`) from its configuration alone: a Hugging
+//! Face `config.json` (or its directory) or a GGUF file's metadata. No weights are read, so
+//! `anelm plan` works on configs of models that are not on disk.
+
+use std::path::Path;
+
+use anelm_ane::{LinearAttention, ModelDims};
+use anelm_model::gguf::GgufFile;
+use anelm_model::hf_config::HfConfig;
+
+use crate::arch::llama::LlamaConfig;
+use crate::arch::qwen3_5::Qwen35Config;
+use crate::error::{EngineError, Result};
+
+/// Architectures the planner's kernel layout describes (3 kernels per layer + LM-head chunks).
+const PLANNABLE: &str = "llama (incl. SmolLM2, mistral), qwen3 and qwen3_5";
+
+/// `ModelDims` from a model directory, a `config.json`, or a GGUF file.
+pub fn model_dims(path: &Path) -> Result<ModelDims> {
+    let config = if path.is_dir() {
+        path.join("config.json")
+    } else {
+        path.to_path_buf()
+    };
+    let is_json = config.extension().is_some_and(|e| e.eq_ignore_ascii_case("json"));
+    if is_json {
+        return dims_from_hf(&HfConfig::from_file(&config)?);
+    }
+    dims_from_gguf(&GgufFile::open(&config)?)
+}
+
+/// `ModelDims` from a parsed `config.json`.
+pub fn dims_from_hf(c: &HfConfig) -> Result<ModelDims> {
+    match c.model_type.as_str() {
+        "llama" | "mistral" | "qwen3" => Ok(dense(&LlamaConfig::from_hf(c)?)),
+        "qwen3_5" | "qwen3_5_text" => qwen35(&Qwen35Config::from_hf(c)?),
+        other => Err(unplannable(other)),
+    }
+}
+
+/// `ModelDims` from a GGUF file's metadata.
+pub fn dims_from_gguf(g: &GgufFile) -> Result<ModelDims> {
+    match g.architecture().unwrap_or("") {
+        "llama" | "qwen3" => Ok(dense(&LlamaConfig::from_gguf(g)?)),
+        other => Err(unplannable(other)),
+    }
+}
+
+fn unplannable(arch: &str) -> EngineError {
+    EngineError::Config(format!(
+        "the ANE planner knows the kernel layout of {PLANNABLE}, not '{arch}'"
+    ))
+}
+
+fn dense(c: &LlamaConfig) -> ModelDims {
+    ModelDims::dense(
+        c.hidden_size,
+        c.intermediate_size,
+        c.n_heads,
+        c.n_kv_heads,
+        c.head_dim,
+        c.vocab_size,
+        c.n_layers,
+    )
+}
+
+fn qwen35(c: &Qwen35Config) -> Result<ModelDims> {
+    // The planner describes the layer pattern by its full-attention interval.
+    let n = c.linear.len();
+    let interval = c.linear.iter().position(|&l| !l).map_or(n + 1, |i| i + 1);
+    if let Some(i) = (0..n).find(|&i| c.linear[i] != ((i + 1) % interval != 0)) {
+        return Err(EngineError::Config(format!(
+            "layer {i} breaks the every-{interval}th-layer full-attention pattern the planner models"
+        )));
+    }
+    let d = c.deltanet;
+    Ok(ModelDims {
+        attn_output_gate: true,
+        linear_attention: Some(LinearAttention {
+            key_heads: d.n_k_heads,
+            value_heads: d.n_v_heads,
+            key_head_dim: d.k_dim,
+            value_head_dim: d.v_dim,
+            full_attention_interval: interval,
+        }),
+        ..ModelDims::dense(
+            c.hidden_size,
+            c.intermediate_size,
+            c.n_heads,
+            c.n_kv_heads,
+            c.head_dim,
+            c.vocab_size,
+            n,
+        )
+    })
+}
