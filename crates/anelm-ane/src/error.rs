@@ -131,6 +131,9 @@ pub enum AneError {
     /// The real device is not available on this machine.
     #[error("{0}")]
     Unavailable(String),
+    /// The real Neural Engine's framework refused a call (the message carries its NSError).
+    #[error("{0}")]
+    Framework(String),
 }
 
 impl AneError {

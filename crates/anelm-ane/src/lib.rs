@@ -25,10 +25,12 @@
 //! assert_eq!(y[0].read_lane(0).unwrap(), vec![1.0, 5.0]);
 //! ```
 
-#![forbid(unsafe_code)]
+// Only the `apple` module (the private framework through the Objective-C runtime) has unsafe code.
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
-mod cache;
+#[allow(unsafe_code)]
+pub mod apple;
 mod chip;
 mod device;
 mod emu;
@@ -42,7 +44,7 @@ mod rules;
 mod surface;
 mod validate;
 
-pub use cache::{CACHE_DIR_ENV, CacheOutcome, CompileCache, compile_or_load, content_id};
+pub use apple::{AppleAne, AppleConfig, AppleError};
 pub use chip::{CHIPS, ChipProfile, FIT_TO_ANEMLL_RATIO};
 pub use device::{AneDevice, DispatchTime, ProgramHandle, Signature};
 pub use emu::{
@@ -54,7 +56,7 @@ pub use kernel::{AneKernel, WeightMode, WeightShape};
 pub use lower::{FfnChunkWeights, Lowered, blob_path, ffn_chunk_weights, lower};
 pub use plan::{
     FFN_MAX_BYTES, KernelRole, LM_HEAD_MAX_ROWS, LayerKind, LayerPlan, LinearAttention, ModelDims, Plan, PlanError,
-    PlanOptions, PlannedKernel, linear_chunk_rows, plan, plan_ffn,
+    PlanOptions, PlannedKernel, plan,
 };
 pub use quant::{QuantizedMatrix, quantize_int8};
 pub use rules::Rule;

@@ -1,0 +1,634 @@
+//! The device: compile → load → evaluate → unload over a [`Runtime`], following
+//! ane-runtime.md §2.2–§2.5 step by step.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use anelm_mil::{DType, WeightFiles, parse_program, read_blob};
+
+use super::error::AppleError;
+use super::foundation::{
+    fp16_tensor_bytes, index_array, relative_weight_path, surface_alloc_bytes, surface_property_dictionary,
+    weights_dictionary,
+};
+use super::modeldir::{Markers, remove_model_dir, usable_identifier, write_model_dir};
+use super::objc::Id;
+use super::runtime::{QOS, Runtime, SurfaceRef};
+use crate::device::{DispatchTime, ProgramHandle, Signature};
+use crate::error::AneError;
+use crate::surface::Surface;
+
+/// How long to wait before the one retry of a failed load ("ANE slot reclamation",
+/// ane-hardware.md §1.2).
+pub const LOAD_RETRY_DELAY: Duration = Duration::from_millis(100);
+
+/// Settings of the Apple device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppleConfig {
+    /// Where compile-cache markers live; `None` turns the cache off (every kernel is compiled,
+    /// model directories are removed when the kernel is freed).
+    pub markers: Option<PathBuf>,
+    /// Evaluate through `_ANEClient doEvaluateDirectWithModel:…` when it exists (falls back to
+    /// the daemon path `evaluateWithQoS:…` when the client cannot be made or a direct call fails).
+    pub direct_eval: bool,
+    /// Lock/unlock every surface around each write and read on the hot path (the reference skips
+    /// this by default: the synchronous evaluate provides coherency).
+    pub lock_surfaces: bool,
+    /// Root of the model directories (default: `NSTemporaryDirectory()`).
+    pub temp_dir: Option<PathBuf>,
+}
+
+impl Default for AppleConfig {
+    fn default() -> Self {
+        AppleConfig {
+            markers: Some(Markers::default_dir()),
+            direct_eval: false,
+            lock_surfaces: false,
+            temp_dir: None,
+        }
+    }
+}
+
+impl AppleConfig {
+    /// The defaults, changed by `ANELM_NO_ANE_CACHE=1` (cache off), `ANELM_ANE_DIRECT_EVAL=1`
+    /// (direct evaluation) and `ANELM_ANE_LOCKS=1` (lock surfaces on the hot path).
+    pub fn from_env() -> Self {
+        let on = |k: &str| std::env::var(k).is_ok_and(|v| !v.is_empty() && v != "0");
+        let mut c = AppleConfig::default();
+        if on("ANELM_NO_ANE_CACHE") {
+            c.markers = None;
+        }
+        c.direct_eval = on("ANELM_ANE_DIRECT_EVAL");
+        c.lock_surfaces = on("ANELM_ANE_LOCKS");
+        c
+    }
+}
+
+/// Counters of a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AppleStats {
+    /// `compileWithQoS:` calls that succeeded.
+    pub compiles: u64,
+    /// Loads that used a cache marker and skipped compilation.
+    pub cache_loads: u64,
+    /// Successful loads.
+    pub loads: u64,
+    /// Kernels loaded now.
+    pub loaded: usize,
+    /// Evaluations.
+    pub dispatches: u64,
+    /// True while direct evaluation through `_ANEClient` is in use.
+    pub direct_eval: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KState {
+    Compiled,
+    Loaded,
+    Unloaded,
+}
+
+impl KState {
+    fn name(self) -> &'static str {
+        match self {
+            KState::Compiled => "compiled (not loaded)",
+            KState::Loaded => "loaded",
+            KState::Unloaded => "unloaded",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    surface: SurfaceRef,
+    channels: usize,
+    lanes: usize,
+    bytes: usize,
+}
+
+/// One kernel: a retained model, its surfaces, and the request bound to them (built once, reused).
+#[derive(Debug)]
+struct Kernel {
+    label: String,
+    id: String,
+    model: Id,
+    request: Id,
+    inputs: Vec<Slot>,
+    outputs: Vec<Slot>,
+    dir: PathBuf,
+    state: KState,
+    /// `compileWithQoS:` ran in this process (else a marker said it had run before).
+    compiled_here: bool,
+    const_bytes: u64,
+    sig: Signature,
+    scratch: Vec<u8>,
+}
+
+/// Pops an autorelease pool when dropped.
+struct Pool<'a, R: Runtime>(&'a R, usize);
+
+impl<'a, R: Runtime> Pool<'a, R> {
+    fn new(rt: &'a R) -> Self {
+        Pool(rt, rt.pool_push())
+    }
+}
+
+impl<R: Runtime> Drop for Pool<'_, R> {
+    fn drop(&mut self) {
+        self.0.pool_pop(self.1);
+    }
+}
+
+/// The device logic over a runtime (the real framework, or a fake in tests).
+pub(crate) struct Device<R: Runtime> {
+    rt: R,
+    markers: Markers,
+    lock_surfaces: bool,
+    temp_root: PathBuf,
+    /// `@{}`, retained once and passed as every `options:`.
+    options: Id,
+    /// `_ANEClient` for direct evaluation (+1), when asked for and available.
+    client: Option<Id>,
+    direct: AtomicBool,
+    kernels: Mutex<BTreeMap<u64, Arc<Mutex<Kernel>>>>,
+    next: AtomicU64,
+    loaded: AtomicUsize,
+    compiles: AtomicU64,
+    cache_loads: AtomicU64,
+    loads: AtomicU64,
+    dispatches: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every update under these locks is completed before anything can panic, so a poisoned lock
+    // still holds consistent data.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Input and output surface shapes `(channels, lanes)` of a MIL program, which must be fp16
+/// `[1, C, 1, W]` tensors (IOSurfaces carry nothing else).
+pub(crate) fn program_signature(mil_text: &str) -> Result<Signature, AneError> {
+    let program = parse_program(mil_text)?;
+    let main = program
+        .main()
+        .ok_or_else(|| AneError::Surfaces("the program has no `main` function".into()))?;
+    let shape = |what: &str, name: &str, ty: &anelm_mil::TensorType| match (ty.dtype, ty.shape.as_slice()) {
+        (DType::Fp16, &[1, c, 1, w]) if c > 0 && w > 0 => Ok((c, w)),
+        _ => Err(AneError::Surfaces(format!(
+            "{what} `{name}` is {ty:?}; Neural Engine I/O surfaces must be fp16 [1, C, 1, W]"
+        ))),
+    };
+    let inputs = main
+        .inputs
+        .iter()
+        .map(|v| shape("input", &v.name, &v.ty))
+        .collect::<Result<Vec<_>, _>>()?;
+    let outs = main.output_values();
+    if outs.len() != main.outputs.len() || outs.is_empty() {
+        return Err(AneError::Surfaces(
+            "the program's outputs are missing or undefined".into(),
+        ));
+    }
+    let outputs = outs
+        .iter()
+        .map(|v| shape("output", &v.name, &v.ty))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Signature { inputs, outputs })
+}
+
+/// Constant payload bytes of a program's weight files (headers excluded).
+pub(crate) fn const_bytes(weights: &WeightFiles) -> u64 {
+    weights
+        .iter()
+        .map(|(_, b)| read_blob(b).map_or(b.len().saturating_sub(128), |w| w.payload.len()) as u64)
+        .sum()
+}
+
+/// A kernel's name in messages: identifier prefix, shapes, weight files.
+pub(crate) fn kernel_label(id: &str, sig: &Signature, weights: &WeightFiles) -> String {
+    let shapes = |v: &[(usize, usize)]| {
+        v.iter()
+            .map(|(c, w)| format!("[1,{c},1,{w}]"))
+            .collect::<Vec<_>>()
+            .join("+")
+    };
+    let files: Vec<&str> = weights.iter().map(|(k, _)| k.rsplit('/').next().unwrap_or(k)).collect();
+    let short: String = id.chars().take(12).collect();
+    let w = if files.is_empty() {
+        String::new()
+    } else {
+        format!(", weights {}", files.join(" "))
+    };
+    format!("kernel {short} ({} → {}{w})", shapes(&sig.inputs), shapes(&sig.outputs))
+}
+
+fn check_surfaces(
+    what: &str,
+    want: &[Slot],
+    got: impl ExactSizeIterator<Item = (usize, usize)>,
+) -> Result<(), AneError> {
+    if got.len() != want.len() {
+        return Err(AneError::Surfaces(format!(
+            "the program has {} {what} surfaces, {} given",
+            want.len(),
+            got.len()
+        )));
+    }
+    for (i, (s, (c, w))) in want.iter().zip(got).enumerate() {
+        if (s.channels, s.lanes) != (c, w) {
+            return Err(AneError::Surfaces(format!(
+                "{what} {i} is [1, {}, 1, {}] but the surface is [1, {c}, 1, {w}]; allocate it from signature()",
+                s.channels, s.lanes
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl<R: Runtime> Device<R> {
+    /// A device over `rt` (the runtime is already loaded).
+    pub(crate) fn new(rt: R, direct_eval: bool, cfg: &AppleConfig) -> Result<Self, AppleError> {
+        let options = {
+            let _pool = Pool::new(&rt);
+            let d = rt.empty_dictionary()?;
+            rt.retain(d)
+        };
+        let client = if direct_eval { rt.direct_client() } else { None };
+        let temp_root = cfg.temp_dir.clone().unwrap_or_else(|| {
+            let _pool = Pool::new(&rt);
+            rt.temp_dir()
+        });
+        Ok(Device {
+            markers: cfg.markers.clone().map_or_else(Markers::disabled, Markers::new),
+            lock_surfaces: cfg.lock_surfaces,
+            temp_root,
+            options,
+            direct: AtomicBool::new(client.is_some()),
+            client,
+            rt,
+            kernels: Mutex::new(BTreeMap::new()),
+            next: AtomicU64::new(1),
+            loaded: AtomicUsize::new(0),
+            compiles: AtomicU64::new(0),
+            cache_loads: AtomicU64::new(0),
+            loads: AtomicU64::new(0),
+            dispatches: AtomicU64::new(0),
+        })
+    }
+
+    /// The runtime (tests inspect the fake).
+    #[cfg(test)]
+    pub(crate) fn runtime(&self) -> &R {
+        &self.rt
+    }
+
+    /// Counters.
+    pub(crate) fn stats(&self) -> AppleStats {
+        AppleStats {
+            compiles: self.compiles.load(Ordering::Relaxed),
+            cache_loads: self.cache_loads.load(Ordering::Relaxed),
+            loads: self.loads.load(Ordering::Relaxed),
+            loaded: self.loaded.load(Ordering::Relaxed),
+            dispatches: self.dispatches.load(Ordering::Relaxed),
+            direct_eval: self.direct.load(Ordering::Relaxed),
+        }
+    }
+
+    fn kernel(&self, h: ProgramHandle) -> Result<Arc<Mutex<Kernel>>, AneError> {
+        lock(&self.kernels)
+            .get(&h.0)
+            .cloned()
+            .ok_or(AneError::UnknownHandle(h.0))
+    }
+
+    /// Descriptor → model → identifier → model directory → compile (unless marked) → surfaces →
+    /// request (ane-runtime.md §2.2 steps 1–10; the load of step 6/7 is [`Device::load`]).
+    pub(crate) fn compile(&self, mil_text: &str, weights: &WeightFiles) -> Result<ProgramHandle, AneError> {
+        let sig = program_signature(mil_text)?;
+        for (key, _) in weights.iter() {
+            relative_weight_path(key)?;
+        }
+        let _pool = Pool::new(&self.rt);
+        let mil = self.rt.data(mil_text.as_bytes())?;
+        let wd = weights_dictionary(&self.rt, weights)?;
+        let desc = self.rt.descriptor(mil, wd)?;
+        let model = self.rt.in_memory_model(desc)?;
+        let model = self.rt.retain(model);
+        let mut k = Kernel {
+            label: kernel_label("", &sig, weights),
+            id: String::new(),
+            model,
+            request: Id::NIL,
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            dir: PathBuf::new(),
+            state: KState::Compiled,
+            compiled_here: false,
+            const_bytes: const_bytes(weights),
+            sig,
+            scratch: Vec::new(),
+        };
+        match self.build(&mut k, mil_text, weights) {
+            Ok(()) => {
+                let h = self.next.fetch_add(1, Ordering::Relaxed);
+                lock(&self.kernels).insert(h, Arc::new(Mutex::new(k)));
+                Ok(ProgramHandle(h))
+            }
+            Err(e) => {
+                self.free(&mut k);
+                Err(e.into())
+            }
+        }
+    }
+
+    fn build(&self, k: &mut Kernel, mil_text: &str, weights: &WeightFiles) -> Result<(), AppleError> {
+        let id = match usable_identifier(self.rt.hex_string_identifier(k.model)) {
+            Some(id) => id,
+            None => usable_identifier(Some(self.rt.uuid_string()?)).ok_or(AppleError::Nil {
+                call: "-[_ANEInMemoryModel hexStringIdentifier] and -[NSUUID UUIDString]",
+                hint: " (no usable identifier for the model directory)".into(),
+            })?,
+        };
+        k.label = kernel_label(&id, &k.sig, weights);
+        k.dir = self.temp_root.join(&id);
+        k.id = id;
+        write_model_dir(&k.dir, mil_text, weights)?;
+        if !self.markers.is_marked(&k.id) {
+            self.compile_model(k)?;
+        }
+        for (channels, lanes) in k.sig.inputs.clone() {
+            let slot = self.new_surface(channels, lanes)?;
+            k.inputs.push(slot);
+        }
+        for (channels, lanes) in k.sig.outputs.clone() {
+            let slot = self.new_surface(channels, lanes)?;
+            k.outputs.push(slot);
+        }
+        let wrap = |slots: &[Slot]| -> Result<Id, AppleError> {
+            let objs = slots
+                .iter()
+                .map(|s| self.rt.surface_object(s.surface))
+                .collect::<Result<Vec<_>, _>>()?;
+            self.rt.array(&objs)
+        };
+        let inputs = wrap(&k.inputs)?;
+        let input_indices = index_array(&self.rt, k.inputs.len())?;
+        let outputs = wrap(&k.outputs)?;
+        let output_indices = index_array(&self.rt, k.outputs.len())?;
+        let procedure = self.rt.number_int(0)?;
+        let request = self
+            .rt
+            .request(inputs, input_indices, outputs, output_indices, procedure)?;
+        k.request = self.rt.retain(request);
+        Ok(())
+    }
+
+    /// `compileWithQoS:21 options:@{} error:`; on failure forget the marker and remove the model
+    /// directory (ane-runtime.md §2.2 step 7).
+    fn compile_model(&self, k: &mut Kernel) -> Result<(), AppleError> {
+        match self.rt.compile(k.model, QOS, self.options) {
+            Ok(()) => {
+                k.compiled_here = true;
+                self.compiles.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(description) => {
+                self.markers.forget(&k.id);
+                // The compile error is what matters; a directory left behind is only disk space.
+                let _ = remove_model_dir(&k.dir);
+                Err(AppleError::Call {
+                    call: "-[_ANEInMemoryModel compileWithQoS:options:error:]",
+                    kernel: k.label.clone(),
+                    description,
+                })
+            }
+        }
+    }
+
+    fn new_surface(&self, channels: usize, lanes: usize) -> Result<Slot, AppleError> {
+        let bytes = fp16_tensor_bytes(channels, lanes)
+            .ok_or_else(|| AppleError::Signature(format!("surface [1, {channels}, 1, {lanes}] is too large")))?;
+        let props = surface_property_dictionary(&self.rt, bytes)?;
+        let surface = self.rt.create_surface(props)?;
+        let slot = Slot {
+            surface,
+            channels,
+            lanes,
+            bytes,
+        };
+        let size = self.rt.surface_alloc_size(surface);
+        let zeroed = if size < surface_alloc_bytes(bytes) {
+            Err(AppleError::Surface(format!(
+                "IOSurfaceCreate gave {size} bytes for a {bytes}-byte tensor"
+            )))
+        } else {
+            // Zeroed once at creation, locked (ane-runtime.md §2.4).
+            self.rt.write_surface(surface, &[], true, true)
+        };
+        if let Err(e) = zeroed {
+            self.rt.cf_release(surface);
+            return Err(e);
+        }
+        Ok(slot)
+    }
+
+    fn load_once_or_retry(&self, model: Id) -> Result<(), String> {
+        self.rt.load(model, QOS, self.options).or_else(|_| {
+            std::thread::sleep(LOAD_RETRY_DELAY);
+            self.rt.load(model, QOS, self.options)
+        })
+    }
+
+    /// `loadWithQoS:21 options:@{} error:`. A marked kernel that fails to load loses its marker
+    /// and is compiled, then loaded (ane-runtime.md §2.2 step 6). A failure names the kernel and
+    /// how many kernels this process has loaded (the per-process budget, §2.5).
+    pub(crate) fn load(&self, h: ProgramHandle) -> Result<(), AneError> {
+        let k = self.kernel(h)?;
+        let mut k = lock(&k);
+        if k.state == KState::Loaded {
+            return Err(AneError::State {
+                handle: h.0,
+                call: "load",
+                state: k.state.name(),
+            });
+        }
+        let _pool = Pool::new(&self.rt);
+        let mut from_cache = !k.compiled_here;
+        let mut result = self.rt.load(k.model, QOS, self.options);
+        if result.is_err() && from_cache {
+            self.markers.forget(&k.id);
+            from_cache = false;
+            self.compile_model(&mut k)?;
+            result = self.load_once_or_retry(k.model);
+        } else if result.is_err() {
+            std::thread::sleep(LOAD_RETRY_DELAY);
+            result = self.rt.load(k.model, QOS, self.options);
+        }
+        if let Err(description) = result {
+            return Err(AppleError::Load {
+                kernel: k.label.clone(),
+                loaded: self.loaded.load(Ordering::Relaxed),
+                description,
+            }
+            .into());
+        }
+        k.state = KState::Loaded;
+        self.loaded.fetch_add(1, Ordering::Relaxed);
+        self.loads.fetch_add(1, Ordering::Relaxed);
+        if from_cache {
+            self.cache_loads.fetch_add(1, Ordering::Relaxed);
+        } else {
+            // A marker that cannot be written only costs a compile next time.
+            let _ = self.markers.mark(&k.id);
+        }
+        Ok(())
+    }
+
+    /// Write the inputs into the kernel's surfaces, evaluate synchronously, read the outputs.
+    pub(crate) fn evaluate(
+        &self,
+        h: ProgramHandle,
+        inputs: &[&Surface],
+        outputs: &mut [Surface],
+    ) -> Result<DispatchTime, AneError> {
+        let start = Instant::now();
+        let k = self.kernel(h)?;
+        let mut guard = lock(&k);
+        let k = &mut *guard;
+        if k.state != KState::Loaded {
+            return Err(AneError::State {
+                handle: h.0,
+                call: "evaluate",
+                state: k.state.name(),
+            });
+        }
+        check_surfaces("input", &k.inputs, inputs.iter().map(|s| (s.channels(), s.lanes())))?;
+        check_surfaces("output", &k.outputs, outputs.iter().map(|s| (s.channels(), s.lanes())))?;
+        let mut io_bytes = 0u64;
+        for (slot, s) in k.inputs.iter().zip(inputs) {
+            k.scratch.clear();
+            k.scratch.reserve(slot.bytes);
+            for h in s.halves() {
+                k.scratch.extend_from_slice(&h.to_le_bytes());
+            }
+            self.rt
+                .write_surface(slot.surface, &k.scratch, self.lock_surfaces, false)?;
+            io_bytes += slot.bytes as u64;
+        }
+        let ane_start = Instant::now();
+        {
+            let _pool = Pool::new(&self.rt);
+            self.dispatch(k)?;
+        }
+        let ane = ane_start.elapsed();
+        for (slot, out) in k.outputs.iter().zip(outputs.iter_mut()) {
+            k.scratch.clear();
+            k.scratch.resize(slot.bytes, 0);
+            self.rt.read_surface(slot.surface, &mut k.scratch, self.lock_surfaces)?;
+            *out = Surface::from_bytes(slot.channels, slot.lanes, &k.scratch)
+                .map_err(|e| AneError::Surfaces(e.to_string()))?;
+            io_bytes += slot.bytes as u64;
+        }
+        self.dispatches.fetch_add(1, Ordering::Relaxed);
+        Ok(DispatchTime {
+            host: start.elapsed(),
+            ane,
+            bytes: k.const_bytes + io_bytes,
+        })
+    }
+
+    /// One evaluation: direct through `_ANEClient` when on (a failure turns it off for good and
+    /// retries through the daemon), else `evaluateWithQoS:21 options:@{} request:error:`.
+    fn dispatch(&self, k: &Kernel) -> Result<(), AppleError> {
+        if let Some(client) = self.client.filter(|_| self.direct.load(Ordering::Relaxed)) {
+            match self.rt.evaluate_direct(client, k.model, self.options, k.request, QOS) {
+                Ok(()) => return Ok(()),
+                Err(_) => self.direct.store(false, Ordering::Relaxed),
+            }
+        }
+        self.rt
+            .evaluate(k.model, QOS, self.options, k.request)
+            .map_err(|description| AppleError::Call {
+                call: "-[_ANEInMemoryModel evaluateWithQoS:options:request:error:] (path=daemon)",
+                kernel: k.label.clone(),
+                description,
+            })
+    }
+
+    /// `unloadWithQoS:21 error:` (frees the kernel's share of the per-process budget).
+    pub(crate) fn unload(&self, h: ProgramHandle) -> Result<(), AneError> {
+        let k = self.kernel(h)?;
+        let mut k = lock(&k);
+        if k.state != KState::Loaded {
+            return Err(AneError::State {
+                handle: h.0,
+                call: "unload",
+                state: k.state.name(),
+            });
+        }
+        let _pool = Pool::new(&self.rt);
+        // The reference ignores the result of unload; the kernel counts as unloaded either way.
+        let r = self.rt.unload(k.model, QOS);
+        k.state = KState::Unloaded;
+        self.loaded.fetch_sub(1, Ordering::Relaxed);
+        r.map_err(|description| {
+            AppleError::Call {
+                call: "-[_ANEInMemoryModel unloadWithQoS:error:]",
+                kernel: k.label.clone(),
+                description,
+            }
+            .into()
+        })
+    }
+
+    /// The surface shapes of a compiled program.
+    pub(crate) fn signature(&self, h: ProgramHandle) -> Result<Signature, AneError> {
+        let k = self.kernel(h)?;
+        let sig = lock(&k).sig.clone();
+        Ok(sig)
+    }
+
+    /// Free one kernel (unloading it first if loaded).
+    pub(crate) fn release(&self, h: ProgramHandle) -> Result<(), AneError> {
+        let k = lock(&self.kernels).remove(&h.0).ok_or(AneError::UnknownHandle(h.0))?;
+        let mut k = lock(&k);
+        self.free(&mut k);
+        Ok(())
+    }
+
+    /// Unload (if loaded) → release the request (it holds the surface objects) → `CFRelease`
+    /// each surface → release the model → remove the model directory when caching is off.
+    fn free(&self, k: &mut Kernel) {
+        let _pool = Pool::new(&self.rt);
+        if k.state == KState::Loaded {
+            let _ = self.rt.unload(k.model, QOS);
+            k.state = KState::Unloaded;
+            self.loaded.fetch_sub(1, Ordering::Relaxed);
+        }
+        self.rt.release(std::mem::replace(&mut k.request, Id::NIL));
+        for s in k.inputs.drain(..).chain(k.outputs.drain(..)) {
+            self.rt.cf_release(s.surface);
+        }
+        self.rt.release(std::mem::replace(&mut k.model, Id::NIL));
+        if !self.markers.enabled() && !k.dir.as_os_str().is_empty() {
+            let _ = remove_model_dir(&k.dir);
+        }
+    }
+}
+
+impl<R: Runtime> Drop for Device<R> {
+    fn drop(&mut self) {
+        let kernels = std::mem::take(&mut *lock(&self.kernels));
+        for (_, k) in kernels.into_iter().rev() {
+            let mut k = lock(&k);
+            self.free(&mut k);
+        }
+        if let Some(c) = self.client.take() {
+            self.rt.release(c);
+        }
+        self.rt.release(self.options);
+    }
+}

@@ -1,0 +1,660 @@
+//! The real [`Runtime`]: Foundation, AppleNeuralEngine, IOSurface and CoreFoundation driven
+//! through the Objective-C runtime, every call under its exact C signature.
+
+use std::ffi::{CStr, c_char, c_void};
+use std::path::PathBuf;
+
+use super::error::{AppleError, ns_error_text};
+use super::objc::{
+    ANE_FRAMEWORK, COREFOUNDATION, FOUNDATION, IOSURFACE, Id, Lib, MsgBoolDirect, MsgBoolId, MsgBoolQosErr,
+    MsgBoolQosOptsErr, MsgBoolQosOptsReqErr, MsgBoolSel, MsgCStr, MsgId, MsgIdBool, MsgIdBytes, MsgIdCStr, MsgIdDict,
+    MsgIdI32, MsgIdId, MsgIdId3, MsgIdId7, MsgIdU64, MsgIdUsize, MsgVoid, MsgVoidId, Objc, Sel, YES, c_string,
+};
+use super::runtime::{Runtime, SurfaceKey, SurfaceRef};
+
+/// The four classes the in-memory path needs (ane-runtime.md §2.1).
+pub const REQUIRED_CLASSES: [&str; 4] = [
+    "_ANEInMemoryModelDescriptor",
+    "_ANEInMemoryModel",
+    "_ANERequest",
+    "_ANEIOSurfaceObject",
+];
+
+/// The optional class of direct evaluation.
+pub const CLIENT_CLASS: &str = "_ANEClient";
+
+/// The selector direct evaluation needs on `_ANEClient`.
+pub const DIRECT_EVAL_SELECTOR: &CStr = c"doEvaluateDirectWithModel:options:request:qos:error:";
+
+/// `kIOSurfaceLockReadOnly`.
+const IOSURFACE_LOCK_READ_ONLY: u32 = 1;
+
+type IoSurfaceCreateFn = unsafe extern "C" fn(Id) -> Id;
+type IoSurfaceBaseFn = unsafe extern "C" fn(Id) -> *mut c_void;
+type IoSurfaceSizeFn = unsafe extern "C" fn(Id) -> usize;
+type IoSurfaceLockFn = unsafe extern "C" fn(Id, u32, *mut u32) -> i32;
+type CfReleaseFn = unsafe extern "C" fn(Id);
+type NsTemporaryDirectoryFn = unsafe extern "C" fn() -> Id;
+
+struct Classes {
+    ns_string: Id,
+    ns_data: Id,
+    ns_number: Id,
+    ns_dictionary: Id,
+    ns_mutable_array: Id,
+    ns_uuid: Id,
+    descriptor: Id,
+    model: Id,
+    request: Id,
+    surface_object: Id,
+    client: Option<Id>,
+}
+
+struct Sels {
+    alloc: Sel,
+    retain: Sel,
+    release: Sel,
+    description: Sel,
+    utf8_string: Sel,
+    is_kind_of_class: Sel,
+    instances_respond: Sel,
+    string_with_utf8: Sel,
+    data_with_bytes: Sel,
+    number_with_int: Sel,
+    number_with_ulong: Sel,
+    dictionary_with: Sel,
+    dictionary: Sel,
+    array_with_capacity: Sel,
+    add_object: Sel,
+    uuid: Sel,
+    uuid_string: Sel,
+    model_with_mil: Sel,
+    in_memory_model: Sel,
+    hex_id: Sel,
+    compile: Sel,
+    load: Sel,
+    evaluate: Sel,
+    unload: Sel,
+    object_with_surface: Sel,
+    request_with: Sel,
+    init_restricted: Sel,
+    direct_eval: Sel,
+}
+
+impl Sels {
+    fn register(o: &Objc) -> Sels {
+        Sels {
+            alloc: o.sel(c"alloc"),
+            retain: o.sel(c"retain"),
+            release: o.sel(c"release"),
+            description: o.sel(c"description"),
+            utf8_string: o.sel(c"UTF8String"),
+            is_kind_of_class: o.sel(c"isKindOfClass:"),
+            instances_respond: o.sel(c"instancesRespondToSelector:"),
+            string_with_utf8: o.sel(c"stringWithUTF8String:"),
+            data_with_bytes: o.sel(c"dataWithBytes:length:"),
+            number_with_int: o.sel(c"numberWithInt:"),
+            number_with_ulong: o.sel(c"numberWithUnsignedLong:"),
+            dictionary_with: o.sel(c"dictionaryWithObjects:forKeys:count:"),
+            dictionary: o.sel(c"dictionary"),
+            array_with_capacity: o.sel(c"arrayWithCapacity:"),
+            add_object: o.sel(c"addObject:"),
+            uuid: o.sel(c"UUID"),
+            uuid_string: o.sel(c"UUIDString"),
+            model_with_mil: o.sel(c"modelWithMILText:weights:optionsPlist:"),
+            in_memory_model: o.sel(c"inMemoryModelWithDescriptor:"),
+            hex_id: o.sel(c"hexStringIdentifier"),
+            compile: o.sel(c"compileWithQoS:options:error:"),
+            load: o.sel(c"loadWithQoS:options:error:"),
+            evaluate: o.sel(c"evaluateWithQoS:options:request:error:"),
+            unload: o.sel(c"unloadWithQoS:error:"),
+            object_with_surface: o.sel(c"objectWithIOSurface:"),
+            request_with: o
+                .sel(c"requestWithInputs:inputIndices:outputs:outputIndices:weightsBuffer:perfStats:procedureIndex:"),
+            init_restricted: o.sel(c"initWithRestrictedAccessAllowed:"),
+            direct_eval: o.sel(DIRECT_EVAL_SELECTOR),
+        }
+    }
+}
+
+/// One step of opening the device, for `anelm doctor`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeStep {
+    /// What was checked.
+    pub what: String,
+    /// `Ok(detail)` or `Err(exact failure)`.
+    pub result: Result<String, String>,
+}
+
+/// The loaded libraries, classes, selectors and C functions.
+pub(crate) struct Framework {
+    objc: Objc,
+    cls: Classes,
+    sel: Sels,
+    keys: [Id; 6],
+    surface_create: IoSurfaceCreateFn,
+    surface_base: IoSurfaceBaseFn,
+    surface_size: IoSurfaceSizeFn,
+    surface_lock: IoSurfaceLockFn,
+    surface_unlock: IoSurfaceLockFn,
+    cf_release: CfReleaseFn,
+    ns_temporary_directory: NsTemporaryDirectoryFn,
+    _libs: Vec<Lib>,
+}
+
+impl Framework {
+    /// Load everything, failing at the first missing piece with an "unavailable" error.
+    pub(crate) fn open() -> Result<Framework, AppleError> {
+        let objc = Objc::load()?;
+        let foundation = Lib::open(FOUNDATION)?;
+        let cf = Lib::open(COREFOUNDATION)?;
+        let io = Lib::open(IOSURFACE)?;
+        let ane = Lib::open(ANE_FRAMEWORK)?;
+        let cls = Classes {
+            ns_string: objc.require_class("NSString")?,
+            ns_data: objc.require_class("NSData")?,
+            ns_number: objc.require_class("NSNumber")?,
+            ns_dictionary: objc.require_class("NSDictionary")?,
+            ns_mutable_array: objc.require_class("NSMutableArray")?,
+            ns_uuid: objc.require_class("NSUUID")?,
+            descriptor: objc.require_class(REQUIRED_CLASSES[0])?,
+            model: objc.require_class(REQUIRED_CLASSES[1])?,
+            request: objc.require_class(REQUIRED_CLASSES[2])?,
+            surface_object: objc.require_class(REQUIRED_CLASSES[3])?,
+            client: objc.class(CLIENT_CLASS),
+        };
+        let sel = Sels::register(&objc);
+        let mut keys = [Id::NIL; 6];
+        for (slot, k) in keys.iter_mut().zip(SurfaceKey::ALL) {
+            *slot = io.object_global(k.symbol())?;
+        }
+        // SAFETY (all transmutes): each symbol gets its documented C type:
+        // `IOSurfaceRef IOSurfaceCreate(CFDictionaryRef)`, `void *IOSurfaceGetBaseAddress(IOSurfaceRef)`,
+        // `size_t IOSurfaceGetAllocSize(IOSurfaceRef)`,
+        // `kern_return_t IOSurfaceLock/IOSurfaceUnlock(IOSurfaceRef, IOSurfaceLockOptions (uint32_t), uint32_t *seed)`,
+        // `void CFRelease(CFTypeRef)`, `NSString *NSTemporaryDirectory(void)`.
+        let fw = unsafe {
+            Framework {
+                surface_create: std::mem::transmute::<unsafe extern "C" fn(), IoSurfaceCreateFn>(
+                    io.function("IOSurfaceCreate")?,
+                ),
+                surface_base: std::mem::transmute::<unsafe extern "C" fn(), IoSurfaceBaseFn>(
+                    io.function("IOSurfaceGetBaseAddress")?,
+                ),
+                surface_size: std::mem::transmute::<unsafe extern "C" fn(), IoSurfaceSizeFn>(
+                    io.function("IOSurfaceGetAllocSize")?,
+                ),
+                surface_lock: std::mem::transmute::<unsafe extern "C" fn(), IoSurfaceLockFn>(
+                    io.function("IOSurfaceLock")?,
+                ),
+                surface_unlock: std::mem::transmute::<unsafe extern "C" fn(), IoSurfaceLockFn>(
+                    io.function("IOSurfaceUnlock")?,
+                ),
+                cf_release: std::mem::transmute::<unsafe extern "C" fn(), CfReleaseFn>(cf.function("CFRelease")?),
+                ns_temporary_directory: std::mem::transmute::<unsafe extern "C" fn(), NsTemporaryDirectoryFn>(
+                    foundation.function("NSTemporaryDirectory")?,
+                ),
+                objc,
+                cls,
+                sel,
+                keys,
+                _libs: vec![foundation, cf, io, ane],
+            }
+        };
+        Ok(fw)
+    }
+
+    /// Check each piece in turn and say what was found (never fails; for `anelm doctor`).
+    pub(crate) fn probe() -> Vec<ProbeStep> {
+        fn step(what: &str, r: Result<String, AppleError>) -> ProbeStep {
+            ProbeStep {
+                what: what.to_string(),
+                result: r.map_err(|e| match e {
+                    AppleError::Unavailable { detail } => detail,
+                    e => e.to_string(),
+                }),
+            }
+        }
+        let mut steps = Vec::new();
+        let objc = Objc::load();
+        let objc_ok = objc
+            .as_ref()
+            .map(|_| "libobjc loaded".to_string())
+            .map_err(Clone::clone);
+        steps.push(step("Objective-C runtime", objc_ok));
+        let Ok(objc) = objc else { return steps };
+        let mut libs = Vec::new();
+        for (what, path) in [
+            ("Foundation", FOUNDATION),
+            ("CoreFoundation", COREFOUNDATION),
+            ("IOSurface", IOSURFACE),
+        ] {
+            let r = Lib::open(path).map(|l| libs.push(l)).map(|_| path.to_string());
+            steps.push(step(what, r));
+        }
+        let fw = Lib::open(ANE_FRAMEWORK)
+            .map(|l| libs.push(l))
+            .map(|_| ANE_FRAMEWORK.to_string());
+        let fw_ok = fw.is_ok();
+        steps.push(step("AppleNeuralEngine.framework found", fw));
+        if !fw_ok {
+            return steps;
+        }
+        let missing: Vec<&str> = REQUIRED_CLASSES
+            .iter()
+            .copied()
+            .filter(|c| objc.class(c).is_none())
+            .collect();
+        let classes = if missing.is_empty() {
+            Ok(REQUIRED_CLASSES.join(", "))
+        } else {
+            Err(AppleError::unavailable(format!("missing: {}", missing.join(", "))))
+        };
+        steps.push(step("classes found", classes));
+        let client = match objc.class(CLIENT_CLASS) {
+            None => Ok(format!("{CLIENT_CLASS} absent (direct evaluation off; not needed)")),
+            Some(cls) => {
+                let responds_sel = objc.sel(c"instancesRespondToSelector:");
+                let direct = objc.sel(DIRECT_EVAL_SELECTOR);
+                // SAFETY: `+[NSObject instancesRespondToSelector:(SEL)]` returns BOOL.
+                let yes = unsafe { objc.msg::<MsgBoolSel>()(cls, responds_sel, direct) } != 0;
+                Ok(format!(
+                    "{CLIENT_CLASS} present, {} doEvaluateDirectWithModel:options:request:qos:error:",
+                    if yes { "implements" } else { "does not implement" }
+                ))
+            }
+        };
+        steps.push(step("direct-evaluation client (optional)", client));
+        steps
+    }
+
+    /// An NSString's UTF-8 text (nil or not a string → `None`).
+    fn ns_string_text(&self, s: Id) -> Option<String> {
+        if s.is_nil() {
+            return None;
+        }
+        // SAFETY: `-[NSObject isKindOfClass:(Class)]` returns BOOL; `s` is a live object.
+        let is_string = unsafe { self.objc.msg::<MsgBoolId>()(s, self.sel.is_kind_of_class, self.cls.ns_string) };
+        if is_string == 0 {
+            return None;
+        }
+        // SAFETY: `-[NSString UTF8String]` returns a NUL-terminated buffer that lives as long as
+        // the string (inside the caller's autorelease pool); it is copied at once.
+        unsafe { c_string(self.objc.msg::<MsgCStr>()(s, self.sel.utf8_string)) }
+    }
+
+    /// The `description` of an NSError out-parameter (nil → a note that there was none).
+    fn error_text(&self, err: Id) -> String {
+        if err.is_nil() {
+            return ns_error_text(None);
+        }
+        // SAFETY: `-[NSObject description]` returns an NSString.
+        let d = unsafe { self.objc.msg::<MsgId>()(err, self.sel.description) };
+        ns_error_text(self.ns_string_text(d))
+    }
+
+    fn bool_call(&self, call: impl FnOnce(*mut Id) -> u8) -> Result<(), String> {
+        let mut err = Id::NIL;
+        if call(&mut err) != 0 {
+            Ok(())
+        } else {
+            Err(self.error_text(err))
+        }
+    }
+
+    fn non_nil(call: &'static str, o: Id) -> Result<Id, AppleError> {
+        if o.is_nil() {
+            Err(AppleError::Nil {
+                call,
+                hint: String::new(),
+            })
+        } else {
+            Ok(o)
+        }
+    }
+
+    fn with_surface<T>(
+        &self,
+        s: SurfaceRef,
+        lock: bool,
+        options: u32,
+        f: impl FnOnce(*mut u8, usize) -> T,
+    ) -> Result<T, AppleError> {
+        if lock {
+            // SAFETY: `s` is a live IOSurface; a NULL seed pointer is allowed.
+            let r = unsafe { (self.surface_lock)(s.0, options, std::ptr::null_mut()) };
+            if r != 0 {
+                return Err(AppleError::Surface(format!("IOSurfaceLock returned {r:#x}")));
+            }
+        }
+        // SAFETY: `s` is a live IOSurface.
+        let (base, size) = unsafe { ((self.surface_base)(s.0) as *mut u8, (self.surface_size)(s.0)) };
+        let out = if base.is_null() {
+            Err(AppleError::Surface("IOSurfaceGetBaseAddress returned NULL".into()))
+        } else {
+            Ok(f(base, size))
+        };
+        if lock {
+            // SAFETY: unlocking the lock taken above with the same options.
+            unsafe { (self.surface_unlock)(s.0, options, std::ptr::null_mut()) };
+        }
+        out
+    }
+}
+
+impl Runtime for Framework {
+    fn data(&self, bytes: &[u8]) -> Result<Id, AppleError> {
+        // SAFETY: `+[NSData dataWithBytes:(const void *)length:(NSUInteger)]` copies `bytes`.
+        let d = unsafe {
+            self.objc.msg::<MsgIdBytes>()(
+                self.cls.ns_data,
+                self.sel.data_with_bytes,
+                bytes.as_ptr().cast(),
+                bytes.len(),
+            )
+        };
+        Self::non_nil("+[NSData dataWithBytes:length:]", d)
+    }
+
+    fn string(&self, s: &str) -> Result<Id, AppleError> {
+        let c = std::ffi::CString::new(s).map_err(|_| AppleError::Nul { what: "an NSString" })?;
+        // SAFETY: `+[NSString stringWithUTF8String:(const char *)]` copies the NUL-terminated text.
+        let o = unsafe {
+            self.objc.msg::<MsgIdCStr>()(
+                self.cls.ns_string,
+                self.sel.string_with_utf8,
+                c.as_ptr() as *const c_char,
+            )
+        };
+        Self::non_nil("+[NSString stringWithUTF8String:]", o)
+    }
+
+    fn number_int(&self, v: i32) -> Result<Id, AppleError> {
+        // SAFETY: `+[NSNumber numberWithInt:(int)]`.
+        let o = unsafe { self.objc.msg::<MsgIdI32>()(self.cls.ns_number, self.sel.number_with_int, v) };
+        Self::non_nil("+[NSNumber numberWithInt:]", o)
+    }
+
+    fn number_ulong(&self, v: u64) -> Result<Id, AppleError> {
+        // SAFETY: `+[NSNumber numberWithUnsignedLong:(unsigned long)]`, 64-bit on arm64.
+        let o = unsafe { self.objc.msg::<MsgIdU64>()(self.cls.ns_number, self.sel.number_with_ulong, v) };
+        Self::non_nil("+[NSNumber numberWithUnsignedLong:]", o)
+    }
+
+    fn dictionary(&self, keys: &[Id], values: &[Id]) -> Result<Id, AppleError> {
+        if keys.len() != values.len() {
+            return Err(AppleError::Signature(format!(
+                "dictionary with {} keys and {} values",
+                keys.len(),
+                values.len()
+            )));
+        }
+        // SAFETY: `+[NSDictionary dictionaryWithObjects:(const id *)forKeys:(const id *)count:(NSUInteger)]`
+        // reads `count` objects and keys (objects first); both slices hold that many live objects.
+        let d = unsafe {
+            self.objc.msg::<MsgIdDict>()(
+                self.cls.ns_dictionary,
+                self.sel.dictionary_with,
+                values.as_ptr(),
+                keys.as_ptr(),
+                keys.len(),
+            )
+        };
+        Self::non_nil("+[NSDictionary dictionaryWithObjects:forKeys:count:]", d)
+    }
+
+    fn empty_dictionary(&self) -> Result<Id, AppleError> {
+        // SAFETY: `+[NSDictionary dictionary]` returns an empty dictionary.
+        let d = unsafe { self.objc.msg::<MsgId>()(self.cls.ns_dictionary, self.sel.dictionary) };
+        Self::non_nil("+[NSDictionary dictionary]", d)
+    }
+
+    fn array(&self, items: &[Id]) -> Result<Id, AppleError> {
+        // SAFETY: `+[NSMutableArray arrayWithCapacity:(NSUInteger)]`.
+        let a = unsafe {
+            self.objc.msg::<MsgIdUsize>()(self.cls.ns_mutable_array, self.sel.array_with_capacity, items.len())
+        };
+        let a = Self::non_nil("+[NSMutableArray arrayWithCapacity:]", a)?;
+        for &i in items {
+            // SAFETY: `-[NSMutableArray addObject:(id)]` with a live, non-nil object.
+            unsafe { self.objc.msg::<MsgVoidId>()(a, self.sel.add_object, i) };
+        }
+        Ok(a)
+    }
+
+    fn retain(&self, o: Id) -> Id {
+        if o.is_nil() {
+            return o;
+        }
+        // SAFETY: `-[NSObject retain]` returns the receiver.
+        unsafe { self.objc.msg::<MsgId>()(o, self.sel.retain) }
+    }
+
+    fn release(&self, o: Id) {
+        if !o.is_nil() {
+            // SAFETY: `-[NSObject release]` (oneway void) balances a retain or +1 reference held
+            // by the caller.
+            unsafe { self.objc.msg::<MsgVoid>()(o, self.sel.release) }
+        }
+    }
+
+    fn pool_push(&self) -> usize {
+        self.objc.pool_push() as usize
+    }
+
+    fn pool_pop(&self, token: usize) {
+        // SAFETY: the device pops the token of its own push, on the same thread, in order
+        // (it is popped by a guard dropped in the scope that pushed it).
+        unsafe { self.objc.pool_pop(token as *mut c_void) }
+    }
+
+    fn temp_dir(&self) -> PathBuf {
+        // SAFETY: `NSString *NSTemporaryDirectory(void)` returns an autoreleased string.
+        let s = unsafe { (self.ns_temporary_directory)() };
+        self.ns_string_text(s)
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from)
+            .unwrap_or_else(std::env::temp_dir)
+    }
+
+    fn uuid_string(&self) -> Result<String, AppleError> {
+        // SAFETY: `+[NSUUID UUID]` returns a new UUID, `-[NSUUID UUIDString]` an NSString.
+        let s = unsafe {
+            let u = self.objc.msg::<MsgId>()(self.cls.ns_uuid, self.sel.uuid);
+            let u = Self::non_nil("+[NSUUID UUID]", u)?;
+            self.objc.msg::<MsgId>()(u, self.sel.uuid_string)
+        };
+        self.ns_string_text(s).ok_or(AppleError::Nil {
+            call: "-[NSUUID UUIDString]",
+            hint: String::new(),
+        })
+    }
+
+    fn descriptor(&self, mil: Id, weights: Id) -> Result<Id, AppleError> {
+        // SAFETY: `+[_ANEInMemoryModelDescriptor modelWithMILText:(NSData *)weights:(NSDictionary *)optionsPlist:(id)]`
+        // with two live objects and nil (ane-hardware.md §1.2).
+        let d =
+            unsafe { self.objc.msg::<MsgIdId3>()(self.cls.descriptor, self.sel.model_with_mil, mil, weights, Id::NIL) };
+        if d.is_nil() {
+            return Err(AppleError::Nil {
+                call: "+[_ANEInMemoryModelDescriptor modelWithMILText:weights:optionsPlist:]",
+                hint: " (the framework rejected the MIL text or the weights dictionary; check the program with \
+                       `anelm doctor` and the emulator)"
+                    .into(),
+            });
+        }
+        Ok(d)
+    }
+
+    fn in_memory_model(&self, desc: Id) -> Result<Id, AppleError> {
+        // SAFETY: `+[_ANEInMemoryModel inMemoryModelWithDescriptor:(id)]`.
+        let m = unsafe { self.objc.msg::<MsgIdId>()(self.cls.model, self.sel.in_memory_model, desc) };
+        Self::non_nil("+[_ANEInMemoryModel inMemoryModelWithDescriptor:]", m)
+    }
+
+    fn hex_string_identifier(&self, model: Id) -> Option<String> {
+        // SAFETY: `-[_ANEInMemoryModel hexStringIdentifier]` returns an NSString (checked).
+        let s = unsafe { self.objc.msg::<MsgId>()(model, self.sel.hex_id) };
+        self.ns_string_text(s).filter(|s| !s.is_empty())
+    }
+
+    fn compile(&self, model: Id, qos: u32, options: Id) -> Result<(), String> {
+        self.bool_call(|err| {
+            // SAFETY: `-[_ANEInMemoryModel compileWithQoS:(unsigned int)options:(NSDictionary *)error:(NSError **)]`.
+            unsafe { self.objc.msg::<MsgBoolQosOptsErr>()(model, self.sel.compile, qos, options, err) }
+        })
+    }
+
+    fn load(&self, model: Id, qos: u32, options: Id) -> Result<(), String> {
+        self.bool_call(|err| {
+            // SAFETY: `-[_ANEInMemoryModel loadWithQoS:(unsigned int)options:(NSDictionary *)error:(NSError **)]`.
+            unsafe { self.objc.msg::<MsgBoolQosOptsErr>()(model, self.sel.load, qos, options, err) }
+        })
+    }
+
+    fn evaluate(&self, model: Id, qos: u32, options: Id, request: Id) -> Result<(), String> {
+        self.bool_call(|err| {
+            // SAFETY: `-[_ANEInMemoryModel evaluateWithQoS:(unsigned int)options:(NSDictionary *)request:(id)error:(NSError **)]`.
+            unsafe { self.objc.msg::<MsgBoolQosOptsReqErr>()(model, self.sel.evaluate, qos, options, request, err) }
+        })
+    }
+
+    fn unload(&self, model: Id, qos: u32) -> Result<(), String> {
+        self.bool_call(|err| {
+            // SAFETY: `-[_ANEInMemoryModel unloadWithQoS:(unsigned int)error:(NSError **)]`.
+            unsafe { self.objc.msg::<MsgBoolQosErr>()(model, self.sel.unload, qos, err) }
+        })
+    }
+
+    fn surface_object(&self, surface: SurfaceRef) -> Result<Id, AppleError> {
+        // SAFETY: `+[_ANEIOSurfaceObject objectWithIOSurface:(IOSurfaceRef)]` with a live surface.
+        let o = unsafe { self.objc.msg::<MsgIdId>()(self.cls.surface_object, self.sel.object_with_surface, surface.0) };
+        Self::non_nil("+[_ANEIOSurfaceObject objectWithIOSurface:]", o)
+    }
+
+    fn request(
+        &self,
+        inputs: Id,
+        input_indices: Id,
+        outputs: Id,
+        output_indices: Id,
+        procedure: Id,
+    ) -> Result<Id, AppleError> {
+        // SAFETY: `+[_ANERequest requestWithInputs:inputIndices:outputs:outputIndices:weightsBuffer:perfStats:procedureIndex:]`
+        // takes seven objects; weightsBuffer and perfStats are nil (ane-hardware.md §1.5).
+        let r = unsafe {
+            self.objc.msg::<MsgIdId7>()(
+                self.cls.request,
+                self.sel.request_with,
+                inputs,
+                input_indices,
+                outputs,
+                output_indices,
+                Id::NIL,
+                Id::NIL,
+                procedure,
+            )
+        };
+        Self::non_nil(
+            "+[_ANERequest requestWithInputs:inputIndices:outputs:outputIndices:weightsBuffer:perfStats:procedureIndex:]",
+            r,
+        )
+    }
+
+    fn direct_client(&self) -> Option<Id> {
+        let cls = self.cls.client?;
+        // SAFETY: `+[NSObject instancesRespondToSelector:(SEL)]` returns BOOL.
+        let responds = unsafe { self.objc.msg::<MsgBoolSel>()(cls, self.sel.instances_respond, self.sel.direct_eval) };
+        if responds == 0 {
+            return None;
+        }
+        // SAFETY: `+alloc` then `-[_ANEClient initWithRestrictedAccessAllowed:(BOOL)]`; the result
+        // is a +1 reference (or nil), released by the device.
+        let c = unsafe {
+            let a = self.objc.msg::<MsgId>()(cls, self.sel.alloc);
+            if a.is_nil() {
+                return None;
+            }
+            self.objc.msg::<MsgIdBool>()(a, self.sel.init_restricted, YES)
+        };
+        (!c.is_nil()).then_some(c)
+    }
+
+    fn evaluate_direct(&self, client: Id, model: Id, options: Id, request: Id, qos: u32) -> Result<(), String> {
+        self.bool_call(|err| {
+            // SAFETY: `-[_ANEClient doEvaluateDirectWithModel:(id)options:(NSDictionary *)request:(id)qos:(?)error:(NSError **)]`;
+            // the QoS goes in a 64-bit register slot, right for either integer width (see MsgBoolDirect).
+            unsafe {
+                self.objc.msg::<MsgBoolDirect>()(
+                    client,
+                    self.sel.direct_eval,
+                    model,
+                    options,
+                    request,
+                    u64::from(qos),
+                    err,
+                )
+            }
+        })
+    }
+
+    fn surface_key(&self, key: SurfaceKey) -> Id {
+        let i = SurfaceKey::ALL.iter().position(|&k| k == key).unwrap_or(0);
+        self.keys[i]
+    }
+
+    fn create_surface(&self, properties: Id) -> Result<SurfaceRef, AppleError> {
+        // SAFETY: `IOSurfaceCreate(CFDictionaryRef)` with an NSDictionary (toll-free bridged).
+        let s = unsafe { (self.surface_create)(properties) };
+        if s.is_nil() {
+            return Err(AppleError::Surface("IOSurfaceCreate returned NULL".into()));
+        }
+        Ok(SurfaceRef(s))
+    }
+
+    fn surface_alloc_size(&self, s: SurfaceRef) -> usize {
+        // SAFETY: `size_t IOSurfaceGetAllocSize(IOSurfaceRef)` on a live surface.
+        unsafe { (self.surface_size)(s.0) }
+    }
+
+    fn write_surface(&self, s: SurfaceRef, bytes: &[u8], lock: bool, zero_rest: bool) -> Result<(), AppleError> {
+        self.with_surface(s, lock, 0, |base, size| {
+            if bytes.len() > size {
+                return Err(AppleError::Surface(format!(
+                    "writing {} bytes into a {size}-byte surface",
+                    bytes.len()
+                )));
+            }
+            // SAFETY: `base` points to `size` writable bytes of the surface and `bytes.len() ≤ size`;
+            // the regions do not overlap (one is Rust memory, the other the surface).
+            unsafe {
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), base, bytes.len());
+                if zero_rest {
+                    std::ptr::write_bytes(base.add(bytes.len()), 0, size - bytes.len());
+                }
+            }
+            Ok(())
+        })?
+    }
+
+    fn read_surface(&self, s: SurfaceRef, out: &mut [u8], lock: bool) -> Result<(), AppleError> {
+        self.with_surface(s, lock, IOSURFACE_LOCK_READ_ONLY, |base, size| {
+            if out.len() > size {
+                return Err(AppleError::Surface(format!(
+                    "reading {} bytes from a {size}-byte surface",
+                    out.len()
+                )));
+            }
+            // SAFETY: `base` points to `size ≥ out.len()` readable bytes; no overlap.
+            unsafe { std::ptr::copy_nonoverlapping(base as *const u8, out.as_mut_ptr(), out.len()) };
+            Ok(())
+        })?
+    }
+
+    fn cf_release(&self, s: SurfaceRef) {
+        if !s.0.is_nil() {
+            // SAFETY: balances the +1 reference of `IOSurfaceCreate`.
+            unsafe { (self.cf_release)(s.0) }
+        }
+    }
+}

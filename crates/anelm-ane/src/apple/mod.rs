@@ -1,0 +1,122 @@
+//! The real Neural Engine through Apple's private `AppleNeuralEngine.framework`.
+//!
+//! Everything is loaded at run time (`dlopen` through `libloading`, the Objective-C runtime's
+//! C API, `objc_msgSend` cast to each method's exact C signature), so this module compiles on
+//! every platform; where there is no macOS, or no framework, [`AppleAne::open`] returns
+//! "no Neural Engine on this machine: use --device cpu or ane-emu".
+//!
+//! * [`objc`](self) — loading libobjc and the frameworks; the typed `objc_msgSend` signatures.
+//! * `foundation` — the weights dictionary, index arrays, IOSurface properties (over any runtime).
+//! * `framework` — the real runtime: every Foundation / ANE / IOSurface / CoreFoundation call.
+//! * `modeldir` — the on-disk model directory and the compile-cache markers.
+//! * `device` — compile → load → evaluate → unload, the per-process budget, resource release.
+//! * `fallback` — what the planner does when a kernel fails (FFN: resadd → plain → chunked;
+//!   LM head: CPU).
+//!
+//! This path follows `ane-runtime.md` §2 and `ane-hardware.md` §1 call for call. It has been
+//! type-checked for `aarch64-apple-darwin` but not yet run on hardware by the project.
+
+mod device;
+mod error;
+mod fallback;
+mod foundation;
+mod framework;
+mod modeldir;
+mod objc;
+mod runtime;
+
+#[cfg(test)]
+mod fake;
+#[cfg(test)]
+mod tests;
+
+use anelm_mil::WeightFiles;
+
+pub use device::{AppleConfig, AppleStats, LOAD_RETRY_DELAY};
+pub use error::{AppleError, NO_ANE, ns_error_text};
+pub use fallback::{Fallback, FfnForm, fallback};
+pub use foundation::{
+    MODEL_PATH_PREFIX, WEIGHT_ENTRY_OFFSET, fp16_tensor_bytes, relative_weight_path, surface_alloc_bytes,
+    surface_properties,
+};
+pub use framework::{CLIENT_CLASS, DIRECT_EVAL_SELECTOR, ProbeStep, REQUIRED_CLASSES};
+pub use modeldir::{MODEL_MIL, Markers, model_dir_files, remove_model_dir, usable_identifier, write_model_dir};
+pub use objc::{ANE_FRAMEWORK, COREFOUNDATION, FOUNDATION, IOSURFACE, LIBOBJC};
+pub use runtime::{QOS, SurfaceKey};
+
+use crate::device::{AneDevice, DispatchTime, ProgramHandle, Signature};
+use crate::error::AneError;
+use crate::surface::Surface;
+
+/// The Neural Engine of this Mac, driven through the private framework.
+pub struct AppleAne {
+    dev: device::Device<framework::Framework>,
+}
+
+impl std::fmt::Debug for AppleAne {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppleAne").field("stats", &self.stats()).finish()
+    }
+}
+
+impl AppleAne {
+    /// Open the device with [`AppleConfig::from_env`].
+    pub fn open() -> Result<AppleAne, AneError> {
+        AppleAne::open_with(&AppleConfig::from_env())
+    }
+
+    /// Open the device: load libobjc, Foundation, CoreFoundation, IOSurface and the private
+    /// framework, look up the classes. Any missing piece gives [`AneError::Unavailable`] whose
+    /// message starts with [`NO_ANE`].
+    pub fn open_with(cfg: &AppleConfig) -> Result<AppleAne, AneError> {
+        let fw = framework::Framework::open()?;
+        let dev = device::Device::new(fw, cfg.direct_eval, cfg)?;
+        Ok(AppleAne { dev })
+    }
+
+    /// Check each piece `open` needs, in order, and say what was found (for `anelm doctor`).
+    pub fn probe() -> Vec<ProbeStep> {
+        framework::Framework::probe()
+    }
+
+    /// Counters (compiles, cache loads, loads, kernels loaded now, dispatches).
+    pub fn stats(&self) -> AppleStats {
+        self.dev.stats()
+    }
+
+    /// Free a compiled program: unload it if loaded, release its request, surfaces and model.
+    pub fn release(&self, program: ProgramHandle) -> Result<(), AneError> {
+        self.dev.release(program)
+    }
+}
+
+impl AneDevice for AppleAne {
+    fn name(&self) -> &str {
+        "ane"
+    }
+
+    fn compile(&self, mil_text: &str, weights: &WeightFiles) -> Result<ProgramHandle, AneError> {
+        self.dev.compile(mil_text, weights)
+    }
+
+    fn load(&self, program: ProgramHandle) -> Result<(), AneError> {
+        self.dev.load(program)
+    }
+
+    fn evaluate(
+        &self,
+        program: ProgramHandle,
+        inputs: &[&Surface],
+        outputs: &mut [Surface],
+    ) -> Result<DispatchTime, AneError> {
+        self.dev.evaluate(program, inputs, outputs)
+    }
+
+    fn unload(&self, program: ProgramHandle) -> Result<(), AneError> {
+        self.dev.unload(program)
+    }
+
+    fn signature(&self, program: ProgramHandle) -> Result<Signature, AneError> {
+        self.dev.signature(program)
+    }
+}
