@@ -7,7 +7,9 @@
 //! plus a Q8_0 LM head, ~96 MB, more than the caches hold) the way a forward pass streams them, so
 //! the figure includes cold-cache effects that one hot matrix hides.
 //!
-//! Options (after `--`): `--quick` (fewer formats/shapes), `--threads N` (default: all cores).
+//! Options (after `--`): `--quick` (fewer formats/shapes), `--threads N` (default: all cores),
+//! `--cpu-time` (with `--threads 1`: time by the thread's CPU clock instead of the wall clock, so
+//! other processes on a shared machine do not show up in the figures; memory stalls still do).
 //! A plain harness (no criterion): each figure is the median of repeated timed runs after a warm-up.
 
 use std::hint::black_box;
@@ -15,14 +17,36 @@ use std::time::{Duration, Instant};
 
 use anelm_kernels::{Activations, Isa, WeightFormat, matmul_with, quantize_row};
 
+static CPU_TIME: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// This thread's CPU time (Linux/macOS `CLOCK_THREAD_CPUTIME_ID`).
+fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant the OS defines.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID) failed");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// Run `f` on the pool, or on this thread when the pool has one thread (so `--cpu-time` reads
+/// the clock of the thread that does the work).
+fn on<R: Send>(pool: &rayon::ThreadPool, f: impl FnOnce() -> R + Send) -> R {
+    if pool.current_num_threads() == 1 {
+        f()
+    } else {
+        pool.install(f)
+    }
+}
+
 fn median_time(mut f: impl FnMut(), min_total: Duration) -> Duration {
     f(); // warm-up
+    let cpu = CPU_TIME.load(std::sync::atomic::Ordering::Relaxed);
     let mut times = Vec::new();
     let start = Instant::now();
     while times.len() < 5 || (start.elapsed() < min_total && times.len() < 200) {
-        let t = Instant::now();
+        let (t, c) = (Instant::now(), thread_cpu_time());
         f();
-        times.push(t.elapsed());
+        times.push(if cpu { thread_cpu_time() - c } else { t.elapsed() });
     }
     times.sort();
     times[times.len() / 2]
@@ -34,11 +58,14 @@ fn memory_bandwidth(pool: &rayon::ThreadPool) -> f64 {
     let buf: Vec<u64> = (0..words as u64).collect();
     let t = median_time(
         || {
-            let s: u64 = pool.install(|| {
+            let s: u64 = on(pool, || {
                 use rayon::prelude::*;
-                buf.par_chunks(1 << 16)
-                    .map(|c| c.iter().fold(0u64, |a, &b| a.wrapping_add(b)))
-                    .sum()
+                let sum = |c: &[u64]| c.iter().fold(0u64, |a, &b| a.wrapping_add(b));
+                if pool.current_num_threads() == 1 {
+                    buf.chunks(1 << 16).map(sum).fold(0, u64::wrapping_add)
+                } else {
+                    buf.par_chunks(1 << 16).map(sum).sum()
+                }
             });
             black_box(s);
         },
@@ -65,6 +92,12 @@ fn main() {
         .and_then(|i| args.get(i + 1))
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    if args.iter().any(|a| a == "--cpu-time") {
+        assert_eq!(threads, 1, "--cpu-time measures one thread: add --threads 1");
+        CPU_TIME.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+    // The matmuls run on the kernel pool: size it like the rayon pool used for the bandwidth read.
+    anelm_kernels::pool::init_global(threads);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
@@ -116,8 +149,7 @@ fn main() {
                 for isa in isas {
                     let t = median_time(
                         || {
-                            pool.install(|| matmul_with(isa, fmt, &w, rows, cols, &act, &mut out))
-                                .expect("matmul");
+                            on(&pool, || matmul_with(isa, fmt, &w, rows, cols, &act, &mut out)).expect("matmul");
                             black_box(&out);
                         },
                         Duration::from_millis(400),
@@ -188,8 +220,10 @@ fn decode_sweep(pool: &rayon::ThreadPool, bw: f64, seed: &mut u64) {
                 || {
                     for (fmt, rows, cols, w) in &mats {
                         let act = &acts.iter().find(|a| a.0 == *fmt && a.1 == *cols).expect("activation").2;
-                        pool.install(|| matmul_with(isa, *fmt, w, *rows, *cols, act, &mut out[..lanes * rows]))
-                            .expect("matmul");
+                        on(pool, || {
+                            matmul_with(isa, *fmt, w, *rows, *cols, act, &mut out[..lanes * rows])
+                        })
+                        .expect("matmul");
                     }
                     black_box(&out);
                 },
