@@ -31,6 +31,7 @@
 
 #[allow(unsafe_code)]
 pub mod apple;
+mod cache;
 mod chip;
 mod device;
 mod emu;
@@ -45,6 +46,7 @@ mod surface;
 mod validate;
 
 pub use apple::{AppleAne, AppleConfig, AppleError};
+pub use cache::{CACHE_DIR_ENV, CacheOutcome, CompileCache, compile_or_load, content_id};
 pub use chip::{CHIPS, ChipProfile, FIT_TO_ANEMLL_RATIO};
 pub use device::{AneDevice, DispatchTime, ProgramHandle, Signature};
 pub use emu::{
@@ -56,7 +58,7 @@ pub use kernel::{AneKernel, WeightMode, WeightShape};
 pub use lower::{FfnChunkWeights, Lowered, blob_path, ffn_chunk_weights, lower};
 pub use plan::{
     FFN_MAX_BYTES, KernelRole, LM_HEAD_MAX_ROWS, LayerKind, LayerPlan, LinearAttention, ModelDims, Plan, PlanError,
-    PlanOptions, PlannedKernel, plan,
+    PlanOptions, PlannedKernel, linear_chunk_rows, plan, plan_ffn,
 };
 pub use quant::{QuantizedMatrix, quantize_int8};
 pub use rules::Rule;
