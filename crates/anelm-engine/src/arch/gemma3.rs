@@ -63,6 +63,9 @@ pub struct Gemma3Config {
     pub context_length: usize,
     /// How attention rounds K/V, q and probabilities.
     pub attention_precision: AttentionPrecision,
+    /// GELU from f16-rounded input to an f16-rounded value, as llama.cpp's CPU path computes it
+    /// (GGUF files); exact f32 GELU otherwise (transformers).
+    pub gelu_f16: bool,
 }
 
 fn need<T>(v: Option<T>, key: &str) -> Result<T> {
@@ -128,6 +131,7 @@ impl Gemma3Config {
             norm_offset: 1.0,
             context_length: c.max_position_embeddings.unwrap_or(8192),
             attention_precision: AttentionPrecision::F32,
+            gelu_f16: false,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -171,6 +175,7 @@ impl Gemma3Config {
             norm_offset: 0.0,
             context_length: g.get_u64(&key("context_length")).map_or(8192, |v| v as usize),
             attention_precision: AttentionPrecision::F16,
+            gelu_f16: true,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -484,8 +489,9 @@ impl LanguageModel for Gemma3 {
             layer.gate_up.run(&[&xn], &mut gu)?;
             for lane in 0..n {
                 let (g, u) = gu.lane(lane).split_at(ffn);
+                let gelu = if cfg.gelu_f16 { gelu_tanh_f16 } else { gelu_tanh };
                 for ((a, &g), &u) in act.lane_mut(lane).iter_mut().zip(g).zip(u) {
-                    *a = gelu_tanh(g) * u;
+                    *a = gelu(g) * u;
                 }
             }
             layer.down.run(&[&act], &mut y)?;
@@ -510,6 +516,19 @@ impl LanguageModel for Gemma3 {
                 .for_each(|v| *v = cap * (*v / cap).tanh());
         }
         Ok(logits)
+    }
+}
+
+/// GELU as llama.cpp's CPU path computes it: the input rounded to f16, GELU (tanh form) of that,
+/// the result rounded to f16 (ggml's 65,536-entry f16 table); 0 at or below −10 and the identity at
+/// or above 10.
+fn gelu_tanh_f16(x: f32) -> f32 {
+    if x <= -10.0 {
+        0.0
+    } else if x >= 10.0 {
+        x
+    } else {
+        anelm_kernels::round_f16(gelu_tanh(anelm_kernels::round_f16(x)))
     }
 }
 
