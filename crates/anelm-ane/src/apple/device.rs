@@ -14,7 +14,7 @@ use super::foundation::{
     fp16_tensor_bytes, index_array, relative_weight_path, surface_alloc_bytes, surface_property_dictionary,
     weights_dictionary,
 };
-use super::modeldir::{Markers, remove_model_dir, usable_identifier, write_model_dir};
+use super::modeldir::{remove_model_dir, usable_identifier, write_model_dir};
 use super::objc::Id;
 use super::runtime::{QOS, Runtime, SurfaceRef};
 use crate::device::{DispatchTime, ProgramHandle, Signature};
@@ -28,9 +28,10 @@ pub const LOAD_RETRY_DELAY: Duration = Duration::from_millis(100);
 /// Settings of the Apple device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AppleConfig {
-    /// Where compile-cache markers live; `None` turns the cache off (every kernel is compiled,
-    /// model directories are removed when the kernel is freed).
-    pub markers: Option<PathBuf>,
+    /// Keep each kernel's model directory (`<tmp>/<hexId>/`) after the kernel is freed, as the
+    /// reference does while its compile cache is on: a later load-without-compile may need it.
+    /// Off (`--no-ane-cache`): the directory is removed with the kernel.
+    pub keep_model_dirs: bool,
     /// Evaluate through `_ANEClient doEvaluateDirectWithModel:…` when it exists (falls back to
     /// the daemon path `evaluateWithQoS:…` when the client cannot be made or a direct call fails).
     pub direct_eval: bool,
@@ -44,7 +45,7 @@ pub struct AppleConfig {
 impl Default for AppleConfig {
     fn default() -> Self {
         AppleConfig {
-            markers: Some(Markers::default_dir()),
+            keep_model_dirs: true,
             direct_eval: false,
             lock_surfaces: false,
             temp_dir: None,
@@ -53,17 +54,15 @@ impl Default for AppleConfig {
 }
 
 impl AppleConfig {
-    /// The defaults, changed by `ANELM_NO_ANE_CACHE=1` (cache off), `ANELM_ANE_DIRECT_EVAL=1`
-    /// (direct evaluation) and `ANELM_ANE_LOCKS=1` (lock surfaces on the hot path).
+    /// The defaults, changed by `ANELM_ANE_DIRECT_EVAL=1` (direct evaluation) and
+    /// `ANELM_ANE_LOCKS=1` (lock surfaces on the hot path).
     pub fn from_env() -> Self {
         let on = |k: &str| std::env::var(k).is_ok_and(|v| !v.is_empty() && v != "0");
-        let mut c = AppleConfig::default();
-        if on("ANELM_NO_ANE_CACHE") {
-            c.markers = None;
+        AppleConfig {
+            direct_eval: on("ANELM_ANE_DIRECT_EVAL"),
+            lock_surfaces: on("ANELM_ANE_LOCKS"),
+            ..AppleConfig::default()
         }
-        c.direct_eval = on("ANELM_ANE_DIRECT_EVAL");
-        c.lock_surfaces = on("ANELM_ANE_LOCKS");
-        c
     }
 }
 
@@ -72,7 +71,7 @@ impl AppleConfig {
 pub struct AppleStats {
     /// `compileWithQoS:` calls that succeeded.
     pub compiles: u64,
-    /// Loads that used a cache marker and skipped compilation.
+    /// Successful loads without a compile in this process (`load_without_compile`).
     pub cache_loads: u64,
     /// Successful loads.
     pub loads: u64,
@@ -120,8 +119,6 @@ struct Kernel {
     outputs: Vec<Slot>,
     dir: PathBuf,
     state: KState,
-    /// `compileWithQoS:` ran in this process (else a marker said it had run before).
-    compiled_here: bool,
     const_bytes: u64,
     sig: Signature,
     scratch: Vec<u8>,
@@ -145,7 +142,7 @@ impl<R: Runtime> Drop for Pool<'_, R> {
 /// The device logic over a runtime (the real framework, or a fake in tests).
 pub(crate) struct Device<R: Runtime> {
     rt: R,
-    markers: Markers,
+    keep_model_dirs: bool,
     lock_surfaces: bool,
     temp_root: PathBuf,
     /// `@{}`, retained once and passed as every `options:`.
@@ -262,7 +259,7 @@ impl<R: Runtime> Device<R> {
             rt.temp_dir()
         });
         Ok(Device {
-            markers: cfg.markers.clone().map_or_else(Markers::disabled, Markers::new),
+            keep_model_dirs: cfg.keep_model_dirs,
             lock_surfaces: cfg.lock_surfaces,
             temp_root,
             options,
@@ -304,9 +301,40 @@ impl<R: Runtime> Device<R> {
             .ok_or(AneError::UnknownHandle(h.0))
     }
 
-    /// Descriptor → model → identifier → model directory → compile (unless marked) → surfaces →
-    /// request (ane-runtime.md §2.2 steps 1–10; the load of step 6/7 is [`Device::load`]).
+    /// Descriptor → model → identifier → model directory → `compileWithQoS:` → surfaces →
+    /// request (ane-runtime.md §2.2 steps 1–4, 7–10). The program still has to be loaded.
     pub(crate) fn compile(&self, mil_text: &str, weights: &WeightFiles) -> Result<ProgramHandle, AneError> {
+        let k = self.prepare(mil_text, weights, true)?;
+        Ok(self.insert(k))
+    }
+
+    /// The cache-hit path (ane-runtime.md §2.2 step 6): the same as [`Device::compile`] but
+    /// without `compileWithQoS:`, then `loadWithQoS:` — the OS ANE service keeps programs it
+    /// compiled before under the model's identifier. A failure frees the kernel (the caller,
+    /// [`crate::compile_or_load`], then removes its marker and compiles).
+    pub(crate) fn load_without_compile(
+        &self,
+        mil_text: &str,
+        weights: &WeightFiles,
+    ) -> Result<ProgramHandle, AneError> {
+        let k = self.prepare(mil_text, weights, false)?;
+        let h = self.insert(k);
+        match self.load_inner(h, true) {
+            Ok(()) => Ok(h),
+            Err(e) => {
+                let _ = self.release(h);
+                Err(e)
+            }
+        }
+    }
+
+    fn insert(&self, k: Kernel) -> ProgramHandle {
+        let h = self.next.fetch_add(1, Ordering::Relaxed);
+        lock(&self.kernels).insert(h, Arc::new(Mutex::new(k)));
+        ProgramHandle(h)
+    }
+
+    fn prepare(&self, mil_text: &str, weights: &WeightFiles, compile: bool) -> Result<Kernel, AneError> {
         let sig = program_signature(mil_text)?;
         for (key, _) in weights.iter() {
             relative_weight_path(key)?;
@@ -326,17 +354,12 @@ impl<R: Runtime> Device<R> {
             outputs: Vec::new(),
             dir: PathBuf::new(),
             state: KState::Compiled,
-            compiled_here: false,
             const_bytes: const_bytes(weights),
             sig,
             scratch: Vec::new(),
         };
-        match self.build(&mut k, mil_text, weights) {
-            Ok(()) => {
-                let h = self.next.fetch_add(1, Ordering::Relaxed);
-                lock(&self.kernels).insert(h, Arc::new(Mutex::new(k)));
-                Ok(ProgramHandle(h))
-            }
+        match self.build(&mut k, mil_text, weights, compile) {
+            Ok(()) => Ok(k),
             Err(e) => {
                 self.free(&mut k);
                 Err(e.into())
@@ -344,7 +367,7 @@ impl<R: Runtime> Device<R> {
         }
     }
 
-    fn build(&self, k: &mut Kernel, mil_text: &str, weights: &WeightFiles) -> Result<(), AppleError> {
+    fn build(&self, k: &mut Kernel, mil_text: &str, weights: &WeightFiles, compile: bool) -> Result<(), AppleError> {
         let id = match usable_identifier(self.rt.hex_string_identifier(k.model)) {
             Some(id) => id,
             None => usable_identifier(Some(self.rt.uuid_string()?)).ok_or(AppleError::Nil {
@@ -356,7 +379,7 @@ impl<R: Runtime> Device<R> {
         k.dir = self.temp_root.join(&id);
         k.id = id;
         write_model_dir(&k.dir, mil_text, weights)?;
-        if !self.markers.is_marked(&k.id) {
+        if compile {
             self.compile_model(k)?;
         }
         for (channels, lanes) in k.sig.inputs.clone() {
@@ -386,17 +409,15 @@ impl<R: Runtime> Device<R> {
         Ok(())
     }
 
-    /// `compileWithQoS:21 options:@{} error:`; on failure forget the marker and remove the model
-    /// directory (ane-runtime.md §2.2 step 7).
+    /// `compileWithQoS:21 options:@{} error:`; on failure remove the model directory
+    /// (ane-runtime.md §2.2 step 7).
     fn compile_model(&self, k: &mut Kernel) -> Result<(), AppleError> {
         match self.rt.compile(k.model, QOS, self.options) {
             Ok(()) => {
-                k.compiled_here = true;
                 self.compiles.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
             Err(description) => {
-                self.markers.forget(&k.id);
                 // The compile error is what matters; a directory left behind is only disk space.
                 let _ = remove_model_dir(&k.dir);
                 Err(AppleError::Call {
@@ -435,17 +456,14 @@ impl<R: Runtime> Device<R> {
         Ok(slot)
     }
 
-    fn load_once_or_retry(&self, model: Id) -> Result<(), String> {
-        self.rt.load(model, QOS, self.options).or_else(|_| {
-            std::thread::sleep(LOAD_RETRY_DELAY);
-            self.rt.load(model, QOS, self.options)
-        })
+    /// `loadWithQoS:21 options:@{} error:`, retried once after [`LOAD_RETRY_DELAY`]. A failure
+    /// names the kernel and how many kernels this process has loaded (the per-process budget,
+    /// ane-runtime.md §2.5).
+    pub(crate) fn load(&self, h: ProgramHandle) -> Result<(), AneError> {
+        self.load_inner(h, false)
     }
 
-    /// `loadWithQoS:21 options:@{} error:`. A marked kernel that fails to load loses its marker
-    /// and is compiled, then loaded (ane-runtime.md §2.2 step 6). A failure names the kernel and
-    /// how many kernels this process has loaded (the per-process budget, §2.5).
-    pub(crate) fn load(&self, h: ProgramHandle) -> Result<(), AneError> {
+    fn load_inner(&self, h: ProgramHandle, without_compile: bool) -> Result<(), AneError> {
         let k = self.kernel(h)?;
         let mut k = lock(&k);
         if k.state == KState::Loaded {
@@ -456,17 +474,10 @@ impl<R: Runtime> Device<R> {
             });
         }
         let _pool = Pool::new(&self.rt);
-        let mut from_cache = !k.compiled_here;
-        let mut result = self.rt.load(k.model, QOS, self.options);
-        if result.is_err() && from_cache {
-            self.markers.forget(&k.id);
-            from_cache = false;
-            self.compile_model(&mut k)?;
-            result = self.load_once_or_retry(k.model);
-        } else if result.is_err() {
+        let result = self.rt.load(k.model, QOS, self.options).or_else(|_| {
             std::thread::sleep(LOAD_RETRY_DELAY);
-            result = self.rt.load(k.model, QOS, self.options);
-        }
+            self.rt.load(k.model, QOS, self.options)
+        });
         if let Err(description) = result {
             return Err(AppleError::Load {
                 kernel: k.label.clone(),
@@ -478,11 +489,8 @@ impl<R: Runtime> Device<R> {
         k.state = KState::Loaded;
         self.loaded.fetch_add(1, Ordering::Relaxed);
         self.loads.fetch_add(1, Ordering::Relaxed);
-        if from_cache {
+        if without_compile {
             self.cache_loads.fetch_add(1, Ordering::Relaxed);
-        } else {
-            // A marker that cannot be written only costs a compile next time.
-            let _ = self.markers.mark(&k.id);
         }
         Ok(())
     }
@@ -600,7 +608,7 @@ impl<R: Runtime> Device<R> {
     }
 
     /// Unload (if loaded) → release the request (it holds the surface objects) → `CFRelease`
-    /// each surface → release the model → remove the model directory when caching is off.
+    /// each surface → release the model → remove the model directory unless it is kept.
     fn free(&self, k: &mut Kernel) {
         let _pool = Pool::new(&self.rt);
         if k.state == KState::Loaded {
@@ -613,7 +621,7 @@ impl<R: Runtime> Device<R> {
             self.rt.cf_release(s.surface);
         }
         self.rt.release(std::mem::replace(&mut k.model, Id::NIL));
-        if !self.markers.enabled() && !k.dir.as_os_str().is_empty() {
+        if !self.keep_model_dirs && !k.dir.as_os_str().is_empty() {
             let _ = remove_model_dir(&k.dir);
         }
     }

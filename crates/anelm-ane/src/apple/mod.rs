@@ -8,7 +8,7 @@
 //! * [`objc`](self) — loading libobjc and the frameworks; the typed `objc_msgSend` signatures.
 //! * `foundation` — the weights dictionary, index arrays, IOSurface properties (over any runtime).
 //! * `framework` — the real runtime: every Foundation / ANE / IOSurface / CoreFoundation call.
-//! * `modeldir` — the on-disk model directory and the compile-cache markers.
+//! * `modeldir` — the on-disk model directory (`<tmp>/<hexId>/model.mil`, `weights/…`).
 //! * `device` — compile → load → evaluate → unload, the per-process budget, resource release.
 //! * `fallback` — what the planner does when a kernel fails (FFN: resadd → plain → chunked;
 //!   LM head: CPU).
@@ -40,7 +40,7 @@ pub use foundation::{
     surface_properties,
 };
 pub use framework::{CLIENT_CLASS, DIRECT_EVAL_SELECTOR, ProbeStep, REQUIRED_CLASSES};
-pub use modeldir::{MODEL_MIL, Markers, model_dir_files, remove_model_dir, usable_identifier, write_model_dir};
+pub use modeldir::{MODEL_MIL, model_dir_files, remove_model_dir, usable_identifier, write_model_dir};
 pub use objc::{ANE_FRAMEWORK, COREFOUNDATION, FOUNDATION, IOSURFACE, LIBOBJC};
 pub use runtime::{QOS, SurfaceKey};
 
@@ -51,6 +51,30 @@ use crate::surface::Surface;
 /// The Neural Engine of this Mac, driven through the private framework.
 pub struct AppleAne {
     dev: device::Device<framework::Framework>,
+    salt: String,
+}
+
+/// Where macOS records its version and build.
+pub const SYSTEM_VERSION_PLIST: &str = "/System/Library/CoreServices/SystemVersion.plist";
+
+/// The `<string>` value of `key` in a property-list XML text (enough for SystemVersion.plist).
+pub fn plist_string(text: &str, key: &str) -> Option<String> {
+    let at = text.find(&format!("<key>{key}</key>"))?;
+    let rest = &text[at..];
+    let open = rest.find("<string>")? + "<string>".len();
+    let close = rest[open..].find("</string>")?;
+    let v = rest[open..open + close].trim();
+    (!v.is_empty()).then(|| v.to_string())
+}
+
+/// `macOS <ProductVersion> (<ProductBuildVersion>)` of this machine, when it is a Mac.
+pub fn macos_version() -> Option<String> {
+    let text = std::fs::read_to_string(SYSTEM_VERSION_PLIST).ok()?;
+    let v = plist_string(&text, "ProductVersion")?;
+    Some(match plist_string(&text, "ProductBuildVersion") {
+        Some(b) => format!("macOS {v} ({b})"),
+        None => format!("macOS {v}"),
+    })
 }
 
 impl std::fmt::Debug for AppleAne {
@@ -71,7 +95,9 @@ impl AppleAne {
     pub fn open_with(cfg: &AppleConfig) -> Result<AppleAne, AneError> {
         let fw = framework::Framework::open()?;
         let dev = device::Device::new(fw, cfg.direct_eval, cfg)?;
-        Ok(AppleAne { dev })
+        // A new OS build may bring a new ANE compiler: its programs get new cache identifiers.
+        let salt = format!("ane/{}", macos_version().unwrap_or_default());
+        Ok(AppleAne { dev, salt })
     }
 
     /// Check each piece `open` needs, in order, and say what was found (for `anelm doctor`).
@@ -79,7 +105,7 @@ impl AppleAne {
         framework::Framework::probe()
     }
 
-    /// Counters (compiles, cache loads, loads, kernels loaded now, dispatches).
+    /// Counters (compiles, loads without compile, loads, kernels loaded now, dispatches).
     pub fn stats(&self) -> AppleStats {
         self.dev.stats()
     }
@@ -97,6 +123,14 @@ impl AneDevice for AppleAne {
 
     fn compile(&self, mil_text: &str, weights: &WeightFiles) -> Result<ProgramHandle, AneError> {
         self.dev.compile(mil_text, weights)
+    }
+
+    fn load_without_compile(&self, mil_text: &str, weights: &WeightFiles) -> Result<ProgramHandle, AneError> {
+        self.dev.load_without_compile(mil_text, weights)
+    }
+
+    fn cache_salt(&self) -> String {
+        self.salt.clone()
     }
 
     fn load(&self, program: ProgramHandle) -> Result<(), AneError> {
@@ -118,5 +152,21 @@ impl AneDevice for AppleAne {
 
     fn signature(&self, program: ProgramHandle) -> Result<Signature, AneError> {
         self.dev.signature(program)
+    }
+}
+
+#[cfg(test)]
+mod version_tests {
+    use super::plist_string;
+
+    #[test]
+    fn system_version_plist_values() {
+        let text = "<?xml version=\"1.0\"?>\n<plist version=\"1.0\">\n<dict>\n\t<key>ProductBuildVersion</key>\n\
+                    \t<string>25D125</string>\n\t<key>ProductName</key>\n\t<string>macOS</string>\n\
+                    \t<key>ProductVersion</key>\n\t<string>26.3.1</string>\n</dict>\n</plist>\n";
+        assert_eq!(plist_string(text, "ProductVersion").as_deref(), Some("26.3.1"));
+        assert_eq!(plist_string(text, "ProductBuildVersion").as_deref(), Some("25D125"));
+        assert_eq!(plist_string(text, "Missing"), None);
+        assert_eq!(plist_string("<key>K</key><string> </string>", "K"), None);
     }
 }

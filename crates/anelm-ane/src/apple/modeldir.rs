@@ -1,12 +1,9 @@
-//! The on-disk side of a kernel: the model directory the framework expects, and the marker
-//! files of the compile cache (ane-runtime.md §2.2 steps 4–7, ane-hardware.md §1.3).
+//! The on-disk side of a kernel: the model directory the framework expects (ane-runtime.md
+//! §2.2 step 4, ane-hardware.md §1.2 step 3).
 //!
-//! * `<tmp>/<hexId>/model.mil` holds the MIL text, and every weight file is written to
-//!   `<tmp>/<hexId>/<key without @model_path/>` (e.g. `weights/wq.bin`), `weights/` included
-//!   even when there are none.
-//! * A marker `<markers>/<hexId>.ok` (content `ok`) says "this identifier compiled before: try
-//!   `load` without `compile`". The compiled program itself is cached by the OS ANE service;
-//!   anelm only remembers that it asked.
+//! `<tmp>/<hexId>/model.mil` holds the MIL text, and every weight file is written to
+//! `<tmp>/<hexId>/<key without @model_path/>` (e.g. `weights/wq.bin`), `weights/` included even
+//! when there are none. The compile-cache markers are [`crate::CompileCache`]'s.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -64,69 +61,6 @@ pub fn usable_identifier(id: Option<String>) -> Option<String> {
     let ok =
         !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
     ok.then_some(id)
-}
-
-/// The marker-file side of the compile cache. `None` directory = caching off.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Markers {
-    dir: Option<PathBuf>,
-}
-
-impl Markers {
-    /// Markers under `dir`.
-    pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Markers { dir: Some(dir.into()) }
-    }
-
-    /// Caching off: nothing is ever marked, every kernel is compiled.
-    pub fn disabled() -> Self {
-        Markers { dir: None }
-    }
-
-    /// The default directory: `$HOME/Library/Caches/anelm/compiled_markers` (HOME unset →
-    /// the temporary directory).
-    pub fn default_dir() -> PathBuf {
-        let home = std::env::var_os("HOME")
-            .filter(|h| !h.is_empty())
-            .map(PathBuf::from)
-            .unwrap_or_else(std::env::temp_dir);
-        home.join("Library")
-            .join("Caches")
-            .join("anelm")
-            .join("compiled_markers")
-    }
-
-    /// True when caching is on.
-    pub fn enabled(&self) -> bool {
-        self.dir.is_some()
-    }
-
-    /// The marker path of `id`, when caching is on.
-    pub fn path(&self, id: &str) -> Option<PathBuf> {
-        self.dir.as_ref().map(|d| d.join(format!("{id}.ok")))
-    }
-
-    /// True when `id` was marked as compiled.
-    pub fn is_marked(&self, id: &str) -> bool {
-        self.path(id).is_some_and(|p| p.is_file())
-    }
-
-    /// Mark `id` as compiled (writes `ok`); a no-op when caching is off.
-    pub fn mark(&self, id: &str) -> Result<(), AppleError> {
-        let (Some(dir), Some(p)) = (&self.dir, self.path(id)) else {
-            return Ok(());
-        };
-        fs::create_dir_all(dir).map_err(|e| AppleError::io("create", dir, &e))?;
-        fs::write(&p, b"ok").map_err(|e| AppleError::io("write", &p, &e))
-    }
-
-    /// Forget `id` (missing is fine).
-    pub fn forget(&self, id: &str) {
-        if let Some(p) = self.path(id) {
-            // A marker that cannot be removed only costs a failed load attempt next time.
-            let _ = fs::remove_file(p);
-        }
-    }
 }
 
 #[cfg(test)]
@@ -206,33 +140,5 @@ mod tests {
         assert_eq!(usable_identifier(Some("../x".into())), None);
         assert_eq!(usable_identifier(Some("a b".into())), None);
         assert_eq!(usable_identifier(Some("a".repeat(129))), None);
-    }
-
-    #[test]
-    fn markers_round_trip() {
-        let root = test_dir("markers");
-        let m = Markers::new(root.join("compiled_markers"));
-        assert!(m.enabled());
-        assert!(!m.is_marked("abc"));
-        m.mark("abc").unwrap();
-        assert!(m.is_marked("abc"));
-        let p = m.path("abc").unwrap();
-        assert!(p.ends_with("compiled_markers/abc.ok"), "{}", p.display());
-        assert_eq!(fs::read(&p).unwrap(), b"ok");
-        m.forget("abc");
-        assert!(!m.is_marked("abc"));
-        m.forget("abc");
-        let off = Markers::disabled();
-        assert!(!off.enabled());
-        off.mark("abc").unwrap();
-        assert!(!off.is_marked("abc"));
-        assert_eq!(off.path("abc"), None);
-        let _ = fs::remove_dir_all(root);
-    }
-
-    #[test]
-    fn default_marker_dir_is_under_the_user_cache() {
-        let d = Markers::default_dir();
-        assert!(d.ends_with("Library/Caches/anelm/compiled_markers"), "{}", d.display());
     }
 }

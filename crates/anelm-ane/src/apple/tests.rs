@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use super::device::{AppleConfig, Device, program_signature};
 use super::fake::{Fake, Obj, Script};
 use super::modeldir::test_dir;
+use crate::cache::{CacheOutcome, CompileCache, compile_or_load};
 use crate::device::ProgramHandle;
 use crate::error::AneError;
 use crate::kernel::{AneKernel, WeightMode};
@@ -40,7 +41,7 @@ impl Setup {
 
     fn device_with(&self, script: Script, cache: bool, direct: bool) -> Device<Fake> {
         let cfg = AppleConfig {
-            markers: cache.then(|| self.markers.clone()),
+            keep_model_dirs: cache,
             direct_eval: direct,
             lock_surfaces: false,
             temp_dir: None,
@@ -63,55 +64,77 @@ fn run(dev: &Device<Fake>, h: ProgramHandle, x: &[f32]) -> Vec<f32> {
     out[0].read_lane(0).unwrap()
 }
 
-#[test]
-fn first_run_compiles_loads_and_marks_then_a_second_process_loads_from_the_marker() {
-    let s = Setup::new("marker");
-    let k = linear(64, 64, WeightMode::Fp16);
+/// What the ANE backend does for each kernel: [`compile_or_load`] with the device's two paths.
+fn through_cache(dev: &Device<Fake>, cache: &CompileCache, k: &Lowered) -> (ProgramHandle, CacheOutcome) {
     let mil = k.mil_text();
-    {
-        let dev = s.device(Script::default(), true);
-        let h = dev.compile(&mil, &k.weights).unwrap();
-        assert_eq!(dev.runtime().count("compile qos=21"), 1);
-        dev.load(h).unwrap();
-        assert_eq!(dev.runtime().count("load qos=21"), 1);
-        assert!(s.markers.join("feedc0de.ok").is_file());
-        assert_eq!(fs::read(s.markers.join("feedc0de.ok")).unwrap(), b"ok");
-        let st = dev.stats();
-        assert_eq!((st.compiles, st.cache_loads, st.loads, st.loaded), (1, 0, 1, 1));
-    }
-    // "Next process": the marker is there, so load runs without compile.
-    let dev = s.device(Script::default(), true);
-    let h = dev.compile(&mil, &k.weights).unwrap();
-    dev.load(h).unwrap();
-    assert_eq!(dev.runtime().count("compile"), 0, "{:?}", dev.runtime().calls());
-    assert_eq!(dev.stats().cache_loads, 1);
+    compile_or_load(
+        Some(cache),
+        "prog1",
+        || dev.load_without_compile(&mil, &k.weights),
+        || {
+            let h = dev.compile(&mil, &k.weights)?;
+            dev.load(h).map(|()| h)
+        },
+    )
+    .unwrap()
 }
 
 #[test]
-fn a_marked_kernel_that_fails_to_load_is_unmarked_compiled_and_loaded() {
+fn first_run_compiles_and_marks_then_a_second_process_loads_without_compiling() {
+    let s = Setup::new("marker");
+    let cache = CompileCache::new(&s.markers);
+    let k = linear(64, 64, WeightMode::Fp16);
+    {
+        let dev = s.device(Script::default(), true);
+        let (_, outcome) = through_cache(&dev, &cache, &k);
+        assert_eq!(outcome, CacheOutcome::Compiled);
+        assert_eq!(dev.runtime().count("compile qos=21"), 1);
+        assert_eq!(dev.runtime().count("load qos=21"), 1);
+        assert!(cache.has_marker("prog1"));
+        let st = dev.stats();
+        assert_eq!((st.compiles, st.cache_loads, st.loads, st.loaded), (1, 0, 1, 1));
+    }
+    // "Next process": the marker is there, so load runs without compile, and the kernel works.
+    let dev = s.device(Script::default(), true);
+    let (h, outcome) = through_cache(&dev, &cache, &k);
+    assert_eq!(outcome, CacheOutcome::Loaded);
+    assert_eq!(dev.runtime().count("compile"), 0, "{:?}", dev.runtime().calls());
+    assert_eq!(dev.stats().cache_loads, 1);
+    let x = vec![1.5f32; 64];
+    assert_eq!(run(&dev, h, &x), x);
+}
+
+#[test]
+fn a_stale_marker_costs_one_failed_load_then_a_compile() {
     let s = Setup::new("stale");
-    fs::create_dir_all(&s.markers).unwrap();
-    fs::write(s.markers.join("feedc0de.ok"), b"ok").unwrap();
+    let cache = CompileCache::new(&s.markers);
+    cache.write_marker("prog1").unwrap();
+    // The OS service lost the program: the first load fails (and its one retry).
     let dev = s.device(
         Script {
-            load_failures: 1,
+            load_failures: 2,
             ..Script::default()
         },
         true,
     );
     let k = linear(64, 64, WeightMode::Fp16);
-    let h = dev.compile(&k.mil_text(), &k.weights).unwrap();
-    assert_eq!(dev.runtime().count("compile"), 0);
-    dev.load(h).unwrap();
+    let (h, outcome) = through_cache(&dev, &cache, &k);
+    assert_eq!(outcome, CacheOutcome::Recompiled);
     let calls: Vec<String> = dev
         .runtime()
         .calls()
         .into_iter()
         .filter(|c| c.starts_with("load") || c.starts_with("compile"))
         .collect();
-    assert_eq!(calls, ["load qos=21", "compile qos=21", "load qos=21"]);
-    assert!(s.markers.join("feedc0de.ok").is_file(), "re-marked after the compile");
-    assert_eq!(dev.stats().cache_loads, 0);
+    assert_eq!(calls, ["load qos=21", "load qos=21", "compile qos=21", "load qos=21"]);
+    assert!(cache.has_marker("prog1"), "re-marked after the compile");
+    assert_eq!(dev.stats().loaded, 1, "the failed cache attempt was freed");
+    assert_eq!(
+        dev.runtime().live_surfaces(),
+        2,
+        "only the working kernel's surfaces remain"
+    );
+    dev.signature(h).unwrap();
 }
 
 #[test]
@@ -144,7 +167,6 @@ fn model_directory_holds_the_mil_and_every_weight_file() {
 #[test]
 fn compile_failure_carries_the_ns_error_and_cleans_up() {
     let s = Setup::new("cfail");
-    fs::create_dir_all(&s.markers).unwrap();
     let dev = s.device(
         Script {
             compile_error: Some(
@@ -162,9 +184,12 @@ fn compile_failure_carries_the_ns_error_and_cleans_up() {
     assert!(msg.contains("compileWithQoS:options:error:"), "{msg}");
     assert!(msg.contains("kernel feedc0de"), "{msg}");
     assert!(!s.temp.join("feedc0de").exists(), "model directory removed");
-    assert!(!s.markers.join("feedc0de.ok").exists());
-    assert!(dev.runtime().leaks().iter().all(|&(_, n)| n == 0 || n == 1));
-    drop(dev);
+    assert_eq!(
+        dev.runtime().leaks().len(),
+        1,
+        "only the device's options dictionary is held"
+    );
+    assert_eq!(dev.runtime().live_surfaces(), 0);
 }
 
 #[test]
@@ -355,7 +380,7 @@ fn drop_unloads_then_releases_request_surfaces_and_model_and_leaks_nothing() {
     drop(dev);
     // Dropping the device frees every kernel (loaded or not) and its own objects.
     let cfg = AppleConfig {
-        markers: None,
+        keep_model_dirs: false,
         direct_eval: true,
         lock_surfaces: false,
         temp_dir: Some(s.temp.clone()),
