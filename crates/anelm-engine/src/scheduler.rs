@@ -551,6 +551,11 @@ fn step(
             metrics
                 .prompt_tokens_total
                 .fetch_add(tokens.len() as u64, Ordering::Relaxed);
+            if a.pending.is_empty() {
+                // Hybrid models: save the recurrent state at the end of the prompt, so the next
+                // turn of this conversation can rewind here rather than to position 0.
+                slot.session.checkpoint();
+            }
         }
         if !wants {
             continue;

@@ -28,6 +28,15 @@ impl RecurrentLayer {
     }
 }
 
+/// The recurrent state as it was after the first `len` positions: recurrent state cannot be
+/// rewound, so a hybrid session saves it at the end of each prompt and a later request sharing
+/// at least that prefix (the next turn of a chat) restarts from there instead of from position 0.
+#[derive(Clone, Debug)]
+struct Checkpoint {
+    len: usize,
+    recurrent: Vec<RecurrentLayer>,
+}
+
 /// One stream's state. Positions `0..len()` are in the caches.
 #[derive(Clone, Debug)]
 pub struct Session {
@@ -36,6 +45,7 @@ pub struct Session {
     pub(crate) recurrent: Vec<RecurrentLayer>,
     tokens: Vec<u32>,
     ctx_size: usize,
+    checkpoint: Option<Checkpoint>,
 }
 
 impl Session {
@@ -51,6 +61,7 @@ impl Session {
             recurrent,
             tokens: Vec::new(),
             ctx_size,
+            checkpoint: None,
         }
     }
 
@@ -81,20 +92,56 @@ impl Session {
     }
 
     /// Forget every position at or after `len` (rewind to a shared prefix) and return how many
-    /// positions are kept. Recurrent state cannot be rewound, so a recurrent session asked to
-    /// drop anything starts over from position 0 (the return value says so).
+    /// positions are kept. Recurrent state cannot be rewound: a recurrent session asked to drop
+    /// anything goes back to its [checkpoint](Session::checkpoint) when that lies within `len`,
+    /// else starts over from position 0 (the return value says which).
     pub fn truncate(&mut self, len: usize) -> usize {
-        let len = if len < self.tokens.len() && self.is_recurrent() {
-            0
-        } else {
-            len
-        };
+        let mut len = len.min(self.tokens.len());
+        if len < self.tokens.len() && self.is_recurrent() {
+            match &self.checkpoint {
+                Some(cp) if cp.len <= len => {
+                    len = cp.len;
+                    self.recurrent.clone_from(&cp.recurrent);
+                }
+                _ => len = 0,
+            }
+        }
         self.tokens.truncate(len);
         self.kv.truncate(len);
         if len == 0 {
             self.recurrent.iter_mut().for_each(RecurrentLayer::reset);
         }
+        if self.checkpoint.as_ref().is_some_and(|cp| cp.len > len) {
+            self.checkpoint = None;
+        }
         self.tokens.len()
+    }
+
+    /// Save the recurrent state at the current position, replacing the previous checkpoint, so
+    /// a later [`truncate`](Session::truncate) to this length or beyond can return here. A no-op
+    /// for attention-only sessions (their KV cache rewinds to any position).
+    pub fn checkpoint(&mut self) {
+        if !self.is_recurrent() {
+            return;
+        }
+        let len = self.tokens.len();
+        match &mut self.checkpoint {
+            Some(cp) => {
+                cp.len = len;
+                cp.recurrent.clone_from(&self.recurrent);
+            }
+            None => {
+                self.checkpoint = Some(Checkpoint {
+                    len,
+                    recurrent: self.recurrent.clone(),
+                })
+            }
+        }
+    }
+
+    /// The position of the saved recurrent state, if any.
+    pub fn checkpoint_len(&self) -> Option<usize> {
+        self.checkpoint.as_ref().map(|cp| cp.len)
     }
 
     /// Forget everything.
@@ -102,17 +149,67 @@ impl Session {
         self.truncate(0);
     }
 
-    /// Bytes of cached state.
+    /// Bytes of cached state (the checkpoint included).
     pub fn state_bytes(&self) -> usize {
-        self.kv.bytes()
-            + self
-                .recurrent
-                .iter()
-                .map(|r| 4 * (r.conv.len() + r.state.len()))
-                .sum::<usize>()
+        let recurrent = |r: &[RecurrentLayer]| r.iter().map(|r| 4 * (r.conv.len() + r.state.len())).sum::<usize>();
+        self.kv.bytes() + recurrent(&self.recurrent) + self.checkpoint.as_ref().map_or(0, |cp| recurrent(&cp.recurrent))
     }
 
     pub(crate) fn push_tokens(&mut self, tokens: &[u32]) {
         self.tokens.extend_from_slice(tokens);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hybrid() -> Session {
+        Session::with_recurrent(KvCache::new(2, 4), vec![RecurrentLayer::zeros(2, 3)], 64)
+    }
+
+    fn advance(s: &mut Session, tokens: &[u32], value: f32) {
+        s.push_tokens(tokens);
+        s.recurrent[0].state.fill(value);
+        s.recurrent[0].conv.fill(value);
+    }
+
+    #[test]
+    fn recurrent_session_rewinds_to_its_checkpoint() {
+        let mut s = hybrid();
+        advance(&mut s, &[1, 2, 3, 4], 1.0);
+        s.checkpoint();
+        advance(&mut s, &[5, 6, 7], 2.0);
+        assert_eq!(s.truncate(6), 4, "back to the checkpoint at 4");
+        assert_eq!(s.tokens(), &[1, 2, 3, 4]);
+        assert!(s.recurrent[0].state.iter().all(|&v| v == 1.0));
+        // Still there for the next rewind.
+        advance(&mut s, &[9], 3.0);
+        assert_eq!(s.truncate(4), 4);
+        assert!(s.recurrent[0].conv.iter().all(|&v| v == 1.0));
+        // Below the checkpoint: start over, and the checkpoint is gone.
+        assert_eq!(s.truncate(3), 0);
+        assert!(s.recurrent[0].state.iter().all(|&v| v == 0.0));
+        assert_eq!(s.checkpoint_len(), None);
+    }
+
+    #[test]
+    fn keeping_everything_keeps_the_live_state() {
+        let mut s = hybrid();
+        advance(&mut s, &[1, 2], 1.0);
+        s.checkpoint();
+        advance(&mut s, &[3], 2.0);
+        assert_eq!(s.truncate(10), 3);
+        assert!(s.recurrent[0].state.iter().all(|&v| v == 2.0));
+        assert_eq!(s.checkpoint_len(), Some(2));
+    }
+
+    #[test]
+    fn attention_only_sessions_ignore_checkpoints() {
+        let mut s = Session::new(KvCache::new(1, 4), 16);
+        s.push_tokens(&[1, 2, 3]);
+        s.checkpoint();
+        assert_eq!(s.checkpoint_len(), None);
+        assert_eq!(s.truncate(1), 1);
     }
 }

@@ -269,6 +269,45 @@ fn rewind(f: &Fixture) {
     check(f, "after rewind", &rows_of(&out), &want[kept..13]);
 }
 
+/// A checkpoint at the end of a "prompt" (position 8) lets a hybrid session rewind there after
+/// generating past it — the next turn of a chat — and what follows is still right; a rewind
+/// below the checkpoint starts over. Attention-only sessions rewind anywhere regardless.
+fn rewind_to_checkpoint(f: &Fixture) {
+    let seq = &f.reference["sequence"];
+    let tokens = ids(&seq["tokens"]);
+    let want = matrix(&seq["logits"]);
+    let mut session = f.model.new_session(tokens.len());
+    let mut run = |session: &mut anelm_engine::Session, range: std::ops::Range<usize>| {
+        f.model
+            .forward(&mut [StepItem {
+                session,
+                tokens: &tokens[range],
+                logits: LogitsMode::All,
+            }])
+            .expect("forward")
+    };
+    run(&mut session, 0..8);
+    session.checkpoint();
+    run(&mut session, 8..12);
+    assert_eq!(
+        session.truncate(10),
+        if session.is_recurrent() { 8 } else { 10 },
+        "{}",
+        f.name
+    );
+    let kept = session.len();
+    let out = run(&mut session, kept..16);
+    check(f, "after rewinding to the checkpoint", &rows_of(&out), &want[kept..16]);
+    if session.is_recurrent() {
+        assert_eq!(
+            session.truncate(5),
+            0,
+            "{}: below the checkpoint a hybrid session starts over",
+            f.name
+        );
+    }
+}
+
 fn argmax(row: &[f32]) -> u32 {
     let mut best = 0;
     for (i, &v) in row.iter().enumerate() {
@@ -316,6 +355,7 @@ fn run_all(name: &'static str) {
     incremental(&f);
     batched_sessions(&f);
     rewind(&f);
+    rewind_to_checkpoint(&f);
     greedy(&f);
 }
 
