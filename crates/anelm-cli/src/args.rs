@@ -13,6 +13,55 @@ pub enum DeviceArg {
     Auto,
     /// The native CPU backend.
     Cpu,
+    /// The emulated Neural Engine: the exact ANE programs, validated against the hardware rules,
+    /// run in fp16 on the CPU, with modelled ANE time for `--chip`.
+    AneEmu,
+}
+
+/// How ANE programs store their weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum AneWeightsArg {
+    /// fp16 constants.
+    Fp16,
+    /// int8 rows with one fp16 scale per row (half the bytes per dispatch).
+    Int8,
+}
+
+impl AneWeightsArg {
+    /// The lowering's weight mode.
+    pub fn mode(self) -> anelm_ane::WeightMode {
+        match self {
+            AneWeightsArg::Fp16 => anelm_ane::WeightMode::Fp16,
+            AneWeightsArg::Int8 => anelm_ane::WeightMode::INT8_PER_ROW,
+        }
+    }
+}
+
+/// Options of the ANE devices (ignored on the CPU).
+#[derive(Args, Clone, Debug)]
+pub struct AneArgs {
+    /// Chip profile of the emulator's cost model (m1, m1-pro, …, m3-max, …, m5-max).
+    #[arg(long, default_value = "m3-max")]
+    pub chip: String,
+    /// Weight storage of ANE programs.
+    #[arg(long, value_enum, default_value_t = AneWeightsArg::Fp16)]
+    pub ane_weights: AneWeightsArg,
+    /// Do not use or write compile-cache markers (compile every kernel).
+    #[arg(long)]
+    pub no_ane_cache: bool,
+}
+
+impl AneArgs {
+    /// The chip profile `--chip` names, or an error listing the valid names.
+    pub fn chip_profile(&self) -> anyhow::Result<anelm_ane::ChipProfile> {
+        anelm_ane::ChipProfile::by_name(&self.chip).ok_or_else(|| {
+            anyhow::anyhow!(
+                "unknown --chip '{}': use one of {}",
+                self.chip,
+                anelm_ane::ChipProfile::names()
+            )
+        })
+    }
 }
 
 /// Arguments every model command takes.
@@ -30,6 +79,8 @@ pub struct ModelArgs {
     /// Context size of a session in tokens (capped at the model's training context).
     #[arg(long, default_value_t = 4096)]
     pub ctx_size: usize,
+    #[command(flatten)]
+    pub ane: AneArgs,
 }
 
 /// Sampling and length options of the generating commands.

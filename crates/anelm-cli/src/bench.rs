@@ -11,7 +11,7 @@ use clap::Args;
 use anelm_engine::{LanguageModel, LogitsMode, StepItem};
 
 use crate::args::ModelArgs;
-use crate::runtime::{load, model_path};
+use crate::runtime::{DeviceReport, load, load_reporting, model_path};
 
 /// Arguments of `anelm bench`.
 #[derive(Args, Debug)]
@@ -102,8 +102,17 @@ fn run_serving(a: &BenchArgs) -> Result<()> {
 struct Figure {
     test: String,
     tokens: usize,
-    /// Tokens per second of each repetition.
+    /// Tokens per second of each repetition (measured on this host).
     rates: Vec<f64>,
+    /// Tokens per second of modelled ANE time over all repetitions (ANE devices only).
+    modelled: Option<f64>,
+}
+
+/// Tokens per modelled ANE second since the device's counters were last reset.
+fn modelled_rate(device: &DeviceReport, tokens: usize) -> Option<f64> {
+    let s = device.stats()?;
+    let t = s.ane_time.as_secs_f64();
+    (t > 0.0).then(|| tokens as f64 / t)
 }
 
 impl Figure {
@@ -179,7 +188,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         bail!("--repetitions must be at least 1");
     }
     let path = model_path(&a.model)?;
-    let lm = load(&a.model)?;
+    let (lm, device) = load_reporting(&a.model)?;
     let model = lm.model.as_ref();
     let vocab = model.info().vocab_size;
     let max_ctx = model.info().context_length;
@@ -190,6 +199,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
         let tokens = bench_tokens(p, vocab);
         prefill_once(model, &tokens)?; // warm-up
+        device.reset();
         let rates = (0..a.repetitions)
             .map(|_| prefill_once(model, &tokens))
             .collect::<Result<Vec<_>>>()?;
@@ -197,6 +207,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             test: format!("pp{p}"),
             tokens: p,
             rates,
+            modelled: modelled_rate(&device, p * a.repetitions),
         });
     }
     for &n in a.n_gen.iter().filter(|&&n| n > 0) {
@@ -205,6 +216,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
         let first = bench_tokens(1, vocab)[0];
         decode_once(model, first, n.min(16))?; // warm-up
+        device.reset();
         let rates = (0..a.repetitions)
             .map(|_| decode_once(model, first, n))
             .collect::<Result<Vec<_>>>()?;
@@ -212,6 +224,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             test: format!("tg{n}"),
             tokens: n,
             rates,
+            modelled: modelled_rate(&device, n * a.repetitions),
         });
     }
     let name = path
@@ -227,11 +240,31 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a.json {
         for f in &figures {
             let v = serde_json::json!({
-                "model": name, "size_mib": size_mib, "backend": "cpu", "isa": isa, "threads": threads,
+                "model": name, "size_mib": size_mib, "backend": device.name, "isa": isa, "threads": threads,
                 "test": f.test, "tokens": f.tokens, "repetitions": f.rates.len(),
                 "tok_s_median": f.median(), "tok_s_stdev": f.stdev(), "tok_s": f.rates,
+                "chip": device.chip.map(|c| c.name), "modelled_ane_tok_s": f.modelled,
             });
             writeln!(out, "{v}").context("write to stdout")?;
+        }
+    } else if let Some(chip) = device.chip {
+        // Host time is the emulator running fp16 in software; the modelled column is the chip's.
+        writeln!(
+            out,
+            "| model | size | backend | threads | test | host t/s (measured) | ANE t/s (modelled, {}) |",
+            chip.name
+        )?;
+        writeln!(out, "| --- | ---: | --- | ---: | ---: | ---: | ---: |")?;
+        for f in &figures {
+            writeln!(
+                out,
+                "| {name} | {size_mib:.2} MiB | {} | {threads} | {} | {:.2} ± {:.2} | {:.2} |",
+                device.name,
+                f.test,
+                f.median(),
+                f.stdev(),
+                f.modelled.unwrap_or(0.0)
+            )?;
         }
     } else {
         writeln!(out, "| model | size | backend | threads | test | t/s |")?;

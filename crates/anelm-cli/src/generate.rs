@@ -10,7 +10,7 @@ use anelm_engine::{GenerateOptions, generate};
 use anelm_model::chat_template::ChatMessage;
 
 use crate::args::{ModelArgs, SamplingArgs};
-use crate::runtime::load;
+use crate::runtime::load_reporting;
 
 /// Arguments of `anelm generate`.
 #[derive(Args, Debug)]
@@ -61,7 +61,8 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let text = prompt_text(a.prompt)?;
     let params = a.sampling.params();
     params.validate()?;
-    let lm = load(&a.model)?;
+    let (lm, device) = load_reporting(&a.model)?;
+    device.reset();
     let prompt = if a.raw {
         text
     } else {
@@ -118,5 +119,6 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         stats.generation_tok_per_s(),
         stats.finish
     );
+    device.print_line("prompt + generation", stats.prompt_tokens + stats.generated_tokens);
     Ok(())
 }

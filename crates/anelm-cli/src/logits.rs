@@ -8,7 +8,7 @@ use clap::Args;
 use anelm_engine::{LogitsMode, StepItem};
 
 use crate::args::ModelArgs;
-use crate::runtime::{load, load_weights};
+use crate::runtime::{load, load_weights_reporting};
 
 /// Arguments of `anelm logits`.
 #[derive(Args, Debug)]
@@ -52,7 +52,8 @@ fn parse_ids(s: &str) -> Result<Vec<u32>> {
 pub fn run_logits(a: LogitsArgs) -> Result<()> {
     let ids = parse_ids(&a.token_ids)?;
     // Token ids in, logits out: no tokenizer needed (test fixtures ship without one).
-    let model = load_weights(&a.model)?;
+    let (model, device) = load_weights_reporting(&a.model)?;
+    device.reset();
     let mut session = model.new_session(a.model.ctx_size.max(ids.len()));
     let mut items = [StepItem {
         session: &mut session,
@@ -70,6 +71,7 @@ pub fn run_logits(a: LogitsArgs) -> Result<()> {
     let mut lock = stdout.lock();
     serde_json::to_writer(&mut lock, &out)?;
     writeln!(lock)?;
+    device.print_line("prefill", ids.len());
     Ok(())
 }
 

@@ -4,10 +4,12 @@ mod args;
 mod bench;
 mod bench_serve;
 mod chat;
+mod compile;
 mod default_model;
 mod generate;
 mod inspect;
 mod logits;
+mod plan;
 mod runtime;
 mod serve;
 
@@ -38,11 +40,21 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Serve the OpenAI-compatible HTTP API (continuous batching over --sessions streams).
     Serve(serve::ServeArgs),
+    /// Print a model's ANE kernels, dispatches and modelled tok/s from its config alone.
+    Plan(plan::PlanArgs),
+    /// Build every ANE kernel of a model ahead of time (fills the compile cache).
+    Compile(compile::CompileArgs),
 }
 
 impl Command {
-    fn model_args(&self) -> &args::ModelArgs {
-        match self {
+    fn threads(&self) -> Option<usize> {
+        self.model_args().and_then(|m| m.threads)
+    }
+
+    fn model_args(&self) -> Option<&args::ModelArgs> {
+        Some(match self {
+            Command::Plan(_) => return None,
+            Command::Compile(a) => &a.model,
             Command::Generate(a) => &a.model,
             Command::Chat(a) => &a.model,
             Command::Inspect(a) => &a.model,
@@ -50,13 +62,13 @@ impl Command {
             Command::Tokenize(a) => &a.model,
             Command::Bench(a) => &a.model,
             Command::Serve(a) => &a.model,
-        }
+        })
     }
 }
 
 fn main() {
     let cli = Cli::parse();
-    let threads = cli.command.model_args().threads;
+    let threads = cli.command.threads();
     // The whole command runs on a pool worker, so each parallel kernel starts without waking a
     // thread to hand it over (and with --threads 1 nothing is handed over at all).
     let result: Result<()> = runtime::in_pool(threads, || match cli.command {
@@ -67,6 +79,8 @@ fn main() {
         Command::Tokenize(a) => logits::run_tokenize(a),
         Command::Bench(a) => bench::run(a),
         Command::Serve(a) => serve::run(a),
+        Command::Plan(a) => plan::run(a),
+        Command::Compile(a) => compile::run(a),
     });
     if let Err(e) = result {
         let msg = format!("{e:#}").replace('\n', " ");

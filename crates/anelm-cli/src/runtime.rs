@@ -1,14 +1,19 @@
 //! Turning the shared arguments into a loaded model: thread pool, device, default model, progress.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use anelm_engine::{Backend, CpuBackend, LanguageModel, LoadedModel, load_model, load_model_weights};
+use anelm_ane::{ChipProfile, CompileCache, EmuAne};
+use anelm_engine::{
+    AneBackend, AneMonitor, AneOptions, AneStats, Backend, CpuBackend, LanguageModel, LoadedModel, load_model,
+    load_model_weights,
+};
 
-use crate::args::{DeviceArg, ModelArgs};
+use crate::args::{AneArgs, DeviceArg, ModelArgs};
 use crate::default_model::default_model_path;
 
 /// Run `f` on a worker of a persistent pool of `threads` threads (default: the machine's cores),
@@ -41,12 +46,86 @@ pub fn model_path(args: &ModelArgs) -> Result<PathBuf> {
 
 /// Load the model the arguments name, with a progress bar when it takes more than a moment.
 pub fn load(args: &ModelArgs) -> Result<LoadedModel> {
+    Ok(load_reporting(args)?.0)
+}
+
+/// What the device a model was compiled on can report: on an ANE device, dispatch counts,
+/// measured host time and modelled (emulator) ANE time.
+#[derive(Clone, Debug)]
+pub struct DeviceReport {
+    /// Backend name (`cpu`, `ane-emu`).
+    pub name: String,
+    /// The emulator's chip profile.
+    pub chip: Option<ChipProfile>,
+    monitor: Option<AneMonitor>,
+}
+
+impl DeviceReport {
+    fn cpu() -> Self {
+        DeviceReport {
+            name: "cpu".into(),
+            chip: None,
+            monitor: None,
+        }
+    }
+
+    /// ANE counters (`None` on the CPU).
+    pub fn stats(&self) -> Option<AneStats> {
+        self.monitor.as_ref().map(AneMonitor::stats)
+    }
+
+    /// Zero the dispatch counters and clocks.
+    pub fn reset(&self) {
+        if let Some(m) = &self.monitor {
+            m.reset_dispatch_stats();
+        }
+    }
+
+    /// One line on stderr: dispatches, host time and modelled ANE time since the last reset, and
+    /// the modelled rate for `tokens` tokens. Nothing on the CPU.
+    pub fn print_line(&self, what: &str, tokens: usize) {
+        let (Some(s), Some(chip)) = (self.stats(), self.chip) else {
+            return;
+        };
+        let ane = s.ane_time.as_secs_f64();
+        let rate = if ane > 0.0 { tokens as f64 / ane } else { 0.0 };
+        eprintln!(
+            "{} ({}): {what}: {} dispatches, {:.1} MB moved; host {:.1} ms measured, ANE {:.1} ms modelled \
+             → {rate:.1} tok/s modelled on {}",
+            self.name,
+            chip.name,
+            s.dispatches,
+            s.bytes as f64 / 1e6,
+            s.host_time.as_secs_f64() * 1e3,
+            ane * 1e3,
+            chip.name
+        );
+    }
+}
+
+/// The ANE backend options the arguments describe (compile cache under the user cache dir
+/// unless `--no-ane-cache`).
+pub fn ane_options(a: &AneArgs) -> AneOptions {
+    AneOptions {
+        weights: a.ane_weights.mode(),
+        cache: if a.no_ane_cache {
+            None
+        } else {
+            CompileCache::user_default()
+        },
+        ..AneOptions::default()
+    }
+}
+
+/// [`load`], also returning what the device can report.
+pub fn load_reporting(args: &ModelArgs) -> Result<(LoadedModel, DeviceReport)> {
     load_with(args, |path, backend, progress| Ok(load_model(path, backend, progress)?))
 }
 
 /// Load only the forward pass of the model the arguments name (no tokenizer or chat template):
-/// for token-id-level commands, and for safetensors directories without `tokenizer.json`.
-pub fn load_weights(args: &ModelArgs) -> Result<Box<dyn LanguageModel>> {
+/// for token-id-level commands, and for safetensors directories without `tokenizer.json`. Also
+/// returns what the device can report.
+pub fn load_weights_reporting(args: &ModelArgs) -> Result<(Box<dyn LanguageModel>, DeviceReport)> {
     load_with(args, |path, backend, progress| {
         Ok(load_model_weights(path, backend, progress)?)
     })
@@ -55,10 +134,25 @@ pub fn load_weights(args: &ModelArgs) -> Result<Box<dyn LanguageModel>> {
 fn load_with<T>(
     args: &ModelArgs,
     loader: impl FnOnce(&std::path::Path, &dyn Backend, &mut dyn FnMut(usize, usize)) -> Result<T>,
-) -> Result<T> {
+) -> Result<(T, DeviceReport)> {
     let path = model_path(args)?;
-    let backend = match args.device {
-        DeviceArg::Auto | DeviceArg::Cpu => CpuBackend::new(),
+    let (backend, report): (Box<dyn Backend>, DeviceReport) = match args.device {
+        DeviceArg::Auto | DeviceArg::Cpu => (Box::new(CpuBackend::new()), DeviceReport::cpu()),
+        DeviceArg::AneEmu => {
+            let chip = args.ane.chip_profile()?;
+            let b = AneBackend::new(Arc::new(EmuAne::for_chip(chip)), ane_options(&args.ane));
+            let report = DeviceReport {
+                name: "ane-emu".into(),
+                chip: Some(chip),
+                monitor: Some(b.monitor()),
+            };
+            (Box::new(b), report)
+        }
+    };
+    let verb = if report.monitor.is_some() {
+        "compiling"
+    } else {
+        "loading"
     };
     let start = Instant::now();
     let bar = ProgressBar::hidden();
@@ -67,7 +161,7 @@ fn load_with<T>(
         if !shown && start.elapsed() > Duration::from_millis(300) {
             bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
             bar.set_style(
-                ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} layers")
+                ProgressStyle::with_template(&format!("{verb} {{msg}} [{{bar:30}}] {{pos}}/{{len}} layers"))
                     .unwrap_or_else(|_| ProgressStyle::default_bar()),
             );
             bar.set_message(
@@ -80,8 +174,8 @@ fn load_with<T>(
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     };
-    let model = loader(&path, &backend, &mut progress)
+    let model = loader(&path, backend.as_ref(), &mut progress)
         .with_context(|| format!("could not load the model at {}", path.display()))?;
     bar.finish_and_clear();
-    Ok(model)
+    Ok((model, report))
 }

@@ -77,6 +77,36 @@ fn ns(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// The counters of an [`AneBackend`] and of every kernel it compiled.
+#[derive(Clone, Debug)]
+pub struct AneMonitor(Arc<Counters>);
+
+impl AneMonitor {
+    /// Counters so far.
+    pub fn stats(&self) -> AneStats {
+        let c = &self.0;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        AneStats {
+            programs: get(&c.programs),
+            compiled: get(&c.compiled),
+            cache_loads: get(&c.cache_loads),
+            compile_time: Duration::from_nanos(get(&c.compile_ns)),
+            dispatches: get(&c.dispatches),
+            bytes: get(&c.bytes),
+            host_time: Duration::from_nanos(get(&c.host_ns)),
+            ane_time: Duration::from_nanos(get(&c.ane_ns)),
+        }
+    }
+
+    /// Zero the dispatch counters and clocks (compile counters stay).
+    pub fn reset_dispatch_stats(&self) {
+        let c = &self.0;
+        for a in [&c.dispatches, &c.bytes, &c.host_ns, &c.ane_ns] {
+            a.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
 /// Kernels on a Neural Engine device.
 pub struct AneBackend<D: AneDevice> {
     device: Arc<D>,
@@ -106,26 +136,17 @@ impl<D: AneDevice + 'static> AneBackend<D> {
 
     /// Counters so far.
     pub fn stats(&self) -> AneStats {
-        let c = &self.counters;
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        AneStats {
-            programs: get(&c.programs),
-            compiled: get(&c.compiled),
-            cache_loads: get(&c.cache_loads),
-            compile_time: Duration::from_nanos(get(&c.compile_ns)),
-            dispatches: get(&c.dispatches),
-            bytes: get(&c.bytes),
-            host_time: Duration::from_nanos(get(&c.host_ns)),
-            ane_time: Duration::from_nanos(get(&c.ane_ns)),
-        }
+        self.monitor().stats()
     }
 
     /// Zero the dispatch counters and clocks (compile counters stay).
     pub fn reset_dispatch_stats(&self) {
-        let c = &self.counters;
-        for a in [&c.dispatches, &c.bytes, &c.host_ns, &c.ane_ns] {
-            a.store(0, Ordering::Relaxed);
-        }
+        self.monitor().reset_dispatch_stats();
+    }
+
+    /// A handle on this backend's counters that outlives the backend (kernels keep counting).
+    pub fn monitor(&self) -> AneMonitor {
+        AneMonitor(Arc::clone(&self.counters))
     }
 
     fn err(&self, message: impl Into<String>) -> EngineError {

@@ -20,7 +20,7 @@ pub mod session;
 pub mod stop;
 pub mod stored_matrix;
 
-pub use ane_backend::{AneBackend, AneOptions, AneStats};
+pub use ane_backend::{AneBackend, AneMonitor, AneOptions, AneStats};
 pub use backend::{Backend, Dispatch, Kernel, KernelSpec, WeightId};
 pub use batch::Batch;
 pub use cpu_backend::CpuBackend;
