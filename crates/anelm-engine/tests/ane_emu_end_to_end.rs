@@ -8,7 +8,7 @@
 //!   quantises every activation to 8-bit blocks, which on SmolLM2 Q4_1 is itself only
 //!   0.9980–0.99998 (cosine) from the exact forward while the emulated ANE is 0.99997–1.0
 //!   (docs/field-guide.md); so the emulator's logits are held to the exact forward, and its
-//!   greedy tokens to both CPU paths,
+//!   greedy tokens to both CPU paths (int8 weights: cosine ≥ 0.99, see `MIN_COSINE_INT8`),
 //! - issue exactly the planner's dispatch count per decoded token (`anelm_ane::plan` from the
 //!   model's config alone).
 //!
@@ -30,6 +30,11 @@ use anelm_model::tensor_store::TensorStore;
 
 const STEPS: usize = 16;
 const MIN_COSINE: f64 = 0.999;
+/// int8 rows with one fp16 scale per row change the weights themselves (each kernel is held to
+/// relative error ≤ 1e-2 against f32 in anelm-ane's tests; over 91 kernels that compounds), so
+/// int8 logits are held to cosine ≥ 0.99 (relative L2 error ≲ 0.14) and the tokens exactly.
+/// Measured on SmolLM2: worst 0.9946, typical 0.999.
+const MIN_COSINE_INT8: f64 = 0.99;
 
 fn cosine(a: &[f32], b: &[f32]) -> f64 {
     let (mut ab, mut aa, mut bb) = (0.0f64, 0.0f64, 0.0f64);
@@ -142,6 +147,7 @@ fn check(
     device: &EmuAne,
     planned: &anelm_ane::Plan,
     prompt: &[u32],
+    min_cosine: f64,
 ) -> (f64, f64) {
     let compiled = backend.stats();
     assert_eq!(
@@ -185,8 +191,8 @@ fn check(
         worst_exact = worst_exact.min(ce);
         worst_cpu = worst_cpu.min(cc);
         assert!(
-            ce >= MIN_COSINE,
-            "{name} step {i}: logits cosine to the exact CPU forward {ce:.6} < {MIN_COSINE}"
+            ce >= min_cosine,
+            "{name} step {i}: logits cosine to the exact CPU forward {ce:.6} < {min_cosine}"
         );
         let t = argmax(ane);
         assert_eq!(
@@ -246,15 +252,21 @@ fn smollm2_greedy_tokens_logits_and_dispatches_match_the_cpu_backend() {
         &mut |_, _| {},
     )
     .expect("load");
-    let planned = plan(&model_dims(&path).expect("dims"), &PlanOptions::default()).expect("plan");
-    let (device, backend) = emulated(WeightMode::Fp16);
-    let ane = load(&path, &backend);
-    let models = Models {
-        cpu: lm.model.as_ref(),
-        exact: &exact,
-        ane: ane.as_ref(),
-    };
-    check("SmolLM2-135M fp16", &models, &backend, &device, &planned, &prompt);
+    for (mode, min_cosine) in [
+        (WeightMode::Fp16, MIN_COSINE),
+        (WeightMode::INT8_PER_ROW, MIN_COSINE_INT8),
+    ] {
+        let planned = plan(&model_dims(&path).expect("dims"), &PlanOptions::with_weights(mode)).expect("plan");
+        let (device, backend) = emulated(mode);
+        let ane = load(&path, &backend);
+        let models = Models {
+            cpu: lm.model.as_ref(),
+            exact: &exact,
+            ane: ane.as_ref(),
+        };
+        let name = format!("SmolLM2-135M {mode}");
+        check(&name, &models, &backend, &device, &planned, &prompt, min_cosine);
+    }
 }
 
 #[test]
@@ -281,5 +293,6 @@ fn qwen35_fixture_greedy_tokens_logits_and_dispatches_match_the_cpu_backend() {
         &device,
         &planned,
         &prompt,
+        MIN_COSINE,
     );
 }
