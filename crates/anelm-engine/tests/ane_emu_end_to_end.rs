@@ -296,3 +296,49 @@ fn qwen35_fixture_greedy_tokens_logits_and_dispatches_match_the_cpu_backend() {
         MIN_COSINE,
     );
 }
+
+/// W-lane batching: one decode step for N sessions costs the plan's dispatches per group of 32
+/// lanes, not per session, and every session's logits are bit-identical to running it alone
+/// (lanes never mix: each is its own column of every conv).
+#[test]
+fn concurrent_sessions_share_dispatches_and_do_not_mix() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/qwen3_5");
+    let planned = plan(&model_dims(&path).expect("dims"), &PlanOptions::default()).expect("plan");
+    let (device, backend) = emulated(WeightMode::Fp16);
+    let ane = load(&path, &backend);
+    let prompt = |s: usize| -> Vec<u32> { (0..3 + s % 4).map(|t| ((s * 37 + t * 11) % 500) as u32).collect() };
+    // Each session alone: prefill, then one decode step of token 7.
+    let alone: Vec<Vec<f32>> = (0..40)
+        .map(|s| {
+            let mut sess = ane.new_session(16);
+            step(ane.as_ref(), &mut sess, &prompt(s));
+            step(ane.as_ref(), &mut sess, &[7])
+        })
+        .collect();
+    for n in [1usize, 4, 32, 40] {
+        let mut sessions: Vec<_> = (0..n).map(|_| ane.new_session(16)).collect();
+        for (s, sess) in sessions.iter_mut().enumerate() {
+            step(ane.as_ref(), sess, &prompt(s));
+        }
+        let before = device.stats().dispatches;
+        let tok = [7u32];
+        let mut items: Vec<StepItem<'_>> = sessions
+            .iter_mut()
+            .map(|session| StepItem {
+                session,
+                tokens: &tok,
+                logits: LogitsMode::Last,
+            })
+            .collect();
+        let logits = ane.forward(&mut items).expect("batched decode");
+        let dispatches = (device.stats().dispatches - before) as usize;
+        assert_eq!(
+            dispatches,
+            planned.dispatches_per_token() * n.div_ceil(32),
+            "{n} sessions in one step"
+        );
+        for (s, want) in alone.iter().enumerate().take(n) {
+            assert_eq!(logits.lane(s), want.as_slice(), "session {s} of {n}");
+        }
+    }
+}
