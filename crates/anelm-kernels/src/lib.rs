@@ -16,6 +16,7 @@ mod quantize;
 mod simd_neon;
 #[cfg(target_arch = "x86_64")]
 mod simd_x86;
+mod vector;
 
 pub use activations::Activations;
 pub use dequant::{dequantize_row, dot_reference};
@@ -24,3 +25,4 @@ pub use format::WeightFormat;
 pub use fp16::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, round_bf16, round_f16};
 pub use matmul::{Isa, matmul, matmul_with};
 pub use quantize::quantize_row;
+pub use vector::{axpy_f32, dot_f32};
