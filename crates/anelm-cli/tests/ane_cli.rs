@@ -200,3 +200,44 @@ fn ane_emu_logits_agree_with_the_cpu() {
     assert!(err.contains("ane-emu (m3-max): prefill: 13 dispatches"), "{err}");
     assert!(err.contains("measured") && err.contains("modelled"), "{err}");
 }
+
+/// `anelm plan` from a GGUF's metadata (the default model) and from a safetensors directory, and
+/// `anelm bench --device ane-emu` reporting the plan's modelled decode rate beside the host's.
+/// Needs the default model (`scripts/fetch-default-model.sh`; `scripts/test.sh` runs it first).
+#[test]
+fn plan_from_gguf_and_bench_reports_the_modelled_rate() {
+    let v: Value = serde_json::from_str(stdout(&anelm(&["plan", "--json"], None)).trim()).expect("json");
+    assert_eq!(v["dispatches_per_token"].as_u64(), Some(91), "{v}");
+    let planned = v["decode_tok_s"]["1"].as_f64().expect("rate");
+    let tiny: Value = serde_json::from_str(stdout(&anelm(&["plan", "--json", "--model", &tiny_qwen35()], None)).trim())
+        .expect("json");
+    assert_eq!(tiny["dispatches_per_token"].as_u64(), Some(13), "{tiny}");
+
+    let dir = TempDir::new("bench");
+    let o = anelm(
+        &[
+            "bench",
+            "--device",
+            "ane-emu",
+            "-p",
+            "0",
+            "-n",
+            "4",
+            "-r",
+            "1",
+            "--json",
+            "--threads",
+            "2",
+        ],
+        Some(&dir.0),
+    );
+    let row: Value = serde_json::from_str(stdout(&o).trim()).expect("one JSON line");
+    assert_eq!(row["backend"], "ane-emu");
+    assert_eq!(row["chip"], "m3-max");
+    let modelled = row["modelled_ane_tok_s"].as_f64().expect("modelled rate");
+    assert!(
+        (modelled / planned - 1.0).abs() < 0.01,
+        "bench modelled {modelled} vs plan {planned}"
+    );
+    assert!(row["tok_s_median"].as_f64().expect("host rate") > 0.0);
+}
