@@ -277,7 +277,7 @@ fn rewind_to_checkpoint(f: &Fixture) {
     let tokens = ids(&seq["tokens"]);
     let want = matrix(&seq["logits"]);
     let mut session = f.model.new_session(tokens.len());
-    let mut run = |session: &mut anelm_engine::Session, range: std::ops::Range<usize>| {
+    let run = |session: &mut anelm_engine::Session, range: std::ops::Range<usize>| {
         f.model
             .forward(&mut [StepItem {
                 session,
