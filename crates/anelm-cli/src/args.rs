@@ -9,13 +9,16 @@ use anelm_engine::SamplerParams;
 /// Where kernels run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum DeviceArg {
-    /// The best device that opens on this machine (today: the CPU).
+    /// The Neural Engine when it opens on this machine, else the CPU.
     Auto,
     /// The native CPU backend.
     Cpu,
     /// The emulated Neural Engine: the exact ANE programs, validated against the hardware rules,
     /// run in fp16 on the CPU, with modelled ANE time for `--chip`.
     AneEmu,
+    /// This Mac's Neural Engine through AppleNeuralEngine.framework (Apple Silicon, macOS); where
+    /// there is none it fails with "no Neural Engine on this machine: use --device cpu or ane-emu".
+    Ane,
 }
 
 /// How ANE programs store their weights.

@@ -21,7 +21,11 @@ pub fn run(a: CompileArgs) -> Result<()> {
     let mut args = a.model;
     args.device = match args.device {
         // Only ANE devices compile kernels; without a Neural Engine that is the emulator.
+        DeviceArg::Auto if anelm_ane::AppleAne::open_with(&crate::runtime::apple_config(&args.ane)).is_ok() => {
+            DeviceArg::Ane
+        }
         DeviceArg::Auto | DeviceArg::AneEmu => DeviceArg::AneEmu,
+        DeviceArg::Ane => DeviceArg::Ane,
         DeviceArg::Cpu => bail!("`anelm compile` builds ANE kernels: use --device ane-emu (or leave --device out)"),
     };
     let path = model_path(&args)?;

@@ -6,6 +6,7 @@ mod bench_serve;
 mod chat;
 mod compile;
 mod default_model;
+mod doctor;
 mod generate;
 mod inspect;
 mod logits;
@@ -44,6 +45,8 @@ enum Command {
     Plan(plan::PlanArgs),
     /// Build every ANE kernel of a model ahead of time (fills the compile cache).
     Compile(compile::CompileArgs),
+    /// Print this machine, the devices that open, and a Neural Engine self-test (for bug reports).
+    Doctor(doctor::DoctorArgs),
 }
 
 impl Command {
@@ -53,7 +56,7 @@ impl Command {
 
     fn model_args(&self) -> Option<&args::ModelArgs> {
         Some(match self {
-            Command::Plan(_) => return None,
+            Command::Plan(_) | Command::Doctor(_) => return None,
             Command::Compile(a) => &a.model,
             Command::Generate(a) => &a.model,
             Command::Chat(a) => &a.model,
@@ -81,6 +84,7 @@ fn main() {
         Command::Serve(a) => serve::run(a),
         Command::Plan(a) => plan::run(a),
         Command::Compile(a) => compile::run(a),
+        Command::Doctor(a) => doctor::run(a),
     });
     if let Err(e) = result {
         let msg = format!("{e:#}").replace('\n', " ");

@@ -1,0 +1,540 @@
+//! `anelm doctor`: what this machine is, which devices open, and a self-test of the Neural
+//! Engine path — on the real ANE when it opens, else on the emulated one. Each step prints `ok`
+//! or its exact failure, so the output is what a user pastes into a bug report.
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use clap::Args;
+
+use anelm_ane::apple::{AppleAne, ProbeStep, macos_version};
+use anelm_ane::{AneDevice, AneKernel, EmuAne, Surface, WeightMode, lower};
+
+/// Arguments of `anelm doctor`.
+#[derive(Args, Debug)]
+pub struct DoctorArgs {
+    /// Dispatches timed per self-test kernel (the median is reported).
+    #[arg(long, default_value_t = 100)]
+    pub dispatches: usize,
+    /// Also run the self-test on the emulated ANE when the real one opens.
+    #[arg(long)]
+    pub emulated: bool,
+}
+
+/// Rows and columns of the self-test kernel.
+const N: usize = 64;
+
+/// Largest error allowed against the f32 CPU result, relative to the largest |y|: fp16 weights
+/// and activations (11-bit mantissas, fp16 accumulation on the ANE) stay well inside 1%; int8
+/// rows add up to 1/254 of each row's largest weight.
+fn tolerance(mode: WeightMode) -> f32 {
+    match mode {
+        WeightMode::Fp16 => 1e-2,
+        WeightMode::Int8 { .. } => 3e-2,
+    }
+}
+
+/// Run `anelm doctor`.
+pub fn run(a: DoctorArgs) -> Result<()> {
+    if a.dispatches == 0 {
+        bail!("--dispatches must be at least 1");
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "anelm doctor (anelm {}) — paste all of this into a bug report",
+        env!("CARGO_PKG_VERSION")
+    )?;
+    writeln!(out)?;
+    writeln!(out, "machine")?;
+    for (k, v) in machine() {
+        writeln!(out, "  {k:<8} {v}")?;
+    }
+    writeln!(out)?;
+    writeln!(out, "devices")?;
+    writeln!(
+        out,
+        "  cpu      ok (kernels: {}, {} threads)",
+        anelm_kernels::Isa::best().name(),
+        rayon::current_num_threads()
+    )?;
+    writeln!(
+        out,
+        "  ane-emu  ok (emulated Neural Engine, chip profile m3-max by default)"
+    )?;
+    let ane = AppleAne::open();
+    match &ane {
+        Ok(_) => writeln!(out, "  ane      ok (AppleNeuralEngine.framework)")?,
+        Err(e) => writeln!(out, "  ane      unavailable: {e}")?,
+    }
+    for s in AppleAne::probe() {
+        writeln!(out, "           {}", probe_line(&s))?;
+    }
+    out.flush()?;
+    let mut passed = true;
+    match &ane {
+        Ok(dev) => {
+            passed &= self_test(&mut out, dev, a.dispatches)?;
+            if a.emulated {
+                passed &= self_test(&mut out, &EmuAne::default(), a.dispatches)?;
+            }
+        }
+        Err(_) => {
+            writeln!(out)?;
+            writeln!(
+                out,
+                "the Neural Engine is unavailable here; running the same self-test on the emulated device"
+            )?;
+            passed &= self_test(&mut out, &EmuAne::default(), a.dispatches)?;
+        }
+    }
+    writeln!(out)?;
+    if !passed {
+        bail!("self-test failed (see the FAIL lines above)");
+    }
+    writeln!(out, "self-test passed")?;
+    Ok(())
+}
+
+fn probe_line(s: &ProbeStep) -> String {
+    match &s.result {
+        Ok(d) => format!("ok    {}: {d}", s.what),
+        Err(e) => format!("FAIL  {}: {e}", s.what),
+    }
+}
+
+/// Print one step's outcome and return whether it passed.
+fn step<T>(out: &mut impl Write, what: &str, r: Result<(T, String), String>) -> Result<Option<T>> {
+    match r {
+        Ok((t, detail)) => {
+            writeln!(
+                out,
+                "  ok    {what}{}",
+                if detail.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {detail}")
+                }
+            )?;
+            out.flush()?;
+            Ok(Some(t))
+        }
+        Err(e) => {
+            writeln!(out, "  FAIL  {what}: {e}")?;
+            out.flush()?;
+            Ok(None)
+        }
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3} ms", d.as_secs_f64() * 1e3)
+}
+
+/// Deterministic test weights (`N × N`, row-major) and 32 lanes of inputs.
+fn test_data() -> (Vec<f32>, Vec<Vec<f32>>) {
+    let w = (0..N * N)
+        .map(|i| (((i / N) * 7 + (i % N) * 13) % 17) as f32 / 30.0 - 0.27)
+        .collect();
+    let x = (0..anelm_ane::LANES)
+        .map(|lane| (0..N).map(|c| ((lane * 5 + c * 3) % 11) as f32 / 8.0 - 0.625).collect())
+        .collect();
+    (w, x)
+}
+
+/// y = W·x on the CPU in f32.
+fn reference(w: &[f32], x: &[f32]) -> Vec<f32> {
+    w.chunks_exact(N)
+        .map(|row| row.iter().zip(x).map(|(a, b)| a * b).sum())
+        .collect()
+}
+
+/// Largest |got − want| over all lanes, relative to the largest |want|.
+pub(crate) fn relative_error(got: &[Vec<f32>], want: &[Vec<f32>]) -> f32 {
+    let scale = want
+        .iter()
+        .flatten()
+        .fold(0f32, |m, v| m.max(v.abs()))
+        .max(f32::MIN_POSITIVE);
+    let err = got
+        .iter()
+        .zip(want)
+        .flat_map(|(g, w)| g.iter().zip(w).map(|(a, b)| (a - b).abs()))
+        .fold(0f32, |m, e| if e.is_nan() { f32::INFINITY } else { m.max(e) });
+    if got.len() != want.len() || got.iter().zip(want).any(|(g, w)| g.len() != w.len()) {
+        return f32::INFINITY;
+    }
+    err / scale
+}
+
+/// The median of some durations (`Duration::ZERO` for none).
+pub(crate) fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    match v.len() {
+        0 => Duration::ZERO,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2,
+    }
+}
+
+/// compile → load → evaluate → compare with the CPU → time → unload, for a 64×64 fp16 kernel
+/// and the same with int8 weights. Returns whether every step passed.
+fn self_test(out: &mut impl Write, dev: &dyn AneDevice, dispatches: usize) -> Result<bool> {
+    writeln!(out)?;
+    writeln!(out, "self-test on {}", dev.name())?;
+    let (w, x) = test_data();
+    let want: Vec<Vec<f32>> = x.iter().map(|v| reference(&w, v)).collect();
+    let mut all = true;
+    for mode in [WeightMode::Fp16, WeightMode::INT8_PER_ROW] {
+        let label = format!("{N}×{N} {}", mode.label());
+        all &= one_kernel(out, dev, &label, mode, &w, &x, &want, dispatches)?;
+    }
+    Ok(all)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn one_kernel(
+    out: &mut impl Write,
+    dev: &dyn AneDevice,
+    label: &str,
+    mode: WeightMode,
+    w: &[f32],
+    x: &[Vec<f32>],
+    want: &[Vec<f32>],
+    dispatches: usize,
+) -> Result<bool> {
+    let kernel = AneKernel::Linear { rows: N, cols: N };
+    let lowered = lower(&kernel, &[w], mode).map_err(|e| e.to_string());
+    let Some(low) = step(
+        out,
+        &format!("{label} lowered to MIL"),
+        lowered.map(|l| {
+            let d = format!(
+                "{} weight bytes in {} file(s)",
+                l.weights.total_bytes(),
+                l.weights.len()
+            );
+            (l, d)
+        }),
+    )?
+    else {
+        return Ok(false);
+    };
+    let text = low.mil_text();
+    let t = Instant::now();
+    let compiled = dev.compile(&text, &low.weights).map(|h| (h, ms(t.elapsed())));
+    let Some(h) = step(out, &format!("{label} compiled"), compiled.map_err(|e| e.to_string()))? else {
+        return Ok(false);
+    };
+    let t = Instant::now();
+    let loaded = dev.load(h).map(|()| ((), ms(t.elapsed())));
+    if step(out, &format!("{label} loaded"), loaded.map_err(|e| e.to_string()))?.is_none() {
+        return Ok(false);
+    }
+    let passed = evaluate_and_time(out, dev, h, label, mode, x, want, dispatches)?;
+    let unloaded = dev.unload(h).map(|()| ((), String::new()));
+    let unloaded_ok = step(out, &format!("{label} unloaded"), unloaded.map_err(|e| e.to_string()))?.is_some();
+    Ok(passed && unloaded_ok)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn evaluate_and_time(
+    out: &mut impl Write,
+    dev: &dyn AneDevice,
+    h: anelm_ane::ProgramHandle,
+    label: &str,
+    mode: WeightMode,
+    x: &[Vec<f32>],
+    want: &[Vec<f32>],
+    dispatches: usize,
+) -> Result<bool> {
+    let lanes: Vec<&[f32]> = x.iter().map(Vec::as_slice).collect();
+    let input = match Surface::pack(N, &lanes) {
+        Ok(s) => s,
+        Err(e) => return Ok(step::<()>(out, &format!("{label} evaluated"), Err(e.to_string()))?.is_some()),
+    };
+    let mut outputs = match dev.signature(h) {
+        Ok(sig) => sig.output_surfaces(),
+        Err(e) => return Ok(step::<()>(out, &format!("{label} evaluated"), Err(e.to_string()))?.is_some()),
+    };
+    let first = dev
+        .evaluate(h, &[&input], &mut outputs)
+        .map_err(|e| e.to_string())
+        .and_then(|t| {
+            let got = outputs
+                .first()
+                .ok_or("the program has no output".to_string())?
+                .unpack(x.len())
+                .map_err(|e| e.to_string())?;
+            Ok((got, format!("32 lanes, {}", ms(t.host))))
+        });
+    let Some(got) = step(out, &format!("{label} evaluated"), first)? else {
+        return Ok(false);
+    };
+    let err = relative_error(&got, want);
+    let tol = tolerance(mode);
+    let cmp = if err <= tol {
+        Ok(((), format!("max error {err:.2e} of max |y| (limit {tol:.0e})")))
+    } else {
+        Err(format!(
+            "max error {err:.2e} of max |y| exceeds {tol:.0e}: the device computes something else"
+        ))
+    };
+    let cmp_ok = step(out, &format!("{label} matches the CPU"), cmp)?.is_some();
+    let mut host = Vec::with_capacity(dispatches);
+    let mut ane = Vec::with_capacity(dispatches);
+    let mut failure = None;
+    for _ in 0..dispatches {
+        match dev.evaluate(h, &[&input], &mut outputs) {
+            Ok(t) => {
+                host.push(t.host);
+                ane.push(t.ane);
+            }
+            Err(e) => {
+                failure = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    let timed = match failure {
+        Some(e) => Err(format!("dispatch {} of {dispatches}: {e}", host.len() + 1)),
+        None => Ok((
+            (),
+            format!(
+                "median of {dispatches} dispatches: {} wall, {} ANE{}",
+                ms(median(host)),
+                ms(median(ane)),
+                if dev.name() == "ane-emu" { " (modelled)" } else { "" }
+            ),
+        )),
+    };
+    let timed_ok = step(out, &format!("{label} timed"), timed)?.is_some();
+    Ok(cmp_ok && timed_ok)
+}
+
+/// `(name, value)` lines describing this machine.
+fn machine() -> Vec<(&'static str, String)> {
+    let os = if cfg!(target_os = "macos") {
+        macos_version().unwrap_or_else(|| "macOS (version unknown)".into())
+    } else {
+        let pretty = std::fs::read_to_string("/etc/os-release")
+            .ok()
+            .and_then(|t| os_release_name(&t));
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default();
+        match pretty {
+            Some(p) => format!("{} ({p}, kernel {kernel})", std::env::consts::OS),
+            None => std::env::consts::OS.to_string(),
+        }
+    };
+    let cpu = if cfg!(target_os = "macos") {
+        sysctl("machdep.cpu.brand_string")
+    } else {
+        std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|t| cpuinfo_model(&t))
+    }
+    .unwrap_or_else(|| "unknown".into());
+    let logical = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let cores = match (sysctl("hw.perflevel0.physicalcpu"), sysctl("hw.perflevel1.physicalcpu")) {
+        (Some(p), Some(e)) => format!("{logical} logical ({p} performance + {e} efficiency)"),
+        _ => format!("{logical} logical"),
+    };
+    let memory = if cfg!(target_os = "macos") {
+        sysctl("hw.memsize").and_then(|s| s.parse::<u64>().ok())
+    } else {
+        std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|t| meminfo_total(&t))
+    }
+    .map_or_else(
+        || "unknown".into(),
+        |b| format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64),
+    );
+    vec![
+        ("os", os),
+        ("arch", std::env::consts::ARCH.to_string()),
+        ("cpu", cpu),
+        ("cores", cores),
+        ("simd", simd_features()),
+        ("memory", memory),
+    ]
+}
+
+/// `sysctl -n <name>` (macOS; `None` elsewhere or on failure).
+fn sysctl(name: &str) -> Option<String> {
+    if !cfg!(target_os = "macos") {
+        return None;
+    }
+    let out = std::process::Command::new("/usr/sbin/sysctl")
+        .args(["-n", name])
+        .output()
+        .ok()?;
+    let s = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    (out.status.success() && !s.is_empty()).then_some(s)
+}
+
+/// `PRETTY_NAME` of an os-release file.
+pub(crate) fn os_release_name(text: &str) -> Option<String> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("PRETTY_NAME="))
+        .map(|v| v.trim().trim_matches('"').to_string())
+        .filter(|v| !v.is_empty())
+}
+
+/// The first `model name` of /proc/cpuinfo.
+pub(crate) fn cpuinfo_model(text: &str) -> Option<String> {
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        (k.trim() == "model name").then(|| v.trim().to_string())
+    })
+}
+
+/// `MemTotal` of /proc/meminfo, in bytes.
+pub(crate) fn meminfo_total(text: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kb.checked_mul(1024)
+}
+
+/// SIMD features the CPU reports, and the kernel path anelm picks.
+fn simd_features() -> String {
+    let mut v: Vec<&str> = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        for (name, on) in [
+            ("sse4.2", std::arch::is_x86_feature_detected!("sse4.2")),
+            ("avx", std::arch::is_x86_feature_detected!("avx")),
+            ("avx2", std::arch::is_x86_feature_detected!("avx2")),
+            ("fma", std::arch::is_x86_feature_detected!("fma")),
+            ("f16c", std::arch::is_x86_feature_detected!("f16c")),
+            ("avx512f", std::arch::is_x86_feature_detected!("avx512f")),
+            ("avx512vnni", std::arch::is_x86_feature_detected!("avx512vnni")),
+        ] {
+            if on {
+                v.push(name);
+            }
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        for (name, on) in [
+            ("neon", std::arch::is_aarch64_feature_detected!("neon")),
+            ("dotprod", std::arch::is_aarch64_feature_detected!("dotprod")),
+            ("fp16", std::arch::is_aarch64_feature_detected!("fp16")),
+            ("i8mm", std::arch::is_aarch64_feature_detected!("i8mm")),
+            ("bf16", std::arch::is_aarch64_feature_detected!("bf16")),
+        ] {
+            if on {
+                v.push(name);
+            }
+        }
+    }
+    let list = if v.is_empty() {
+        "none detected".to_string()
+    } else {
+        v.join(" ")
+    };
+    format!("{list} (kernels use {})", anelm_kernels::Isa::best().name())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_linux_system_files() {
+        let osr = "NAME=\"Ubuntu\"\nPRETTY_NAME=\"Ubuntu 24.04.1 LTS\"\nID=ubuntu\n";
+        assert_eq!(os_release_name(osr).as_deref(), Some("Ubuntu 24.04.1 LTS"));
+        assert_eq!(os_release_name("ID=x\n"), None);
+        let cpu = "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu\n";
+        assert_eq!(cpuinfo_model(cpu).as_deref(), Some("AMD EPYC 7B13"));
+        assert_eq!(cpuinfo_model("processor : 0\n"), None);
+        let mem = "MemTotal:        8123456 kB\nMemFree:  1 kB\n";
+        assert_eq!(meminfo_total(mem), Some(8_123_456 * 1024));
+        assert_eq!(meminfo_total("MemFree: 1 kB\n"), None);
+    }
+
+    #[test]
+    fn error_and_median() {
+        let want = vec![vec![1.0, -2.0], vec![4.0, 0.0]];
+        assert_eq!(relative_error(&want, &want), 0.0);
+        let got = vec![vec![1.0, -2.0], vec![4.0, 0.4]];
+        assert!((relative_error(&got, &want) - 0.1).abs() < 1e-6);
+        assert_eq!(
+            relative_error(&[vec![f32::NAN, 0.0], vec![0.0, 0.0]], &want),
+            f32::INFINITY
+        );
+        assert_eq!(relative_error(&want[..1], &want), f32::INFINITY);
+        let ms = |n| Duration::from_millis(n);
+        assert_eq!(median(vec![ms(3), ms(1), ms(2)]), ms(2));
+        assert_eq!(median(vec![ms(4), ms(1), ms(2), ms(3)]), Duration::from_micros(2500));
+        assert_eq!(median(vec![]), Duration::ZERO);
+    }
+
+    /// The emulator with its outputs zeroed: a device that runs but computes the wrong thing.
+    struct Broken(EmuAne);
+
+    impl AneDevice for Broken {
+        fn name(&self) -> &str {
+            "broken"
+        }
+        fn compile(
+            &self,
+            mil: &str,
+            w: &anelm_mil::WeightFiles,
+        ) -> Result<anelm_ane::ProgramHandle, anelm_ane::AneError> {
+            self.0.compile(mil, w)
+        }
+        fn load(&self, h: anelm_ane::ProgramHandle) -> Result<(), anelm_ane::AneError> {
+            self.0.load(h)
+        }
+        fn evaluate(
+            &self,
+            h: anelm_ane::ProgramHandle,
+            i: &[&Surface],
+            o: &mut [Surface],
+        ) -> Result<anelm_ane::DispatchTime, anelm_ane::AneError> {
+            let t = self.0.evaluate(h, i, o)?;
+            for s in o.iter_mut() {
+                *s = Surface::with_lanes(s.channels(), s.lanes());
+            }
+            Ok(t)
+        }
+        fn unload(&self, h: anelm_ane::ProgramHandle) -> Result<(), anelm_ane::AneError> {
+            self.0.unload(h)
+        }
+        fn signature(&self, h: anelm_ane::ProgramHandle) -> Result<anelm_ane::Signature, anelm_ane::AneError> {
+            self.0.signature(h)
+        }
+    }
+
+    #[test]
+    fn a_device_that_computes_the_wrong_thing_fails_the_comparison() {
+        let mut buf = Vec::new();
+        assert!(!self_test(&mut buf, &Broken(EmuAne::default()), 2).unwrap());
+        let text = String::from_utf8(buf).unwrap();
+        assert!(text.contains("FAIL  64×64 fp16 matches the CPU: max error"), "{text}");
+        assert!(text.contains("ok    64×64 fp16 unloaded"), "{text}");
+    }
+
+    #[test]
+    fn the_emulated_self_test_passes_and_a_broken_device_fails() {
+        let mut buf = Vec::new();
+        assert!(self_test(&mut buf, &EmuAne::default(), 3).unwrap());
+        let text = String::from_utf8(buf).unwrap();
+        assert!(text.contains("ok    64×64 fp16 matches the CPU"), "{text}");
+        assert!(
+            text.contains("ok    64×64 int8 timed: median of 3 dispatches"),
+            "{text}"
+        );
+        assert!(!text.contains("FAIL"), "{text}");
+        // The reference itself must be able to fail the comparison.
+        let (w, x) = test_data();
+        let want: Vec<Vec<f32>> = x.iter().map(|v| reference(&w, v)).collect();
+        let zeros = vec![vec![0.0; N]; x.len()];
+        assert!(relative_error(&zeros, &want) > tolerance(WeightMode::Fp16));
+    }
+}
