@@ -1,28 +1,198 @@
-//! Per-session KV cache for attention layers: f16-rounded values in f32 storage, grown on demand
-//! up to the session's context size.
+//! Per-session KV cache for attention layers: values rounded as the model's attention precision
+//! asks, in f32 storage. A full layer grows on demand up to the session's context size; a
+//! sliding-window layer (Gemma 3 local layers) is a ring buffer that keeps only the positions a
+//! later query can still see, so its memory is bounded by the window, not the context.
+//!
+//! Ring layout: position `p` lives in slot `p % slots`. A step that appends `n` positions to a
+//! layer with window `w` needs `w − 1 + n` slots (its first query looks `w − 1` positions back and
+//! every appended position must survive until the step's attention ran), so the ring grows to
+//! that before the step; in steady decode (`n = 1`) it holds exactly `w` positions.
+
+use std::ops::Range;
 
 /// Keys and values of one attention layer, one row of `kv_dim` floats per position.
 #[derive(Clone, Debug, Default)]
 pub struct KvLayer {
-    /// Keys, position-major.
-    pub k: Vec<f32>,
-    /// Values, position-major.
-    pub v: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    /// Positions appended so far (the next position is `len`).
+    len: usize,
+    /// `Some(w)`: keep only what a query with a `w`-position window needs (ring buffer).
+    window: Option<usize>,
+    /// Ring slots allocated (ring layers only).
+    slots: usize,
+    /// The first position still held (ring layers only).
+    first: usize,
+}
+
+impl KvLayer {
+    /// A layer that keeps every position.
+    pub fn full() -> Self {
+        Self::default()
+    }
+
+    /// A ring-buffer layer for attention over the last `window` positions (the current one
+    /// included). `window` 0 is treated as 1.
+    pub fn sliding(window: usize) -> Self {
+        Self {
+            window: Some(window.max(1)),
+            ..Self::default()
+        }
+    }
+
+    /// The window, for a sliding layer.
+    pub fn window(&self) -> Option<usize> {
+        self.window
+    }
+
+    /// Positions appended so far (including those a ring has dropped).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True before the first append.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The first position still held (0 for a full layer).
+    pub fn oldest(&self) -> usize {
+        match self.window {
+            Some(_) => self.first,
+            None => 0,
+        }
+    }
+
+    /// Make room for a step that appends `n_new` positions of `kv_dim` floats: a ring grows to
+    /// `window − 1 + n_new` slots (never shrinks), keeping every position it holds.
+    pub fn reserve_step(&mut self, n_new: usize, kv_dim: usize) {
+        let Some(w) = self.window else {
+            self.k.reserve(n_new * kv_dim);
+            self.v.reserve(n_new * kv_dim);
+            return;
+        };
+        let need = (w - 1 + n_new).max(1);
+        if need <= self.slots {
+            return;
+        }
+        let (old_slots, oldest) = (self.slots, self.oldest());
+        let mut k = vec![0.0; need * kv_dim];
+        let mut v = vec![0.0; need * kv_dim];
+        for p in oldest..self.len {
+            let (from, to) = ((p % old_slots) * kv_dim, (p % need) * kv_dim);
+            k[to..to + kv_dim].copy_from_slice(&self.k[from..from + kv_dim]);
+            v[to..to + kv_dim].copy_from_slice(&self.v[from..from + kv_dim]);
+        }
+        (self.k, self.v, self.slots) = (k, v, need);
+    }
+
+    /// Append the next position's key and value (`kv_dim` floats each). A ring layer must have
+    /// been given room by [`KvLayer::reserve_step`] for this step; without it the ring is grown
+    /// here to hold the window.
+    pub fn push(&mut self, k: &[f32], v: &[f32]) {
+        debug_assert_eq!(k.len(), v.len());
+        match self.window {
+            None => {
+                self.k.extend_from_slice(k);
+                self.v.extend_from_slice(v);
+            }
+            Some(_) => {
+                let d = k.len();
+                if self.slots == 0 || self.k.len() != self.slots * d {
+                    self.reserve_step(1, d);
+                }
+                let at = (self.len % self.slots) * d;
+                self.k[at..at + d].copy_from_slice(k);
+                self.v[at..at + d].copy_from_slice(v);
+                self.first = self.first.max((self.len + 1).saturating_sub(self.slots));
+            }
+        }
+        self.len += 1;
+    }
+
+    /// Keys, rows of `kv_dim` floats indexed by slot (see [`KvLayer::segments`]).
+    pub fn keys(&self) -> &[f32] {
+        &self.k
+    }
+
+    /// Values, laid out as [`KvLayer::keys`].
+    pub fn values(&self) -> &[f32] {
+        &self.v
+    }
+
+    /// The slot ranges holding `positions`, oldest first (two when a ring wraps; the second may
+    /// be empty). `positions` must lie in `oldest()..len()`.
+    pub fn segments(&self, positions: Range<usize>) -> [Range<usize>; 2] {
+        debug_assert!(positions.start >= self.oldest() && positions.end <= self.len);
+        if self.window.is_none() || positions.is_empty() {
+            return [positions, 0..0];
+        }
+        let n = positions.end - positions.start;
+        let start = positions.start % self.slots;
+        if start + n <= self.slots {
+            [start..start + n, 0..0]
+        } else {
+            [start..self.slots, 0..start + n - self.slots]
+        }
+    }
+
+    /// Whether the layer can be rewound to `len` positions and still serve the queries that
+    /// follow (a ring that has dropped positions the window before `len` needs cannot).
+    pub fn can_truncate(&self, len: usize) -> bool {
+        match self.window {
+            None => true,
+            Some(w) => len >= self.len || len == 0 || len.saturating_sub(w - 1) >= self.oldest(),
+        }
+    }
+
+    /// Drop every position at or after `len` (see [`KvLayer::can_truncate`]).
+    fn truncate(&mut self, len: usize, kv_dim: usize) {
+        if len >= self.len {
+            return;
+        }
+        match self.window {
+            None => {
+                self.k.truncate(len * kv_dim);
+                self.v.truncate(len * kv_dim);
+            }
+            Some(_) if len == 0 => {
+                (self.k, self.v, self.slots, self.first) = (Vec::new(), Vec::new(), 0, 0);
+            }
+            Some(_) => {}
+        }
+        self.len = len;
+    }
+
+    fn bytes(&self) -> usize {
+        4 * (self.k.len() + self.v.len())
+    }
 }
 
 /// The KV cache of one session across all attention layers.
 #[derive(Clone, Debug)]
 pub struct KvCache {
-    /// One entry per attention layer.
+    /// One entry per layer (unused for layers without attention).
     pub layers: Vec<KvLayer>,
     kv_dim: usize,
 }
 
 impl KvCache {
-    /// An empty cache for `n_layers` layers of `kv_dim` floats per position.
+    /// An empty cache for `n_layers` full layers of `kv_dim` floats per position.
     pub fn new(n_layers: usize, kv_dim: usize) -> Self {
         Self {
-            layers: vec![KvLayer::default(); n_layers],
+            layers: vec![KvLayer::full(); n_layers],
+            kv_dim,
+        }
+    }
+
+    /// An empty cache with one layer per entry of `windows`: `None` keeps every position,
+    /// `Some(w)` is a ring buffer for a `w`-position sliding window.
+    pub fn with_windows(windows: &[Option<usize>], kv_dim: usize) -> Self {
+        Self {
+            layers: windows
+                .iter()
+                .map(|w| w.map_or_else(KvLayer::full, KvLayer::sliding))
+                .collect(),
             kv_dim,
         }
     }
@@ -32,16 +202,80 @@ impl KvCache {
         self.kv_dim
     }
 
-    /// Drop every position at or after `len`.
-    pub fn truncate(&mut self, len: usize) {
+    /// Drop every position at or after `len` and return how many positions are kept: `len`, or
+    /// 0 (everything dropped) when a sliding layer no longer holds the window before `len`.
+    pub fn truncate(&mut self, len: usize) -> usize {
+        let len = if self.layers.iter().all(|l| l.can_truncate(len)) {
+            len
+        } else {
+            0
+        };
         for l in &mut self.layers {
-            l.k.truncate(len * self.kv_dim);
-            l.v.truncate(len * self.kv_dim);
+            l.truncate(len, self.kv_dim);
         }
+        len
     }
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        self.layers.iter().map(|l| 4 * (l.k.len() + l.v.len())).sum()
+        self.layers.iter().map(KvLayer::bytes).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(p: usize) -> [f32; 2] {
+        [p as f32, -(p as f32)]
+    }
+
+    /// The positions `segments` yields, read back through the keys.
+    fn read(l: &KvLayer, positions: Range<usize>) -> Vec<f32> {
+        l.segments(positions)
+            .into_iter()
+            .flat_map(|s| s.map(|slot| l.keys()[slot * 2]))
+            .collect()
+    }
+
+    #[test]
+    fn ring_keeps_the_window_and_reads_in_position_order() {
+        let mut l = KvLayer::sliding(4);
+        for p in 0..11 {
+            l.reserve_step(1, 2);
+            l.push(&row(p), &row(p));
+            let start = (p + 1).saturating_sub(4);
+            let want: Vec<f32> = (start..=p).map(|q| q as f32).collect();
+            assert_eq!(read(&l, start..p + 1), want, "after position {p}");
+        }
+        assert_eq!(l.bytes(), 4 * 2 * 4 * 2, "four slots of k and v");
+        // A step of 3 grows the ring to 6 slots and keeps what it held.
+        l.reserve_step(3, 2);
+        assert_eq!(read(&l, 8..11), vec![8.0, 9.0, 10.0]);
+        for p in 11..14 {
+            l.push(&row(p), &row(p));
+        }
+        assert_eq!(read(&l, 8..14), (8..14).map(|q| q as f32).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn truncation_within_the_window_keeps_and_beyond_it_resets() {
+        let mut c = KvCache::with_windows(&[Some(4), None], 2);
+        for p in 0..10 {
+            for l in &mut c.layers {
+                l.reserve_step(1, 2);
+                l.push(&row(p), &row(p));
+            }
+        }
+        // Positions 6..10 are held: rewinding to 9 needs 6..9 — fine.
+        assert_eq!(c.truncate(9), 9);
+        assert_eq!(read(&c.layers[0], 6..9), vec![6.0, 7.0, 8.0]);
+        // Still 6..9 held (9 dropped, its slot free): rewinding to 8 needs 5..8 — 5 is gone.
+        assert!(!c.layers[0].can_truncate(8));
+        assert!(c.layers[0].can_truncate(9));
+        // Rewinding to 5 would need 2..5, long dropped: everything goes.
+        assert_eq!(c.truncate(5), 0);
+        assert!(c.layers.iter().all(|l| l.is_empty()));
+        assert_eq!(c.bytes(), 0);
     }
 }

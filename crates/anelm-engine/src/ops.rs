@@ -147,7 +147,8 @@ pub struct AttendParams {
     pub precision: AttentionPrecision,
 }
 
-/// One query head attending over the cached positions `positions` of its KV head.
+/// One query head attending over the cached rows `slots` of its KV head (ranges of row indices,
+/// in position order: one range for a plain cache, two when a ring buffer wraps).
 /// `k`/`v` hold rows of `p.stride` floats; the head's slice starts at `p.offset` in each row.
 /// Softmax in f32 with an f64 sum; with [`AttentionPrecision::F16`] q is rounded to f16 once and
 /// the probabilities before weighting V, as llama.cpp's non-flash CPU path does.
@@ -155,7 +156,7 @@ pub fn attend(
     q: &[f32],
     k: &[f32],
     v: &[f32],
-    positions: std::ops::Range<usize>,
+    slots: &[std::ops::Range<usize>],
     p: &AttendParams,
     scores: &mut Vec<f32>,
     out: &mut [f32],
@@ -176,7 +177,7 @@ pub fn attend(
         *r = p.precision.store(a);
     }
     let mut max = f32::NEG_INFINITY;
-    for j in positions.clone() {
+    for j in slots.iter().flat_map(Clone::clone) {
         let kr = &k[j * stride + offset..j * stride + offset + d];
         let mut s = dot(qr, kr) * p.scale;
         if let Some(cap) = p.softcap {
@@ -192,7 +193,7 @@ pub fn attend(
     }
     let inv = if sum > 0.0 { (1.0 / sum) as f32 } else { 0.0 };
     out.fill(0.0);
-    for (j, p_j) in positions.zip(scores.iter()) {
+    for (j, p_j) in slots.iter().flat_map(Clone::clone).zip(scores.iter()) {
         let pr = match p.precision {
             AttentionPrecision::F16 => round_f16(p_j * inv),
             AttentionPrecision::F32 => p_j * inv,
@@ -258,10 +259,14 @@ mod tests {
             softcap: None,
             precision: AttentionPrecision::F16,
         };
-        attend(&q, &k, &v, 0..2, &p, &mut scores, &mut out);
+        attend(&q, &k, &v, &[0..2], &p, &mut scores, &mut out);
         assert!((out[0] - 3.0).abs() < 1e-3 && (out[1] - 4.0).abs() < 1e-3, "{out:?}");
         // With equal scores the output is the mean of the values.
-        attend(&[0.0, 0.0], &k, &v, 0..2, &p, &mut scores, &mut out);
+        attend(&[0.0, 0.0], &k, &v, &[0..2], &p, &mut scores, &mut out);
+        // Split into two slot ranges (a wrapped ring), in the same order: the same result.
+        let mut split = [0.0; 2];
+        attend(&[0.0, 0.0], &k, &v, &[0..1, 1..2], &p, &mut scores, &mut split);
+        assert_eq!(split, out);
         assert!((out[0] - 2.0).abs() < 1e-3 && (out[1] - 3.0).abs() < 1e-3, "{out:?}");
     }
 }

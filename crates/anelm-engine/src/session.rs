@@ -94,7 +94,8 @@ impl Session {
     /// Forget every position at or after `len` (rewind to a shared prefix) and return how many
     /// positions are kept. Recurrent state cannot be rewound: a recurrent session asked to drop
     /// anything goes back to its [checkpoint](Session::checkpoint) when that lies within `len`,
-    /// else starts over from position 0 (the return value says which).
+    /// else starts over from position 0 (the return value says which). So does a session whose
+    /// sliding-window KV ring has already dropped positions the window before `len` needs.
     pub fn truncate(&mut self, len: usize) -> usize {
         let mut len = len.min(self.tokens.len());
         if len < self.tokens.len() && self.is_recurrent() {
@@ -106,8 +107,9 @@ impl Session {
                 _ => len = 0,
             }
         }
+        // A sliding-window KV ring that no longer holds the window before `len` keeps nothing.
+        let len = self.kv.truncate(len);
         self.tokens.truncate(len);
-        self.kv.truncate(len);
         if len == 0 {
             self.recurrent.iter_mut().for_each(RecurrentLayer::reset);
         }

@@ -50,12 +50,22 @@ impl Attention {
         v_off: usize,
     ) {
         let kv_dim = self.kv_dim();
+        for it in items.iter_mut() {
+            it.session.kv.layers[layer].reserve_step(it.tokens.len(), kv_dim);
+        }
+        let p = self.precision;
+        let (mut k, mut v) = (vec![0.0; kv_dim], vec![0.0; kv_dim]);
         for (lane, l) in lanes.iter().enumerate() {
             let row = rows.lane(lane);
+            for (dst, src) in [
+                (&mut k, &row[k_off..k_off + kv_dim]),
+                (&mut v, &row[v_off..v_off + kv_dim]),
+            ] {
+                dst.iter_mut().zip(src).for_each(|(d, &e)| *d = p.store(e));
+            }
             let cache = &mut items[l.item].session.kv.layers[layer];
-            let p = self.precision;
-            cache.k.extend(row[k_off..k_off + kv_dim].iter().map(|&e| p.store(e)));
-            cache.v.extend(row[v_off..v_off + kv_dim].iter().map(|&e| p.store(e)));
+            debug_assert_eq!(cache.len(), l.pos, "lanes append in position order");
+            cache.push(&k, &v);
         }
     }
 
@@ -90,6 +100,7 @@ impl Attention {
             let c = caches[l.item];
             let end = l.pos + 1;
             let start = self.window.map_or(0, |w| end.saturating_sub(w));
+            let slots = c.segments(start..end);
             let p = AttendParams {
                 stride: self.kv_dim(),
                 offset: (head / group) * hd,
@@ -97,7 +108,7 @@ impl Attention {
                 softcap: self.softcap,
                 precision: self.precision,
             };
-            SCORES.with(|sc| attend(q, &c.k, &c.v, start..end, &p, &mut sc.borrow_mut(), o));
+            SCORES.with(|sc| attend(q, c.keys(), c.values(), &slots, &p, &mut sc.borrow_mut(), o));
         });
     }
 }

@@ -422,8 +422,12 @@ impl LanguageModel for Gemma3 {
 
     fn new_session(&self, ctx_size: usize) -> Session {
         let ctx = ctx_size.clamp(1, self.cfg.context_length.max(1));
+        // Local layers keep only their window (ring buffers); global layers every position.
+        let windows: Vec<Option<usize>> = (self.cfg.sliding.iter())
+            .map(|&s| s.then_some(self.cfg.sliding_window))
+            .collect();
         Session::new(
-            KvCache::new(self.cfg.n_layers(), self.cfg.n_kv_heads * self.cfg.head_dim),
+            KvCache::with_windows(&windows, self.cfg.n_kv_heads * self.cfg.head_dim),
             ctx,
         )
     }
