@@ -48,6 +48,37 @@ pub struct BenchArgs {
     /// Serving benchmark: write an SVG chart here.
     #[arg(long)]
     pub chart_out: Option<std::path::PathBuf>,
+    /// Measure energy instead: average CPU/GPU/ANE watts and tokens per joule of one generation
+    /// of the first -n length, idle baseline subtracted (macOS, root: powermetrics).
+    #[arg(long)]
+    pub energy: bool,
+    /// Energy: seconds of idle baseline sampled before generating.
+    #[arg(long, default_value_t = 5.0)]
+    pub energy_idle: f64,
+}
+
+/// `anelm bench --energy`: one warm-up, an idle baseline, then one measured generation.
+fn run_energy(a: &BenchArgs) -> Result<()> {
+    crate::energy::check_available()?;
+    if !(a.energy_idle.is_finite() && a.energy_idle >= 0.5) {
+        bail!("--energy-idle must be at least 0.5 seconds");
+    }
+    let n = a.n_gen.iter().copied().find(|&n| n > 0).unwrap_or(128);
+    let (lm, _device) = load_reporting(&a.model)?;
+    let model = lm.model.as_ref();
+    if n + 1 > model.info().context_length {
+        bail!(
+            "-n {n} exceeds the model's context of {} tokens",
+            model.info().context_length
+        );
+    }
+    let first = bench_tokens(1, model.info().vocab_size)[0];
+    decode_once(model, first, n.min(16))?; // warm-up: weights paged in, kernels loaded
+    let report = crate::energy::measure(std::time::Duration::from_secs_f64(a.energy_idle), || {
+        decode_once(model, first, n).map(|_| n)
+    })?;
+    print!("{report}");
+    Ok(())
 }
 
 fn run_serving(a: &BenchArgs) -> Result<()> {
@@ -181,6 +212,9 @@ fn decode_once(model: &dyn LanguageModel, first: u32, n: usize) -> Result<f64> {
 
 /// Run `anelm bench`.
 pub fn run(a: BenchArgs) -> Result<()> {
+    if a.energy {
+        return run_energy(&a);
+    }
     if !a.concurrency.is_empty() {
         return run_serving(&a);
     }

@@ -7,6 +7,7 @@ mod chat;
 mod compile;
 mod default_model;
 mod doctor;
+mod energy;
 mod generate;
 mod inspect;
 mod logits;

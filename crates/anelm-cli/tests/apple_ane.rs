@@ -93,3 +93,17 @@ fn device_ane_fails_cleanly_without_one() {
         assert!(o.stdout.is_empty(), "{cmd:?}: nothing generated");
     }
 }
+
+#[test]
+fn bench_energy_needs_macos_powermetrics() {
+    if cfg!(target_os = "macos") {
+        return;
+    }
+    let o = anelm(&["bench", "--energy", "-n", "8"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.starts_with("error: ") && err.contains("needs macOS powermetrics"),
+        "{err}"
+    );
+}
