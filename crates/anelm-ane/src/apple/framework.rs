@@ -26,6 +26,57 @@ pub const CLIENT_CLASS: &str = "_ANEClient";
 /// The selector direct evaluation needs on `_ANEClient`.
 pub const DIRECT_EVAL_SELECTOR: &CStr = c"doEvaluateDirectWithModel:options:request:qos:error:";
 
+/// Every ANE method the device sends: `(class, selector, class method?)`. They are checked at
+/// open, because sending a selector a class does not implement raises an Objective-C exception,
+/// which would abort the process instead of giving an error.
+pub const REQUIRED_METHODS: [(&str, &CStr, bool); 8] = [
+    (
+        "_ANEInMemoryModelDescriptor",
+        c"modelWithMILText:weights:optionsPlist:",
+        true,
+    ),
+    ("_ANEInMemoryModel", c"inMemoryModelWithDescriptor:", true),
+    ("_ANEInMemoryModel", c"hexStringIdentifier", false),
+    ("_ANEInMemoryModel", c"compileWithQoS:options:error:", false),
+    ("_ANEInMemoryModel", c"loadWithQoS:options:error:", false),
+    ("_ANEInMemoryModel", c"evaluateWithQoS:options:request:error:", false),
+    ("_ANEInMemoryModel", c"unloadWithQoS:error:", false),
+    (
+        "_ANERequest",
+        c"requestWithInputs:inputIndices:outputs:outputIndices:weightsBuffer:perfStats:procedureIndex:",
+        true,
+    ),
+];
+
+/// `+[_ANEIOSurfaceObject objectWithIOSurface:]`, checked like [`REQUIRED_METHODS`].
+const SURFACE_OBJECT_METHOD: (&str, &CStr, bool) = ("_ANEIOSurfaceObject", c"objectWithIOSurface:", true);
+
+/// The required methods (`+[C m]` / `-[C m]`) that the classes present do not implement.
+fn missing_methods(objc: &Objc) -> Vec<String> {
+    let responds = objc.sel(c"respondsToSelector:");
+    let instances_respond = objc.sel(c"instancesRespondToSelector:");
+    REQUIRED_METHODS
+        .iter()
+        .chain(std::iter::once(&SURFACE_OBJECT_METHOD))
+        .filter_map(|&(class, sel, class_method)| {
+            let name = format!(
+                "{}[{class} {}]",
+                if class_method { '+' } else { '-' },
+                sel.to_string_lossy()
+            );
+            let Some(cls) = objc.class(class) else {
+                return Some(name);
+            };
+            let s = objc.sel(sel);
+            let check = if class_method { responds } else { instances_respond };
+            // SAFETY: `+[NSObject respondsToSelector:(SEL)]` (on a class object: its class methods)
+            // and `+[NSObject instancesRespondToSelector:(SEL)]` both return BOOL.
+            let yes = unsafe { objc.msg::<MsgBoolSel>()(cls, check, s) } != 0;
+            (!yes).then_some(name)
+        })
+        .collect()
+}
+
 /// `kIOSurfaceLockReadOnly`.
 const IOSURFACE_LOCK_READ_ONLY: u32 = 1;
 
@@ -163,6 +214,13 @@ impl Framework {
             surface_object: objc.require_class(REQUIRED_CLASSES[3])?,
             client: objc.class(CLIENT_CLASS),
         };
+        let missing = missing_methods(&objc);
+        if !missing.is_empty() {
+            return Err(AppleError::unavailable(format!(
+                "this macOS's AppleNeuralEngine.framework lacks {}",
+                missing.join(", ")
+            )));
+        }
         let sel = Sels::register(&objc);
         let mut keys = [Id::NIL; 6];
         for (slot, k) in keys.iter_mut().zip(SurfaceKey::ALL) {
@@ -250,7 +308,17 @@ impl Framework {
         } else {
             Err(AppleError::unavailable(format!("missing: {}", missing.join(", "))))
         };
+        let classes_ok = classes.is_ok();
         steps.push(step("classes found", classes));
+        if classes_ok {
+            let missing = missing_methods(&objc);
+            let methods = if missing.is_empty() {
+                Ok(format!("all {} methods anelm sends", REQUIRED_METHODS.len() + 1))
+            } else {
+                Err(AppleError::unavailable(format!("missing: {}", missing.join(", "))))
+            };
+            steps.push(step("methods found", methods));
+        }
         let client = match objc.class(CLIENT_CLASS) {
             None => Ok(format!("{CLIENT_CLASS} absent (direct evaluation off; not needed)")),
             Some(cls) => {

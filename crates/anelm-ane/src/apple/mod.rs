@@ -39,7 +39,7 @@ pub use foundation::{
     MODEL_PATH_PREFIX, WEIGHT_ENTRY_OFFSET, fp16_tensor_bytes, relative_weight_path, surface_alloc_bytes,
     surface_properties,
 };
-pub use framework::{CLIENT_CLASS, DIRECT_EVAL_SELECTOR, ProbeStep, REQUIRED_CLASSES};
+pub use framework::{CLIENT_CLASS, DIRECT_EVAL_SELECTOR, ProbeStep, REQUIRED_CLASSES, REQUIRED_METHODS};
 pub use modeldir::{MODEL_MIL, model_dir_files, remove_model_dir, usable_identifier, write_model_dir};
 pub use objc::{ANE_FRAMEWORK, COREFOUNDATION, FOUNDATION, IOSURFACE, LIBOBJC};
 pub use runtime::{QOS, SurfaceKey};
