@@ -93,22 +93,11 @@ impl Rope {
     }
 }
 
-/// Σ a·b with eight independent partial sums, so the compiler vectorizes it.
+/// Σ a·b with eight independent partial sums (AVX2 at run time where the CPU has it; the same
+/// order either way, see `anelm_kernels::dot_f32`).
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ac, at) = a.split_at(a.len() - a.len() % 8);
-    let (bc, bt) = b[..a.len()].split_at(ac.len());
-    for (x, y) in ac.chunks_exact(8).zip(bc.chunks_exact(8)) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (x, y) in at.iter().zip(bt) {
-        s += x * y;
-    }
-    s
+    anelm_kernels::dot_f32(a, b)
 }
 
 /// How attention stores and rounds its operands.
@@ -199,9 +188,7 @@ pub fn attend(
             AttentionPrecision::F32 => p_j * inv,
         };
         let vr = &v[j * stride + offset..j * stride + offset + d];
-        for (o, x) in out.iter_mut().zip(vr) {
-            *o += pr * x;
-        }
+        anelm_kernels::axpy_f32(pr, vr, out);
     }
 }
 
