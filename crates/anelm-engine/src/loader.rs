@@ -14,7 +14,7 @@ use anelm_model::tokenizer::{GgufVocab, Tokenizer};
 
 use crate::arch::gemma3::{Gemma3, Gemma3Config, Gemma3Naming};
 use crate::arch::llama::{Llama, LlamaConfig, TensorNaming};
-use crate::arch::qwen3_5::{Qwen35, Qwen35Config};
+use crate::arch::qwen3_5::{Qwen35, Qwen35Config, Qwen35Naming};
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
 use crate::model::LanguageModel;
@@ -154,6 +154,13 @@ fn gguf_model(
             backend,
             progress,
         )?),
+        "qwen35" => Box::new(Qwen35::load(
+            Qwen35Config::from_gguf(gguf)?,
+            &store,
+            &Qwen35Naming::Gguf,
+            backend,
+            progress,
+        )?),
         other => return Err(EngineError::UnsupportedArchitecture(other.to_string())),
     })
 }
@@ -197,7 +204,7 @@ fn hf_model(
             Box::new(Qwen35::load(
                 Qwen35Config::from_hf(config)?,
                 &store,
-                prefix,
+                &Qwen35Naming::HuggingFace(prefix.to_string()),
                 backend,
                 progress,
             )?)

@@ -13,6 +13,12 @@
 //! - a session rewound to a prefix (recurrent ones: reset) continues correctly;
 //! - greedy decoding from the prompt reproduces transformers' 16 greedy tokens.
 //!
+//! The Qwen3.5 fixtures run all of this twice: from the safetensors directory and from the same
+//! weights in llama.cpp's GGUF `qwen35` layout (`tests/fixtures/gguf/`, written by
+//! `scripts/qwen35-to-gguf.py`: llama.cpp's tensor names, value heads tiled over the key heads,
+//! `ssm_a = −exp(A_log)`, norms stored as `1 + w`); the two layouts must also agree with each
+//! other. Reading the tiled file with the grouped head mapping is off by 118 % of the logit scale.
+//!
 //! Tolerance: `max |Δlogit| / max |logit| ≤ REL_TOL` (1e-4) over all positions. The weights are
 //! fp32; the engine's matmuls on fp32 weights are exact fp32 (no activation quantization) and
 //! safetensors models run attention in f32 (`AttentionPrecision::F32`; GGUF models keep llama.cpp's
@@ -42,12 +48,30 @@ fn fixture(name: &'static str) -> Fixture {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/hf")
         .join(name);
+    fixture_from(name, &dir)
+}
+
+/// The fixture's reference with the model loaded from `model` (its directory, or the same
+/// weights converted to another file layout).
+fn fixture_from(name: &'static str, model: &std::path::Path) -> Fixture {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/hf")
+        .join(name);
     let text = std::fs::read_to_string(dir.join("reference.json"))
         .unwrap_or_else(|e| panic!("read {}/reference.json: {e}", dir.display()));
     let reference = serde_json::from_str(&text).expect("reference.json is JSON");
-    let model = load_model_weights(&dir, &CpuBackend::new(), &mut |_, _| {})
-        .unwrap_or_else(|e| panic!("load {}: {e}", dir.display()));
+    let model = load_model_weights(model, &CpuBackend::new(), &mut |_, _| {})
+        .unwrap_or_else(|e| panic!("load {}: {e}", model.display()));
     Fixture { name, reference, model }
+}
+
+/// The Qwen3.5 fixture converted to llama.cpp's GGUF `qwen35` layout (tiled value heads,
+/// `ssm_a`, `1 + w` norms) by `scripts/qwen35-to-gguf.py`.
+fn gguf_fixture(name: &'static str) -> Fixture {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/gguf")
+        .join(format!("{name}.gguf"));
+    fixture_from(name, &path)
 }
 
 fn ids(v: &Value) -> Vec<u32> {
@@ -349,14 +373,17 @@ fn greedy(f: &Fixture) {
 }
 
 fn run_all(name: &'static str) {
-    let f = fixture(name);
-    full_pass(&f);
-    chunked_then_decode(&f);
-    incremental(&f);
-    batched_sessions(&f);
-    rewind(&f);
-    rewind_to_checkpoint(&f);
-    greedy(&f);
+    run_checks(&fixture(name));
+}
+
+fn run_checks(f: &Fixture) {
+    full_pass(f);
+    chunked_then_decode(f);
+    incremental(f);
+    batched_sessions(f);
+    rewind(f);
+    rewind_to_checkpoint(f);
+    greedy(f);
 }
 
 #[test]
@@ -382,4 +409,37 @@ fn qwen3_5_text_matches_transformers() {
 #[test]
 fn qwen3_5_multimodal_layout_matches_transformers() {
     run_all("qwen3_5");
+}
+
+#[test]
+fn qwen3_5_text_gguf_layout_matches_transformers() {
+    run_checks(&gguf_fixture("qwen3_5_text"));
+}
+
+#[test]
+fn qwen3_5_multimodal_gguf_layout_matches_transformers() {
+    run_checks(&gguf_fixture("qwen3_5"));
+}
+
+/// Both layouts of the same weights agree with each other, not only each with transformers.
+#[test]
+fn qwen3_5_layouts_agree() {
+    for name in ["qwen3_5_text", "qwen3_5"] {
+        let (hf, gg) = (fixture(name), gguf_fixture(name));
+        let tokens = ids(&hf.reference["sequence"]["tokens"]);
+        let run = |f: &Fixture| {
+            let mut session = f.model.new_session(tokens.len());
+            let out = f
+                .model
+                .forward(&mut [StepItem {
+                    session: &mut session,
+                    tokens: &tokens,
+                    logits: LogitsMode::All,
+                }])
+                .expect("forward");
+            rows_of(&out)
+        };
+        let a = run(&hf);
+        check(&gg, "GGUF vs safetensors layout", &run(&gg), &a);
+    }
 }

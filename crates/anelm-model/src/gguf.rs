@@ -400,6 +400,14 @@ impl GgufFile {
         }
     }
 
+    /// A boolean array (e.g. `qwen35.attention.recurrent_layers`).
+    pub fn get_bool_array(&self, key: &str) -> Option<&[bool]> {
+        match self.get(key)? {
+            GgufValue::Array(GgufArray::Bool(v)) => Some(v),
+            _ => None,
+        }
+    }
+
     /// A float array (`F32` or `F64` elements), as `f32`.
     pub fn get_f32_array(&self, key: &str) -> Option<Vec<f32>> {
         match self.get(key)? {

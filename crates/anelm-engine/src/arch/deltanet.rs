@@ -3,7 +3,8 @@
 //!
 //! 1. depthwise causal conv1d (kernel k) over `[q | k | v]` with the previous k − 1 inputs, SiLU;
 //! 2. q and k l2-normalised per key head (`x · rsqrt(Σx² + 1e-6)`), q scaled by 1/√dk; value head
-//!    `vh` reads key head `vh / (Hv / Hk)` (transformers' `repeat_interleave`);
+//!    `vh` reads key head `vh / (Hv / Hk)` (transformers' `repeat_interleave`), or `vh % Hk` when
+//!    the file stores the value heads tiled (llama.cpp's GGUF layout, [`VHeadOrder::Tiled`]);
 //! 3. β = σ(b), g = exp(−exp(A_log) · softplus(a + dt_bias));
 //! 4. decay first, then the delta rule: S ← g·S; u = Sᵀk; S ← S + β·k·(v − u)ᵀ; y = Sᵀq;
 //! 5. y per value head through the gated RMSNorm (plain `w`) times SiLU(z).
@@ -13,6 +14,16 @@ use rayon::prelude::*;
 use crate::error::{EngineError, Result};
 use crate::ops::{sigmoid, silu, softplus};
 use crate::session::RecurrentLayer;
+
+/// How value heads are ordered in a file's linear-attention tensors.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum VHeadOrder {
+    /// Hugging Face: grouped by key head, value head `vh` reads key head `vh / (Hv / Hk)`.
+    #[default]
+    Grouped,
+    /// llama.cpp's GGUF: tiled over the key heads, value head `vh` reads key head `vh % Hk`.
+    Tiled,
+}
 
 /// Shape of one Gated DeltaNet layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,17 +85,21 @@ pub struct GatedDeltaNet {
     pub norm_w: Vec<f32>,
     /// RMSNorm epsilon.
     pub eps: f32,
+    /// Value-head order of the weights.
+    pub order: VHeadOrder,
 }
 
 impl GatedDeltaNet {
-    /// Check the constants against the shape.
+    /// Check the constants against the shape. `neg_a` is −exp(A_log) per value head (llama.cpp's
+    /// `ssm_a`; Hugging Face files store `A_log`, see [`GatedDeltaNet::neg_a_from_log`]).
     pub fn new(
         shape: DeltaNetShape,
         conv_w: Vec<f32>,
-        a_log: &[f32],
+        neg_a: Vec<f32>,
         dt_bias: Vec<f32>,
         norm_w: Vec<f32>,
         eps: f32,
+        order: VHeadOrder,
     ) -> Result<Self> {
         let hv = shape.n_v_heads;
         if shape.n_k_heads == 0 || hv % shape.n_k_heads != 0 || shape.conv_kernel == 0 {
@@ -100,8 +115,8 @@ impl GatedDeltaNet {
         if conv_w.len() != shape.conv_dim() * shape.conv_kernel {
             return bad("conv1d.weight", conv_w.len(), shape.conv_dim() * shape.conv_kernel);
         }
-        if a_log.len() != hv {
-            return bad("A_log", a_log.len(), hv);
+        if neg_a.len() != hv {
+            return bad("A_log", neg_a.len(), hv);
         }
         if dt_bias.len() != hv {
             return bad("dt_bias", dt_bias.len(), hv);
@@ -112,11 +127,17 @@ impl GatedDeltaNet {
         Ok(Self {
             shape,
             conv_w,
-            neg_a: a_log.iter().map(|a| -a.exp()).collect(),
+            neg_a,
             dt_bias,
             norm_w,
             eps,
+            order,
         })
+    }
+
+    /// −exp(A_log), element by element.
+    pub fn neg_a_from_log(a_log: &[f32]) -> Vec<f32> {
+        a_log.iter().map(|a| -a.exp()).collect()
     }
 
     /// One token: `proj` is the fused projection's output `[q k v | z | b | a]`, `out` receives
@@ -160,7 +181,10 @@ impl GatedDeltaNet {
             .zip(out.par_chunks_mut(dv))
             .enumerate()
             .for_each(|(vh, (sm, o))| {
-                let kh = vh / ratio;
+                let kh = match self.order {
+                    VHeadOrder::Grouped => vh / ratio,
+                    VHeadOrder::Tiled => vh % s.n_k_heads,
+                };
                 let (qv, kvec) = (&q[kh * dk..(kh + 1) * dk], &k[kh * dk..(kh + 1) * dk]);
                 let vv = &v[vh * dv..(vh + 1) * dv];
                 let beta = sigmoid(b[vh]);

@@ -9,17 +9,22 @@
 //!   attention output is multiplied by σ(gate) before `o_proj`.
 //! - Tied or untied LM head.
 //!
-//! Hugging Face layout only: tensors under `model.` (text checkpoint) or
-//! `model.language_model.` (the multimodal checkpoint; vision and `mtp.*` tensors are not read).
+//! Two file layouts ([`Qwen35Naming`]): Hugging Face safetensors, tensors under `model.` (text
+//! checkpoint) or `model.language_model.` (the multimodal checkpoint; vision and `mtp.*` tensors
+//! are not read), with value heads grouped by key head and `A_log`, `(1 + w)` norms stored as `w`;
+//! and llama.cpp's GGUF `qwen35` (`blk.N.attn_qkv`, `ssm_*` …), with value heads tiled over the key
+//! heads ([`VHeadOrder::Tiled`]), `ssm_a = −exp(A_log)` and norms stored as `1 + w`. Attention runs
+//! in f32 for both layouts.
 
 use std::sync::Arc;
 
+use anelm_model::gguf::GgufFile;
 use anelm_model::hf_config::HfConfig;
 use anelm_model::tensor_store::TensorStore;
 use serde_json::Value;
 
 use crate::arch::attention::Attention;
-use crate::arch::deltanet::{DeltaNetShape, GatedDeltaNet};
+use crate::arch::deltanet::{DeltaNetShape, GatedDeltaNet, VHeadOrder};
 use crate::arch::step::{commit_tokens, embed_lanes, plan_lanes, wanted_lanes};
 use crate::backend::{Backend, Kernel, KernelSpec, WeightId};
 use crate::batch::Batch;
@@ -60,7 +65,7 @@ pub struct Qwen35Config {
 }
 
 fn need<T>(v: Option<T>, key: &str) -> Result<T> {
-    v.ok_or_else(|| EngineError::Config(format!("missing '{key}' in config.json")))
+    v.ok_or_else(|| EngineError::Config(format!("missing '{key}' in the model's metadata")))
 }
 
 impl Qwen35Config {
@@ -119,6 +124,82 @@ impl Qwen35Config {
         Ok(cfg)
     }
 
+    /// From a GGUF file's `qwen35.*` metadata (llama.cpp's converter): layer kinds from
+    /// `attention.recurrent_layers` (else every `full_attention_interval`-th layer is full
+    /// attention), DeltaNet sizes from `ssm.*`, rotated dimensions from `rope.dimension_count`,
+    /// the vocabulary from `token_embd.weight`.
+    pub fn from_gguf(g: &GgufFile) -> Result<Self> {
+        let arch = g.architecture().unwrap_or("qwen35").to_string();
+        let key = |k: &str| format!("{arch}.{k}");
+        let u = |k: &str| -> Result<usize> { need(g.get_u64(&key(k)), &key(k)).map(|v| v as usize) };
+        let hidden_size = u("embedding_length")?;
+        let n_layers = u("block_count")?;
+        let n_heads = u("attention.head_count")?;
+        if n_heads == 0 || n_layers > 4096 {
+            return Err(EngineError::Config(format!(
+                "implausible attention.head_count {n_heads} / block_count {n_layers}"
+            )));
+        }
+        let head_dim = g
+            .get_u64(&key("attention.key_length"))
+            .map_or(hidden_size / n_heads, |v| v as usize);
+        let linear = match g.get_bool_array(&key("attention.recurrent_layers")) {
+            Some(r) if r.len() == n_layers => r.to_vec(),
+            Some(r) => {
+                return Err(EngineError::Config(format!(
+                    "attention.recurrent_layers lists {} layers but block_count is {n_layers}",
+                    r.len()
+                )));
+            }
+            None => {
+                let interval = g.get_u64(&key("full_attention_interval")).unwrap_or(4).max(1) as usize;
+                (0..n_layers).map(|i| (i + 1) % interval != 0).collect()
+            }
+        };
+        let n_v_heads = u("ssm.time_step_rank")?;
+        let inner = u("ssm.inner_size")?;
+        if n_v_heads == 0 || inner % n_v_heads != 0 {
+            return Err(EngineError::Config(format!(
+                "ssm.inner_size {inner} is not a multiple of ssm.time_step_rank {n_v_heads}"
+            )));
+        }
+        let embd = need(g.tensor_info("token_embd.weight"), "token_embd.weight")?;
+        let vocab_size = match embd.dims.as_slice() {
+            [cols, rows] if *cols as usize == hidden_size => *rows as usize,
+            other => {
+                return Err(EngineError::Config(format!(
+                    "token_embd.weight has dims {other:?}, expected [{hidden_size}, vocab]"
+                )));
+            }
+        };
+        let cfg = Self {
+            vocab_size,
+            hidden_size,
+            intermediate_size: u("feed_forward_length")?,
+            linear,
+            n_heads,
+            n_kv_heads: g
+                .get_u64(&key("attention.head_count_kv"))
+                .map_or(n_heads, |v| v as usize),
+            head_dim,
+            rope_dims: g
+                .get_u64(&key("rope.dimension_count"))
+                .map_or(head_dim / 4, |v| v as usize),
+            rope_theta: g.get_f32(&key("rope.freq_base")).unwrap_or(10_000_000.0),
+            deltanet: DeltaNetShape {
+                n_k_heads: u("ssm.group_count")?,
+                n_v_heads,
+                k_dim: u("ssm.state_size")?,
+                v_dim: inner / n_v_heads,
+                conv_kernel: u("ssm.conv_kernel")?,
+            },
+            rms_eps: g.get_f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-6),
+            context_length: g.get_u64(&key("context_length")).map_or(32768, |v| v as usize),
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
     fn validate(&self) -> Result<()> {
         let bad = |m: &str| Err(EngineError::Config(m.to_string()));
         if self.n_heads == 0 || self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
@@ -143,6 +224,96 @@ impl Qwen35Config {
     /// Decoder layers.
     pub fn n_layers(&self) -> usize {
         self.linear.len()
+    }
+}
+
+/// Where a Qwen3.5 file keeps its tensors, and how it stores them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Qwen35Naming {
+    /// Hugging Face names under the prefix (`model.` or `model.language_model.`).
+    HuggingFace(String),
+    /// llama.cpp's GGUF `qwen35` names and layout.
+    Gguf,
+}
+
+impl Qwen35Naming {
+    fn gguf(&self) -> bool {
+        *self == Self::Gguf
+    }
+
+    /// Added to stored RMSNorm weights (`1 + w` for the Hugging Face layout).
+    fn norm_offset(&self) -> f32 {
+        if self.gguf() { 0.0 } else { 1.0 }
+    }
+
+    fn global(&self, what: &str) -> String {
+        match self {
+            Self::Gguf => match what {
+                "embed" => "token_embd.weight".into(),
+                "norm" => "output_norm.weight".into(),
+                _ => "output.weight".into(),
+            },
+            Self::HuggingFace(p) => match what {
+                "embed" => format!("{p}embed_tokens.weight"),
+                "norm" => format!("{p}norm.weight"),
+                _ => "lm_head.weight".into(),
+            },
+        }
+    }
+
+    fn layer(&self, i: usize, what: &str) -> String {
+        match self {
+            Self::Gguf => {
+                let g = match what {
+                    "input_norm" => "attn_norm.weight",
+                    "post_norm" => "post_attention_norm.weight",
+                    "qkv" => "attn_qkv.weight",
+                    "z" => "attn_gate.weight",
+                    "b" => "ssm_beta.weight",
+                    "a" => "ssm_alpha.weight",
+                    "conv" => "ssm_conv1d.weight",
+                    "neg_a" => "ssm_a",
+                    "dt_bias" => "ssm_dt.bias",
+                    "gated_norm" => "ssm_norm.weight",
+                    "out" => "ssm_out.weight",
+                    "q" => "attn_q.weight",
+                    "k" => "attn_k.weight",
+                    "v" => "attn_v.weight",
+                    "o" => "attn_output.weight",
+                    "q_norm" => "attn_q_norm.weight",
+                    "k_norm" => "attn_k_norm.weight",
+                    "gate" => "ffn_gate.weight",
+                    "up" => "ffn_up.weight",
+                    _ => "ffn_down.weight",
+                };
+                format!("blk.{i}.{g}")
+            }
+            Self::HuggingFace(p) => {
+                let h = match what {
+                    "input_norm" => "input_layernorm.weight",
+                    "post_norm" => "post_attention_layernorm.weight",
+                    "qkv" => "linear_attn.in_proj_qkv.weight",
+                    "z" => "linear_attn.in_proj_z.weight",
+                    "b" => "linear_attn.in_proj_b.weight",
+                    "a" => "linear_attn.in_proj_a.weight",
+                    "conv" => "linear_attn.conv1d.weight",
+                    "neg_a" => "linear_attn.A_log",
+                    "dt_bias" => "linear_attn.dt_bias",
+                    "gated_norm" => "linear_attn.norm.weight",
+                    "out" => "linear_attn.out_proj.weight",
+                    "q" => "self_attn.q_proj.weight",
+                    "k" => "self_attn.k_proj.weight",
+                    "v" => "self_attn.v_proj.weight",
+                    "o" => "self_attn.o_proj.weight",
+                    "q_norm" => "self_attn.q_norm.weight",
+                    "k_norm" => "self_attn.k_norm.weight",
+                    "gate" => "mlp.gate_proj.weight",
+                    "up" => "mlp.up_proj.weight",
+                    _ => "mlp.down_proj.weight",
+                };
+                format!("{p}layers.{i}.{h}")
+            }
+        }
     }
 }
 
@@ -198,19 +369,20 @@ fn small_tensor(store: &Arc<dyn TensorStore>, name: &str, len: usize) -> Result<
 }
 
 impl Qwen35 {
-    /// Compile every kernel on `backend`; `prefix` is where the text model's tensors live
-    /// (`model.` or `model.language_model.`). `progress(done, total)` is called after each layer.
+    /// Compile every kernel on `backend`; `naming` says where and how the file keeps the text
+    /// model's tensors. `progress(done, total)` is called after each layer.
     pub fn load(
         cfg: Qwen35Config,
         store: &Arc<dyn TensorStore>,
-        prefix: &str,
+        naming: &Qwen35Naming,
         backend: &dyn Backend,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
         let h = cfg.hidden_size;
         let hd = cfg.head_dim;
         let n_layers = cfg.n_layers();
-        let embed_name = format!("{prefix}embed_tokens.weight");
+        let embed_name = naming.global("embed");
+        let offset = naming.norm_offset();
         let embed = StoredMatrix::load(store, &embed_name)?;
         embed.expect_shape(cfg.vocab_size, h)?;
         let vector = |name: &str, len: usize, offset: f32| -> Result<Vec<f32>> {
@@ -225,59 +397,54 @@ impl Qwen35 {
         let d = cfg.deltanet;
         let mut layers = Vec::with_capacity(n_layers);
         for (i, &linear) in cfg.linear.iter().enumerate() {
-            let name = |what: &str| format!("{prefix}layers.{i}.{what}");
+            let name = |what: &str| naming.layer(i, what);
             let w = |what: &str| WeightId::new(name(what));
             let mixer = if linear {
-                let t = |s: &str| name(&format!("linear_attn.{s}"));
-                check(&t("in_proj_qkv.weight"), d.conv_dim(), h)?;
-                check(&t("in_proj_z.weight"), d.value_width(), h)?;
-                check(&t("in_proj_b.weight"), d.n_v_heads, h)?;
-                check(&t("in_proj_a.weight"), d.n_v_heads, h)?;
-                check(&t("out_proj.weight"), h, d.value_width())?;
+                check(&name("qkv"), d.conv_dim(), h)?;
+                check(&name("z"), d.value_width(), h)?;
+                check(&name("b"), d.n_v_heads, h)?;
+                check(&name("a"), d.n_v_heads, h)?;
+                check(&name("out"), h, d.value_width())?;
+                let stored_a = small_tensor(store, &name("neg_a"), d.n_v_heads)?;
+                let (neg_a, order) = if naming.gguf() {
+                    (stored_a, VHeadOrder::Tiled)
+                } else {
+                    (GatedDeltaNet::neg_a_from_log(&stored_a), VHeadOrder::Grouped)
+                };
                 let net = GatedDeltaNet::new(
                     d,
-                    small_tensor(store, &t("conv1d.weight"), d.conv_dim() * d.conv_kernel)?,
-                    &small_tensor(store, &t("A_log"), d.n_v_heads)?,
-                    small_tensor(store, &t("dt_bias"), d.n_v_heads)?,
-                    small_tensor(store, &t("norm.weight"), d.v_dim)?,
+                    small_tensor(store, &name("conv"), d.conv_dim() * d.conv_kernel)?,
+                    neg_a,
+                    small_tensor(store, &name("dt_bias"), d.n_v_heads)?,
+                    small_tensor(store, &name("gated_norm"), d.v_dim)?,
                     cfg.rms_eps,
+                    order,
                 )?;
                 Mixer::Linear {
                     proj: compile(KernelSpec::Concat {
-                        ws: ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"]
-                            .iter()
-                            .map(|s| WeightId::new(t(&format!("{s}.weight"))))
-                            .collect(),
+                        ws: vec![w("qkv"), w("z"), w("b"), w("a")],
                     })?,
                     net,
-                    out: compile(KernelSpec::LinearResidual {
-                        w: WeightId::new(t("out_proj.weight")),
-                    })?,
+                    out: compile(KernelSpec::LinearResidual { w: w("out") })?,
                 }
             } else {
-                check(&name("self_attn.q_proj.weight"), 2 * cfg.n_heads * hd, h)?;
-                check(&name("self_attn.k_proj.weight"), cfg.n_kv_heads * hd, h)?;
-                check(&name("self_attn.v_proj.weight"), cfg.n_kv_heads * hd, h)?;
-                check(&name("self_attn.o_proj.weight"), h, cfg.n_heads * hd)?;
+                check(&name("q"), 2 * cfg.n_heads * hd, h)?;
+                check(&name("k"), cfg.n_kv_heads * hd, h)?;
+                check(&name("v"), cfg.n_kv_heads * hd, h)?;
+                check(&name("o"), h, cfg.n_heads * hd)?;
                 Mixer::Attention {
                     qkv: compile(KernelSpec::Concat {
-                        ws: vec![
-                            w("self_attn.q_proj.weight"),
-                            w("self_attn.k_proj.weight"),
-                            w("self_attn.v_proj.weight"),
-                        ],
+                        ws: vec![w("q"), w("k"), w("v")],
                     })?,
-                    q_norm: vector(&name("self_attn.q_norm.weight"), hd, 1.0)?,
-                    k_norm: vector(&name("self_attn.k_norm.weight"), hd, 1.0)?,
-                    out: compile(KernelSpec::LinearResidual {
-                        w: w("self_attn.o_proj.weight"),
-                    })?,
+                    q_norm: vector(&name("q_norm"), hd, offset)?,
+                    k_norm: vector(&name("k_norm"), hd, offset)?,
+                    out: compile(KernelSpec::LinearResidual { w: w("o") })?,
                 }
             };
             let ffn_residual = compile(KernelSpec::SwiGluResidual {
-                gate: w("mlp.gate_proj.weight"),
-                up: w("mlp.up_proj.weight"),
-                down: w("mlp.down_proj.weight"),
+                gate: w("gate"),
+                up: w("up"),
+                down: w("down"),
             })?;
             if ffn_residual.shape().input != h || ffn_residual.shape().output != h {
                 return Err(EngineError::Config(format!(
@@ -285,15 +452,15 @@ impl Qwen35 {
                 )));
             }
             layers.push(Layer {
-                input_norm: vector(&name("input_layernorm.weight"), h, 1.0)?,
-                post_norm: vector(&name("post_attention_layernorm.weight"), h, 1.0)?,
+                input_norm: vector(&name("input_norm"), h, offset)?,
+                post_norm: vector(&name("post_norm"), h, offset)?,
                 mixer,
                 ffn_residual,
             });
             progress(i + 1, n_layers + 1);
         }
-        let head_name = if store.contains("lm_head.weight") {
-            "lm_head.weight".to_string()
+        let head_name = if store.contains(&naming.global("output")) {
+            naming.global("output")
         } else {
             embed_name
         };
@@ -317,7 +484,7 @@ impl Qwen35 {
             hidden_size: h,
         };
         Ok(Self {
-            output_norm: vector(&format!("{prefix}norm.weight"), h, 1.0)?,
+            output_norm: vector(&naming.global("norm"), h, offset)?,
             rope: Rope::new(cfg.rope_dims, cfg.rope_theta, RopePairing::Halves),
             attention: Attention {
                 n_heads: cfg.n_heads,
