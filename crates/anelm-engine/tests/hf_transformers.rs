@@ -264,6 +264,49 @@ fn batched_sessions(f: &Fixture) {
     check(f, "two sessions in one step", &rows, &expected);
 }
 
+/// A session cloned mid-sequence carries all of its state (KV cache; conv and recurrent state for
+/// DeltaNet layers): the clone continues exactly like the original, the original is not
+/// disturbed by what the clone decodes, and a cleared session replays from scratch.
+fn clone_and_reset(f: &Fixture) {
+    let seq = &f.reference["sequence"];
+    let tokens = ids(&seq["tokens"]);
+    let want = matrix(&seq["logits"]);
+    let step = |session: &mut anelm_engine::Session, toks: &[u32]| {
+        rows_of(
+            &f.model
+                .forward(&mut [StepItem {
+                    session,
+                    tokens: toks,
+                    logits: LogitsMode::All,
+                }])
+                .expect("forward"),
+        )
+    };
+    let mut a = f.model.new_session(tokens.len());
+    step(&mut a, &tokens[..12]);
+    let mut b = a.clone();
+    assert_eq!(b.tokens(), a.tokens(), "{}: the clone has the same tokens", f.name);
+    assert_eq!(
+        b.state_bytes(),
+        a.state_bytes(),
+        "{}: the clone has the same state",
+        f.name
+    );
+    // The clone decodes something else first, then is reset and replays the whole sequence.
+    step(&mut b, &[tokens[20], tokens[3], tokens[7]]);
+    let mut got = Vec::new();
+    for t in &tokens[12..20] {
+        got.extend(step(&mut a, std::slice::from_ref(t)));
+    }
+    check(f, "original after its clone diverged", &got, &want[12..20]);
+    let mut c = a.clone();
+    let rest = step(&mut c, &tokens[20..]);
+    check(f, "clone continuing the original", &rest, &want[20..]);
+    b.clear();
+    assert!(b.is_empty(), "{}: a cleared session is empty", f.name);
+    check(f, "cleared clone replaying", &step(&mut b, &tokens), &want);
+}
+
 /// Rewinding a session to a shared prefix: attention-only sessions keep the prefix, recurrent
 /// (hybrid) ones cannot rewind and start over; either way the logits that follow are right.
 fn rewind(f: &Fixture) {
@@ -381,6 +424,7 @@ fn run_checks(f: &Fixture) {
     chunked_then_decode(f);
     incremental(f);
     batched_sessions(f);
+    clone_and_reset(f);
     rewind(f);
     rewind_to_checkpoint(f);
     greedy(f);
