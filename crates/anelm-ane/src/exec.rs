@@ -584,7 +584,10 @@ mod tests {
             let x = f32::from_bits(bits);
             for flush in [false, true] {
                 let (a, b) = (round_fp16(x, flush), round_fp16_via_f16(x, flush));
-                assert!(a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()), "{x:e} ({bits:#x}): {a:e} vs {b:e}");
+                assert!(
+                    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                    "{x:e} ({bits:#x}): {a:e} vs {b:e}"
+                );
             }
         };
         // Every f32 around the fast path's edges and fp16's rounding boundaries, then a sweep.
@@ -598,7 +601,9 @@ mod tests {
         }
         let mut s = 0x1234_5678_9ABC_DEF0u64;
         for _ in 0..2_000_000 {
-            s = s.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            s = s
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
             check((s >> 32) as u32);
         }
     }
