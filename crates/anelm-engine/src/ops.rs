@@ -246,10 +246,11 @@ mod tests {
             softcap: None,
             precision: AttentionPrecision::F16,
         };
-        attend(&q, &k, &v, &[0..2], &p, &mut scores, &mut out);
+        let all = std::slice::from_ref(&(0..2));
+        attend(&q, &k, &v, all, &p, &mut scores, &mut out);
         assert!((out[0] - 3.0).abs() < 1e-3 && (out[1] - 4.0).abs() < 1e-3, "{out:?}");
         // With equal scores the output is the mean of the values.
-        attend(&[0.0, 0.0], &k, &v, &[0..2], &p, &mut scores, &mut out);
+        attend(&[0.0, 0.0], &k, &v, all, &p, &mut scores, &mut out);
         // Split into two slot ranges (a wrapped ring), in the same order: the same result.
         let mut split = [0.0; 2];
         attend(&[0.0, 0.0], &k, &v, &[0..1, 1..2], &p, &mut scores, &mut split);
