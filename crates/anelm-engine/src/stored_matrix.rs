@@ -70,6 +70,12 @@ impl StoredMatrix {
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 
+    /// Tell the store these bytes will not be read for a while (a backend keeps its own copy):
+    /// a memory-mapped file gives the pages back, and re-reads them if they are touched again.
+    pub fn release_pages(&self) {
+        self._owner.release(self.bytes());
+    }
+
     /// The stored bytes of one row.
     pub fn row_bytes(&self, row: usize) -> Option<&[u8]> {
         let rb = self.len / self.rows.max(1);

@@ -15,7 +15,7 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use anelm_kernels::{Activations, Isa, WeightFormat, matmul_with, quantize_row};
+use anelm_kernels::{Activations, Isa, PackedMatrix, WeightFormat, matmul_with, quantize_row};
 
 static CPU_TIME: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -234,6 +234,36 @@ fn decode_sweep(pool: &rayon::ThreadPool, bw: f64, seed: &mut u64) {
             println!(
                 "| {lanes} | {} | {:.2} ms | {gbs:.2} | {:.0}% |",
                 isa.name(),
+                s * 1e3,
+                100.0 * gbs / bw
+            );
+        }
+        // The interleaved Q4_1 layout (the CPU backend's default where it exists).
+        let packed: Vec<Option<PackedMatrix>> = mats
+            .iter()
+            .map(|(fmt, rows, cols, w)| PackedMatrix::pack(*fmt, w, *rows, *cols).expect("pack"))
+            .collect();
+        if packed.iter().any(Option::is_some) {
+            let t = median_time(
+                || {
+                    for ((fmt, rows, cols, w), p) in mats.iter().zip(&packed) {
+                        let act = &acts.iter().find(|a| a.0 == *fmt && a.1 == *cols).expect("activation").2;
+                        let out = &mut out[..lanes * rows];
+                        on(pool, || match p {
+                            Some(p) => p.matmul(act, out),
+                            None => matmul_with(Isa::best(), *fmt, w, *rows, *cols, act, out),
+                        })
+                        .expect("matmul");
+                    }
+                    black_box(&out);
+                },
+                Duration::from_millis(600),
+            );
+            let s = t.as_secs_f64();
+            let gbs = bytes as f64 / s / 1e9;
+            println!(
+                "| {lanes} | packed Q4_1 + {} | {:.2} ms | {gbs:.2} | {:.0}% |",
+                Isa::best().name(),
                 s * 1e3,
                 100.0 * gbs / bw
             );

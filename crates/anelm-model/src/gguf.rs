@@ -505,6 +505,24 @@ impl TensorStore for GgufFile {
     fn tensor_names(&self) -> Vec<&str> {
         self.tensors.iter().map(|t| t.name.as_str()).collect()
     }
+
+    fn release(&self, bytes: &[u8]) {
+        #[cfg(unix)]
+        if let Backing::Mapped(map) = &self.backing {
+            let base = map.as_ptr() as usize;
+            let start = bytes.as_ptr() as usize;
+            if start >= base && start + bytes.len() <= base + map.len() && !bytes.is_empty() {
+                // SAFETY: a read-only file mapping: MADV_DONTNEED drops the resident pages and
+                // the next access reads the same bytes from the file again, so every live borrow
+                // of the mapping keeps seeing the same data. A failure only leaves pages resident.
+                let _ = unsafe {
+                    map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start - base, bytes.len())
+                };
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = bytes;
+    }
 }
 
 /// Everything parsed from a file except the bytes themselves.

@@ -38,4 +38,10 @@ pub trait TensorStore: Send + Sync {
 
     /// Names of all tensors (file order for GGUF, sorted for safetensors).
     fn tensor_names(&self) -> Vec<&str>;
+
+    /// A hint that `bytes` (a tensor's data from [`TensorStore::tensor`]) will not be read for a
+    /// while, e.g. after a backend copied them into its own layout: a memory-mapped store hands
+    /// the pages back to the page cache (they are read from the file again if ever touched), so
+    /// the process does not hold the weights twice. Reads stay valid; the default does nothing.
+    fn release(&self, _bytes: &[u8]) {}
 }

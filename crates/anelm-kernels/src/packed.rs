@@ -1,0 +1,183 @@
+//! Weights repacked for the x86 integer-dot path: eight rows interleaved per block, so one
+//! 256-bit `u8 × i8` dot computes four products for each of eight rows against one broadcast
+//! activation group. A row's whole block dot then stays in one integer register across the
+//! block (no horizontal sums), and each block's scales are applied to eight rows at once.
+//!
+//! The row-major tile (`simd_x86::dot_rows4`) pays, for every (row, lane, block), a convert, a
+//! scale multiply-broadcast, an FMA and Q4_1's scalar minimum term beside the dot itself; here
+//! that work is per (8 rows, lane, block). Single-stream decode and batched lanes both gain.
+//!
+//! Layout (Q4_1, rows in groups of 8, `nb = cols / 32` blocks per row): group `g`, block `b` is
+//! 160 bytes at `(g · nb + b) · 160`:
+//! - `[0, 16)`: the 8 rows' f16 scales `d`; `[16, 32)`: their f16 minimums `m`;
+//! - `[32 + 32k, 64 + 32k)` for `k < 4`: bytes `4k .. 4k+4` of each row's 16 quant bytes, row
+//!   after row. Low nibbles are then elements `4k .. 4k+4` of the 8 rows, high nibbles elements
+//!   `16 + 4k .. 16 + 4k + 4` (ggml's Q4_1 puts element `i` in the low nibble of byte `i` and
+//!   element `i + 16` in its high nibble).
+
+use crate::activations::Activations;
+use crate::error::{KernelError, check_len};
+use crate::format::WeightFormat;
+
+/// Rows per interleaved group.
+pub const PACK_ROWS: usize = 8;
+/// Bytes of one packed Q4_1 block (8 rows).
+const Q4_1_GROUP_BLOCK: usize = 160;
+
+/// A matrix in the interleaved layout (see the module docs); same bytes as the stored form.
+#[derive(Clone)]
+pub struct PackedMatrix {
+    fmt: WeightFormat,
+    rows: usize,
+    cols: usize,
+    data: Vec<u8>,
+}
+
+impl std::fmt::Debug for PackedMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PackedMatrix({} {}×{})", self.fmt.name(), self.rows, self.cols)
+    }
+}
+
+impl PackedMatrix {
+    /// Repack a row-major `rows × cols` matrix, when this CPU has a kernel for the packed form
+    /// and the shape fits it (format Q4_1, rows a multiple of 8); `Ok(None)` otherwise, and the
+    /// row-major kernels serve the matrix as before.
+    pub fn pack(fmt: WeightFormat, w: &[u8], rows: usize, cols: usize) -> Result<Option<Self>, KernelError> {
+        if fmt != WeightFormat::Q4_1 || !rows.is_multiple_of(PACK_ROWS) || rows == 0 || !kernel_available() {
+            return Ok(None);
+        }
+        let rb = fmt.row_bytes(cols)?;
+        check_len(
+            "weights",
+            rb.checked_mul(rows).ok_or(KernelError::Overflow)?,
+            w.len(),
+            "bytes",
+        )?;
+        let nb = cols / 32;
+        let bb = fmt.block_bytes();
+        let mut data = vec![0u8; w.len()];
+        for g in 0..rows / PACK_ROWS {
+            for b in 0..nb {
+                let dst = &mut data[(g * nb + b) * Q4_1_GROUP_BLOCK..(g * nb + b + 1) * Q4_1_GROUP_BLOCK];
+                for r in 0..PACK_ROWS {
+                    let src = &w[(g * PACK_ROWS + r) * rb + b * bb..][..bb];
+                    dst[2 * r..2 * r + 2].copy_from_slice(&src[0..2]);
+                    dst[16 + 2 * r..18 + 2 * r].copy_from_slice(&src[2..4]);
+                    for k in 0..4 {
+                        let at = 32 + 32 * k + 4 * r;
+                        dst[at..at + 4].copy_from_slice(&src[4 + 4 * k..8 + 4 * k]);
+                    }
+                }
+            }
+        }
+        Ok(Some(Self { fmt, rows, cols, data }))
+    }
+
+    /// Storage format of the original rows.
+    pub fn format(&self) -> WeightFormat {
+        self.fmt
+    }
+
+    /// Bytes held (equal to the stored matrix's).
+    pub fn bytes(&self) -> usize {
+        self.data.len()
+    }
+
+    /// `out[lane · rows + r] = W[r] · x[lane]`, the same contract as [`crate::matmul`]; `x` must
+    /// be quantised for this matrix's format and width.
+    pub fn matmul(&self, x: &Activations, out: &mut [f32]) -> Result<(), KernelError> {
+        self.matmul_with(crate::matmul::Isa::best(), x, out)
+    }
+
+    /// [`PackedMatrix::matmul`] on a chosen instruction set (`Avx2` or `Avx2Vnni`), for tests
+    /// and A/B measurements.
+    pub fn matmul_with(&self, isa: crate::matmul::Isa, x: &Activations, out: &mut [f32]) -> Result<(), KernelError> {
+        use crate::matmul::Isa;
+        if !matches!(isa, Isa::Avx2 | Isa::Avx2Vnni) || !isa.available() {
+            return Err(KernelError::IsaUnavailable { isa: isa.name() });
+        }
+        if x.fmt != self.fmt || x.cols != self.cols {
+            return Err(KernelError::ActivationMismatch {
+                prepared_for: x.fmt.name(),
+                prepared_cols: x.cols,
+                wanted: self.fmt.name(),
+                wanted_cols: self.cols,
+            });
+        }
+        let (rows, lanes) = (self.rows, x.lanes);
+        check_len("output", lanes * rows, out.len(), "values")?;
+        if lanes == 0 {
+            return Ok(());
+        }
+        self.run(isa == Isa::Avx2Vnni, x, out)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn run(&self, vnni: bool, x: &Activations, out: &mut [f32]) -> Result<(), KernelError> {
+        let groups = self.rows / PACK_ROWS;
+        let nb = self.cols / 32;
+        let group_bytes = nb * Q4_1_GROUP_BLOCK;
+        let pool = crate::pool::global();
+        // Several groups per task: enough tasks for the threads to even out, few enough that a
+        // task streams a few KB contiguously.
+        let per_task = groups.div_ceil(pool.threads() * 8).clamp(1, 32);
+        let ptr = OutPtr(out.as_mut_ptr());
+        let ptr = &ptr;
+        let rows = self.rows;
+        pool.run(groups.div_ceil(per_task), &|t| {
+            let mut tile = [[0f32; PACK_ROWS]; crate::packed_x86::MAX_LANES];
+            for g in t * per_task..((t + 1) * per_task).min(groups) {
+                let blk = &self.data[g * group_bytes..(g + 1) * group_bytes];
+                let mut lane0 = 0;
+                while lane0 < x.lanes {
+                    let n = (x.lanes - lane0).min(crate::packed_x86::MAX_LANES);
+                    // SAFETY: `kernel_available()` held when this matrix was packed (AVX2, FMA,
+                    // F16C; VNNI only when detected).
+                    unsafe {
+                        if vnni {
+                            crate::packed_x86::q4_1_group_vnni(blk, x, lane0, &mut tile[..n]);
+                        } else {
+                            crate::packed_x86::q4_1_group(blk, x, lane0, &mut tile[..n]);
+                        }
+                    }
+                    for (l, vals) in tile[..n].iter().enumerate() {
+                        let at = (lane0 + l) * rows + g * PACK_ROWS;
+                        // SAFETY: `at + 8 ≤ lanes · rows = out.len()` (checked); every task
+                        // writes only its own groups' rows, so writes never overlap.
+                        unsafe { std::ptr::copy_nonoverlapping(vals.as_ptr(), ptr.0.add(at), PACK_ROWS) };
+                    }
+                    lane0 += n;
+                }
+            }
+        });
+        Ok(())
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    fn run(&self, _vnni: bool, _x: &Activations, _out: &mut [f32]) -> Result<(), KernelError> {
+        // `pack` never builds one where there is no kernel.
+        Err(KernelError::IsaUnavailable { isa: "avx2" })
+    }
+}
+
+/// Whether `PackedMatrix::pack` can build anything on this CPU (x86-64 with AVX2, FMA, F16C).
+/// `ANELM_KERNELS` naming a non-x86 path, or `ANELM_PACKED=0`, turns packing off for A/B runs.
+pub fn kernel_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::matmul::Isa;
+        matches!(Isa::best(), Isa::Avx2 | Isa::Avx2Vnni) && std::env::var("ANELM_PACKED").as_deref() != Ok("0")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Base pointer of the output, shared by tasks that write disjoint rows.
+#[cfg(target_arch = "x86_64")]
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint ranges (see `run`).
+#[cfg(target_arch = "x86_64")]
+unsafe impl Sync for OutPtr {}

@@ -1,0 +1,122 @@
+//! The x86-64 kernels of [`crate::packed`]: one group of 8 interleaved rows against up to
+//! `MAX_LANES` activation lanes, AVX2 (`maddubs` + `madd`) and AVX-512 VNNI (`vpdpbusd`).
+
+use std::arch::x86_64::*;
+
+use crate::activations::Activations;
+
+/// Lanes one call handles (the caller loops over more).
+pub(crate) const MAX_LANES: usize = 16;
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn load256(b: &[u8]) -> __m256i {
+    assert!(b.len() >= 32);
+    // SAFETY: the assertion guarantees 32 readable bytes; loadu has no alignment requirement.
+    unsafe { _mm256_loadu_si256(b.as_ptr().cast()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn f16x8(b: &[u8]) -> __m256 {
+    assert!(b.len() >= 16);
+    // SAFETY: the assertion guarantees 16 readable bytes; loadu has no alignment requirement.
+    _mm256_cvtph_ps(unsafe { _mm_loadu_si128(b.as_ptr().cast()) })
+}
+
+/// `acc + Σ` of the u8 × i8 products of `w` and `x` in groups of four (exact: weights are
+/// nibbles, so no 16-bit pair sum can saturate).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn acc_dot(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
+    _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)))
+}
+
+/// `acc_dot` as one `vpdpbusd`.
+#[inline]
+#[target_feature(enable = "avx2,avx512vnni,avx512vl")]
+fn acc_dot_vnni(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(acc, w, x)
+}
+
+/// Bytes ahead of the current block that the group stream prefetches.
+const PREFETCH: usize = 1024;
+
+macro_rules! define_group {
+    ($entry:ident, $tile:ident, $features:literal, $dot:ident, $wide:literal) => {
+        /// `out[l][r] = row r of the group · x[lane0 + l]` for `l < out.len() ≤ MAX_LANES`.
+        #[target_feature(enable = $features)]
+        pub(crate) fn $entry(blk: &[u8], x: &Activations, lane0: usize, out: &mut [[f32; 8]]) {
+            let n = out.len();
+            let mut l = 0;
+            while l + $wide <= n {
+                $tile::<$wide>(blk, x, lane0 + l, &mut out[l..l + $wide]);
+                l += $wide;
+            }
+            while l < n {
+                $tile::<1>(blk, x, lane0 + l, &mut out[l..l + 1]);
+                l += 1;
+            }
+        }
+
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn $tile<const L: usize>(blk: &[u8], x: &Activations, lane: usize, out: &mut [[f32; 8]]) {
+            let nb = x.cols / 32;
+            let xq: [&[i8]; L] = std::array::from_fn(|j| &x.q[32 * nb * (lane + j)..32 * nb * (lane + j + 1)]);
+            let xd: [&[f32]; L] = std::array::from_fn(|j| &x.d[nb * (lane + j)..nb * (lane + j + 1)]);
+            let xs: [&[f32]; L] = std::array::from_fn(|j| &x.s[nb * (lane + j)..nb * (lane + j + 1)]);
+            let mask = _mm256_set1_epi8(0x0F);
+            let mut acc = [_mm256_setzero_ps(); L];
+            for (b, p) in blk.chunks_exact(160).enumerate().take(nb) {
+                // A prefetch never faults, so the address may lie past the group's end.
+                _mm_prefetch::<_MM_HINT_T0>(p.as_ptr().wrapping_add(PREFETCH).cast());
+                _mm_prefetch::<_MM_HINT_T0>(p.as_ptr().wrapping_add(PREFETCH + 64).cast());
+                _mm_prefetch::<_MM_HINT_T0>(p.as_ptr().wrapping_add(PREFETCH + 128).cast());
+                let d = f16x8(&p[0..16]);
+                let m = f16x8(&p[16..32]);
+                let mut v = [_mm256_setzero_si256(); 8];
+                for k in 0..4 {
+                    let packed = load256(&p[32 + 32 * k..64 + 32 * k]);
+                    v[k] = _mm256_and_si256(packed, mask);
+                    v[k + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(packed), mask);
+                }
+                for j in 0..L {
+                    let q = &xq[j][32 * b..32 * b + 32];
+                    let group = |g: usize| {
+                        _mm256_set1_epi32(i32::from_le_bytes([
+                            q[4 * g] as u8,
+                            q[4 * g + 1] as u8,
+                            q[4 * g + 2] as u8,
+                            q[4 * g + 3] as u8,
+                        ]))
+                    };
+                    let mut s0 = $dot(_mm256_setzero_si256(), v[0], group(0));
+                    let mut s1 = $dot(_mm256_setzero_si256(), v[1], group(1));
+                    s0 = $dot(s0, v[2], group(2));
+                    s1 = $dot(s1, v[3], group(3));
+                    s0 = $dot(s0, v[4], group(4));
+                    s1 = $dot(s1, v[5], group(5));
+                    s0 = $dot(s0, v[6], group(6));
+                    s1 = $dot(s1, v[7], group(7));
+                    let isum = _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1));
+                    acc[j] = _mm256_fmadd_ps(isum, _mm256_mul_ps(d, _mm256_set1_ps(xd[j][b])), acc[j]);
+                    acc[j] = _mm256_fmadd_ps(m, _mm256_set1_ps(xs[j][b]), acc[j]);
+                }
+            }
+            for j in 0..L {
+                // SAFETY: `out[j]` holds exactly 8 f32; unaligned store.
+                unsafe { _mm256_storeu_ps(out[j].as_mut_ptr(), acc[j]) };
+            }
+        }
+    };
+}
+
+define_group!(q4_1_group, q4_1_tile, "avx2,fma,f16c", acc_dot, 2);
+define_group!(
+    q4_1_group_vnni,
+    q4_1_tile_vnni,
+    "avx2,fma,f16c,avx512vnni,avx512vl",
+    acc_dot_vnni,
+    4
+);

@@ -1,0 +1,110 @@
+//! The interleaved (packed) Q4_1 kernel against the scalar row-major reference, with the same
+//! tolerance rule as `simd_vs_scalar.rs`: integer block dots are exact, only the f32 accumulation
+//! order differs. Shapes cover several pool tasks, lane counts across the kernel's lane tiles
+//! (1, 2, 4 and remainders, more than one call's `MAX_LANES`), and a width that is not a multiple
+//! of 256. Packing refuses what it has no kernel for.
+
+use anelm_kernels::{Activations, Isa, PackedMatrix, WeightFormat, matmul_with, quantize_row};
+
+struct Rng(u64);
+impl Rng {
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                self.0 = self
+                    .0
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+}
+
+fn encode(fmt: WeightFormat, w: &[f32], rows: usize, cols: usize) -> Vec<u8> {
+    let rb = fmt.row_bytes(cols).expect("row bytes");
+    let mut out = vec![0u8; rb * rows];
+    for r in 0..rows {
+        quantize_row(fmt, &w[r * cols..(r + 1) * cols], &mut out[r * rb..(r + 1) * rb]).expect("quantize");
+    }
+    out
+}
+
+#[test]
+fn packed_q4_1_matches_the_scalar_reference() {
+    let fmt = WeightFormat::Q4_1;
+    let mut rng = Rng(5);
+    for (rows, cols) in [(8usize, 32usize), (64, 576), (200, 1536)] {
+        let w = encode(fmt, &rng.vec(rows * cols), rows, cols);
+        let Some(packed) = PackedMatrix::pack(fmt, &w, rows, cols).expect("pack") else {
+            assert!(
+                !Isa::Avx2.available(),
+                "this CPU has AVX2, so Q4_1 with rows % 8 == 0 must pack"
+            );
+            println!("no packed kernel on this CPU");
+            return;
+        };
+        assert_eq!(packed.bytes(), w.len(), "packing keeps the size");
+        for lanes in [1usize, 2, 3, 4, 5, 7, 17, 40] {
+            let x: Vec<f32> = rng.vec(lanes * cols).iter().map(|v| v * 3.0).collect();
+            let mut act = Activations::new();
+            act.quantize(fmt, &x, lanes, cols).expect("quantize activations");
+            let mut want = vec![0.0; lanes * rows];
+            matmul_with(Isa::Scalar, fmt, &w, rows, cols, &act, &mut want).expect("scalar");
+            for isa in [Isa::Avx2, Isa::Avx2Vnni].into_iter().filter(|i| i.available()) {
+                let mut got = vec![f32::NAN; lanes * rows];
+                packed.matmul_with(isa, &act, &mut got).expect("packed");
+                for (i, (g, s)) in got.iter().zip(&want).enumerate() {
+                    let tol = 1e-5 * (s.abs() + (cols as f32).sqrt() * 3.0);
+                    assert!(
+                        (g - s).abs() <= tol,
+                        "{} {rows}x{cols} lanes {lanes} [{i}]: {g} vs scalar {s}",
+                        isa.name()
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn packing_refuses_what_it_cannot_serve() {
+    let mut rng = Rng(9);
+    let (rows, cols) = (12, 64);
+    let q41 = encode(WeightFormat::Q4_1, &rng.vec(rows * cols), rows, cols);
+    assert!(
+        PackedMatrix::pack(WeightFormat::Q4_1, &q41, rows, cols)
+            .expect("pack")
+            .is_none(),
+        "12 rows"
+    );
+    let q80 = encode(WeightFormat::Q8_0, &rng.vec(16 * cols), 16, cols);
+    assert!(
+        PackedMatrix::pack(WeightFormat::Q8_0, &q80, 16, cols)
+            .expect("pack")
+            .is_none(),
+        "Q8_0"
+    );
+    // A byte count that does not match the shape is an error, not a panic.
+    assert!(PackedMatrix::pack(WeightFormat::Q4_1, &q41[..q41.len() - 1], 8, cols).is_err());
+}
+
+#[test]
+fn packed_matmul_checks_its_inputs() {
+    let mut rng = Rng(3);
+    let (rows, cols) = (16, 64);
+    let w = encode(WeightFormat::Q4_1, &rng.vec(rows * cols), rows, cols);
+    let Some(packed) = PackedMatrix::pack(WeightFormat::Q4_1, &w, rows, cols).expect("pack") else {
+        return;
+    };
+    let mut act = Activations::new();
+    act.quantize(WeightFormat::Q8_0, &rng.vec(cols), 1, cols)
+        .expect("quantize");
+    assert!(
+        packed.matmul(&act, &mut vec![0.0; rows]).is_err(),
+        "activations for another format"
+    );
+    act.quantize(WeightFormat::Q4_1, &rng.vec(cols), 1, cols)
+        .expect("quantize");
+    assert!(packed.matmul(&act, &mut vec![0.0; rows - 1]).is_err(), "short output");
+}
