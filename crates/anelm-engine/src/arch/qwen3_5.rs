@@ -215,7 +215,16 @@ impl Qwen35Config {
         if self.hidden_size == 0 || self.vocab_size == 0 || self.linear.is_empty() {
             return bad("hidden size, vocabulary and layer count must be positive");
         }
-        if self.linear.len() > 4096 || self.n_heads > 4096 || self.head_dim > 8192 || d.n_v_heads > 4096 {
+        if self.linear.len() > 4096
+            || self.n_heads > 4096
+            || self.head_dim > 8192
+            || d.n_v_heads > 4096
+            || d.k_dim > 8192
+            || d.v_dim > 8192
+            || d.conv_kernel > 1024
+            || self.hidden_size > 1 << 20
+            || self.intermediate_size > 1 << 22
+        {
             return bad("implausibly large layer/head counts: the file is corrupt");
         }
         Ok(())
@@ -441,6 +450,9 @@ impl Qwen35 {
                     out: compile(KernelSpec::LinearResidual { w: w("o") })?,
                 }
             };
+            check(&name("gate"), cfg.intermediate_size, h)?;
+            check(&name("up"), cfg.intermediate_size, h)?;
+            check(&name("down"), h, cfg.intermediate_size)?;
             let ffn_residual = compile(KernelSpec::SwiGluResidual {
                 gate: w("gate"),
                 up: w("up"),
