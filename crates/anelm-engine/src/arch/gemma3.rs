@@ -5,6 +5,11 @@
 //! `attn_logit_softcapping` is ignored, as the reference (transformers' Gemma 3 attention) and
 //! llama.cpp ignore it; Gemma 3's published configs set it to null.
 //!
+//! Local layers keep their keys and values in ring buffers of the window's size
+//! ([`crate::kv_cache::KvLayer::sliding`]), so a session's memory is bounded by the window for
+//! them. GGUF files run GELU as llama.cpp's CPU path does (f16-rounded input and value); Hugging
+//! Face files in f32, as transformers does.
+//!
 //! The residual adds happen on the CPU after the post-norms, so the output projection and the
 //! FFN's down projection are plain `Linear` kernels, and the FFN's gate and up projections are one
 //! fused `Concat` kernel (the GELU runs on the CPU between them).
