@@ -238,7 +238,7 @@ fn decode_sweep(pool: &rayon::ThreadPool, bw: f64, seed: &mut u64) {
                 100.0 * gbs / bw
             );
         }
-        // The interleaved Q4_1 layout (the CPU backend's default where it exists).
+        // The interleaved layout for Q4_1 and Q8_0 (the CPU backend's default where it exists).
         let packed: Vec<Option<PackedMatrix>> = mats
             .iter()
             .map(|(fmt, rows, cols, w)| PackedMatrix::pack(*fmt, w, *rows, *cols).expect("pack"))
@@ -262,7 +262,7 @@ fn decode_sweep(pool: &rayon::ThreadPool, bw: f64, seed: &mut u64) {
             let s = t.as_secs_f64();
             let gbs = bytes as f64 / s / 1e9;
             println!(
-                "| {lanes} | packed Q4_1 + {} | {:.2} ms | {gbs:.2} | {:.0}% |",
+                "| {lanes} | packed (Q4_1, Q8_0) + {} | {:.2} ms | {gbs:.2} | {:.0}% |",
                 Isa::best().name(),
                 s * 1e3,
                 100.0 * gbs / bw

@@ -14,6 +14,10 @@
 //!   after row. Low nibbles are then elements `4k .. 4k+4` of the 8 rows, high nibbles elements
 //!   `16 + 4k .. 16 + 4k + 4` (ggml's Q4_1 puts element `i` in the low nibble of byte `i` and
 //!   element `i + 16` in its high nibble).
+//!
+//! Q8_0 likewise, 272 bytes per (group, block): the 8 f16 scales, then for `k < 8` bytes
+//! `4k .. 4k+4` of each row's 32 quants, row after row. Its signed weights go through the usual
+//! sign transfer (`|w|`, `sign(x, w)`) so the unsigned × signed dot applies.
 
 use crate::activations::Activations;
 use crate::error::{KernelError, check_len};
@@ -21,8 +25,6 @@ use crate::format::WeightFormat;
 
 /// Rows per interleaved group.
 pub const PACK_ROWS: usize = 8;
-/// Bytes of one packed Q4_1 block (8 rows).
-const Q4_1_GROUP_BLOCK: usize = 160;
 
 /// A matrix in the interleaved layout (see the module docs); same bytes as the stored form.
 #[derive(Clone)]
@@ -41,10 +43,11 @@ impl std::fmt::Debug for PackedMatrix {
 
 impl PackedMatrix {
     /// Repack a row-major `rows × cols` matrix, when this CPU has a kernel for the packed form
-    /// and the shape fits it (format Q4_1, rows a multiple of 8); `Ok(None)` otherwise, and the
+    /// and the shape fits it (Q4_1 or Q8_0, rows a multiple of 8); `Ok(None)` otherwise, and the
     /// row-major kernels serve the matrix as before.
     pub fn pack(fmt: WeightFormat, w: &[u8], rows: usize, cols: usize) -> Result<Option<Self>, KernelError> {
-        if fmt != WeightFormat::Q4_1 || !rows.is_multiple_of(PACK_ROWS) || rows == 0 || !kernel_available() {
+        let supported = matches!(fmt, WeightFormat::Q4_1 | WeightFormat::Q8_0);
+        if !supported || !rows.is_multiple_of(PACK_ROWS) || rows == 0 || !kernel_available() {
             return Ok(None);
         }
         let rb = fmt.row_bytes(cols)?;
@@ -56,17 +59,25 @@ impl PackedMatrix {
         )?;
         let nb = cols / 32;
         let bb = fmt.block_bytes();
+        let gb = PACK_ROWS * bb;
         let mut data = vec![0u8; w.len()];
         for g in 0..rows / PACK_ROWS {
             for b in 0..nb {
-                let dst = &mut data[(g * nb + b) * Q4_1_GROUP_BLOCK..(g * nb + b + 1) * Q4_1_GROUP_BLOCK];
+                let dst = &mut data[(g * nb + b) * gb..(g * nb + b + 1) * gb];
                 for r in 0..PACK_ROWS {
                     let src = &w[(g * PACK_ROWS + r) * rb + b * bb..][..bb];
                     dst[2 * r..2 * r + 2].copy_from_slice(&src[0..2]);
-                    dst[16 + 2 * r..18 + 2 * r].copy_from_slice(&src[2..4]);
-                    for k in 0..4 {
-                        let at = 32 + 32 * k + 4 * r;
-                        dst[at..at + 4].copy_from_slice(&src[4 + 4 * k..8 + 4 * k]);
+                    if fmt == WeightFormat::Q4_1 {
+                        dst[16 + 2 * r..18 + 2 * r].copy_from_slice(&src[2..4]);
+                        for k in 0..4 {
+                            let at = 32 + 32 * k + 4 * r;
+                            dst[at..at + 4].copy_from_slice(&src[4 + 4 * k..8 + 4 * k]);
+                        }
+                    } else {
+                        for k in 0..8 {
+                            let at = 16 + 32 * k + 4 * r;
+                            dst[at..at + 4].copy_from_slice(&src[2 + 4 * k..6 + 4 * k]);
+                        }
                     }
                 }
             }
@@ -117,7 +128,8 @@ impl PackedMatrix {
     fn run(&self, vnni: bool, x: &Activations, out: &mut [f32]) -> Result<(), KernelError> {
         let groups = self.rows / PACK_ROWS;
         let nb = self.cols / 32;
-        let group_bytes = nb * Q4_1_GROUP_BLOCK;
+        let group_bytes = nb * PACK_ROWS * self.fmt.block_bytes();
+        let q8 = self.fmt == WeightFormat::Q8_0;
         let pool = crate::pool::global();
         // Several groups per task: enough tasks for the threads to even out, few enough that a
         // task streams a few KB contiguously.
@@ -135,10 +147,11 @@ impl PackedMatrix {
                     // SAFETY: `kernel_available()` held when this matrix was packed (AVX2, FMA,
                     // F16C; VNNI only when detected).
                     unsafe {
-                        if vnni {
-                            crate::packed_x86::q4_1_group_vnni(blk, x, lane0, &mut tile[..n]);
-                        } else {
-                            crate::packed_x86::q4_1_group(blk, x, lane0, &mut tile[..n]);
+                        match (q8, vnni) {
+                            (false, true) => crate::packed_x86::q4_1_group_vnni(blk, x, lane0, &mut tile[..n]),
+                            (false, false) => crate::packed_x86::q4_1_group(blk, x, lane0, &mut tile[..n]),
+                            (true, true) => crate::packed_x86::q8_0_group_vnni(blk, x, lane0, &mut tile[..n]),
+                            (true, false) => crate::packed_x86::q8_0_group(blk, x, lane0, &mut tile[..n]),
                         }
                     }
                     for (l, vals) in tile[..n].iter().enumerate() {

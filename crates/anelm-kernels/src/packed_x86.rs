@@ -25,7 +25,7 @@ fn f16x8(b: &[u8]) -> __m256 {
 }
 
 /// `acc + Σ` of the u8 × i8 products of `w` and `x` in groups of four (exact: weights are
-/// nibbles, so no 16-bit pair sum can saturate).
+/// nibbles or |int8| ≤ 127, activations within ±127, so no 16-bit pair sum can saturate).
 #[inline]
 #[target_feature(enable = "avx2")]
 fn acc_dot(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
@@ -37,6 +37,67 @@ fn acc_dot(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
 #[target_feature(enable = "avx2,avx512vnni,avx512vl")]
 fn acc_dot_vnni(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
     _mm256_dpbusd_epi32(acc, w, x)
+}
+
+macro_rules! define_q8_group {
+    ($entry:ident, $tile:ident, $features:literal, $dot:ident, $wide:literal) => {
+        /// Q8_0: `out[l][r] = row r of the group · x[lane0 + l]` for `l < out.len() ≤ MAX_LANES`.
+        #[target_feature(enable = $features)]
+        pub(crate) fn $entry(blk: &[u8], x: &Activations, lane0: usize, out: &mut [[f32; 8]]) {
+            let n = out.len();
+            let mut l = 0;
+            while l + $wide <= n {
+                $tile::<$wide>(blk, x, lane0 + l, &mut out[l..l + $wide]);
+                l += $wide;
+            }
+            while l < n {
+                $tile::<1>(blk, x, lane0 + l, &mut out[l..l + 1]);
+                l += 1;
+            }
+        }
+
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn $tile<const L: usize>(blk: &[u8], x: &Activations, lane: usize, out: &mut [[f32; 8]]) {
+            let nb = x.cols / 32;
+            let xq: [&[i8]; L] = std::array::from_fn(|j| &x.q[32 * nb * (lane + j)..32 * nb * (lane + j + 1)]);
+            let xd: [&[f32]; L] = std::array::from_fn(|j| &x.d[nb * (lane + j)..nb * (lane + j + 1)]);
+            let mut acc = [_mm256_setzero_ps(); L];
+            for (b, p) in blk.chunks_exact(272).enumerate().take(nb) {
+                // A prefetch never faults, so the address may lie past the group's end.
+                for ahead in [0, 64, 128, 192, 256] {
+                    _mm_prefetch::<_MM_HINT_T0>(p.as_ptr().wrapping_add(PREFETCH + ahead).cast());
+                }
+                let d = f16x8(&p[0..16]);
+                let w: [__m256i; 8] = std::array::from_fn(|k| load256(&p[16 + 32 * k..48 + 32 * k]));
+                let mag: [__m256i; 8] = std::array::from_fn(|k| _mm256_sign_epi8(w[k], w[k]));
+                for j in 0..L {
+                    let q = &xq[j][32 * b..32 * b + 32];
+                    let group = |g: usize| {
+                        let x = _mm256_set1_epi32(i32::from_le_bytes([
+                            q[4 * g] as u8,
+                            q[4 * g + 1] as u8,
+                            q[4 * g + 2] as u8,
+                            q[4 * g + 3] as u8,
+                        ]));
+                        _mm256_sign_epi8(x, w[g])
+                    };
+                    let mut s0 = $dot(_mm256_setzero_si256(), mag[0], group(0));
+                    let mut s1 = $dot(_mm256_setzero_si256(), mag[1], group(1));
+                    for g in (2..8).step_by(2) {
+                        s0 = $dot(s0, mag[g], group(g));
+                        s1 = $dot(s1, mag[g + 1], group(g + 1));
+                    }
+                    let isum = _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1));
+                    acc[j] = _mm256_fmadd_ps(isum, _mm256_mul_ps(d, _mm256_set1_ps(xd[j][b])), acc[j]);
+                }
+            }
+            for j in 0..L {
+                // SAFETY: `out[j]` holds exactly 8 f32; unaligned store.
+                unsafe { _mm256_storeu_ps(out[j].as_mut_ptr(), acc[j]) };
+            }
+        }
+    };
 }
 
 /// Bytes ahead of the current block that the group stream prefetches.
@@ -113,6 +174,14 @@ macro_rules! define_group {
 }
 
 define_group!(q4_1_group, q4_1_tile, "avx2,fma,f16c", acc_dot, 2);
+define_q8_group!(q8_0_group, q8_0_tile, "avx2,fma,f16c", acc_dot, 2);
+define_q8_group!(
+    q8_0_group_vnni,
+    q8_0_tile_vnni,
+    "avx2,fma,f16c,avx512vnni,avx512vl",
+    acc_dot_vnni,
+    4
+);
 define_group!(
     q4_1_group_vnni,
     q4_1_tile_vnni,

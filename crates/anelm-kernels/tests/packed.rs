@@ -1,4 +1,4 @@
-//! The interleaved (packed) Q4_1 kernel against the scalar row-major reference, with the same
+//! The interleaved (packed) Q4_1 and Q8_0 kernels against the scalar row-major reference, with the same
 //! tolerance rule as `simd_vs_scalar.rs`: integer block dots are exact, only the f32 accumulation
 //! order differs. Shapes cover several pool tasks, lane counts across the kernel's lane tiles
 //! (1, 2, 4 and remainders, more than one call's `MAX_LANES`), and a width that is not a multiple
@@ -31,36 +31,37 @@ fn encode(fmt: WeightFormat, w: &[f32], rows: usize, cols: usize) -> Vec<u8> {
 }
 
 #[test]
-fn packed_q4_1_matches_the_scalar_reference() {
-    let fmt = WeightFormat::Q4_1;
+fn packed_kernels_match_the_scalar_reference() {
     let mut rng = Rng(5);
-    for (rows, cols) in [(8usize, 32usize), (64, 576), (200, 1536)] {
-        let w = encode(fmt, &rng.vec(rows * cols), rows, cols);
-        let Some(packed) = PackedMatrix::pack(fmt, &w, rows, cols).expect("pack") else {
-            assert!(
-                !Isa::Avx2.available(),
-                "this CPU has AVX2, so Q4_1 with rows % 8 == 0 must pack"
-            );
-            println!("no packed kernel on this CPU");
-            return;
-        };
-        assert_eq!(packed.bytes(), w.len(), "packing keeps the size");
-        for lanes in [1usize, 2, 3, 4, 5, 7, 17, 40] {
-            let x: Vec<f32> = rng.vec(lanes * cols).iter().map(|v| v * 3.0).collect();
-            let mut act = Activations::new();
-            act.quantize(fmt, &x, lanes, cols).expect("quantize activations");
-            let mut want = vec![0.0; lanes * rows];
-            matmul_with(Isa::Scalar, fmt, &w, rows, cols, &act, &mut want).expect("scalar");
-            for isa in [Isa::Avx2, Isa::Avx2Vnni].into_iter().filter(|i| i.available()) {
-                let mut got = vec![f32::NAN; lanes * rows];
-                packed.matmul_with(isa, &act, &mut got).expect("packed");
-                for (i, (g, s)) in got.iter().zip(&want).enumerate() {
-                    let tol = 1e-5 * (s.abs() + (cols as f32).sqrt() * 3.0);
-                    assert!(
-                        (g - s).abs() <= tol,
-                        "{} {rows}x{cols} lanes {lanes} [{i}]: {g} vs scalar {s}",
-                        isa.name()
-                    );
+    for fmt in [WeightFormat::Q4_1, WeightFormat::Q8_0] {
+        for (rows, cols) in [(8usize, 32usize), (64, 576), (200, 1536)] {
+            let w = encode(fmt, &rng.vec(rows * cols), rows, cols);
+            let Some(packed) = PackedMatrix::pack(fmt, &w, rows, cols).expect("pack") else {
+                assert!(
+                    !Isa::Avx2.available(),
+                    "this CPU has AVX2, so {fmt:?} with rows % 8 == 0 must pack"
+                );
+                println!("no packed kernel on this CPU");
+                return;
+            };
+            assert_eq!(packed.bytes(), w.len(), "packing keeps the size");
+            for lanes in [1usize, 2, 3, 4, 5, 7, 17, 40] {
+                let x: Vec<f32> = rng.vec(lanes * cols).iter().map(|v| v * 3.0).collect();
+                let mut act = Activations::new();
+                act.quantize(fmt, &x, lanes, cols).expect("quantize activations");
+                let mut want = vec![0.0; lanes * rows];
+                matmul_with(Isa::Scalar, fmt, &w, rows, cols, &act, &mut want).expect("scalar");
+                for isa in [Isa::Avx2, Isa::Avx2Vnni].into_iter().filter(|i| i.available()) {
+                    let mut got = vec![f32::NAN; lanes * rows];
+                    packed.matmul_with(isa, &act, &mut got).expect("packed");
+                    for (i, (g, s)) in got.iter().zip(&want).enumerate() {
+                        let tol = 1e-5 * (s.abs() + (cols as f32).sqrt() * 3.0);
+                        assert!(
+                            (g - s).abs() <= tol,
+                            "{} {fmt:?} {rows}x{cols} lanes {lanes} [{i}]: {g} vs scalar {s}",
+                            isa.name()
+                        );
+                    }
                 }
             }
         }
@@ -78,12 +79,12 @@ fn packing_refuses_what_it_cannot_serve() {
             .is_none(),
         "12 rows"
     );
-    let q80 = encode(WeightFormat::Q8_0, &rng.vec(16 * cols), 16, cols);
+    let q40 = encode(WeightFormat::Q4_0, &rng.vec(16 * cols), 16, cols);
     assert!(
-        PackedMatrix::pack(WeightFormat::Q8_0, &q80, 16, cols)
+        PackedMatrix::pack(WeightFormat::Q4_0, &q40, 16, cols)
             .expect("pack")
             .is_none(),
-        "Q8_0"
+        "Q4_0"
     );
     // A byte count that does not match the shape is an error, not a panic.
     assert!(PackedMatrix::pack(WeightFormat::Q4_1, &q41[..q41.len() - 1], 8, cols).is_err());
