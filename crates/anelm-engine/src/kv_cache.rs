@@ -6,9 +6,14 @@
 //! Ring layout: position `p` lives in slot `p % slots`. A step that appends `n` positions to a
 //! layer with window `w` needs `w − 1 + n` slots (its first query looks `w − 1` positions back and
 //! every appended position must survive until the step's attention ran), so the ring grows to
-//! that before the step; in steady decode (`n = 1`) it holds exactly `w` positions.
+//! that plus [`REWIND_SLACK`] before the step; in steady decode (`n = 1`) it holds `w + 64`
+//! positions. The slack lets a session rewind up to 64 positions (a prompt cache re-rendering the
+//! end of a chat turn) without starting over.
 
 use std::ops::Range;
+
+/// Extra ring slots beyond what a step needs, so short rewinds keep the session.
+pub const REWIND_SLACK: usize = 64;
 
 /// Keys and values of one attention layer, one row of `kv_dim` floats per position.
 #[derive(Clone, Debug, Default)]
@@ -64,15 +69,15 @@ impl KvLayer {
     }
 
     /// Make room for a step that appends `n_new` positions of `kv_dim` floats: a ring grows to
-    /// `window − 1 + n_new` slots (never shrinks), keeping every position it holds.
+    /// `window − 1 + n_new + REWIND_SLACK` slots (never shrinks), keeping every position it holds.
     pub fn reserve_step(&mut self, n_new: usize, kv_dim: usize) {
         let Some(w) = self.window else {
             self.k.reserve(n_new * kv_dim);
             self.v.reserve(n_new * kv_dim);
             return;
         };
-        let need = (w - 1 + n_new).max(1);
-        if need <= self.slots {
+        let need = w - 1 + n_new.max(1) + REWIND_SLACK;
+        if w - 1 + n_new.max(1) <= self.slots {
             return;
         }
         let (old_slots, oldest) = (self.slots, self.oldest());
@@ -248,32 +253,55 @@ mod tests {
             let want: Vec<f32> = (start..=p).map(|q| q as f32).collect();
             assert_eq!(read(&l, start..p + 1), want, "after position {p}");
         }
-        assert_eq!(l.bytes(), 4 * 2 * 4 * 2, "four slots of k and v");
-        // A step of 3 grows the ring to 6 slots and keeps what it held.
-        l.reserve_step(3, 2);
-        assert_eq!(read(&l, 8..11), vec![8.0, 9.0, 10.0]);
-        for p in 11..14 {
+        let slots = 4 + REWIND_SLACK;
+        assert_eq!(l.bytes(), 4 * 2 * slots * 2, "window + slack slots of k and v");
+        // Wrap the ring a few times.
+        for p in 11..3 * slots {
+            l.reserve_step(1, 2);
             l.push(&row(p), &row(p));
         }
-        assert_eq!(read(&l, 8..14), (8..14).map(|q| q as f32).collect::<Vec<_>>());
+        let end = 3 * slots;
+        assert_eq!(
+            read(&l, end - 4..end),
+            (end - 4..end).map(|q| q as f32).collect::<Vec<_>>()
+        );
+        assert_eq!(l.oldest(), end - slots);
+        // A step larger than the slack grows the ring and keeps what it held.
+        l.reserve_step(100, 2);
+        assert_eq!(
+            read(&l, end - slots..end),
+            (end - slots..end).map(|q| q as f32).collect::<Vec<_>>()
+        );
+        for p in end..end + 100 {
+            l.push(&row(p), &row(p));
+        }
+        let want: Vec<f32> = (end - 3..end + 100).map(|q| q as f32).collect();
+        assert_eq!(read(&l, end - 3..end + 100), want);
     }
 
     #[test]
     fn truncation_within_the_window_keeps_and_beyond_it_resets() {
         let mut c = KvCache::with_windows(&[Some(4), None], 2);
-        for p in 0..10 {
+        let slots = 4 + REWIND_SLACK;
+        let len = 200;
+        for p in 0..len {
             for l in &mut c.layers {
                 l.reserve_step(1, 2);
                 l.push(&row(p), &row(p));
             }
         }
-        // Positions 6..10 are held: rewinding to 9 needs 6..9 — fine.
-        assert_eq!(c.truncate(9), 9);
-        assert_eq!(read(&c.layers[0], 6..9), vec![6.0, 7.0, 8.0]);
-        // Still 6..9 held (9 dropped, its slot free): rewinding to 8 needs 5..8 — 5 is gone.
-        assert!(!c.layers[0].can_truncate(8));
-        assert!(c.layers[0].can_truncate(9));
-        // Rewinding to 5 would need 2..5, long dropped: everything goes.
+        let oldest = len - slots;
+        assert_eq!(c.layers[0].oldest(), oldest);
+        // Rewinding to `oldest + 3` needs `oldest..oldest + 3` — held.
+        assert_eq!(c.truncate(oldest + 3), oldest + 3);
+        assert_eq!(
+            read(&c.layers[0], oldest..oldest + 3),
+            (oldest..oldest + 3).map(|q| q as f32).collect::<Vec<_>>()
+        );
+        // One further back would need `oldest − 1`, gone.
+        assert!(!c.layers[0].can_truncate(oldest + 2));
+        assert!(c.layers[0].can_truncate(oldest + 3));
+        // Rewinding far back: everything goes.
         assert_eq!(c.truncate(5), 0);
         assert!(c.layers.iter().all(|l| l.is_empty()));
         assert_eq!(c.bytes(), 0);

@@ -3,18 +3,22 @@
 //! computation with the window as a mask, and the session's memory must stay bounded.
 //!
 //! The tiny transformers fixture (`tests/fixtures/hf/gemma3`, window 6, three local layers and one
-//! global) goes past its window within its 32 reference positions, so `hf_transformers.rs` already
-//! holds the rings to transformers. Here the sequence is 200 tokens (33 windows):
+//! global) goes past its window within its 32 reference positions, so `hf_transformers.rs` holds
+//! the window (as a mask) to transformers; its rings are still larger than 32 positions. Here the
+//! sequence is 200 tokens (33 windows), so the rings wrap:
 //! - the reference is one forward over all 200 tokens: the rings grow to hold the whole step
 //!   (`window − 1 + 200` slots), so nothing is ever dropped and the window acts as a mask only;
-//! - one token at a time (rings of exactly `window` slots, wrapped 33 times) and uneven chunks
-//!   (rings of `window − 1 + chunk` slots) must agree with it to fp32 summation noise;
-//! - the session holds `window` positions per local layer and every position per global one;
-//! - rewinding within the window keeps the session, rewinding past what the rings hold starts it
-//!   over, and both continue correctly.
+//! - one token at a time (rings of `window + REWIND_SLACK` slots, wrapped twice) and uneven chunks
+//!   (rings of `window − 1 + chunk + REWIND_SLACK` slots) must agree with it to fp32 summation
+//!   noise;
+//! - the session holds `window + REWIND_SLACK` positions per local layer and every position per
+//!   global one;
+//! - rewinding within what the rings hold keeps the session, rewinding past it starts it over,
+//!   and both continue correctly.
 
 use std::path::PathBuf;
 
+use anelm_engine::kv_cache::REWIND_SLACK;
 use anelm_engine::{CpuBackend, LanguageModel, LogitsMode, Session, StepItem, load_model_weights};
 use serde_json::Value;
 
@@ -100,11 +104,14 @@ fn ring_buffers_match_the_masked_full_computation_far_past_the_window() {
     println!("one token at a time: max rel err {e1:.2e}");
     assert!(e1 <= REL_TOL, "one token at a time: {e1:.2e}");
 
-    // Memory: `window` positions per local layer, all of them per global layer (k and v, f32).
+    // Memory: `window + REWIND_SLACK` positions per local layer, all of them per global layer
+    // (k and v, f32).
     let local = layer_types.iter().filter(|t| **t == "sliding_attention").count();
     let global = layer_types.len() - local;
     assert!(local > 0 && global > 0, "the fixture has both layer kinds");
-    let bounded = 4 * 2 * kv_dim * (local * window + global * LEN);
+    let ring = window + REWIND_SLACK;
+    assert!(LEN > 2 * ring, "the rings must wrap");
+    let bounded = 4 * 2 * kv_dim * (local * ring + global * LEN);
     assert_eq!(one.state_bytes(), bounded, "decode-only session bytes");
 
     let mut chunked = model.new_session(LEN);
@@ -122,16 +129,21 @@ fn ring_buffers_match_the_masked_full_computation_far_past_the_window() {
     println!("uneven chunks: max rel err {ec:.2e}");
     assert!(ec <= REL_TOL, "uneven chunks: {ec:.2e}");
 
-    // Rewind inside what the rings hold (decode rings hold exactly the window, so the last
-    // position can be dropped and redone): kept, and the continuation is still right.
-    assert_eq!(one.truncate(LEN - 1), LEN - 1);
-    let again = run(model.as_ref(), &mut one, &toks[LEN - 1..]);
-    let er = rel_err(&again, &reference[LEN - 1..]);
-    assert!(er <= REL_TOL, "after a short rewind: {er:.2e}");
-    // Two back would need one position the rings dropped; far back even more: the session
+    // Rewind as far as the rings allow (the slack plus one: the new last position still needs
+    // `window − 1` before it): kept, and the continuation is still right.
+    let back = LEN - 1 - REWIND_SLACK;
+    let mut one_further = one.clone();
+    assert_eq!(one.truncate(back), back);
+    let again = run(model.as_ref(), &mut one, &toks[back..]);
+    let er = rel_err(&again, &reference[back..]);
+    assert!(er <= REL_TOL, "after a rewind within the slack: {er:.2e}");
+    // One further back needs a position the rings dropped; far back even more: the session
     // starts over (the rings no longer hold that window).
-    let mut two_back = one.clone();
-    assert_eq!(two_back.truncate(LEN - 2), 0, "a rewind past the ring must start over");
+    assert_eq!(
+        one_further.truncate(back - 1),
+        0,
+        "a rewind past the ring must start over"
+    );
     assert_eq!(one.truncate(LEN / 2), 0, "a rewind past the ring must start over");
     assert_eq!(one.len(), 0);
     let restart = run(model.as_ref(), &mut one, &toks[..LEN / 2 + 1]);
