@@ -102,10 +102,9 @@ struct CpuMatrix {
 
 impl CpuMatrix {
     fn new(m: StoredMatrix) -> Result<Self> {
-        let packed = anelm_kernels::PackedMatrix::pack(m.format, m.bytes(), m.rows, m.cols)?;
-        if packed.is_some() {
-            m.release_pages();
-        }
+        let packed = anelm_kernels::PackedMatrix::pack_releasing(m.format, m.bytes(), m.rows, m.cols, &mut |done| {
+            m.release_pages(done)
+        })?;
         Ok(Self { m, packed })
     }
 

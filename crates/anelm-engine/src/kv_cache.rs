@@ -15,6 +15,9 @@ use std::ops::Range;
 /// Extra ring slots beyond what a step needs, so short rewinds keep the session.
 pub const REWIND_SLACK: usize = 64;
 
+/// Positions a full layer's buffers grow by when they run out (see `KvLayer::reserve_step`).
+const GROW_POSITIONS: usize = 64;
+
 /// Keys and values of one attention layer, one row of `kv_dim` floats per position.
 #[derive(Clone, Debug, Default)]
 pub struct KvLayer {
@@ -72,8 +75,15 @@ impl KvLayer {
     /// `window − 1 + n_new + REWIND_SLACK` slots (never shrinks), keeping every position it holds.
     pub fn reserve_step(&mut self, n_new: usize, kv_dim: usize) {
         let Some(w) = self.window else {
-            self.k.reserve(n_new * kv_dim);
-            self.v.reserve(n_new * kv_dim);
+            // Grow by an eighth (at least GROW_POSITIONS positions) rather than by doubling: a
+            // long session then holds at most ~12 % unused positions per layer, not up to as
+            // many as it has used, and appends stay amortised O(1).
+            let extra = n_new.max(GROW_POSITIONS).max(self.len / 8) * kv_dim;
+            for buf in [&mut self.k, &mut self.v] {
+                if buf.capacity() < buf.len() + n_new * kv_dim {
+                    buf.reserve_exact(extra);
+                }
+            }
             return;
         };
         let need = w - 1 + n_new.max(1) + REWIND_SLACK;

@@ -70,10 +70,11 @@ impl StoredMatrix {
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 
-    /// Tell the store these bytes will not be read for a while (a backend keeps its own copy):
-    /// a memory-mapped file gives the pages back, and re-reads them if they are touched again.
-    pub fn release_pages(&self) {
-        self._owner.release(self.bytes());
+    /// Tell the store that `part` of this matrix's bytes will not be read for a while (a backend
+    /// keeps its own copy): a memory-mapped file gives the pages back, and re-reads them if they
+    /// are touched again.
+    pub fn release_pages(&self, part: &[u8]) {
+        self._owner.release(part);
     }
 
     /// The stored bytes of one row.

@@ -46,6 +46,19 @@ impl PackedMatrix {
     /// and the shape fits it (Q4_1 or Q8_0, rows a multiple of 8); `Ok(None)` otherwise, and the
     /// row-major kernels serve the matrix as before.
     pub fn pack(fmt: WeightFormat, w: &[u8], rows: usize, cols: usize) -> Result<Option<Self>, KernelError> {
+        Self::pack_releasing(fmt, w, rows, cols, &mut |_| {})
+    }
+
+    /// [`PackedMatrix::pack`], handing each stretch of `w` it has finished reading (about 1 MB
+    /// at a time) to `release`, so a caller can return the source pages while packing goes on
+    /// (at most one stretch is then held twice, not the whole matrix).
+    pub fn pack_releasing(
+        fmt: WeightFormat,
+        w: &[u8],
+        rows: usize,
+        cols: usize,
+        release: &mut dyn FnMut(&[u8]),
+    ) -> Result<Option<Self>, KernelError> {
         let supported = matches!(fmt, WeightFormat::Q4_1 | WeightFormat::Q8_0);
         if !supported || !rows.is_multiple_of(PACK_ROWS) || rows == 0 || !kernel_available() {
             return Ok(None);
@@ -61,7 +74,14 @@ impl PackedMatrix {
         let bb = fmt.block_bytes();
         let gb = PACK_ROWS * bb;
         let mut data = vec![0u8; w.len()];
+        let group_src = PACK_ROWS * rb;
+        let groups_per_release = (1 << 20) / group_src.max(1) + 1;
+        let mut released = 0;
         for g in 0..rows / PACK_ROWS {
+            if g > 0 && g % groups_per_release == 0 {
+                release(&w[released..g * group_src]);
+                released = g * group_src;
+            }
             for b in 0..nb {
                 let dst = &mut data[(g * nb + b) * gb..(g * nb + b + 1) * gb];
                 for r in 0..PACK_ROWS {
@@ -82,6 +102,7 @@ impl PackedMatrix {
                 }
             }
         }
+        release(&w[released..]);
         Ok(Some(Self { fmt, rows, cols, data }))
     }
 
