@@ -47,8 +47,9 @@ fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
+/// Whether this CPU runs AVX2 (detected once).
 #[cfg(target_arch = "x86_64")]
-fn avx2() -> bool {
+pub(crate) fn avx2() -> bool {
     use std::sync::OnceLock;
     static HAS: OnceLock<bool> = OnceLock::new();
     *HAS.get_or_init(|| is_x86_feature_detected!("avx2"))
