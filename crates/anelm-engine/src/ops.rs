@@ -165,15 +165,16 @@ pub fn attend(
     for (r, &a) in qr.iter_mut().zip(q) {
         *r = p.precision.store(a);
     }
+    for r in slots {
+        anelm_kernels::dot_rows_f32(qr, k, stride, offset, r.clone(), scores);
+    }
     let mut max = f32::NEG_INFINITY;
-    for j in slots.iter().flat_map(Clone::clone) {
-        let kr = &k[j * stride + offset..j * stride + offset + d];
-        let mut s = dot(qr, kr) * p.scale;
+    for s in scores.iter_mut() {
+        *s *= p.scale;
         if let Some(cap) = p.softcap {
-            s = cap * (s / cap).tanh();
+            *s = cap * (*s / cap).tanh();
         }
-        max = max.max(s);
-        scores.push(s);
+        max = max.max(*s);
     }
     let mut sum = 0.0f64;
     for s in scores.iter_mut() {
@@ -181,14 +182,18 @@ pub fn attend(
         sum += f64::from(*s);
     }
     let inv = if sum > 0.0 { (1.0 / sum) as f32 } else { 0.0 };
-    out.fill(0.0);
-    for (j, p_j) in slots.iter().flat_map(Clone::clone).zip(scores.iter()) {
-        let pr = match p.precision {
-            AttentionPrecision::F16 => round_f16(p_j * inv),
-            AttentionPrecision::F32 => p_j * inv,
+    for s in scores.iter_mut() {
+        *s = match p.precision {
+            AttentionPrecision::F16 => round_f16(*s * inv),
+            AttentionPrecision::F32 => *s * inv,
         };
-        let vr = &v[j * stride + offset..j * stride + offset + d];
-        anelm_kernels::axpy_f32(pr, vr, out);
+    }
+    out.fill(0.0);
+    let mut done = 0;
+    for r in slots {
+        let n = r.len();
+        anelm_kernels::weighted_rows_f32(&scores[done..done + n], v, stride, offset, r.clone(), out);
+        done += n;
     }
 }
 

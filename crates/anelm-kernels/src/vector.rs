@@ -32,6 +32,53 @@ pub fn axpy_f32(alpha: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
+/// Attention scores: for each row `j` in `rows`, push `q · m[j·stride + offset ..][..q.len()]`
+/// onto `out`, equal bit for bit to [`dot_f32`] per row (reduced in registers on AVX2).
+pub fn dot_rows_f32(
+    q: &[f32],
+    m: &[f32],
+    stride: usize,
+    offset: usize,
+    rows: std::ops::Range<usize>,
+    out: &mut Vec<f32>,
+) {
+    let d = q.len();
+    #[cfg(target_arch = "x86_64")]
+    if avx2() && d % 8 == 0 {
+        for j in rows {
+            // SAFETY: AVX2 was detected at run time; the slice is bounds-checked here.
+            out.push(unsafe { x86::dot_in_registers(q, &m[j * stride + offset..j * stride + offset + d]) });
+        }
+        return;
+    }
+    for j in rows {
+        out.push(dot_f32(q, &m[j * stride + offset..j * stride + offset + d]));
+    }
+}
+
+/// The attention output: `out += Σ_i p[i] · m[(rows.start + i)·stride + offset ..][..out.len()]`
+/// over `rows` (`p` holds one weight per row, in order), equal bit for bit to repeated
+/// [`axpy_f32`] (the output kept in registers across rows on AVX2).
+pub fn weighted_rows_f32(
+    p: &[f32],
+    m: &[f32],
+    stride: usize,
+    offset: usize,
+    rows: std::ops::Range<usize>,
+    out: &mut [f32],
+) {
+    let d = out.len();
+    #[cfg(target_arch = "x86_64")]
+    if avx2() && d % 8 == 0 && d <= 256 {
+        // SAFETY: AVX2 was detected at run time; rows are bounds-checked inside.
+        unsafe { x86::weighted_in_registers(p, m, stride, offset, rows, out) };
+        return;
+    }
+    for (pi, j) in p.iter().zip(rows) {
+        axpy_f32(*pi, &m[j * stride + offset..j * stride + offset + d], out);
+    }
+}
+
 fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let split = a.len() - a.len() % 8;
@@ -77,6 +124,59 @@ mod x86 {
             s += x * y;
         }
         s
+    }
+
+    /// `a · b` for `a.len() == b.len()`, a multiple of 8: the order of [`super::dot_portable`]
+    /// (eight partial sums, separate multiply and add), reduced in registers.
+    #[target_feature(enable = "avx2")]
+    pub(super) fn dot_in_registers(a: &[f32], b: &[f32]) -> f32 {
+        assert!(a.len() == b.len() && a.len() % 8 == 0);
+        let mut acc = _mm256_setzero_ps();
+        for i in (0..a.len()).step_by(8) {
+            // SAFETY: `i + 8 ≤ len` for both slices; unaligned loads.
+            let (x, y) = unsafe { (_mm256_loadu_ps(a.as_ptr().add(i)), _mm256_loadu_ps(b.as_ptr().add(i))) };
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(x, y));
+        }
+        // [s0+s4, s1+s5, s2+s6, s3+s7], then ((s0+s4)+(s1+s5)) + ((s2+s6)+(s3+s7)).
+        let h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
+        let t = _mm_hadd_ps(h, h);
+        _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)))
+    }
+
+    /// `out += Σ p[i] · row(rows.start + i)` with `out` (≤ 256 floats, a multiple of 8) held in
+    /// registers; per element the same multiply-then-add sequence as repeated `axpy`.
+    #[target_feature(enable = "avx2")]
+    pub(super) fn weighted_in_registers(
+        p: &[f32],
+        m: &[f32],
+        stride: usize,
+        offset: usize,
+        rows: std::ops::Range<usize>,
+        out: &mut [f32],
+    ) {
+        const MAX: usize = 32;
+        let n = out.len() / 8;
+        assert!(out.len() % 8 == 0 && n <= MAX);
+        let mut acc = [_mm256_setzero_ps(); MAX];
+        for (c, a) in acc.iter_mut().enumerate().take(n) {
+            // SAFETY: chunk `c < n` lies inside `out`.
+            *a = unsafe { _mm256_loadu_ps(out.as_ptr().add(8 * c)) };
+        }
+        for (pi, j) in p.iter().zip(rows) {
+            let row = &m[j * stride + offset..j * stride + offset + out.len()];
+            let w = _mm256_set1_ps(*pi);
+            for (c, a) in acc.iter_mut().enumerate().take(n) {
+                // SAFETY: chunk `c < n` lies inside `row` (same length as `out`).
+                *a = _mm256_add_ps(
+                    *a,
+                    _mm256_mul_ps(w, unsafe { _mm256_loadu_ps(row.as_ptr().add(8 * c)) }),
+                );
+            }
+        }
+        for (c, a) in acc.iter().enumerate().take(n) {
+            // SAFETY: chunk `c < n` lies inside `out`.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(8 * c), *a) };
+        }
     }
 
     #[target_feature(enable = "avx2")]
@@ -125,6 +225,35 @@ mod tests {
                 *o += 0.37 * v;
             }
             assert_eq!(y, want, "axpy n={n}");
+        }
+    }
+
+    #[test]
+    fn row_kernels_equal_per_row_dots_and_axpys_bit_for_bit() {
+        for d in [8usize, 24, 64, 128, 256, 7, 300] {
+            let stride = d + 5;
+            let m = data(stride * 40, 4);
+            let q = data(d, 5);
+            let p = data(31, 6);
+            let mut got = Vec::new();
+            dot_rows_f32(&q, &m, stride, 3, 2..33, &mut got);
+            assert_eq!(got.len(), 31);
+            for (i, g) in got.iter().enumerate() {
+                let j = 2 + i;
+                let want = dot_f32(&q, &m[j * stride + 3..j * stride + 3 + d]);
+                assert!(
+                    (g - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                    "dot d={d} row {j}: {g} vs {want}"
+                );
+            }
+            let mut out = data(d, 7);
+            let mut want = out.clone();
+            weighted_rows_f32(&p, &m, stride, 3, 2..33, &mut out);
+            for (i, &pi) in p.iter().enumerate() {
+                let j = 2 + i;
+                axpy_f32(pi, &m[j * stride + 3..j * stride + 3 + d], &mut want);
+            }
+            assert_eq!(out, want, "weighted d={d}");
         }
     }
 
