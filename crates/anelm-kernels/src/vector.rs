@@ -44,7 +44,7 @@ pub fn dot_rows_f32(
 ) {
     let d = q.len();
     #[cfg(target_arch = "x86_64")]
-    if avx2() && d % 8 == 0 {
+    if avx2() && d.is_multiple_of(8) {
         for j in rows {
             // SAFETY: AVX2 was detected at run time; the slice is bounds-checked here.
             out.push(unsafe { x86::dot_in_registers(q, &m[j * stride + offset..j * stride + offset + d]) });
@@ -69,7 +69,7 @@ pub fn weighted_rows_f32(
 ) {
     let d = out.len();
     #[cfg(target_arch = "x86_64")]
-    if avx2() && d % 8 == 0 && d <= 256 {
+    if avx2() && d.is_multiple_of(8) && d <= 256 {
         // SAFETY: AVX2 was detected at run time; rows are bounds-checked inside.
         unsafe { x86::weighted_in_registers(p, m, stride, offset, rows, out) };
         return;
@@ -130,7 +130,7 @@ mod x86 {
     /// (eight partial sums, separate multiply and add), reduced in registers.
     #[target_feature(enable = "avx2")]
     pub(super) fn dot_in_registers(a: &[f32], b: &[f32]) -> f32 {
-        assert!(a.len() == b.len() && a.len() % 8 == 0);
+        assert!(a.len() == b.len() && a.len().is_multiple_of(8));
         let mut acc = _mm256_setzero_ps();
         for i in (0..a.len()).step_by(8) {
             // SAFETY: `i + 8 ≤ len` for both slices; unaligned loads.
@@ -156,7 +156,7 @@ mod x86 {
     ) {
         const MAX: usize = 32;
         let n = out.len() / 8;
-        assert!(out.len() % 8 == 0 && n <= MAX);
+        assert!(out.len().is_multiple_of(8) && n <= MAX);
         let mut acc = [_mm256_setzero_ps(); MAX];
         for (c, a) in acc.iter_mut().enumerate().take(n) {
             // SAFETY: chunk `c < n` lies inside `out`.
