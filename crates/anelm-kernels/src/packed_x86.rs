@@ -4,17 +4,10 @@
 use std::arch::x86_64::*;
 
 use crate::activations::Activations;
+use crate::simd_x86::load256;
 
 /// Lanes one call handles (the caller loops over more).
 pub(crate) const MAX_LANES: usize = 16;
-
-#[inline]
-#[target_feature(enable = "avx2")]
-fn load256(b: &[u8]) -> __m256i {
-    assert!(b.len() >= 32);
-    // SAFETY: the assertion guarantees 32 readable bytes; loadu has no alignment requirement.
-    unsafe { _mm256_loadu_si256(b.as_ptr().cast()) }
-}
 
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
@@ -41,20 +34,7 @@ fn acc_dot_vnni(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
 
 macro_rules! define_q8_group {
     ($entry:ident, $tile:ident, $features:literal, $dot:ident, $wide:literal) => {
-        /// Q8_0: `out[l][r] = row r of the group · x[lane0 + l]` for `l < out.len() ≤ MAX_LANES`.
-        #[target_feature(enable = $features)]
-        pub(crate) fn $entry(blk: &[u8], x: &Activations, lane0: usize, out: &mut [[f32; 8]]) {
-            let n = out.len();
-            let mut l = 0;
-            while l + $wide <= n {
-                $tile::<$wide>(blk, x, lane0 + l, &mut out[l..l + $wide]);
-                l += $wide;
-            }
-            while l < n {
-                $tile::<1>(blk, x, lane0 + l, &mut out[l..l + 1]);
-                l += 1;
-            }
-        }
+        lane_entry!($entry, $tile, $features, $wide);
 
         #[inline]
         #[target_feature(enable = $features)]
@@ -100,12 +80,11 @@ macro_rules! define_q8_group {
     };
 }
 
-/// Bytes ahead of the current block that the group stream prefetches.
-const PREFETCH: usize = 1024;
-
-macro_rules! define_group {
-    ($entry:ident, $tile:ident, $features:literal, $dot:ident, $wide:literal) => {
-        /// `out[l][r] = row r of the group · x[lane0 + l]` for `l < out.len() ≤ MAX_LANES`.
+/// The entry point of a group kernel: `out[l][r] = row r of the group · x[lane0 + l]` for
+/// `l < out.len() ≤ MAX_LANES`, `$wide` lanes per tile pass, then single lanes.
+macro_rules! lane_entry {
+    ($entry:ident, $tile:ident, $features:literal, $wide:literal) => {
+        #[doc = "`out[l][r] = row r of the group · x[lane0 + l]` for `l < out.len() ≤ MAX_LANES`."]
         #[target_feature(enable = $features)]
         pub(crate) fn $entry(blk: &[u8], x: &Activations, lane0: usize, out: &mut [[f32; 8]]) {
             let n = out.len();
@@ -119,6 +98,15 @@ macro_rules! define_group {
                 l += 1;
             }
         }
+    };
+}
+
+/// Bytes ahead of the current block that the group stream prefetches.
+const PREFETCH: usize = 1024;
+
+macro_rules! define_group {
+    ($entry:ident, $tile:ident, $features:literal, $dot:ident, $wide:literal) => {
+        lane_entry!($entry, $tile, $features, $wide);
 
         #[inline]
         #[target_feature(enable = $features)]

@@ -18,7 +18,7 @@ pub(crate) fn available() -> bool {
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn load256(b: &[u8]) -> __m256i {
+pub(crate) fn load256(b: &[u8]) -> __m256i {
     assert!(b.len() >= 32);
     // SAFETY: the assertion guarantees 32 readable bytes; loadu has no alignment requirement.
     unsafe { _mm256_loadu_si256(b.as_ptr().cast()) }
