@@ -17,11 +17,11 @@
 //! Needs the model file: `scripts/fetch-gemma3.sh` (`scripts/test.sh` runs it first).
 
 use anelm_engine::default_model::cache_dir;
-use anelm_engine::{CpuBackend, GenerateOptions, LoadedModel, SamplerParams, generate, load_model};
+use anelm_engine::{CpuBackend, LoadedModel, load_model};
 use serde_json::Value;
 
 mod common;
-use common::{argmax, ids, log_softmax_at, teacher_forced, top2};
+use common::{argmax, log_softmax_at, teacher_forced, top2};
 
 /// llama.cpp top-2 margins below this are treated as ties its activation noise could flip
 /// (the SmolLM2 test's measured bound).
@@ -55,16 +55,7 @@ fn model() -> LoadedModel {
 
 #[test]
 fn tokenizes_like_llama_cpp() {
-    let fx = fixture();
-    let lm = model();
-    for case in fx["cases"].as_array().expect("cases") {
-        let prompt = case["prompt"].as_str().expect("prompt");
-        let got = lm.tokenizer.encode(prompt).expect("encode");
-        assert_eq!(got, ids(&case["prompt_ids"]), "tokenization of {prompt:?}");
-        // And llama.cpp's completion detokenizes to its text.
-        let text = lm.tokenizer.decode(&ids(&case["completion_ids"])).expect("decode");
-        assert_eq!(text, case["completion_text"].as_str().expect("text"), "{prompt:?}");
-    }
+    common::check_tokenization(&model(), &fixture());
 }
 
 #[test]
@@ -120,65 +111,5 @@ fn teacher_forced_distribution_matches_llama_cpp() {
 
 #[test]
 fn greedy_generation_follows_llama_cpp_until_a_near_tie() {
-    let fx = fixture();
-    let lm = model();
-    for case in fx["cases"].as_array().expect("cases") {
-        let prompt = case["prompt"].as_str().expect("prompt");
-        let prompt_ids = ids(&case["prompt_ids"]);
-        let want = ids(&case["completion_ids"]);
-        let reference = top2(case);
-        let opts = GenerateOptions {
-            max_tokens: want.len(),
-            sampler: SamplerParams::greedy(),
-            ignore_eos: true,
-            prefill_chunk: 128,
-        };
-        let mut session = lm.model.new_session(512);
-        let (got, _) = generate(
-            lm.model.as_ref(),
-            &lm.tokenizer,
-            &mut session,
-            &prompt_ids,
-            &opts,
-            &mut |_| true,
-        )
-        .expect("generate");
-        assert_eq!(got.len(), want.len(), "{prompt:?}: generated {} tokens", got.len());
-        // llama.cpp ran with ignore_eos (end-of-generation logits masked), so its completion is the
-        // argmax over the other tokens; the generation here masks them the same way.
-        let stops = lm.tokenizer.stop_ids();
-        let first_flip = teacher_forced(&lm, case)
-            .into_iter()
-            .zip(&want)
-            .position(|(mut logits, &id)| {
-                for &s in stops {
-                    logits[s as usize] = f32::NEG_INFINITY;
-                }
-                argmax(&logits) != id
-            })
-            .unwrap_or(want.len());
-        let agree = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
-        println!("{prompt:?}: identical for {agree} tokens (first teacher-forced flip at {first_flip})");
-        assert_eq!(
-            agree,
-            first_flip,
-            "{prompt:?}: free-running decode parted from llama.cpp at {agree}, but the batched \
-             teacher-forced pass first disagrees at {first_flip}: got {:?}, want {:?}",
-            &got[agree.min(got.len())..],
-            &want[agree.min(want.len())..]
-        );
-        if first_flip < want.len() {
-            // llama.cpp's margin between the token it chose and the best other non-stop token.
-            let [(id0, a), (_, b)] = reference[first_flip];
-            assert_eq!(
-                id0, want[first_flip],
-                "{prompt:?}: flip at a position where llama.cpp masked its top-1"
-            );
-            assert!(
-                a - b < NOISE_MARGIN,
-                "{prompt:?}: parted from llama.cpp at {first_flip} where its margin is {:.3}",
-                a - b
-            );
-        }
-    }
+    common::check_greedy_until_near_tie(&model(), &fixture(), NOISE_MARGIN);
 }

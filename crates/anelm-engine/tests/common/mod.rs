@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use anelm_engine::{LoadedModel, LogitsMode, StepItem};
+use anelm_engine::{GenerateOptions, LoadedModel, LogitsMode, SamplerParams, StepItem, generate};
 use serde_json::Value;
 
 /// `../shared/fixtures/<name>` (the project's read-only fixtures beside the repository).
@@ -79,4 +79,82 @@ pub fn teacher_forced(lm: &LoadedModel, case: &Value) -> Vec<Vec<f32>> {
     (0..completion.len())
         .map(|pos| out.lane(prompt_ids.len() - 1 + pos).to_vec())
         .collect()
+}
+
+/// Every fixture prompt tokenizes to llama.cpp's ids, and llama.cpp's completion detokenizes
+/// to its text.
+pub fn check_tokenization(lm: &LoadedModel, fx: &Value) {
+    for case in fx["cases"].as_array().expect("cases") {
+        let prompt = case["prompt"].as_str().expect("prompt");
+        let got = lm.tokenizer.encode(prompt).expect("encode");
+        assert_eq!(got, ids(&case["prompt_ids"]), "tokenization of {prompt:?}");
+        // And llama.cpp's completion detokenizes to its text.
+        let text = lm.tokenizer.decode(&ids(&case["completion_ids"])).expect("decode");
+        assert_eq!(text, case["completion_text"].as_str().expect("text"), "{prompt:?}");
+    }
+}
+
+/// Free-running greedy decoding reproduces llama.cpp's tokens up to exactly the first position
+/// where our batched teacher-forced argmax differs, and that position is a llama.cpp near-tie
+/// (its top-two margin below `noise_margin`).
+pub fn check_greedy_until_near_tie(lm: &LoadedModel, fx: &Value, noise_margin: f64) {
+    for case in fx["cases"].as_array().expect("cases") {
+        let prompt = case["prompt"].as_str().expect("prompt");
+        let prompt_ids = ids(&case["prompt_ids"]);
+        let want = ids(&case["completion_ids"]);
+        let reference = top2(case);
+        let opts = GenerateOptions {
+            max_tokens: want.len(),
+            sampler: SamplerParams::greedy(),
+            ignore_eos: true,
+            prefill_chunk: 128,
+        };
+        let mut session = lm.model.new_session(512);
+        let (got, _) = generate(
+            lm.model.as_ref(),
+            &lm.tokenizer,
+            &mut session,
+            &prompt_ids,
+            &opts,
+            &mut |_| true,
+        )
+        .expect("generate");
+        assert_eq!(got.len(), want.len(), "{prompt:?}: generated {} tokens", got.len());
+        // llama.cpp ran with ignore_eos (end-of-generation logits masked), so its completion is the
+        // argmax over the other tokens; the generation here masks them the same way.
+        let stops = lm.tokenizer.stop_ids();
+        let first_flip = teacher_forced(lm, case)
+            .into_iter()
+            .zip(&want)
+            .position(|(mut logits, &id)| {
+                for &s in stops {
+                    logits[s as usize] = f32::NEG_INFINITY;
+                }
+                argmax(&logits) != id
+            })
+            .unwrap_or(want.len());
+        let agree = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
+        println!("{prompt:?}: identical for {agree} tokens (first teacher-forced flip at {first_flip})");
+        assert_eq!(
+            agree,
+            first_flip,
+            "{prompt:?}: free-running decode parted from llama.cpp at {agree}, but the batched \
+             teacher-forced pass first disagrees at {first_flip}: got {:?}, want {:?}",
+            &got[agree.min(got.len())..],
+            &want[agree.min(want.len())..]
+        );
+        if first_flip < want.len() {
+            // llama.cpp's margin between the token it chose and the best other non-stop token.
+            let [(id0, a), (_, b)] = reference[first_flip];
+            assert_eq!(
+                id0, want[first_flip],
+                "{prompt:?}: flip at a position where llama.cpp masked its top-1"
+            );
+            assert!(
+                a - b < noise_margin,
+                "{prompt:?}: parted from llama.cpp at {first_flip} where its margin is {:.3}",
+                a - b
+            );
+        }
+    }
 }
