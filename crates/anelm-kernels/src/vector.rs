@@ -43,14 +43,6 @@ pub fn dot_rows_f32(
     out: &mut Vec<f32>,
 ) {
     let d = q.len();
-    #[cfg(target_arch = "x86_64")]
-    if avx2() && d.is_multiple_of(8) {
-        for j in rows {
-            // SAFETY: AVX2 was detected at run time; the slice is bounds-checked here.
-            out.push(unsafe { x86::dot_in_registers(q, &m[j * stride + offset..j * stride + offset + d]) });
-        }
-        return;
-    }
     for j in rows {
         out.push(dot_f32(q, &m[j * stride + offset..j * stride + offset + d]));
     }
@@ -115,32 +107,14 @@ mod x86 {
             let (xv, yv) = unsafe { (_mm256_loadu_ps(x.as_ptr()), _mm256_loadu_ps(y.as_ptr())) };
             acc = _mm256_add_ps(acc, _mm256_mul_ps(xv, yv));
         }
-        let mut lanes = [0f32; 8];
-        // SAFETY: `lanes` holds 8 f32.
-        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
-        let l = lanes;
-        let mut s = ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
+        // [s0+s4, s1+s5, s2+s6, s3+s7], then ((s0+s4)+(s1+s5)) + ((s2+s6)+(s3+s7)), in registers.
+        let h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
+        let t = _mm_hadd_ps(h, h);
+        let mut s = _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
         for (x, y) in a[split..].iter().zip(&b[split..]) {
             s += x * y;
         }
         s
-    }
-
-    /// `a · b` for `a.len() == b.len()`, a multiple of 8: the order of [`super::dot_portable`]
-    /// (eight partial sums, separate multiply and add), reduced in registers.
-    #[target_feature(enable = "avx2")]
-    pub(super) fn dot_in_registers(a: &[f32], b: &[f32]) -> f32 {
-        assert!(a.len() == b.len() && a.len().is_multiple_of(8));
-        let mut acc = _mm256_setzero_ps();
-        for i in (0..a.len()).step_by(8) {
-            // SAFETY: `i + 8 ≤ len` for both slices; unaligned loads.
-            let (x, y) = unsafe { (_mm256_loadu_ps(a.as_ptr().add(i)), _mm256_loadu_ps(b.as_ptr().add(i))) };
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(x, y));
-        }
-        // [s0+s4, s1+s5, s2+s6, s3+s7], then ((s0+s4)+(s1+s5)) + ((s2+s6)+(s3+s7)).
-        let h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
-        let t = _mm_hadd_ps(h, h);
-        _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)))
     }
 
     /// `out += Σ p[i] · row(rows.start + i)` with `out` (≤ 256 floats, a multiple of 8) held in
