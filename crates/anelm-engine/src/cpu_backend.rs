@@ -1,7 +1,8 @@
 //! The CPU backend: kernels run natively on the weights in their stored format (no f32
 //! expansion), with the activation quantised to the weight format's dot format.
 
-use std::sync::{Arc, Mutex};
+use std::cell::RefCell;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anelm_kernels::Activations;
@@ -124,11 +125,25 @@ impl std::ops::Deref for CpuMatrix {
     }
 }
 
-/// Scratch buffers reused across runs so the steady state does not allocate.
+/// Scratch buffers of the kernel runs on one thread, reused so the steady state does not
+/// allocate. One set per thread, not per kernel: kernels run one after another, and a set per
+/// kernel held `lanes × ffn` floats twice for every layer (108 MB for SmolLM2 at 132-token
+/// serving steps, kept for the life of the process).
 #[derive(Default)]
-struct LinearScratch {
+struct Scratch {
     act: Activations,
     part: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// Run `f` with this thread's scratch (kernels do not nest, so the borrow is never contended).
+fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
+    SCRATCH.with(|s| f(&mut s.borrow_mut()))
 }
 
 /// `Linear`, `LinearResidual` and `Concat`.
@@ -136,7 +151,6 @@ struct CpuLinear {
     mats: Vec<CpuMatrix>,
     residual: bool,
     shape: KernelShape,
-    scratch: Mutex<LinearScratch>,
 }
 
 impl CpuLinear {
@@ -156,7 +170,6 @@ impl CpuLinear {
             mats,
             residual,
             shape: KernelShape { input, output },
-            scratch: Mutex::new(LinearScratch::default()),
         })
     }
 }
@@ -171,13 +184,24 @@ impl Kernel for CpuLinear {
         let (x, r) = check_inputs(inputs, self.shape, self.residual)?;
         let lanes = x.lanes();
         out.resize(lanes, self.shape.output);
-        let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let LinearScratch { act, part } = &mut *guard;
-        let mut weight_bytes = 0u64;
+        with_scratch(|s| self.run_with(x, r, out, s))?;
+        Ok(Dispatch {
+            lanes,
+            weight_bytes: self.mats.iter().map(|m| m.bytes().len() as u64).sum(),
+            activation_bytes: 4 * (x.as_slice().len() + out.as_slice().len()) as u64,
+            elapsed: start.elapsed(),
+            modelled: None,
+        })
+    }
+}
+
+impl CpuLinear {
+    fn run_with(&self, x: &Batch, r: Option<&Batch>, out: &mut Batch, s: &mut Scratch) -> Result<()> {
+        let lanes = x.lanes();
+        let Scratch { act, part, .. } = s;
         if let [m] = self.mats.as_slice() {
             act.quantize(m.format, x.as_slice(), lanes, m.cols)?;
             m.matmul(act, out.as_mut_slice())?;
-            weight_bytes += m.bytes().len() as u64;
         } else {
             let mut offset = 0;
             for (i, m) in self.mats.iter().enumerate() {
@@ -193,7 +217,6 @@ impl Kernel for CpuLinear {
                         .copy_from_slice(&part[lane * m.rows..(lane + 1) * m.rows]);
                 }
                 offset += m.rows;
-                weight_bytes += m.bytes().len() as u64;
             }
         }
         if let Some(r) = r {
@@ -201,21 +224,8 @@ impl Kernel for CpuLinear {
                 *y += *r;
             }
         }
-        Ok(Dispatch {
-            lanes,
-            weight_bytes,
-            activation_bytes: 4 * (x.as_slice().len() + out.as_slice().len()) as u64,
-            elapsed: start.elapsed(),
-            modelled: None,
-        })
+        Ok(())
     }
-}
-
-#[derive(Default)]
-struct SwiGluScratch {
-    act: Activations,
-    gate: Vec<f32>,
-    up: Vec<f32>,
 }
 
 /// `SwiGluResidual` / `SwiGluAccumulate`: y = r + D(silu(G·x) ⊙ U·x).
@@ -224,7 +234,6 @@ struct CpuSwiGlu {
     up: CpuMatrix,
     down: CpuMatrix,
     shape: KernelShape,
-    scratch: Mutex<SwiGluScratch>,
 }
 
 impl CpuSwiGlu {
@@ -240,7 +249,6 @@ impl CpuSwiGlu {
             gate,
             up,
             down,
-            scratch: Mutex::new(SwiGluScratch::default()),
         })
     }
 }
@@ -259,9 +267,23 @@ impl Kernel for CpuSwiGlu {
         let start = Instant::now();
         let (x, r) = check_inputs(inputs, self.shape, true)?;
         let lanes = x.lanes();
+        with_scratch(|s| self.run_with(x, r, out, s))?;
+        let weight_bytes = (self.gate.bytes().len() + self.up.bytes().len() + self.down.bytes().len()) as u64;
+        Ok(Dispatch {
+            lanes,
+            weight_bytes,
+            activation_bytes: 4 * (x.as_slice().len() * 2 + out.as_slice().len()) as u64,
+            elapsed: start.elapsed(),
+            modelled: None,
+        })
+    }
+}
+
+impl CpuSwiGlu {
+    fn run_with(&self, x: &Batch, r: Option<&Batch>, out: &mut Batch, s: &mut Scratch) -> Result<()> {
+        let lanes = x.lanes();
         let ffn = self.gate.rows;
-        let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let SwiGluScratch { act, gate, up } = &mut *guard;
+        let Scratch { act, gate, up, .. } = s;
         gate.resize(lanes * ffn, 0.0);
         up.resize(lanes * ffn, 0.0);
         act.quantize(self.gate.format, x.as_slice(), lanes, self.gate.cols)?;
@@ -281,13 +303,6 @@ impl Kernel for CpuSwiGlu {
                 *y += *r;
             }
         }
-        let weight_bytes = (self.gate.bytes().len() + self.up.bytes().len() + self.down.bytes().len()) as u64;
-        Ok(Dispatch {
-            lanes,
-            weight_bytes,
-            activation_bytes: 4 * (x.as_slice().len() * 2 + out.as_slice().len()) as u64,
-            elapsed: start.elapsed(),
-            modelled: None,
-        })
+        Ok(())
     }
 }

@@ -181,6 +181,10 @@ impl KvLayer {
     fn bytes(&self) -> usize {
         4 * (self.k.len() + self.v.len())
     }
+
+    fn reserved_bytes(&self) -> usize {
+        4 * (self.k.capacity() + self.v.capacity())
+    }
 }
 
 /// The KV cache of one session across all attention layers.
@@ -234,6 +238,11 @@ impl KvCache {
     /// Bytes held.
     pub fn bytes(&self) -> usize {
         self.layers.iter().map(KvLayer::bytes).sum()
+    }
+
+    /// Bytes allocated, spare capacity included (what the cache costs in memory).
+    pub fn reserved_bytes(&self) -> usize {
+        self.layers.iter().map(KvLayer::reserved_bytes).sum()
     }
 }
 

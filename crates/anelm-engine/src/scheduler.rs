@@ -165,6 +165,9 @@ pub struct Metrics {
     pub step_time_us_total: AtomicU64,
     /// Tokens per second of generation over the last step with any (×1000, fixed point).
     pub last_step_gen_tok_s_milli: AtomicU64,
+    /// Bytes the sessions' caches hold allocated (KV capacity, recurrent state, tokens), kept
+    /// between requests for prompt reuse; updated after every step.
+    pub session_cache_bytes: AtomicU64,
 }
 
 struct Job {
@@ -600,6 +603,8 @@ fn step(
         }
     }
     let dt = t0.elapsed();
+    let cache_bytes: usize = slots.iter().map(|s| s.session.reserved_bytes()).sum();
+    metrics.session_cache_bytes.store(cache_bytes as u64, Ordering::Relaxed);
     metrics.steps_total.fetch_add(1, Ordering::Relaxed);
     metrics
         .step_time_us_total

@@ -157,6 +157,20 @@ impl Session {
         self.kv.bytes() + recurrent(&self.recurrent) + self.checkpoint.as_ref().map_or(0, |cp| recurrent(&cp.recurrent))
     }
 
+    /// Bytes the session's caches have allocated (spare KV capacity included): the memory it
+    /// keeps between requests for prompt reuse.
+    pub fn reserved_bytes(&self) -> usize {
+        let recurrent = |r: &[RecurrentLayer]| {
+            r.iter()
+                .map(|r| 4 * (r.conv.capacity() + r.state.capacity()))
+                .sum::<usize>()
+        };
+        self.kv.reserved_bytes()
+            + recurrent(&self.recurrent)
+            + self.checkpoint.as_ref().map_or(0, |cp| recurrent(&cp.recurrent))
+            + 4 * self.tokens.capacity()
+    }
+
     pub(crate) fn push_tokens(&mut self, tokens: &[u32]) {
         self.tokens.extend_from_slice(tokens);
     }

@@ -83,6 +83,16 @@ impl StoredMatrix {
         self.bytes().get(row * rb..(row + 1) * rb)
     }
 
+    /// Copy row `row`'s stored bytes into `buf` through the store's positional read (see
+    /// `TensorStore::read_into`): for sparse lookups such as embeddings, whose pages a packed
+    /// copy already released. `None` when `row` is out of range.
+    pub fn read_row<'b>(&self, row: usize, buf: &'b mut Vec<u8>) -> Option<&'b [u8]> {
+        let src = self.row_bytes(row)?;
+        buf.resize(src.len(), 0);
+        self._owner.read_into(src, buf);
+        Some(buf)
+    }
+
     /// Require a shape, naming the tensor when it differs.
     pub fn expect_shape(&self, rows: usize, cols: usize) -> Result<()> {
         if self.rows == rows && self.cols == cols {
@@ -96,13 +106,15 @@ impl StoredMatrix {
         }
     }
 
-    /// Decode the whole tensor to f32 (only for small tensors such as norm weights).
+    /// Decode the whole tensor to f32 (only for small tensors such as norm weights). The caller
+    /// keeps the copy, so the stored pages are released.
     pub fn to_f32(&self) -> Result<Vec<f32>> {
         let mut out = vec![0.0; self.rows * self.cols];
         for (r, dst) in out.chunks_mut(self.cols.max(1)).enumerate() {
             let src = self.row_bytes(r).unwrap_or(&[]);
             anelm_kernels::dequantize_row(self.format, src, dst)?;
         }
+        self.release_pages(self.bytes());
         Ok(out)
     }
 }

@@ -229,15 +229,21 @@ pub fn ggml_type_name(ggml_type: u32) -> String {
 }
 
 /// Where the bytes of an open file live.
+/// How far beyond a released range [`GgufFile`]'s `release` also drops pages: twice Linux's
+/// default fault-around window.
+#[cfg(unix)]
+const RELEASE_MARGIN: usize = 128 << 10;
+
 enum Backing {
-    Mapped(memmap2::Mmap),
+    /// The mapping, and the file for positional reads (`TensorStore::read_into`).
+    Mapped(memmap2::Mmap, File),
     Owned(Vec<u8>),
 }
 
 impl Backing {
     fn bytes(&self) -> &[u8] {
         match self {
-            Backing::Mapped(m) => m,
+            Backing::Mapped(m, _) => m,
             Backing::Owned(v) => v,
         }
     }
@@ -293,7 +299,7 @@ impl GgufFile {
             // truncated or modified by another process while mapped (as for
             // every mmap-based model loader).
             let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io_err)?;
-            Backing::Mapped(map)
+            Backing::Mapped(map, file)
         };
         Self::parse(backing, path.display().to_string())
     }
@@ -305,7 +311,7 @@ impl GgufFile {
 
     fn parse(backing: Backing, label: String) -> Result<Self, ModelError> {
         let parsed = parse_layout(backing.bytes(), &label)?;
-        Ok(Self {
+        let file = Self {
             backing,
             label,
             version: parsed.version,
@@ -315,7 +321,14 @@ impl GgufFile {
             tensor_index: parsed.tensor_index,
             alignment: parsed.alignment,
             data_start: parsed.data_start,
-        })
+        };
+        // The metadata (a vocabulary is megabytes of strings) now lives in owned values: its
+        // mapped pages are not read again.
+        let header_len = usize::try_from(file.data_start)
+            .unwrap_or(0)
+            .min(file.backing.bytes().len());
+        file.release(&file.backing.bytes()[..header_len]);
+        Ok(file)
     }
 
     /// The GGUF format version (2 or 3).
@@ -508,20 +521,40 @@ impl TensorStore for GgufFile {
 
     fn release(&self, bytes: &[u8]) {
         #[cfg(unix)]
-        if let Backing::Mapped(map) = &self.backing {
+        if let Backing::Mapped(map, _) = &self.backing {
             let base = map.as_ptr() as usize;
             let start = bytes.as_ptr() as usize;
             if start >= base && start + bytes.len() <= base + map.len() && !bytes.is_empty() {
+                // Linux maps up to 64 KiB of cached pages around each faulting one
+                // ("fault-around"), so reading one tensor also mapped the edges of its neighbours;
+                // give those back too (a neighbour still in use just faults them in again).
+                let from = (start - base).saturating_sub(RELEASE_MARGIN);
+                let to = (start - base + bytes.len() + RELEASE_MARGIN).min(map.len());
                 // SAFETY: a read-only file mapping: MADV_DONTNEED drops the resident pages and
                 // the next access reads the same bytes from the file again, so every live borrow
                 // of the mapping keeps seeing the same data. A failure only leaves pages resident.
-                let _ = unsafe {
-                    map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start - base, bytes.len())
-                };
+                let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, from, to - from) };
             }
         }
         #[cfg(not(unix))]
         let _ = bytes;
+    }
+
+    fn read_into(&self, bytes: &[u8], out: &mut [u8]) {
+        #[cfg(unix)]
+        if let Backing::Mapped(map, file) = &self.backing {
+            use std::os::unix::fs::FileExt;
+            let (base, start) = (map.as_ptr() as usize, bytes.as_ptr() as usize);
+            if start >= base
+                && start + bytes.len() <= base + map.len()
+                && out.len() == bytes.len()
+                && file.read_exact_at(out, (start - base) as u64).is_ok()
+            {
+                return;
+            }
+        }
+        // Not mapped, or the read failed: the mapping holds the same bytes.
+        out.copy_from_slice(bytes);
     }
 }
 

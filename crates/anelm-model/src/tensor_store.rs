@@ -44,4 +44,12 @@ pub trait TensorStore: Send + Sync {
     /// the pages back to the page cache (they are read from the file again if ever touched), so
     /// the process does not hold the weights twice. Reads stay valid; the default does nothing.
     fn release(&self, _bytes: &[u8]) {}
+
+    /// Copy `bytes` (part of a tensor's data from [`TensorStore::tensor`]) into `out`, of the
+    /// same length, without making the pages resident: a memory-mapped store reads the file at
+    /// that offset, so a sparse reader (one embedding row per token) does not fault ranges of
+    /// released pages back into the process. The default copies from memory.
+    fn read_into(&self, bytes: &[u8], out: &mut [u8]) {
+        out.copy_from_slice(bytes);
+    }
 }

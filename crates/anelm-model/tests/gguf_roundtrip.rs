@@ -177,6 +177,18 @@ fn open_from_disk_matches_from_bytes() {
     for t in f.tensors() {
         assert_eq!(f.tensor_data(t), g.tensor_data(t));
     }
+    // Released pages read back the same, through the mapping and through positional reads
+    // (the file is already unlinked: the open handle still reads it).
+    for t in f.tensors() {
+        let Ok(view) = f.tensor(&t.name) else { continue };
+        f.release(view.data);
+        assert_eq!(view.data, g.tensor_data(t), "{} after release", t.name);
+        for part in [view.data, &view.data[view.data.len() / 2..], &view.data[..0]] {
+            let mut out = vec![0u8; part.len()];
+            f.read_into(part, &mut out);
+            assert_eq!(out, part, "{} read_into", t.name);
+        }
+    }
     let e = GgufFile::open(std::path::Path::new("/definitely/not/here.gguf")).unwrap_err();
     assert!(matches!(e, ModelError::Io { .. }), "{e}");
     assert!(e.to_string().contains("/definitely/not/here.gguf"));

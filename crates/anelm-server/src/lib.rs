@@ -217,6 +217,12 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
             "sessions in the pool",
             r.scheduler.config().sessions as f64,
         );
+        put(
+            "session_cache_bytes",
+            "gauge",
+            "bytes the sessions' caches hold for prompt reuse (KV capacity included)",
+            g(&m.session_cache_bytes),
+        );
         put("steps_total", "counter", "batched forward steps", g(&m.steps_total));
         put(
             "step_seconds_total",

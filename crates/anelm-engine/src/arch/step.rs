@@ -50,9 +50,13 @@ pub(crate) fn plan_lanes(items: &[StepItem<'_>], vocab_size: usize) -> Result<Ve
 pub(crate) fn embed_lanes(embed: &StoredMatrix, items: &[StepItem<'_>], n: usize, scale: f32) -> Result<Batch> {
     let mut x = Batch::zeros(n, embed.cols);
     let mut lane = 0;
+    let mut buf = Vec::new();
     for it in items {
         for &tok in it.tokens {
-            let row = embed.row_bytes(tok as usize).unwrap_or(&[]);
+            // Read through the store, not the mapping: the LM head's packed copy released these
+            // pages, and faulting them back (with the kernel's read-around) would hold tens of
+            // megabytes of the table resident again.
+            let row = embed.read_row(tok as usize, &mut buf).unwrap_or(&[]);
             let dst = x.lane_mut(lane);
             anelm_kernels::dequantize_row(embed.format, row, dst)?;
             if scale != 1.0 {
