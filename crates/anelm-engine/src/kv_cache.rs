@@ -12,17 +12,144 @@
 
 use std::ops::Range;
 
+use anelm_kernels::f32_to_f16;
+
 /// Extra ring slots beyond what a step needs, so short rewinds keep the session.
 pub const REWIND_SLACK: usize = 64;
 
 /// Positions a full layer's buffers grow by when they run out (see `KvLayer::reserve_step`).
 const GROW_POSITIONS: usize = 64;
 
-/// Keys and values of one attention layer, one row of `kv_dim` floats per position.
+/// How a cache stores its values: f32, or f16 bits when the model's attention rounds K and V
+/// to f16 anyway (llama.cpp's f16 cache), which halves the memory and the bytes attention reads
+/// for the same numbers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvStorage {
+    /// Full-precision floats.
+    #[default]
+    F32,
+    /// Half-precision bits; values must already be f16-representable to be stored exactly.
+    F16,
+}
+
+/// Cached rows in their storage type, as attention reads them.
+#[derive(Clone, Copy, Debug)]
+pub enum KvRows<'a> {
+    /// f32 values.
+    F32(&'a [f32]),
+    /// f16 bits.
+    F16(&'a [u16]),
+}
+
+/// One growable buffer of cached values in either storage type.
+#[derive(Clone, Debug)]
+enum Buf {
+    F32(Vec<f32>),
+    F16(Vec<u16>),
+}
+
+impl Default for Buf {
+    fn default() -> Self {
+        Buf::F32(Vec::new())
+    }
+}
+
+impl Buf {
+    fn empty(storage: KvStorage) -> Self {
+        match storage {
+            KvStorage::F32 => Buf::F32(Vec::new()),
+            KvStorage::F16 => Buf::F16(Vec::new()),
+        }
+    }
+
+    fn zeros(storage: KvStorage, n: usize) -> Self {
+        match storage {
+            KvStorage::F32 => Buf::F32(vec![0.0; n]),
+            KvStorage::F16 => Buf::F16(vec![0; n]),
+        }
+    }
+
+    fn storage(&self) -> KvStorage {
+        match self {
+            Buf::F32(_) => KvStorage::F32,
+            Buf::F16(_) => KvStorage::F16,
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Buf::F32(b) => b.len(),
+            Buf::F16(b) => b.len(),
+        }
+    }
+
+    fn capacity(&self) -> usize {
+        match self {
+            Buf::F32(b) => b.capacity(),
+            Buf::F16(b) => b.capacity(),
+        }
+    }
+
+    fn element_bytes(&self) -> usize {
+        match self {
+            Buf::F32(_) => 4,
+            Buf::F16(_) => 2,
+        }
+    }
+
+    fn reserve_exact(&mut self, n: usize) {
+        match self {
+            Buf::F32(b) => b.reserve_exact(n),
+            Buf::F16(b) => b.reserve_exact(n),
+        }
+    }
+
+    fn truncate(&mut self, n: usize) {
+        match self {
+            Buf::F32(b) => b.truncate(n),
+            Buf::F16(b) => b.truncate(n),
+        }
+    }
+
+    fn extend(&mut self, x: &[f32]) {
+        match self {
+            Buf::F32(b) => b.extend_from_slice(x),
+            Buf::F16(b) => b.extend(x.iter().map(|&e| f32_to_f16(e))),
+        }
+    }
+
+    fn write(&mut self, at: usize, x: &[f32]) {
+        match self {
+            Buf::F32(b) => b[at..at + x.len()].copy_from_slice(x),
+            Buf::F16(b) => b[at..at + x.len()]
+                .iter_mut()
+                .zip(x)
+                .for_each(|(d, &e)| *d = f32_to_f16(e)),
+        }
+    }
+
+    /// Copy `n` values from `from` in `src` to `to` in `self` (same storage type).
+    fn copy_from(&mut self, src: &Buf, from: usize, to: usize, n: usize) {
+        match (self, src) {
+            (Buf::F32(d), Buf::F32(s)) => d[to..to + n].copy_from_slice(&s[from..from + n]),
+            (Buf::F16(d), Buf::F16(s)) => d[to..to + n].copy_from_slice(&s[from..from + n]),
+            _ => unreachable!("a layer's buffers share one storage type"),
+        }
+    }
+
+    fn rows(&self) -> KvRows<'_> {
+        match self {
+            Buf::F32(b) => KvRows::F32(b),
+            Buf::F16(b) => KvRows::F16(b),
+        }
+    }
+}
+
+/// Keys and values of one attention layer, one row of `kv_dim` values per position.
 #[derive(Clone, Debug, Default)]
 pub struct KvLayer {
-    k: Vec<f32>,
-    v: Vec<f32>,
+    k: Buf,
+    v: Buf,
     /// Positions appended so far (the next position is `len`).
     len: usize,
     /// `Some(w)`: keep only what a query with a `w`-position window needs (ring buffer).
@@ -46,6 +173,18 @@ impl KvLayer {
             window: Some(window.max(1)),
             ..Self::default()
         }
+    }
+
+    /// This layer storing its values as `storage` (only before the first append).
+    pub fn with_storage(mut self, storage: KvStorage) -> Self {
+        debug_assert!(self.is_empty());
+        (self.k, self.v) = (Buf::empty(storage), Buf::empty(storage));
+        self
+    }
+
+    /// How the values are stored.
+    pub fn storage(&self) -> KvStorage {
+        self.k.storage()
     }
 
     /// The window, for a sliding layer.
@@ -90,13 +229,13 @@ impl KvLayer {
         if w - 1 + n_new.max(1) <= self.slots {
             return;
         }
-        let (old_slots, oldest) = (self.slots, self.oldest());
-        let mut k = vec![0.0; need * kv_dim];
-        let mut v = vec![0.0; need * kv_dim];
+        let (old_slots, oldest, storage) = (self.slots, self.oldest(), self.storage());
+        let mut k = Buf::zeros(storage, need * kv_dim);
+        let mut v = Buf::zeros(storage, need * kv_dim);
         for p in oldest..self.len {
             let (from, to) = ((p % old_slots) * kv_dim, (p % need) * kv_dim);
-            k[to..to + kv_dim].copy_from_slice(&self.k[from..from + kv_dim]);
-            v[to..to + kv_dim].copy_from_slice(&self.v[from..from + kv_dim]);
+            k.copy_from(&self.k, from, to, kv_dim);
+            v.copy_from(&self.v, from, to, kv_dim);
         }
         (self.k, self.v, self.slots) = (k, v, need);
     }
@@ -108,8 +247,8 @@ impl KvLayer {
         debug_assert_eq!(k.len(), v.len());
         match self.window {
             None => {
-                self.k.extend_from_slice(k);
-                self.v.extend_from_slice(v);
+                self.k.extend(k);
+                self.v.extend(v);
             }
             Some(_) => {
                 let d = k.len();
@@ -117,22 +256,22 @@ impl KvLayer {
                     self.reserve_step(1, d);
                 }
                 let at = (self.len % self.slots) * d;
-                self.k[at..at + d].copy_from_slice(k);
-                self.v[at..at + d].copy_from_slice(v);
+                self.k.write(at, k);
+                self.v.write(at, v);
                 self.first = self.first.max((self.len + 1).saturating_sub(self.slots));
             }
         }
         self.len += 1;
     }
 
-    /// Keys, rows of `kv_dim` floats indexed by slot (see [`KvLayer::segments`]).
-    pub fn keys(&self) -> &[f32] {
-        &self.k
+    /// Keys, rows of `kv_dim` values indexed by slot (see [`KvLayer::segments`]).
+    pub fn keys(&self) -> KvRows<'_> {
+        self.k.rows()
     }
 
     /// Values, laid out as [`KvLayer::keys`].
-    pub fn values(&self) -> &[f32] {
-        &self.v
+    pub fn values(&self) -> KvRows<'_> {
+        self.v.rows()
     }
 
     /// The slot ranges holding `positions`, oldest first (two when a ring wraps; the second may
@@ -171,7 +310,9 @@ impl KvLayer {
                 self.v.truncate(len * kv_dim);
             }
             Some(_) if len == 0 => {
-                (self.k, self.v, self.slots, self.first) = (Vec::new(), Vec::new(), 0, 0);
+                let storage = self.storage();
+                (self.k, self.v) = (Buf::empty(storage), Buf::empty(storage));
+                (self.slots, self.first) = (0, 0);
             }
             Some(_) => {}
         }
@@ -179,11 +320,11 @@ impl KvLayer {
     }
 
     fn bytes(&self) -> usize {
-        4 * (self.k.len() + self.v.len())
+        self.k.element_bytes() * (self.k.len() + self.v.len())
     }
 
     fn reserved_bytes(&self) -> usize {
-        4 * (self.k.capacity() + self.v.capacity())
+        self.k.element_bytes() * (self.k.capacity() + self.v.capacity())
     }
 }
 
@@ -214,6 +355,12 @@ impl KvCache {
                 .collect(),
             kv_dim,
         }
+    }
+
+    /// This cache storing every layer's values as `storage` (only while empty).
+    pub fn with_storage(mut self, storage: KvStorage) -> Self {
+        self.layers = self.layers.into_iter().map(|l| l.with_storage(storage)).collect();
+        self
     }
 
     /// Floats per position per layer.
@@ -258,13 +405,25 @@ mod tests {
     fn read(l: &KvLayer, positions: Range<usize>) -> Vec<f32> {
         l.segments(positions)
             .into_iter()
-            .flat_map(|s| s.map(|slot| l.keys()[slot * 2]))
+            .flat_map(|s| {
+                s.map(|slot| match l.keys() {
+                    KvRows::F32(k) => k[slot * 2],
+                    KvRows::F16(k) => anelm_kernels::f16_to_f32(k[slot * 2]),
+                })
+            })
             .collect()
     }
 
     #[test]
     fn ring_keeps_the_window_and_reads_in_position_order() {
-        let mut l = KvLayer::sliding(4);
+        for storage in [KvStorage::F32, KvStorage::F16] {
+            ring_keeps_the_window(storage);
+        }
+    }
+
+    fn ring_keeps_the_window(storage: KvStorage) {
+        let mut l = KvLayer::sliding(4).with_storage(storage);
+        let elem = if storage == KvStorage::F16 { 2 } else { 4 };
         for p in 0..11 {
             l.reserve_step(1, 2);
             l.push(&row(p), &row(p));
@@ -273,7 +432,7 @@ mod tests {
             assert_eq!(read(&l, start..p + 1), want, "after position {p}");
         }
         let slots = 4 + REWIND_SLACK;
-        assert_eq!(l.bytes(), 4 * 2 * slots * 2, "window + slack slots of k and v");
+        assert_eq!(l.bytes(), elem * 2 * slots * 2, "window + slack slots of k and v");
         // Wrap the ring a few times.
         for p in 11..3 * slots {
             l.reserve_step(1, 2);
@@ -300,7 +459,13 @@ mod tests {
 
     #[test]
     fn truncation_within_the_window_keeps_and_beyond_it_resets() {
-        let mut c = KvCache::with_windows(&[Some(4), None], 2);
+        for storage in [KvStorage::F32, KvStorage::F16] {
+            truncation_keeps_or_resets(storage);
+        }
+    }
+
+    fn truncation_keeps_or_resets(storage: KvStorage) {
+        let mut c = KvCache::with_windows(&[Some(4), None], 2).with_storage(storage);
         let slots = 4 + REWIND_SLACK;
         let len = 200;
         for p in 0..len {
@@ -322,7 +487,7 @@ mod tests {
         assert!(c.layers[0].can_truncate(oldest + 3));
         // Rewinding far back: everything goes.
         assert_eq!(c.truncate(5), 0);
-        assert!(c.layers.iter().all(|l| l.is_empty()));
+        assert!(c.layers.iter().all(|l| l.is_empty() && l.storage() == storage));
         assert_eq!(c.bytes(), 0);
     }
 }

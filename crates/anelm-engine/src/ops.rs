@@ -4,6 +4,8 @@
 
 use anelm_kernels::round_f16;
 
+use crate::kv_cache::{KvRows, KvStorage};
+
 /// y = x / sqrt(mean(x²) + eps) ⊙ (w + offset). `offset` is 0 for Llama, 1 for `(1 + w)` norms.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, offset: f32, y: &mut [f32]) {
     let sum: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
@@ -111,6 +113,14 @@ pub enum AttentionPrecision {
 }
 
 impl AttentionPrecision {
+    /// The cache storage that holds every value [`AttentionPrecision::store`] yields exactly.
+    pub fn kv_storage(self) -> KvStorage {
+        match self {
+            Self::F16 => KvStorage::F16,
+            Self::F32 => KvStorage::F32,
+        }
+    }
+
     /// A K or V value as the cache stores it.
     #[inline]
     pub fn store(self, x: f32) -> f32 {
@@ -143,8 +153,8 @@ pub struct AttendParams {
 /// the probabilities before weighting V, as llama.cpp's non-flash CPU path does.
 pub fn attend(
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    k: KvRows<'_>,
+    v: KvRows<'_>,
     slots: &[std::ops::Range<usize>],
     p: &AttendParams,
     scores: &mut Vec<f32>,
@@ -166,7 +176,10 @@ pub fn attend(
         *r = p.precision.store(a);
     }
     for r in slots {
-        anelm_kernels::dot_rows_f32(qr, k, stride, offset, r.clone(), scores);
+        match k {
+            KvRows::F32(k) => anelm_kernels::dot_rows_f32(qr, k, stride, offset, r.clone(), scores),
+            KvRows::F16(k) => anelm_kernels::dot_rows_f16(qr, k, stride, offset, r.clone(), scores),
+        }
     }
     let mut max = f32::NEG_INFINITY;
     for s in scores.iter_mut() {
@@ -192,7 +205,11 @@ pub fn attend(
     let mut done = 0;
     for r in slots {
         let n = r.len();
-        anelm_kernels::weighted_rows_f32(&scores[done..done + n], v, stride, offset, r.clone(), out);
+        let p = &scores[done..done + n];
+        match v {
+            KvRows::F32(v) => anelm_kernels::weighted_rows_f32(p, v, stride, offset, r.clone(), out),
+            KvRows::F16(v) => anelm_kernels::weighted_rows_f16(p, v, stride, offset, r.clone(), out),
+        }
         done += n;
     }
 }
@@ -252,14 +269,34 @@ mod tests {
             precision: AttentionPrecision::F16,
         };
         let all = std::slice::from_ref(&(0..2));
-        attend(&q, &k, &v, all, &p, &mut scores, &mut out);
+        let (k, v) = (KvRows::F32(&k), KvRows::F32(&v));
+        attend(&q, k, v, all, &p, &mut scores, &mut out);
         assert!((out[0] - 3.0).abs() < 1e-3 && (out[1] - 4.0).abs() < 1e-3, "{out:?}");
         // With equal scores the output is the mean of the values.
-        attend(&[0.0, 0.0], &k, &v, all, &p, &mut scores, &mut out);
+        attend(&[0.0, 0.0], k, v, all, &p, &mut scores, &mut out);
         // Split into two slot ranges (a wrapped ring), in the same order: the same result.
         let mut split = [0.0; 2];
-        attend(&[0.0, 0.0], &k, &v, &[0..1, 1..2], &p, &mut scores, &mut split);
+        attend(&[0.0, 0.0], k, v, &[0..1, 1..2], &p, &mut scores, &mut split);
         assert_eq!(split, out);
+        // The same rows stored as f16 (exact here): the same result bit for bit.
+        let (k16, v16): (Vec<u16>, Vec<u16>) = match (k, v) {
+            (KvRows::F32(k), KvRows::F32(v)) => (
+                k.iter().map(|&x| anelm_kernels::f32_to_f16(x)).collect(),
+                v.iter().map(|&x| anelm_kernels::f32_to_f16(x)).collect(),
+            ),
+            _ => unreachable!(),
+        };
+        let mut half = [0.0; 2];
+        attend(
+            &[0.0, 0.0],
+            KvRows::F16(&k16),
+            KvRows::F16(&v16),
+            all,
+            &p,
+            &mut scores,
+            &mut half,
+        );
+        assert_eq!(half, out);
         assert!((out[0] - 2.0).abs() < 1e-3 && (out[1] - 3.0).abs() < 1e-3, "{out:?}");
     }
 }

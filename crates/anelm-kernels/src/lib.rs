@@ -29,4 +29,4 @@ pub use fp16::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, round_bf16, rou
 pub use matmul::{Isa, matmul, matmul_with};
 pub use packed::{PACK_ROWS, PackedMatrix};
 pub use quantize::quantize_row;
-pub use vector::{axpy_f32, dot_f32, dot_rows_f32, weighted_rows_f32};
+pub use vector::{axpy_f32, dot_f32, dot_rows_f16, dot_rows_f32, weighted_rows_f16, weighted_rows_f32};

@@ -432,7 +432,8 @@ impl LanguageModel for Gemma3 {
             .map(|&s| s.then_some(self.cfg.sliding_window))
             .collect();
         Session::new(
-            KvCache::with_windows(&windows, self.cfg.n_kv_heads * self.cfg.head_dim),
+            KvCache::with_windows(&windows, self.cfg.n_kv_heads * self.cfg.head_dim)
+                .with_storage(self.cfg.attention_precision.kv_storage()),
             ctx,
         )
     }

@@ -365,7 +365,8 @@ impl LanguageModel for Llama {
     fn new_session(&self, ctx_size: usize) -> Session {
         let ctx = ctx_size.clamp(1, self.cfg.context_length.max(1));
         Session::new(
-            KvCache::new(self.cfg.n_layers, self.cfg.n_kv_heads * self.cfg.head_dim),
+            KvCache::new(self.cfg.n_layers, self.cfg.n_kv_heads * self.cfg.head_dim)
+                .with_storage(self.cfg.attention_precision.kv_storage()),
             ctx,
         )
     }
