@@ -33,13 +33,7 @@ pub enum KvStorage {
 }
 
 /// Cached rows in their storage type, as attention reads them.
-#[derive(Clone, Copy, Debug)]
-pub enum KvRows<'a> {
-    /// f32 values.
-    F32(&'a [f32]),
-    /// f16 bits.
-    F16(&'a [u16]),
-}
+pub type KvRows<'a> = anelm_kernels::CacheRows<'a>;
 
 /// One growable buffer of cached values in either storage type.
 #[derive(Clone, Debug)]

@@ -146,41 +146,60 @@ pub struct AttendParams {
     pub precision: AttentionPrecision,
 }
 
-/// One query head attending over the cached rows `slots` of its KV head (ranges of row indices,
-/// in position order: one range for a plain cache, two when a ring buffer wraps).
-/// `k`/`v` hold rows of `p.stride` floats; the head's slice starts at `p.offset` in each row.
-/// Softmax in f32 with an f64 sum; with [`AttentionPrecision::F16`] q is rounded to f16 once and
-/// the probabilities before weighting V, as llama.cpp's non-flash CPU path does.
-pub fn attend(
-    q: &[f32],
+/// Reusable buffers of [`attend_group`] (one per thread, so the hot path does not allocate).
+#[derive(Debug, Default)]
+pub struct AttendScratch {
+    q: Vec<f32>,
+    scores: Vec<f32>,
+}
+
+/// The query heads `qs` (each `d` floats) of one KV head attending over its cached rows `slots`
+/// (ranges of row indices in position order: one for a plain cache, two when a ring buffer
+/// wraps); head `h`'s output goes to `out[h·d..(h + 1)·d]`. `k`/`v` hold rows of `p.stride`
+/// values; the KV head's slice starts at `p.offset` in each row. Each row is read once for the
+/// whole group. Softmax in f32 with an f64 sum; with [`AttentionPrecision::F16`] q is rounded to
+/// f16 once and the probabilities before weighting V, as llama.cpp's non-flash CPU path does.
+pub fn attend_group(
+    qs: &[&[f32]],
     k: KvRows<'_>,
     v: KvRows<'_>,
     slots: &[std::ops::Range<usize>],
     p: &AttendParams,
-    scores: &mut Vec<f32>,
+    scratch: &mut AttendScratch,
     out: &mut [f32],
 ) {
-    let d = q.len();
-    let (stride, offset) = (p.stride, p.offset);
-    scores.clear();
-    // q rounded once (not once per position); on the stack for every usual head size.
-    let mut q16_stack = [0f32; 512];
-    let mut q16_heap = Vec::new();
-    let qr: &mut [f32] = if d <= q16_stack.len() {
-        &mut q16_stack[..d]
-    } else {
-        q16_heap.resize(d, 0.0);
-        &mut q16_heap
+    let Some(d) = qs.first().map(|q| q.len()) else {
+        return;
     };
-    for (r, &a) in qr.iter_mut().zip(q) {
-        *r = p.precision.store(a);
+    let g = qs.len();
+    let n: usize = slots.iter().map(|r| r.len()).sum();
+    let (stride, offset) = (p.stride, p.offset);
+    let AttendScratch { q, scores } = scratch;
+    q.clear();
+    for head in qs {
+        q.extend(head.iter().map(|&a| p.precision.store(a)));
     }
+    scores.clear();
+    scores.resize(g * n, 0.0);
+    let mut done = 0;
     for r in slots {
-        match k {
-            KvRows::F32(k) => anelm_kernels::dot_rows_f32(qr, k, stride, offset, r.clone(), scores),
-            KvRows::F16(k) => anelm_kernels::dot_rows_f16(qr, k, stride, offset, r.clone(), scores),
-        }
+        let at = &mut scores[done..];
+        anelm_kernels::dot_rows_group(q, d, k, stride, offset, r.clone(), at, n);
+        done += r.len();
     }
+    for s in scores.chunks_mut(n.max(1)) {
+        softmax_scores(s, p);
+    }
+    out[..g * d].fill(0.0);
+    let mut done = 0;
+    for r in slots {
+        anelm_kernels::weighted_rows_group(&scores[done..], n, v, stride, offset, r.clone(), &mut out[..g * d], d);
+        done += r.len();
+    }
+}
+
+/// Scale (and soft-cap) one head's raw scores, then turn them into probabilities in place.
+fn softmax_scores(scores: &mut [f32], p: &AttendParams) {
     let mut max = f32::NEG_INFINITY;
     for s in scores.iter_mut() {
         *s *= p.scale;
@@ -200,17 +219,6 @@ pub fn attend(
             AttentionPrecision::F16 => round_f16(*s * inv),
             AttentionPrecision::F32 => *s * inv,
         };
-    }
-    out.fill(0.0);
-    let mut done = 0;
-    for r in slots {
-        let n = r.len();
-        let p = &scores[done..done + n];
-        match v {
-            KvRows::F32(v) => anelm_kernels::weighted_rows_f32(p, v, stride, offset, r.clone(), out),
-            KvRows::F16(v) => anelm_kernels::weighted_rows_f16(p, v, stride, offset, r.clone(), out),
-        }
-        done += n;
     }
 }
 
@@ -253,14 +261,7 @@ mod tests {
         assert!((n0 - n1).abs() < 1e-4);
     }
 
-    #[test]
-    fn attention_picks_the_matching_key() {
-        // Two cached positions; the query matches the second key strongly.
-        let q = [0.0, 8.0];
-        let k = [8.0, 0.0, 0.0, 8.0];
-        let v = [1.0, 2.0, 3.0, 4.0];
-        let mut scores = Vec::new();
-        let mut out = [0.0; 2];
+    fn attend(q: &[f32], k: KvRows<'_>, v: KvRows<'_>, slots: &[std::ops::Range<usize>], out: &mut [f32]) {
         let p = AttendParams {
             stride: 2,
             offset: 0,
@@ -268,35 +269,63 @@ mod tests {
             softcap: None,
             precision: AttentionPrecision::F16,
         };
-        let all = std::slice::from_ref(&(0..2));
+        attend_group(&[q], k, v, slots, &p, &mut AttendScratch::default(), out);
+    }
+
+    #[test]
+    fn attention_picks_the_matching_key() {
+        // Two cached positions; the query matches the second key strongly.
+        let q = [0.0, 8.0];
+        let (k, v) = ([8.0, 0.0, 0.0, 8.0], [1.0, 2.0, 3.0, 4.0]);
         let (k, v) = (KvRows::F32(&k), KvRows::F32(&v));
-        attend(&q, k, v, all, &p, &mut scores, &mut out);
+        let mut out = [0.0; 2];
+        let all = std::slice::from_ref(&(0..2));
+        attend(&q, k, v, all, &mut out);
         assert!((out[0] - 3.0).abs() < 1e-3 && (out[1] - 4.0).abs() < 1e-3, "{out:?}");
         // With equal scores the output is the mean of the values.
-        attend(&[0.0, 0.0], k, v, all, &p, &mut scores, &mut out);
+        attend(&[0.0, 0.0], k, v, all, &mut out);
+        assert!((out[0] - 2.0).abs() < 1e-3 && (out[1] - 3.0).abs() < 1e-3, "{out:?}");
         // Split into two slot ranges (a wrapped ring), in the same order: the same result.
         let mut split = [0.0; 2];
-        attend(&[0.0, 0.0], k, v, &[0..1, 1..2], &p, &mut scores, &mut split);
+        attend(&[0.0, 0.0], k, v, &[0..1, 1..2], &mut split);
         assert_eq!(split, out);
-        // The same rows stored as f16 (exact here): the same result bit for bit.
-        let (k16, v16): (Vec<u16>, Vec<u16>) = match (k, v) {
-            (KvRows::F32(k), KvRows::F32(v)) => (
-                k.iter().map(|&x| anelm_kernels::f32_to_f16(x)).collect(),
-                v.iter().map(|&x| anelm_kernels::f32_to_f16(x)).collect(),
-            ),
-            _ => unreachable!(),
+    }
+
+    #[test]
+    fn a_group_of_heads_equals_each_head_alone_in_either_storage() {
+        let (d, kv_heads, n) = (64, 3, 37);
+        let stride = kv_heads * d;
+        let val = |i: usize, s: u32| ((i as u32).wrapping_mul(2654435761).wrapping_add(s) >> 9) as f32 / 8.4e6 - 1.0;
+        let k32: Vec<f32> = (0..n * stride).map(|i| round_f16(val(i, 1))).collect();
+        let v32: Vec<f32> = (0..n * stride).map(|i| round_f16(val(i, 2))).collect();
+        let k16: Vec<u16> = k32.iter().map(|&x| anelm_kernels::f32_to_f16(x)).collect();
+        let v16: Vec<u16> = v32.iter().map(|&x| anelm_kernels::f32_to_f16(x)).collect();
+        let qs: Vec<Vec<f32>> = (0..3).map(|h| (0..d).map(|i| val(i, 10 + h) * 2.0).collect()).collect();
+        let q_refs: Vec<&[f32]> = qs.iter().map(|q| q.as_slice()).collect();
+        let p = AttendParams {
+            stride,
+            offset: d,
+            scale: 0.125,
+            softcap: Some(30.0),
+            precision: AttentionPrecision::F16,
         };
-        let mut half = [0.0; 2];
-        attend(
-            &[0.0, 0.0],
-            KvRows::F16(&k16),
-            KvRows::F16(&v16),
-            all,
-            &p,
-            &mut scores,
-            &mut half,
-        );
-        assert_eq!(half, out);
-        assert!((out[0] - 2.0).abs() < 1e-3 && (out[1] - 3.0).abs() < 1e-3, "{out:?}");
+        let slots = [5..n, 0..5];
+        let mut scratch = AttendScratch::default();
+        let mut alone = vec![0.0; 3 * d];
+        for (h, q) in q_refs.iter().enumerate() {
+            let (k, v) = (KvRows::F32(&k32), KvRows::F32(&v32));
+            attend_group(&[q], k, v, &slots, &p, &mut scratch, &mut alone[h * d..(h + 1) * d]);
+        }
+        for (k, v) in [
+            (KvRows::F32(&k32), KvRows::F32(&v32)),
+            (KvRows::F16(&k16), KvRows::F16(&v16)),
+        ] {
+            let mut group = vec![0.0; 3 * d];
+            attend_group(&q_refs, k, v, &slots, &p, &mut scratch, &mut group);
+            assert_eq!(
+                group.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                alone.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+            );
+        }
     }
 }

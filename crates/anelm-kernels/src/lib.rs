@@ -4,6 +4,7 @@
 //! integer dots per block) so greedy output matches llama.cpp on the same file.
 
 mod activations;
+mod attention_rows;
 mod blocks;
 mod dequant;
 mod error;
@@ -22,6 +23,7 @@ mod simd_x86;
 mod vector;
 
 pub use activations::Activations;
+pub use attention_rows::{CacheRows, dot_rows_group, weighted_rows_group};
 pub use dequant::{dequantize_row, dot_reference};
 pub use error::KernelError;
 pub use format::WeightFormat;
@@ -29,4 +31,4 @@ pub use fp16::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, round_bf16, rou
 pub use matmul::{Isa, matmul, matmul_with};
 pub use packed::{PACK_ROWS, PackedMatrix};
 pub use quantize::quantize_row;
-pub use vector::{axpy_f32, dot_f32, dot_rows_f16, dot_rows_f32, weighted_rows_f16, weighted_rows_f32};
+pub use vector::{axpy_f32, dot_f32};

@@ -6,7 +6,19 @@ use crate::arch::step::LaneRef;
 use crate::batch::Batch;
 use crate::kv_cache::KvLayer;
 use crate::model::StepItem;
-use crate::ops::{AttendParams, AttentionPrecision, attend};
+use crate::ops::{AttendParams, AttendScratch, AttentionPrecision, attend_group};
+
+/// Most query heads one attention task handles.
+const MAX_TASK_HEADS: usize = 8;
+
+/// Query heads per attention task: the largest divisor of the GQA `group` (≤ [`MAX_TASK_HEADS`])
+/// that still gives at least two tasks per thread for `total_heads` (lanes × heads), else 1.
+fn heads_per_task(group: usize, total_heads: usize, threads: usize) -> usize {
+    (1..=group.clamp(1, MAX_TASK_HEADS))
+        .rev()
+        .find(|&s| group.is_multiple_of(s) && total_heads / s >= 2 * threads.max(1))
+        .unwrap_or(1)
+}
 
 /// Shape and scoring of one attention layer.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -87,28 +99,56 @@ impl Attention {
         let group = self.n_heads / self.n_kv_heads.max(1);
         out.resize(lanes.len(), self.q_dim());
         let caches: Vec<&KvLayer> = items.iter().map(|it| &it.session.kv.layers[layer]).collect();
-        // On the kernel pool (spinning workers shared with the matmuls), one task per
-        // (lane, head); the score buffer is per thread, so the hot path does not allocate.
+        // On the kernel pool (spinning workers shared with the matmuls), one task per lane and
+        // run of `heads` query heads of one KV head, which read each cached row once; the runs
+        // are the whole group unless that leaves too few tasks to keep the threads busy.
+        let pool = anelm_kernels::pool::global();
+        let heads = heads_per_task(group, lanes.len() * self.n_heads, pool.threads());
         thread_local! {
-            static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+            static SCRATCH: std::cell::RefCell<AttendScratch> = std::cell::RefCell::new(AttendScratch::default());
         }
-        anelm_kernels::pool::global().for_each_chunk_mut(out.as_mut_slice(), hd, &|idx, o| {
-            let (lane, head) = (idx / self.n_heads, idx % self.n_heads);
+        pool.for_each_chunk_mut(out.as_mut_slice(), heads * hd, &|idx, o| {
+            let per_lane = self.n_heads / heads;
+            let (lane, first) = (idx / per_lane, (idx % per_lane) * heads);
             let l = &lanes[lane];
-            let at = q_off + head * q_stride;
-            let q = &rows.lane(lane)[at..at + hd];
+            let row = rows.lane(lane);
+            let mut qs = [&row[..0]; MAX_TASK_HEADS];
+            for (h, q) in qs.iter_mut().enumerate().take(heads) {
+                let at = q_off + (first + h) * q_stride;
+                *q = &row[at..at + hd];
+            }
             let c = caches[l.item];
             let end = l.pos + 1;
             let start = self.window.map_or(0, |w| end.saturating_sub(w));
             let slots = c.segments(start..end);
             let p = AttendParams {
                 stride: self.kv_dim(),
-                offset: (head / group) * hd,
+                offset: (first / group) * hd,
                 scale: self.scale,
                 softcap: self.softcap,
                 precision: self.precision,
             };
-            SCORES.with(|sc| attend(q, c.keys(), c.values(), &slots, &p, &mut sc.borrow_mut(), o));
+            SCRATCH.with(|sc| attend_group(&qs[..heads], c.keys(), c.values(), &slots, &p, &mut sc.borrow_mut(), o));
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::heads_per_task;
+
+    #[test]
+    fn tasks_share_rows_when_there_are_enough_of_them() {
+        // SmolLM2 (9 heads, groups of 3) on 2 threads: one lane keeps one head per task, four
+        // lanes take whole groups.
+        assert_eq!(heads_per_task(3, 9, 2), 1);
+        assert_eq!(heads_per_task(3, 36, 2), 3);
+        // Groups of 4 (Gemma 3 270M, one KV head): halves when a whole group would leave too few.
+        assert_eq!(heads_per_task(4, 4, 2), 1);
+        assert_eq!(heads_per_task(4, 8, 2), 2);
+        assert_eq!(heads_per_task(4, 64, 2), 4);
+        // Beyond MAX_TASK_HEADS, the largest divisor that fits; no GQA: one head.
+        assert_eq!(heads_per_task(16, 1024, 2), 8);
+        assert_eq!(heads_per_task(1, 100, 2), 1);
     }
 }

@@ -1,0 +1,325 @@
+//! Attention over a KV cache for a group of query heads that share one KV head (grouped-query
+//! attention): the q·k scores of every head against each cached row, and the probability-
+//! weighted sum of the value rows. Each row is loaded (and, for an f16 cache, widened) once for
+//! the whole group instead of once per head. Per head the arithmetic is exactly [`dot_f32`] and
+//! repeated [`axpy_f32`] on the rows widened to f32, so results equal the per-head path bit for
+//! bit (tested), whatever the group size or storage type.
+
+use std::ops::Range;
+
+use crate::fp16::f16_to_f32;
+use crate::vector::{axpy_f32, dot_f32};
+
+/// Cached rows in their storage type.
+#[derive(Clone, Copy, Debug)]
+pub enum CacheRows<'a> {
+    /// f32 values.
+    F32(&'a [f32]),
+    /// f16 bits.
+    F16(&'a [u16]),
+}
+
+/// Query heads handled in one pass over the rows (more are split into passes).
+const MAX_GROUP: usize = 8;
+
+/// Scores: for `g = q.len() / d` query heads (`q` = g × d, head after head) and each row `j` in
+/// `rows`, `out[h·out_stride + (j − rows.start)] = q_h · row_j`, where `row_j` is the `d` values
+/// at `m[j·stride + offset ..]`. Equal bit for bit to [`dot_f32`] per head and row.
+#[allow(clippy::too_many_arguments)]
+pub fn dot_rows_group(
+    q: &[f32],
+    d: usize,
+    m: CacheRows<'_>,
+    stride: usize,
+    offset: usize,
+    rows: Range<usize>,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    if d == 0 {
+        return;
+    }
+    let g = q.len() / d;
+    for h0 in (0..g).step_by(MAX_GROUP) {
+        let gh = (g - h0).min(MAX_GROUP);
+        let qg = &q[h0 * d..(h0 + gh) * d];
+        let og = &mut out[h0 * out_stride..];
+        #[cfg(target_arch = "x86_64")]
+        if avx2_f16c() {
+            // SAFETY: AVX2 and F16C were detected at run time; slices are bounds-checked inside.
+            unsafe {
+                match m {
+                    CacheRows::F32(m) => x86::dot_group(qg, d, m, stride, offset, rows.clone(), og, out_stride),
+                    CacheRows::F16(m) => x86::dot_group(qg, d, m, stride, offset, rows.clone(), og, out_stride),
+                }
+            }
+            continue;
+        }
+        with_row_buffer(d, |buf| {
+            for (i, j) in rows.clone().enumerate() {
+                let row = row_f32(m, j * stride + offset, d, buf);
+                for h in 0..gh {
+                    og[h * out_stride + i] = dot_f32(&qg[h * d..(h + 1) * d], row);
+                }
+            }
+        });
+    }
+}
+
+/// Attention output: for `g = out.len() / d` heads, `out_h += Σ_i p[h·p_stride + i] · row_(rows.start + i)`
+/// (rows as in [`dot_rows_group`]). Equal bit for bit to repeated [`axpy_f32`] per head.
+#[allow(clippy::too_many_arguments)]
+pub fn weighted_rows_group(
+    p: &[f32],
+    p_stride: usize,
+    m: CacheRows<'_>,
+    stride: usize,
+    offset: usize,
+    rows: Range<usize>,
+    out: &mut [f32],
+    d: usize,
+) {
+    if d == 0 {
+        return;
+    }
+    let g = out.len() / d;
+    for h0 in (0..g).step_by(MAX_GROUP) {
+        let gh = (g - h0).min(MAX_GROUP);
+        let pg = &p[h0 * p_stride..];
+        let og = &mut out[h0 * d..(h0 + gh) * d];
+        #[cfg(target_arch = "x86_64")]
+        if avx2_f16c() && d.is_multiple_of(8) {
+            // SAFETY: AVX2 and F16C were detected at run time; slices are bounds-checked inside.
+            unsafe {
+                match m {
+                    CacheRows::F32(m) => x86::weighted_group(pg, p_stride, m, stride, offset, rows.clone(), og, d),
+                    CacheRows::F16(m) => x86::weighted_group(pg, p_stride, m, stride, offset, rows.clone(), og, d),
+                }
+            }
+            continue;
+        }
+        with_row_buffer(d, |buf| {
+            for (i, j) in rows.clone().enumerate() {
+                let row = row_f32(m, j * stride + offset, d, buf);
+                for h in 0..gh {
+                    axpy_f32(pg[h * p_stride + i], row, &mut og[h * d..(h + 1) * d]);
+                }
+            }
+        });
+    }
+}
+
+/// The `d` values at `at` as f32: borrowed for an f32 cache, widened into `buf` for f16.
+fn row_f32<'a>(m: CacheRows<'a>, at: usize, d: usize, buf: &'a mut [f32]) -> &'a [f32] {
+    match m {
+        CacheRows::F32(m) => &m[at..at + d],
+        CacheRows::F16(m) => {
+            for (o, &b) in buf.iter_mut().zip(&m[at..at + d]) {
+                *o = f16_to_f32(b);
+            }
+            buf
+        }
+    }
+}
+
+/// Run `f` with an f32 buffer of `d` elements (on the stack for every usual head size).
+fn with_row_buffer<R>(d: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    let mut stack = [0f32; 512];
+    if d <= stack.len() {
+        f(&mut stack[..d])
+    } else {
+        f(&mut vec![0f32; d])
+    }
+}
+
+/// Whether this CPU has AVX2 and F16C (detected once).
+#[cfg(target_arch = "x86_64")]
+fn avx2_f16c() -> bool {
+    use std::sync::OnceLock;
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| crate::vector::avx2() && is_x86_feature_detected!("f16c"))
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::MAX_GROUP;
+    use crate::fp16::f16_to_f32;
+
+    /// Eight values of row `m` at `at` as f32, per storage type.
+    pub(super) trait Load8: Copy {
+        /// # Safety
+        /// AVX2 and F16C must be available; `m[at..at + 8]` must be in bounds (checked).
+        unsafe fn load8(m: &[Self], at: usize) -> __m256;
+        fn widen(self) -> f32;
+    }
+
+    impl Load8 for f32 {
+        #[inline(always)]
+        unsafe fn load8(m: &[f32], at: usize) -> __m256 {
+            let c = &m[at..at + 8];
+            // SAFETY: `c` holds exactly 8 f32; unaligned load; AVX is implied by the caller's AVX2.
+            unsafe { _mm256_loadu_ps(c.as_ptr()) }
+        }
+        #[inline(always)]
+        fn widen(self) -> f32 {
+            self
+        }
+    }
+
+    impl Load8 for u16 {
+        #[inline(always)]
+        unsafe fn load8(m: &[u16], at: usize) -> __m256 {
+            let c = &m[at..at + 8];
+            // SAFETY: `c` holds exactly 8 u16 (16 bytes); unaligned load; F16C per the caller.
+            unsafe { _mm256_cvtph_ps(_mm_loadu_si128(c.as_ptr().cast())) }
+        }
+        #[inline(always)]
+        fn widen(self) -> f32 {
+            f16_to_f32(self)
+        }
+    }
+
+    /// Per head the sequence of `vector::dot`: eight-lane partial sums over the chunks in order,
+    /// the same horizontal reduction, then the tail in order.
+    #[target_feature(enable = "avx2,f16c")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn dot_group<T: Load8>(
+        q: &[f32],
+        d: usize,
+        m: &[T],
+        stride: usize,
+        offset: usize,
+        rows: std::ops::Range<usize>,
+        out: &mut [f32],
+        out_stride: usize,
+    ) {
+        let g = q.len() / d;
+        assert!(g <= MAX_GROUP);
+        let split = d - d % 8;
+        for (i, j) in rows.enumerate() {
+            let at = j * stride + offset;
+            let row = &m[at..at + d];
+            let mut acc = [_mm256_setzero_ps(); MAX_GROUP];
+            for c in (0..split).step_by(8) {
+                // SAFETY: `c + 8 ≤ split ≤ d = row.len()`; features per the caller.
+                let r = unsafe { T::load8(row, c) };
+                for (h, a) in acc.iter_mut().enumerate().take(g) {
+                    let qc = &q[h * d + c..h * d + c + 8];
+                    // SAFETY: `qc` holds exactly 8 f32; unaligned load.
+                    let qv = unsafe { _mm256_loadu_ps(qc.as_ptr()) };
+                    *a = _mm256_add_ps(*a, _mm256_mul_ps(qv, r));
+                }
+            }
+            for (h, a) in acc.iter().enumerate().take(g) {
+                let hsum = _mm_add_ps(_mm256_castps256_ps128(*a), _mm256_extractf128_ps::<1>(*a));
+                let t = _mm_hadd_ps(hsum, hsum);
+                let mut s = _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+                for (x, y) in q[h * d + split..(h + 1) * d].iter().zip(&row[split..]) {
+                    s += x * y.widen();
+                }
+                out[h * out_stride + i] = s;
+            }
+        }
+    }
+
+    /// Per output element the sequence of repeated `axpy`: `o + p·row` for each row in order.
+    /// Chunk by chunk, the group's accumulators held in registers across the rows.
+    #[target_feature(enable = "avx2,f16c")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn weighted_group<T: Load8>(
+        p: &[f32],
+        p_stride: usize,
+        m: &[T],
+        stride: usize,
+        offset: usize,
+        rows: std::ops::Range<usize>,
+        out: &mut [f32],
+        d: usize,
+    ) {
+        let g = out.len() / d;
+        assert!(g <= MAX_GROUP && d.is_multiple_of(8));
+        let n = rows.len();
+        for h in 0..g {
+            assert!(h * p_stride + n <= p.len());
+        }
+        for c in (0..d).step_by(8) {
+            let mut acc = [_mm256_setzero_ps(); MAX_GROUP];
+            for (h, a) in acc.iter_mut().enumerate().take(g) {
+                let oc = &out[h * d + c..h * d + c + 8];
+                // SAFETY: `oc` holds exactly 8 f32; unaligned load.
+                *a = unsafe { _mm256_loadu_ps(oc.as_ptr()) };
+            }
+            for (i, j) in rows.clone().enumerate() {
+                let at = j * stride + offset;
+                // SAFETY: `c + 8 ≤ d`, so `m[at + c..at + c + 8]` is the row's chunk (bounds
+                // checked in `load8`); features per the caller.
+                let r = unsafe { T::load8(m, at + c) };
+                for (h, a) in acc.iter_mut().enumerate().take(g) {
+                    let w = _mm256_set1_ps(p[h * p_stride + i]);
+                    *a = _mm256_add_ps(*a, _mm256_mul_ps(w, r));
+                }
+            }
+            for (h, a) in acc.iter().enumerate().take(g) {
+                let oc = &mut out[h * d + c..h * d + c + 8];
+                // SAFETY: `oc` holds exactly 8 f32; unaligned store.
+                unsafe { _mm256_storeu_ps(oc.as_mut_ptr(), *a) };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) as f32 / (1 << 24) as f32 - 0.5)
+            .collect()
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    #[test]
+    fn group_kernels_equal_per_head_dots_and_axpys_bit_for_bit() {
+        for d in [8usize, 24, 64, 128, 256, 7, 300] {
+            for g in [1usize, 2, 3, 4, 9] {
+                let stride = d + 5;
+                let m32 = data(stride * 40, 4);
+                let m16: Vec<u16> = m32.iter().map(|&x| crate::f32_to_f16(x * 3.0)).collect();
+                let m16w: Vec<f32> = m16.iter().map(|&b| f16_to_f32(b)).collect();
+                let q = data(g * d, 5);
+                let (rows, n, ps) = (2..33, 31, 40);
+                let p = data(g * ps, 6);
+                for (m, wide) in [(CacheRows::F32(&m32), &m32), (CacheRows::F16(&m16), &m16w)] {
+                    let mut got = vec![0.0; g * ps];
+                    dot_rows_group(&q, d, m, stride, 3, rows.clone(), &mut got, ps);
+                    let mut out = data(g * d, 7);
+                    let mut want_out = out.clone();
+                    weighted_rows_group(&p, ps, m, stride, 3, rows.clone(), &mut out, d);
+                    for h in 0..g {
+                        let qh = &q[h * d..(h + 1) * d];
+                        for (i, j) in rows.clone().enumerate() {
+                            let row = &wide[j * stride + 3..j * stride + 3 + d];
+                            assert_eq!(
+                                got[h * ps + i].to_bits(),
+                                dot_f32(qh, row).to_bits(),
+                                "dot d={d} g={g} head {h} row {j}"
+                            );
+                            axpy_f32(p[h * ps + i], row, &mut want_out[h * d..(h + 1) * d]);
+                        }
+                        assert!(
+                            got[h * ps + n..(h + 1) * ps].iter().all(|&x| x == 0.0),
+                            "wrote past the rows"
+                        );
+                    }
+                    assert_eq!(bits(&out), bits(&want_out), "weighted d={d} g={g}");
+                }
+            }
+        }
+    }
+}
