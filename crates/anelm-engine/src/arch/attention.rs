@@ -16,7 +16,7 @@ const MAX_TASK_HEADS: usize = 8;
 fn heads_per_task(group: usize, total_heads: usize, threads: usize) -> usize {
     (1..=group.clamp(1, MAX_TASK_HEADS))
         .rev()
-        .find(|&s| group.is_multiple_of(s) && total_heads / s >= 2 * threads.max(1))
+        .find(|&s| group % s == 0 && total_heads / s >= 2 * threads.max(1))
         .unwrap_or(1)
 }
 
