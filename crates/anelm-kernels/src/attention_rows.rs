@@ -182,7 +182,122 @@ mod x86 {
     }
 
     /// Per head the sequence of `vector::dot`: eight-lane partial sums over the chunks in order,
-    /// the same horizontal reduction, then the tail in order.
+    /// the same horizontal reduction, then the tail in order. `R` rows at a time, so `R × G`
+    /// independent accumulation chains hide the add latency.
+    #[target_feature(enable = "avx2,f16c")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn dot_block<T: Load8, const G: usize, const R: usize>(
+        q: &[f32],
+        d: usize,
+        m: &[T],
+        stride: usize,
+        offset: usize,
+        rows: std::ops::Range<usize>,
+        out: &mut [f32],
+        out_stride: usize,
+    ) {
+        assert!(q.len() >= G * d);
+        let split = d - d % 8;
+        let (mut j, mut i) = (rows.start, 0);
+        while j + R <= rows.end {
+            let mut acc = [[_mm256_setzero_ps(); G]; R];
+            for c in (0..split).step_by(8) {
+                let mut qv = [_mm256_setzero_ps(); G];
+                for (h, v) in qv.iter_mut().enumerate() {
+                    let qc = &q[h * d + c..h * d + c + 8];
+                    // SAFETY: `qc` holds exactly 8 f32; unaligned load.
+                    *v = unsafe { _mm256_loadu_ps(qc.as_ptr()) };
+                }
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let at = (j + r) * stride + offset;
+                    // SAFETY: `c + 8 ≤ d`, inside the row (bounds-checked in `load8`).
+                    let row = unsafe { T::load8(m, at + c) };
+                    for (a, qv) in a.iter_mut().zip(&qv) {
+                        *a = _mm256_add_ps(*a, _mm256_mul_ps(*qv, row));
+                    }
+                }
+            }
+            for (r, a) in acc.iter().enumerate() {
+                let row = &m[(j + r) * stride + offset..(j + r) * stride + offset + d];
+                for (h, a) in a.iter().enumerate() {
+                    let hsum = _mm_add_ps(_mm256_castps256_ps128(*a), _mm256_extractf128_ps::<1>(*a));
+                    let t = _mm_hadd_ps(hsum, hsum);
+                    let mut s = _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+                    for (x, y) in q[h * d + split..(h + 1) * d].iter().zip(&row[split..]) {
+                        s += x * y.widen();
+                    }
+                    out[h * out_stride + i + r] = s;
+                }
+            }
+            (j, i) = (j + R, i + R);
+        }
+        if R > 1 && j < rows.end {
+            // SAFETY: same features; the remaining rows one at a time.
+            unsafe { dot_block::<T, G, 1>(q, d, m, stride, offset, j..rows.end, &mut out[i..], out_stride) };
+        }
+    }
+
+    /// Per output element the sequence of repeated `axpy`: `o + p·row` for each row in order.
+    /// `C` chunks of eight outputs of each of the `G` heads in registers across the rows.
+    #[target_feature(enable = "avx2,f16c")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn weighted_block<T: Load8, const G: usize, const C: usize>(
+        p: &[f32],
+        p_stride: usize,
+        m: &[T],
+        stride: usize,
+        offset: usize,
+        rows: std::ops::Range<usize>,
+        out: &mut [f32],
+        d: usize,
+        chunks: std::ops::Range<usize>,
+    ) {
+        assert!(out.len() >= G * d && d.is_multiple_of(8) && chunks.end <= d / 8);
+        let n = rows.len();
+        for h in 0..G {
+            assert!(h * p_stride + n <= p.len());
+        }
+        let mut c0 = chunks.start;
+        while c0 + C <= chunks.end {
+            let mut acc = [[_mm256_setzero_ps(); C]; G];
+            for (h, a) in acc.iter_mut().enumerate() {
+                for (cc, a) in a.iter_mut().enumerate() {
+                    let oc = &out[h * d + 8 * (c0 + cc)..h * d + 8 * (c0 + cc) + 8];
+                    // SAFETY: `oc` holds exactly 8 f32; unaligned load.
+                    *a = unsafe { _mm256_loadu_ps(oc.as_ptr()) };
+                }
+            }
+            for (i, j) in rows.clone().enumerate() {
+                let at = j * stride + offset;
+                let mut w = [_mm256_setzero_ps(); G];
+                for (h, w) in w.iter_mut().enumerate() {
+                    *w = _mm256_set1_ps(p[h * p_stride + i]);
+                }
+                for cc in 0..C {
+                    // SAFETY: `8·(c0 + cc) + 8 ≤ d`, inside the row (bounds-checked in `load8`).
+                    let r = unsafe { T::load8(m, at + 8 * (c0 + cc)) };
+                    for (a, w) in acc.iter_mut().zip(&w) {
+                        a[cc] = _mm256_add_ps(a[cc], _mm256_mul_ps(*w, r));
+                    }
+                }
+            }
+            for (h, a) in acc.iter().enumerate() {
+                for (cc, a) in a.iter().enumerate() {
+                    let oc = &mut out[h * d + 8 * (c0 + cc)..h * d + 8 * (c0 + cc) + 8];
+                    // SAFETY: `oc` holds exactly 8 f32; unaligned store.
+                    unsafe { _mm256_storeu_ps(oc.as_mut_ptr(), *a) };
+                }
+            }
+            c0 += C;
+        }
+        if C > 1 && c0 < chunks.end {
+            // SAFETY: same features; the remaining chunks one at a time.
+            unsafe { weighted_block::<T, G, 1>(p, p_stride, m, stride, offset, rows, out, d, c0..chunks.end) };
+        }
+    }
+
+    /// [`dot_block`] for `q.len() / d` (1 ..= MAX_GROUP) heads, rows per block picked so the
+    /// accumulators fit the sixteen registers.
     #[target_feature(enable = "avx2,f16c")]
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn dot_group<T: Load8>(
@@ -195,37 +310,23 @@ mod x86 {
         out: &mut [f32],
         out_stride: usize,
     ) {
-        let g = q.len() / d;
-        assert!(g <= MAX_GROUP);
-        let split = d - d % 8;
-        for (i, j) in rows.enumerate() {
-            let at = j * stride + offset;
-            let row = &m[at..at + d];
-            let mut acc = [_mm256_setzero_ps(); MAX_GROUP];
-            for c in (0..split).step_by(8) {
-                // SAFETY: `c + 8 ≤ split ≤ d = row.len()`; features per the caller.
-                let r = unsafe { T::load8(row, c) };
-                for (h, a) in acc.iter_mut().enumerate().take(g) {
-                    let qc = &q[h * d + c..h * d + c + 8];
-                    // SAFETY: `qc` holds exactly 8 f32; unaligned load.
-                    let qv = unsafe { _mm256_loadu_ps(qc.as_ptr()) };
-                    *a = _mm256_add_ps(*a, _mm256_mul_ps(qv, r));
-                }
-            }
-            for (h, a) in acc.iter().enumerate().take(g) {
-                let hsum = _mm_add_ps(_mm256_castps256_ps128(*a), _mm256_extractf128_ps::<1>(*a));
-                let t = _mm_hadd_ps(hsum, hsum);
-                let mut s = _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
-                for (x, y) in q[h * d + split..(h + 1) * d].iter().zip(&row[split..]) {
-                    s += x * y.widen();
-                }
-                out[h * out_stride + i] = s;
+        // SAFETY (every arm): same features as this function.
+        unsafe {
+            match q.len() / d {
+                1 => dot_block::<T, 1, 8>(q, d, m, stride, offset, rows, out, out_stride),
+                2 => dot_block::<T, 2, 4>(q, d, m, stride, offset, rows, out, out_stride),
+                3 => dot_block::<T, 3, 4>(q, d, m, stride, offset, rows, out, out_stride),
+                4 => dot_block::<T, 4, 3>(q, d, m, stride, offset, rows, out, out_stride),
+                5 => dot_block::<T, 5, 2>(q, d, m, stride, offset, rows, out, out_stride),
+                6 => dot_block::<T, 6, 2>(q, d, m, stride, offset, rows, out, out_stride),
+                7 => dot_block::<T, 7, 1>(q, d, m, stride, offset, rows, out, out_stride),
+                8 => dot_block::<T, 8, 1>(q, d, m, stride, offset, rows, out, out_stride),
+                g => unreachable!("{g} heads in one group (at most {MAX_GROUP})"),
             }
         }
     }
 
-    /// Per output element the sequence of repeated `axpy`: `o + p·row` for each row in order.
-    /// Chunk by chunk, the group's accumulators held in registers across the rows.
+    /// [`weighted_block`] for `out.len() / d` (1 ..= MAX_GROUP) heads.
     #[target_feature(enable = "avx2,f16c")]
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn weighted_group<T: Load8>(
@@ -238,33 +339,19 @@ mod x86 {
         out: &mut [f32],
         d: usize,
     ) {
-        let g = out.len() / d;
-        assert!(g <= MAX_GROUP && d.is_multiple_of(8));
-        let n = rows.len();
-        for h in 0..g {
-            assert!(h * p_stride + n <= p.len());
-        }
-        for c in (0..d).step_by(8) {
-            let mut acc = [_mm256_setzero_ps(); MAX_GROUP];
-            for (h, a) in acc.iter_mut().enumerate().take(g) {
-                let oc = &out[h * d + c..h * d + c + 8];
-                // SAFETY: `oc` holds exactly 8 f32; unaligned load.
-                *a = unsafe { _mm256_loadu_ps(oc.as_ptr()) };
-            }
-            for (i, j) in rows.clone().enumerate() {
-                let at = j * stride + offset;
-                // SAFETY: `c + 8 ≤ d`, so `m[at + c..at + c + 8]` is the row's chunk (bounds
-                // checked in `load8`); features per the caller.
-                let r = unsafe { T::load8(m, at + c) };
-                for (h, a) in acc.iter_mut().enumerate().take(g) {
-                    let w = _mm256_set1_ps(p[h * p_stride + i]);
-                    *a = _mm256_add_ps(*a, _mm256_mul_ps(w, r));
-                }
-            }
-            for (h, a) in acc.iter().enumerate().take(g) {
-                let oc = &mut out[h * d + c..h * d + c + 8];
-                // SAFETY: `oc` holds exactly 8 f32; unaligned store.
-                unsafe { _mm256_storeu_ps(oc.as_mut_ptr(), *a) };
+        let all = 0..d / 8;
+        // SAFETY (every arm): same features as this function.
+        unsafe {
+            match out.len() / d {
+                1 => weighted_block::<T, 1, 8>(p, p_stride, m, stride, offset, rows, out, d, all),
+                2 => weighted_block::<T, 2, 4>(p, p_stride, m, stride, offset, rows, out, d, all),
+                3 => weighted_block::<T, 3, 4>(p, p_stride, m, stride, offset, rows, out, d, all),
+                4 => weighted_block::<T, 4, 2>(p, p_stride, m, stride, offset, rows, out, d, all),
+                5 => weighted_block::<T, 5, 2>(p, p_stride, m, stride, offset, rows, out, d, all),
+                6 => weighted_block::<T, 6, 2>(p, p_stride, m, stride, offset, rows, out, d, all),
+                7 => weighted_block::<T, 7, 1>(p, p_stride, m, stride, offset, rows, out, d, all),
+                8 => weighted_block::<T, 8, 1>(p, p_stride, m, stride, offset, rows, out, d, all),
+                g => unreachable!("{g} heads in one group (at most {MAX_GROUP})"),
             }
         }
     }
@@ -287,7 +374,7 @@ mod tests {
     #[test]
     fn group_kernels_equal_per_head_dots_and_axpys_bit_for_bit() {
         for d in [8usize, 24, 64, 128, 256, 7, 300] {
-            for g in [1usize, 2, 3, 4, 9] {
+            for g in 1usize..=9 {
                 let stride = d + 5;
                 let m32 = data(stride * 40, 4);
                 let m16: Vec<u16> = m32.iter().map(|&x| crate::f32_to_f16(x * 3.0)).collect();
