@@ -70,13 +70,6 @@ impl Buf {
         }
     }
 
-    fn len(&self) -> usize {
-        match self {
-            Buf::F32(b) => b.len(),
-            Buf::F16(b) => b.len(),
-        }
-    }
-
     fn capacity(&self) -> usize {
         match self {
             Buf::F32(b) => b.capacity(),
@@ -88,27 +81,6 @@ impl Buf {
         match self {
             Buf::F32(_) => 4,
             Buf::F16(_) => 2,
-        }
-    }
-
-    fn reserve_exact(&mut self, n: usize) {
-        match self {
-            Buf::F32(b) => b.reserve_exact(n),
-            Buf::F16(b) => b.reserve_exact(n),
-        }
-    }
-
-    fn truncate(&mut self, n: usize) {
-        match self {
-            Buf::F32(b) => b.truncate(n),
-            Buf::F16(b) => b.truncate(n),
-        }
-    }
-
-    fn extend(&mut self, x: &[f32]) {
-        match self {
-            Buf::F32(b) => b.extend_from_slice(x),
-            Buf::F16(b) => b.extend(x.iter().map(|&e| f32_to_f16(e))),
         }
     }
 
@@ -139,8 +111,10 @@ impl Buf {
     }
 }
 
-/// Keys and values of one attention layer, one row of `kv_dim` values per position.
-#[derive(Clone, Debug, Default)]
+/// Keys and values of one attention layer: for each KV head a plane of `slots` rows of
+/// `head_dim` values (head-major), so attention for one head reads contiguous memory. A full
+/// layer's slot is its position (`slots` is its capacity); a ring's is `position % slots`.
+#[derive(Clone, Debug)]
 pub struct KvLayer {
     k: Buf,
     v: Buf,
@@ -148,10 +122,29 @@ pub struct KvLayer {
     len: usize,
     /// `Some(w)`: keep only what a query with a `w`-position window needs (ring buffer).
     window: Option<usize>,
-    /// Ring slots allocated (ring layers only).
+    /// Rows each plane holds.
     slots: usize,
     /// The first position still held (ring layers only).
     first: usize,
+    /// Planes (KV heads; 1 keeps whole positions together).
+    heads: usize,
+    /// Values per position, all heads (known from the first append).
+    kv_dim: usize,
+}
+
+impl Default for KvLayer {
+    fn default() -> Self {
+        Self {
+            k: Buf::default(),
+            v: Buf::default(),
+            len: 0,
+            window: None,
+            slots: 0,
+            first: 0,
+            heads: 1,
+            kv_dim: 0,
+        }
+    }
 }
 
 impl KvLayer {
@@ -173,6 +166,14 @@ impl KvLayer {
     pub fn with_storage(mut self, storage: KvStorage) -> Self {
         debug_assert!(self.is_empty());
         (self.k, self.v) = (Buf::empty(storage), Buf::empty(storage));
+        self
+    }
+
+    /// This layer keeping each of `heads` KV heads in its own plane (only before the first
+    /// append; `kv_dim` must be a multiple of `heads`).
+    pub fn with_heads(mut self, heads: usize) -> Self {
+        debug_assert!(self.is_empty());
+        self.heads = heads.max(1);
         self
     }
 
@@ -204,61 +205,72 @@ impl KvLayer {
         }
     }
 
-    /// Make room for a step that appends `n_new` positions of `kv_dim` floats: a ring grows to
-    /// `window − 1 + n_new + REWIND_SLACK` slots (never shrinks), keeping every position it holds.
-    pub fn reserve_step(&mut self, n_new: usize, kv_dim: usize) {
-        let Some(w) = self.window else {
-            // Grow by an eighth (at least GROW_POSITIONS positions) rather than by doubling: a
-            // long session then holds at most ~12 % unused positions per layer, not up to as
-            // many as it has used, and appends stay amortised O(1).
-            let extra = n_new.max(GROW_POSITIONS).max(self.len / 8) * kv_dim;
-            for buf in [&mut self.k, &mut self.v] {
-                if buf.capacity() < buf.len() + n_new * kv_dim {
-                    buf.reserve_exact(extra);
-                }
-            }
-            return;
-        };
-        let need = w - 1 + n_new.max(1) + REWIND_SLACK;
-        if w - 1 + n_new.max(1) <= self.slots {
-            return;
-        }
-        let (old_slots, oldest, storage) = (self.slots, self.oldest(), self.storage());
-        let mut k = Buf::zeros(storage, need * kv_dim);
-        let mut v = Buf::zeros(storage, need * kv_dim);
-        for p in oldest..self.len {
-            let (from, to) = ((p % old_slots) * kv_dim, (p % need) * kv_dim);
-            k.copy_from(&self.k, from, to, kv_dim);
-            v.copy_from(&self.v, from, to, kv_dim);
-        }
-        (self.k, self.v, self.slots) = (k, v, need);
+    /// Values per plane row.
+    fn plane_dim(&self) -> usize {
+        self.kv_dim / self.heads
     }
 
-    /// Append the next position's key and value (`kv_dim` floats each). A ring layer must have
-    /// been given room by [`KvLayer::reserve_step`] for this step; without it the ring is grown
-    /// here to hold the window.
+    /// Where KV head `kv_head` (of `head_dim` values) sits in [`KvLayer::keys`] and
+    /// [`KvLayer::values`]: slot `s`'s values start at `offset + s · stride`.
+    pub fn row_layout(&self, kv_head: usize, head_dim: usize) -> (usize, usize) {
+        let pd = self.plane_dim().max(1);
+        let at = kv_head * head_dim;
+        (pd, (at / pd) * self.slots * pd + at % pd)
+    }
+
+    /// Make room for a step that appends `n_new` positions of `kv_dim` values: a full layer
+    /// grows by an eighth of its length (at least [`GROW_POSITIONS`], at least the step); a ring
+    /// grows to `window − 1 + n_new + REWIND_SLACK` slots (never shrinks). Held positions stay.
+    pub fn reserve_step(&mut self, n_new: usize, kv_dim: usize) {
+        debug_assert!(self.kv_dim == 0 || self.kv_dim == kv_dim);
+        self.kv_dim = kv_dim;
+        let (need, grow_to) = match self.window {
+            // Grow by an eighth rather than by doubling: a long session then holds at most
+            // ~12 % unused positions per layer, and appends stay amortised O(1).
+            None => (self.len + n_new, self.len + n_new.max(GROW_POSITIONS).max(self.len / 8)),
+            Some(w) => (w - 1 + n_new.max(1), w - 1 + n_new.max(1) + REWIND_SLACK),
+        };
+        if need <= self.slots {
+            return;
+        }
+        let (old, oldest, storage, pd) = (self.slots, self.oldest(), self.storage(), self.plane_dim());
+        let mut k = Buf::zeros(storage, grow_to * kv_dim);
+        let mut v = Buf::zeros(storage, grow_to * kv_dim);
+        for h in 0..self.heads {
+            for p in oldest..self.len {
+                let (from, to) = ((h * old + p % old) * pd, (h * grow_to + p % grow_to) * pd);
+                k.copy_from(&self.k, from, to, pd);
+                v.copy_from(&self.v, from, to, pd);
+            }
+        }
+        (self.k, self.v, self.slots) = (k, v, grow_to);
+    }
+
+    /// Append the next position's key and value (`kv_dim` values each). The layer should have
+    /// been given room by [`KvLayer::reserve_step`] for the step; without it, it grows here.
     pub fn push(&mut self, k: &[f32], v: &[f32]) {
         debug_assert_eq!(k.len(), v.len());
-        match self.window {
-            None => {
-                self.k.extend(k);
-                self.v.extend(v);
-            }
-            Some(_) => {
-                let d = k.len();
-                if self.slots == 0 || self.k.len() != self.slots * d {
-                    self.reserve_step(1, d);
-                }
-                let at = (self.len % self.slots) * d;
-                self.k.write(at, k);
-                self.v.write(at, v);
-                self.first = self.first.max((self.len + 1).saturating_sub(self.slots));
-            }
+        let d = k.len();
+        let room = match self.window {
+            None => self.len < self.slots,
+            Some(w) => self.slots >= w,
+        };
+        if !room || self.kv_dim != d {
+            self.reserve_step(1, d);
+        }
+        let (pd, slot) = (self.plane_dim(), self.len % self.slots);
+        for h in 0..self.heads {
+            let at = (h * self.slots + slot) * pd;
+            self.k.write(at, &k[h * pd..(h + 1) * pd]);
+            self.v.write(at, &v[h * pd..(h + 1) * pd]);
+        }
+        if self.window.is_some() {
+            self.first = self.first.max((self.len + 1).saturating_sub(self.slots));
         }
         self.len += 1;
     }
 
-    /// Keys, rows of `kv_dim` values indexed by slot (see [`KvLayer::segments`]).
+    /// Keys, by plane then slot (see [`KvLayer::row_layout`] and [`KvLayer::segments`]).
     pub fn keys(&self) -> KvRows<'_> {
         self.k.rows()
     }
@@ -293,28 +305,27 @@ impl KvLayer {
         }
     }
 
-    /// Drop every position at or after `len` (see [`KvLayer::can_truncate`]).
-    fn truncate(&mut self, len: usize, kv_dim: usize) {
+    /// Drop every position at or after `len` (see [`KvLayer::can_truncate`]); a full layer
+    /// keeps its buffers for the positions that follow.
+    fn truncate(&mut self, len: usize) {
         if len >= self.len {
             return;
         }
-        match self.window {
-            None => {
-                self.k.truncate(len * kv_dim);
-                self.v.truncate(len * kv_dim);
-            }
-            Some(_) if len == 0 => {
-                let storage = self.storage();
-                (self.k, self.v) = (Buf::empty(storage), Buf::empty(storage));
-                (self.slots, self.first) = (0, 0);
-            }
-            Some(_) => {}
+        if self.window.is_some() && len == 0 {
+            let storage = self.storage();
+            (self.k, self.v) = (Buf::empty(storage), Buf::empty(storage));
+            (self.slots, self.first) = (0, 0);
         }
         self.len = len;
     }
 
+    /// Bytes of the positions held (a ring: all its slots).
     fn bytes(&self) -> usize {
-        self.k.element_bytes() * (self.k.len() + self.v.len())
+        let rows = match self.window {
+            None => self.len,
+            Some(_) => self.slots,
+        };
+        2 * self.k.element_bytes() * rows * self.kv_dim
     }
 
     fn reserved_bytes(&self) -> usize {
@@ -357,6 +368,12 @@ impl KvCache {
         self
     }
 
+    /// This cache keeping each of `heads` KV heads in its own plane (only while empty).
+    pub fn with_heads(mut self, heads: usize) -> Self {
+        self.layers = self.layers.into_iter().map(|l| l.with_heads(heads)).collect();
+        self
+    }
+
     /// Floats per position per layer.
     pub fn kv_dim(&self) -> usize {
         self.kv_dim
@@ -371,7 +388,7 @@ impl KvCache {
             0
         };
         for l in &mut self.layers {
-            l.truncate(len, self.kv_dim);
+            l.truncate(len);
         }
         len
     }
@@ -449,6 +466,37 @@ mod tests {
         }
         let want: Vec<f32> = (end - 3..end + 100).map(|q| q as f32).collect();
         assert_eq!(read(&l, end - 3..end + 100), want);
+    }
+
+    #[test]
+    fn head_planes_read_back_each_head_in_both_layer_kinds() {
+        // Two KV heads of 2 values: position p stores [p, -p] for head 0 and [10p, -10p] for 1.
+        let row = |p: usize| [p as f32, -(p as f32), 10.0 * p as f32, -10.0 * p as f32];
+        for storage in [KvStorage::F32, KvStorage::F16] {
+            for mut l in [KvLayer::full(), KvLayer::sliding(5)] {
+                l = l.with_heads(2).with_storage(storage);
+                for p in 0..150 {
+                    l.reserve_step(1, 4);
+                    l.push(&row(p), &row(p));
+                }
+                let start = l.window().map_or(0, |w| 150 - w);
+                for head in 0..2 {
+                    let (stride, offset) = l.row_layout(head, 2);
+                    let got: Vec<f32> = l
+                        .segments(start..150)
+                        .into_iter()
+                        .flat_map(|r| r.map(|slot| offset + slot * stride))
+                        .map(|at| match l.values() {
+                            KvRows::F32(v) => v[at + 1],
+                            KvRows::F16(v) => anelm_kernels::f16_to_f32(v[at + 1]),
+                        })
+                        .collect();
+                    let scale = if head == 0 { -1.0 } else { -10.0 };
+                    let want: Vec<f32> = (start..150).map(|p| scale * p as f32).collect();
+                    assert_eq!(got, want, "{storage:?} window {:?} head {head}", l.window());
+                }
+            }
+        }
     }
 
     #[test]

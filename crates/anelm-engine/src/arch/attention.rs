@@ -121,9 +121,10 @@ impl Attention {
             let end = l.pos + 1;
             let start = self.window.map_or(0, |w| end.saturating_sub(w));
             let slots = c.segments(start..end);
+            let (stride, offset) = c.row_layout(first / group, hd);
             let p = AttendParams {
-                stride: self.kv_dim(),
-                offset: (first / group) * hd,
+                stride,
+                offset,
                 scale: self.scale,
                 softcap: self.softcap,
                 precision: self.precision,

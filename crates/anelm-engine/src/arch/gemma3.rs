@@ -433,7 +433,8 @@ impl LanguageModel for Gemma3 {
             .collect();
         Session::new(
             KvCache::with_windows(&windows, self.cfg.n_kv_heads * self.cfg.head_dim)
-                .with_storage(self.cfg.attention_precision.kv_storage()),
+                .with_storage(self.cfg.attention_precision.kv_storage())
+                .with_heads(self.cfg.n_kv_heads),
             ctx,
         )
     }

@@ -366,7 +366,8 @@ impl LanguageModel for Llama {
         let ctx = ctx_size.clamp(1, self.cfg.context_length.max(1));
         Session::new(
             KvCache::new(self.cfg.n_layers, self.cfg.n_kv_heads * self.cfg.head_dim)
-                .with_storage(self.cfg.attention_precision.kv_storage()),
+                .with_storage(self.cfg.attention_precision.kv_storage())
+                .with_heads(self.cfg.n_kv_heads),
             ctx,
         )
     }

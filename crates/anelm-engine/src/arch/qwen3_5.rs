@@ -541,7 +541,7 @@ impl LanguageModel for Qwen35 {
             })
             .collect();
         Session::with_recurrent(
-            KvCache::new(self.cfg.n_layers(), self.cfg.n_kv_heads * self.cfg.head_dim),
+            KvCache::new(self.cfg.n_layers(), self.cfg.n_kv_heads * self.cfg.head_dim).with_heads(self.cfg.n_kv_heads),
             recurrent,
             ctx,
         )
