@@ -36,12 +36,7 @@ pub fn dot_rows_group(
     out: &mut [f32],
     out_stride: usize,
 ) {
-    if d == 0 {
-        return;
-    }
-    let g = q.len() / d;
-    for h0 in (0..g).step_by(MAX_GROUP) {
-        let gh = (g - h0).min(MAX_GROUP);
+    for (h0, gh) in passes(q.len(), d) {
         let qg = &q[h0 * d..(h0 + gh) * d];
         let og = &mut out[h0 * out_stride..];
         #[cfg(target_arch = "x86_64")]
@@ -79,12 +74,7 @@ pub fn weighted_rows_group(
     out: &mut [f32],
     d: usize,
 ) {
-    if d == 0 {
-        return;
-    }
-    let g = out.len() / d;
-    for h0 in (0..g).step_by(MAX_GROUP) {
-        let gh = (g - h0).min(MAX_GROUP);
+    for (h0, gh) in passes(out.len(), d) {
         let pg = &p[h0 * p_stride..];
         let og = &mut out[h0 * d..(h0 + gh) * d];
         #[cfg(target_arch = "x86_64")]
@@ -107,6 +97,12 @@ pub fn weighted_rows_group(
             }
         });
     }
+}
+
+/// The passes over `len / d` heads: (first head, heads) for at most [`MAX_GROUP`] at a time.
+fn passes(len: usize, d: usize) -> impl Iterator<Item = (usize, usize)> {
+    let g = len.checked_div(d).unwrap_or(0);
+    (0..g).step_by(MAX_GROUP).map(move |h0| (h0, (g - h0).min(MAX_GROUP)))
 }
 
 /// The `d` values at `at` as f32: borrowed for an f32 cache, widened into `buf` for f16.
@@ -360,12 +356,7 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn data(n: usize, seed: u32) -> Vec<f32> {
-        (0..n)
-            .map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) as f32 / (1 << 24) as f32 - 0.5)
-            .collect()
-    }
+    use crate::vector::tests::data;
 
     fn bits(v: &[f32]) -> Vec<u32> {
         v.iter().map(|x| x.to_bits()).collect()

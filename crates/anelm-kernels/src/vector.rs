@@ -99,10 +99,11 @@ mod x86 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn data(n: usize, seed: u32) -> Vec<f32> {
+    /// Deterministic test values in [−0.5, 0.5).
+    pub(crate) fn data(n: usize, seed: u32) -> Vec<f32> {
         (0..n)
             .map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) as f32 / (1 << 24) as f32 - 0.5)
             .collect()
