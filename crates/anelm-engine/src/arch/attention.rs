@@ -4,7 +4,7 @@
 
 use crate::arch::step::LaneRef;
 use crate::batch::Batch;
-use crate::kv_cache::KvLayer;
+use crate::kv_cache::{KvCache, KvLayer};
 use crate::model::StepItem;
 use crate::ops::{AttendParams, AttendScratch, AttentionPrecision, attend_group};
 
@@ -43,6 +43,14 @@ impl Attention {
     /// Floats per cached position: all KV heads.
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
+    }
+
+    /// An empty KV cache for this attention, one layer per entry of `windows` (`Some(w)`: a ring
+    /// for a `w`-position window): one plane per KV head, stored as this attention rounds K/V.
+    pub fn cache(&self, windows: &[Option<usize>]) -> KvCache {
+        KvCache::with_windows(windows, self.kv_dim())
+            .with_storage(self.precision.kv_storage())
+            .with_heads(self.n_kv_heads)
     }
 
     /// Floats of one lane's attention output: all query heads.

@@ -26,7 +26,6 @@ use crate::arch::step::{commit_tokens, embed_lanes, plan_lanes, wanted_lanes};
 use crate::backend::{Backend, Kernel, KernelSpec, WeightId};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
-use crate::kv_cache::KvCache;
 use crate::model::{LanguageModel, ModelInfo, StepItem};
 use crate::ops::{AttentionPrecision, Rope, RopePairing, gelu_tanh, rms_norm};
 use crate::session::Session;
@@ -432,9 +431,8 @@ impl LanguageModel for Gemma3 {
             .map(|&s| s.then_some(self.cfg.sliding_window))
             .collect();
         Session::new(
-            KvCache::with_windows(&windows, self.cfg.n_kv_heads * self.cfg.head_dim)
-                .with_storage(self.cfg.attention_precision.kv_storage())
-                .with_heads(self.cfg.n_kv_heads),
+            // Local and global attention share heads and precision: either describes the cache.
+            self.attn_global.cache(&windows),
             ctx,
         )
     }

@@ -13,7 +13,6 @@ use crate::arch::step::{commit_tokens, embed_lanes, plan_lanes, wanted_lanes};
 use crate::backend::{Backend, Kernel, KernelSpec, WeightId};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
-use crate::kv_cache::KvCache;
 use crate::model::{LanguageModel, ModelInfo, StepItem};
 use crate::ops::{AttentionPrecision, Rope, RopePairing, rms_norm};
 use crate::session::Session;
@@ -364,12 +363,7 @@ impl LanguageModel for Llama {
 
     fn new_session(&self, ctx_size: usize) -> Session {
         let ctx = ctx_size.clamp(1, self.cfg.context_length.max(1));
-        Session::new(
-            KvCache::new(self.cfg.n_layers, self.cfg.n_kv_heads * self.cfg.head_dim)
-                .with_storage(self.cfg.attention_precision.kv_storage())
-                .with_heads(self.cfg.n_kv_heads),
-            ctx,
-        )
+        Session::new(self.attention.cache(&vec![None; self.cfg.n_layers]), ctx)
     }
 
     fn forward(&self, items: &mut [StepItem<'_>]) -> Result<Batch> {

@@ -29,7 +29,6 @@ use crate::arch::step::{commit_tokens, embed_lanes, plan_lanes, wanted_lanes};
 use crate::backend::{Backend, Kernel, KernelSpec, WeightId};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
-use crate::kv_cache::KvCache;
 use crate::model::{LanguageModel, ModelInfo, StepItem};
 use crate::ops::{AttentionPrecision, Rope, RopePairing, rms_norm, sigmoid};
 use crate::session::{RecurrentLayer, Session};
@@ -540,11 +539,7 @@ impl LanguageModel for Qwen35 {
                 }
             })
             .collect();
-        Session::with_recurrent(
-            KvCache::new(self.cfg.n_layers(), self.cfg.n_kv_heads * self.cfg.head_dim).with_heads(self.cfg.n_kv_heads),
-            recurrent,
-            ctx,
-        )
+        Session::with_recurrent(self.attention.cache(&vec![None; self.cfg.n_layers()]), recurrent, ctx)
     }
 
     fn forward(&self, items: &mut [StepItem<'_>]) -> Result<Batch> {
