@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # anelm vs llama.cpp on the same GGUF, same thread count, pp128 and tg128, 5 repetitions each,
 # run alternately (llama.cpp, anelm, llama.cpp, anelm, ...) so both see the same machine state.
-# Prints one markdown table with the ratio anelm / llama.cpp per figure.
+# Prints one markdown table with the ratio anelm / llama.cpp per figure, then anelm's tg figure
+# against the memory-bandwidth bound: weight bytes streamed per token (the GGUF's matrices) ÷ the
+# streaming-read bandwidth, measured with the same thread count in every round
+# (`cargo bench -p anelm-kernels --bench matmul -- --bandwidth-only`).
 #
 #   scripts/bench-vs-llamacpp.sh [--model M.gguf] [--threads N] [--rounds K]
 #
@@ -26,6 +29,13 @@ fi
 LLAMA_BENCH="$(scripts/build-llama-bench.sh | tail -n 1)"
 cargo build --release --quiet -p anelm-cli
 ANELM=target/release/anelm
+BANDWIDTH="$(cargo bench --quiet -p anelm-kernels --bench matmul --no-run --message-format=json 2>/dev/null |
+  python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "matmul" and m.get("executable"):
+        print(m["executable"])')"
+[[ -x "$BANDWIDTH" ]] || { echo "could not build the bandwidth bench (cargo bench -p anelm-kernels --no-run)" >&2; exit 1; }
 OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
 for round in $(seq "$ROUNDS"); do
@@ -33,10 +43,12 @@ for round in $(seq "$ROUNDS"); do
   "$LLAMA_BENCH" -m "$MODEL" -t "$THREADS" -p 128 -n 128 -r 5 -o jsonl >> "$OUT/llama.jsonl"
   echo "round $round/$ROUNDS: anelm" >&2
   "$ANELM" bench --model "$MODEL" -t "$THREADS" -p 128 -n 128 -r 5 --json >> "$OUT/anelm.jsonl"
+  echo "round $round/$ROUNDS: streaming-read bandwidth" >&2
+  "$BANDWIDTH" --threads "$THREADS" --bandwidth-only >> "$OUT/bandwidth.txt"
 done
-python3 - "$OUT/llama.jsonl" "$OUT/anelm.jsonl" "$MODEL" "$THREADS" <<'PY'
-import json, statistics, sys, platform, os
-llama, anelm, model, threads = sys.argv[1:5]
+python3 - "$OUT/llama.jsonl" "$OUT/anelm.jsonl" "$MODEL" "$THREADS" "$OUT/bandwidth.txt" <<'PY'
+import json, statistics, struct, sys, platform, os
+llama, anelm, model, threads, bandwidth = sys.argv[1:6]
 def collect(path, key):
     figs = {}
     for line in open(path):
@@ -68,4 +80,61 @@ for test in sorted(set(L) | set(A)):
     lm = statistics.median(l) if l else float("nan")
     am = statistics.median(a) if a else float("nan")
     print(f"| {test} | {lm:.1f} ({len(l)}) | {am:.1f} ({len(a)}) | {am / lm:.2f}× |")
+
+def matrix_bytes(path):
+    """Bytes of the matrices one decode step streams: every tensor of two or more dimensions
+    except the token table when a separate output matrix exists (then one row of it is read).
+    A tensor's size is the gap to the next tensor's offset (GGUF v2/v3 layout)."""
+    with open(path, "rb") as f:
+        data = f.read(64 << 20)
+    at = 0
+    def take(fmt):
+        nonlocal at
+        v = struct.unpack_from("<" + fmt, data, at); at += struct.calcsize("<" + fmt); return v[0]
+    def string():
+        nonlocal at
+        n = take("Q"); s = data[at:at + n].decode("utf-8", "replace"); at += n; return s
+    sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+    def value(t):
+        nonlocal at
+        if t == 8: string()
+        elif t == 9:
+            et, n = take("I"), take("Q")
+            for _ in range(n): value(et)
+        else: at += sizes[t]
+    assert data[:4] == b"GGUF", "not a GGUF file"
+    at = 8
+    n_tensors, n_kv = take("Q"), take("Q")
+    alignment = 32
+    for _ in range(n_kv):
+        key, t = string(), take("I")
+        if key == "general.alignment": alignment = struct.unpack_from("<I", data, at)[0]
+        value(t)
+    tensors = []
+    for _ in range(n_tensors):
+        name = string(); dims = [take("Q") for _ in range(take("I"))]; take("I"); off = take("Q")
+        tensors.append((off, name, dims))
+    start = (at + alignment - 1) // alignment * alignment
+    tensors.sort()
+    end = os.path.getsize(path) - start
+    names = {t[1] for t in tensors}
+    total = 0
+    for i, (off, name, dims) in enumerate(tensors):
+        size = (tensors[i + 1][0] if i + 1 < len(tensors) else end) - off
+        if sum(d > 1 for d in dims) < 2: continue
+        if name == "token_embd.weight" and "output.weight" in names: continue
+        total += size
+    return total
+
+bws = [float(x) for x in open(bandwidth) if x.strip()]
+tg = [t for t in A if t.startswith("tg")]
+if bws and tg:
+    bw = statistics.median(bws)
+    per_token = matrix_bytes(model)
+    rate = statistics.median(A[tg[0]])
+    print()
+    print(f"Bandwidth bound: {per_token / 1e6:.1f} MB of weights per token, streaming read {bw:.1f} GB/s "
+          f"(median of {len(bws)}: {', '.join(f'{x:.1f}' for x in bws)}) -> {bw * 1e9 / per_token:.0f} tok/s; "
+          f"anelm {tg[0]} {rate:.1f} tok/s = {rate * per_token / 1e9:.1f} GB/s = "
+          f"{100 * rate * per_token / (bw * 1e9):.0f} % of the bound")
 PY

@@ -8,6 +8,7 @@
 //! the figure includes cold-cache effects that one hot matrix hides.
 //!
 //! Options (after `--`): `--quick` (fewer formats/shapes), `--threads N` (default: all cores),
+//! `--bandwidth-only` (print the streaming-read GB/s alone and stop),
 //! `--cpu-time` (with `--threads 1`: time by the thread's CPU clock instead of the wall clock, so
 //! other processes on a shared machine do not show up in the figures; memory stalls still do).
 //! A plain harness (no criterion): each figure is the median of repeated timed runs after a warm-up.
@@ -28,16 +29,6 @@ fn thread_cpu_time() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
-/// Run `f` on the pool, or on this thread when the pool has one thread (so `--cpu-time` reads
-/// the clock of the thread that does the work).
-fn on<R: Send>(pool: &rayon::ThreadPool, f: impl FnOnce() -> R + Send) -> R {
-    if pool.current_num_threads() == 1 {
-        f()
-    } else {
-        pool.install(f)
-    }
-}
-
 fn median_time(mut f: impl FnMut(), min_total: Duration) -> Duration {
     f(); // warm-up
     let cpu = CPU_TIME.load(std::sync::atomic::Ordering::Relaxed);
@@ -52,22 +43,22 @@ fn median_time(mut f: impl FnMut(), min_total: Duration) -> Duration {
     times[times.len() / 2]
 }
 
-/// GB/s of a streaming read (sum of u64s) over a 512 MiB buffer, split across the pool.
-fn memory_bandwidth(pool: &rayon::ThreadPool) -> f64 {
+/// GB/s of a streaming read (sum of u64s) over a 512 MiB buffer, split across the kernel pool
+/// the matmuls run on (called from this thread, as a forward pass calls it).
+fn memory_bandwidth() -> f64 {
     let words = (512usize << 20) / 8;
     let buf: Vec<u64> = (0..words as u64).collect();
+    let chunk = 1 << 16;
+    let sums: Vec<std::sync::atomic::AtomicU64> = (0..words / chunk).map(|_| Default::default()).collect();
     let t = median_time(
         || {
-            let s: u64 = on(pool, || {
-                use rayon::prelude::*;
-                let sum = |c: &[u64]| c.iter().fold(0u64, |a, &b| a.wrapping_add(b));
-                if pool.current_num_threads() == 1 {
-                    buf.chunks(1 << 16).map(sum).fold(0, u64::wrapping_add)
-                } else {
-                    buf.par_chunks(1 << 16).map(sum).sum()
-                }
+            anelm_kernels::pool::global().run(sums.len(), &|i| {
+                let s = buf[i * chunk..(i + 1) * chunk]
+                    .iter()
+                    .fold(0u64, |a, &b| a.wrapping_add(b));
+                sums[i].store(s, std::sync::atomic::Ordering::Relaxed);
             });
-            black_box(s);
+            black_box(&sums);
         },
         Duration::from_secs(2),
     );
@@ -96,13 +87,15 @@ fn main() {
         assert_eq!(threads, 1, "--cpu-time measures one thread: add --threads 1");
         CPU_TIME.store(true, std::sync::atomic::Ordering::Relaxed);
     }
-    // The matmuls run on the kernel pool: size it like the rayon pool used for the bandwidth read.
+    // The matmuls and the bandwidth read run on the kernel pool, called from this thread (a
+    // rayon `install` per call added a wake-up to every figure with more than one thread).
     anelm_kernels::pool::init_global(threads);
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .expect("thread pool");
-    let bw = memory_bandwidth(&pool);
+    let bw = memory_bandwidth();
+    if args.iter().any(|a| a == "--bandwidth-only") {
+        // For scripts that compare a decode rate with the bound (bench-vs-llamacpp.sh).
+        println!("{bw:.2}");
+        return;
+    }
     println!(
         "threads: {threads}, best ISA: {}, memory bandwidth (streaming read): {bw:.1} GB/s\n",
         Isa::best().name()
@@ -120,7 +113,7 @@ fn main() {
         WeightFormat::ALL.to_vec()
     };
     let mut seed = 1u64;
-    decode_sweep(&pool, bw, &mut seed);
+    decode_sweep(bw, &mut seed);
     for &(rows, cols) in shapes {
         for &fmt in &formats {
             // K-quants need 256-column rows: a shape they cannot hold is skipped, not an error.
@@ -146,10 +139,21 @@ fn main() {
                 if isas.is_empty() || (lanes == 1 && !quick) {
                     isas.push(Isa::Scalar);
                 }
-                for isa in isas {
+                // The interleaved layout too, where this CPU packs the format (`packed` row).
+                let packed = PackedMatrix::pack(fmt, &w, rows, cols).expect("pack");
+                let runs = isas
+                    .iter()
+                    .map(|&i| (Some(i), i.name()))
+                    .chain(packed.iter().map(|_| (None, "packed")));
+                for (isa, name) in runs.collect::<Vec<_>>() {
                     let t = median_time(
                         || {
-                            on(&pool, || matmul_with(isa, fmt, &w, rows, cols, &act, &mut out)).expect("matmul");
+                            match (isa, &packed) {
+                                (Some(isa), _) => matmul_with(isa, fmt, &w, rows, cols, &act, &mut out),
+                                (None, Some(p)) => p.matmul(&act, &mut out),
+                                (None, None) => unreachable!("a packed run exists only for a packed matrix"),
+                            }
+                            .expect("matmul");
                             black_box(&out);
                         },
                         Duration::from_millis(400),
@@ -160,7 +164,7 @@ fn main() {
                     println!(
                         "| {} | {rows} × {cols} | {lanes} | {} | {:.1} µs | {gbs:.2} | {:.0}% | {gflops:.1} |",
                         fmt.name(),
-                        isa.name(),
+                        name,
                         s * 1e6,
                         100.0 * gbs / bw
                     );
@@ -173,7 +177,7 @@ fn main() {
 /// One decode step's worth of distinct matrices (SmolLM2-135M-Instruct Q4_1 shapes), swept in
 /// forward order with 1 and 4 lanes: weight bytes per step ÷ time, against the streaming-read
 /// bandwidth (the single-stream decode bound).
-fn decode_sweep(pool: &rayon::ThreadPool, bw: f64, seed: &mut u64) {
+fn decode_sweep(bw: f64, seed: &mut u64) {
     let (h, ffn, kv, vocab, layers) = (576usize, 1536usize, 192usize, 49152usize, 30usize);
     let mut mats: Vec<(WeightFormat, usize, usize, Vec<u8>)> = Vec::new();
     let make = |fmt: WeightFormat, rows: usize, cols: usize, seed: &mut u64| {
@@ -220,10 +224,7 @@ fn decode_sweep(pool: &rayon::ThreadPool, bw: f64, seed: &mut u64) {
                 || {
                     for (fmt, rows, cols, w) in &mats {
                         let act = &acts.iter().find(|a| a.0 == *fmt && a.1 == *cols).expect("activation").2;
-                        on(pool, || {
-                            matmul_with(isa, *fmt, w, *rows, *cols, act, &mut out[..lanes * rows])
-                        })
-                        .expect("matmul");
+                        matmul_with(isa, *fmt, w, *rows, *cols, act, &mut out[..lanes * rows]).expect("matmul");
                     }
                     black_box(&out);
                 },
@@ -249,10 +250,10 @@ fn decode_sweep(pool: &rayon::ThreadPool, bw: f64, seed: &mut u64) {
                     for ((fmt, rows, cols, w), p) in mats.iter().zip(&packed) {
                         let act = &acts.iter().find(|a| a.0 == *fmt && a.1 == *cols).expect("activation").2;
                         let out = &mut out[..lanes * rows];
-                        on(pool, || match p {
+                        match p {
                             Some(p) => p.matmul(act, out),
                             None => matmul_with(Isa::best(), *fmt, w, *rows, *cols, act, out),
-                        })
+                        }
                         .expect("matmul");
                     }
                     black_box(&out);

@@ -1,4 +1,5 @@
-//! Errors of the numeric kernels: always a caller's shape or size mistake, never a panic.
+//! Errors of the numeric kernels: a caller's shape or size mistake, or memory the system would
+//! not give; never a panic.
 
 /// What a kernel rejected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -40,6 +41,9 @@ pub enum KernelError {
     /// A size computation overflowed.
     #[error("size overflow")]
     Overflow,
+    /// The system refused memory for weights (the message says how much and why).
+    #[error("{0}")]
+    OutOfMemory(String),
     /// The requested instruction set does not run on this CPU.
     #[error("the {isa} kernels do not run on this CPU (use Isa::best())")]
     IsaUnavailable {

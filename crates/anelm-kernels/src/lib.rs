@@ -21,6 +21,7 @@ mod simd_neon;
 #[cfg(target_arch = "x86_64")]
 mod simd_x86;
 mod vector;
+mod weight_memory;
 
 pub use activations::Activations;
 pub use attention_rows::{CacheRows, dot_rows_group, weighted_rows_group};

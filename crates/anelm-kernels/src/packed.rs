@@ -19,20 +19,77 @@
 //! `4k .. 4k+4` of each row's 32 quants, row after row. Its signed weights go through the usual
 //! sign transfer (`|w|`, `sign(x, w)`) so the unsigned × signed dot applies.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
 use crate::activations::Activations;
 use crate::error::{KernelError, check_len};
 use crate::format::WeightFormat;
+use crate::weight_memory::WeightBytes;
 
 /// Rows per interleaved group.
 pub const PACK_ROWS: usize = 8;
 
 /// A matrix in the interleaved layout (see the module docs); same bytes as the stored form.
-#[derive(Clone)]
 pub struct PackedMatrix {
     fmt: WeightFormat,
     rows: usize,
     cols: usize,
-    data: Vec<u8>,
+    /// In a shared huge-page mapping (see `weight_memory`).
+    data: WeightBytes,
+    /// Where the weights of the matrix that ran after this one last time are (see
+    /// `RUN_ORDER`).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    successor: Arc<Successor>,
+}
+
+impl Clone for PackedMatrix {
+    /// A copy with its own run-order record (it may run in another place than the original).
+    fn clone(&self) -> Self {
+        Self {
+            fmt: self.fmt,
+            rows: self.rows,
+            cols: self.cols,
+            data: self.data.clone(),
+            successor: Arc::default(),
+        }
+    }
+}
+
+/// The weight bytes of a matrix's successor, as addresses for a prefetch hint only (see
+/// `Pool::prefetch_range`: a stale range is harmless), so no lifetime ties two matrices.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // packing runs on x86-64 only
+#[derive(Default)]
+struct Successor {
+    base: AtomicUsize,
+    len: AtomicUsize,
+}
+
+/// Which packed matrix ran last. A decode step runs the same matrices in the same order every
+/// time, so "the one after me last time" is the one after me next time: when a matrix's loop
+/// ends, the pool's waiting workers prefetch its successor's first bytes while the caller does
+/// the step's serial work (norms, RoPE, attention set-up) before that successor runs. When
+/// several models interleave, the guess is merely wrong, which costs a little bandwidth.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // packing runs on x86-64 only
+static RUN_ORDER: Mutex<Option<Arc<Successor>>> = Mutex::new(None);
+
+impl PackedMatrix {
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    /// Record that this matrix runs now (telling its predecessor where it is) and return its
+    /// own successor's last known range.
+    fn note_run(&self) -> (usize, usize) {
+        if let Ok(mut last) = RUN_ORDER.lock() {
+            if let Some(prev) = last.as_ref().filter(|p| !Arc::ptr_eq(p, &self.successor)) {
+                prev.base.store(self.data.as_ptr() as usize, Ordering::Relaxed);
+                prev.len.store(self.data.len(), Ordering::Relaxed);
+            }
+            *last = Some(self.successor.clone());
+        }
+        (
+            self.successor.base.load(Ordering::Relaxed),
+            self.successor.len.load(Ordering::Relaxed),
+        )
+    }
 }
 
 impl std::fmt::Debug for PackedMatrix {
@@ -73,7 +130,7 @@ impl PackedMatrix {
         let nb = cols / 32;
         let bb = fmt.block_bytes();
         let gb = PACK_ROWS * bb;
-        let mut data = vec![0u8; w.len()];
+        let mut data = WeightBytes::zeroed(w.len())?;
         let group_src = PACK_ROWS * rb;
         let groups_per_release = (1 << 20) / group_src.max(1) + 1;
         let mut released = 0;
@@ -103,7 +160,13 @@ impl PackedMatrix {
             }
         }
         release(&w[released..]);
-        Ok(Some(Self { fmt, rows, cols, data }))
+        Ok(Some(Self {
+            fmt,
+            rows,
+            cols,
+            data,
+            successor: Arc::default(),
+        }))
     }
 
     /// Storage format of the original rows.
@@ -158,6 +221,7 @@ impl PackedMatrix {
         let ptr = OutPtr(out.as_mut_ptr());
         let ptr = &ptr;
         let rows = self.rows;
+        let (next_base, next_len) = self.note_run();
         pool.run(groups.div_ceil(per_task), &|t| {
             let mut tile = [[0f32; PACK_ROWS]; crate::packed_x86::MAX_LANES];
             for g in t * per_task..((t + 1) * per_task).min(groups) {
@@ -185,6 +249,9 @@ impl PackedMatrix {
                 }
             }
         });
+        if prefetch_enabled() {
+            pool.prefetch_range(next_base, next_len);
+        }
         Ok(())
     }
 
@@ -207,6 +274,14 @@ pub fn kernel_available() -> bool {
     {
         false
     }
+}
+
+/// Whether finished loops hint their successor's weights to the pool (`ANELM_PREFETCH=0` turns
+/// it off for A/B runs).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // packing runs on x86-64 only
+fn prefetch_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("ANELM_PREFETCH").as_deref() != Ok("0"))
 }
 
 /// Base pointer of the output, shared by tasks that write disjoint rows.

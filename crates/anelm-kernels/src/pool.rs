@@ -5,6 +5,11 @@
 //! once on every core, while a pool with nothing to do goes quiet within a millisecond.
 //!
 //! The calling thread takes part in every loop; `threads − 1` workers are started once.
+//!
+//! Between loops the caller often runs serial work (norms, RoPE, activation quantisation)
+//! while the workers wait. [`Pool::prefetch`] names bytes the next loop will stream (the next
+//! weight matrix): waiting workers pull them into cache a chunk at a time, checking for new work
+//! between chunks, so the memory bus keeps working through the serial part of a decode step.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -13,6 +18,13 @@ use std::time::{Duration, Instant};
 
 /// How long an idle worker spins before parking.
 const SPIN: Duration = Duration::from_micros(500);
+
+/// Bytes a waiting worker prefetches before it looks for new work again.
+const PREFETCH_CHUNK: usize = 4096;
+
+/// At most this much of a prefetch hint is pulled in (a share of one core's L2, so the
+/// prefetched lines are still there when the loop reads them).
+pub const PREFETCH_BUDGET: usize = 512 << 10;
 
 type Task = dyn Fn(usize) + Sync;
 
@@ -30,6 +42,12 @@ struct Shared {
     /// A task panicked during the current loop (re-raised by `run`).
     panicked: AtomicBool,
     threads: Mutex<Vec<Thread>>,
+    /// The prefetch hint: start address, length, and the offset of the next chunk to claim.
+    /// Only ever used as addresses for prefetch instructions, which never fault, so a worker
+    /// that mixes an old and a new hint merely warms the wrong lines.
+    prefetch_base: AtomicUsize,
+    prefetch_len: AtomicUsize,
+    prefetch_next: AtomicUsize,
 }
 
 /// Run task `i`, counting it done even if it panics (so `run` never waits forever).
@@ -62,6 +80,9 @@ impl Pool {
             shutdown: AtomicBool::new(false),
             panicked: AtomicBool::new(false),
             threads: Mutex::new(Vec::new()),
+            prefetch_base: AtomicUsize::new(0),
+            prefetch_len: AtomicUsize::new(0),
+            prefetch_next: AtomicUsize::new(0),
         });
         let workers = (1..size)
             .filter_map(|i| {
@@ -87,6 +108,27 @@ impl Pool {
     /// Threads taking part in a loop (workers + the caller).
     pub fn threads(&self) -> usize {
         self.size
+    }
+
+    /// Ask waiting workers to pull (the first [`PREFETCH_BUDGET`] bytes of) `bytes` into cache
+    /// before the next loop reads them. A hint: it replaces any earlier one, costs the caller
+    /// three stores, and does nothing on a one-thread pool.
+    pub fn prefetch(&self, bytes: &[u8]) {
+        self.prefetch_range(bytes.as_ptr() as usize, bytes.len());
+    }
+
+    /// [`Pool::prefetch`] by address; the range need not be valid memory any more (prefetch
+    /// instructions never fault), which lets a hint outlive the buffer it named.
+    pub fn prefetch_range(&self, base: usize, len: usize) {
+        if self.size == 1 || len == 0 {
+            return;
+        }
+        let s = &*self.shared;
+        // Close the old hint first, so a worker reading in between sees an exhausted one.
+        s.prefetch_next.store(usize::MAX, Ordering::Relaxed);
+        s.prefetch_base.store(base, Ordering::Relaxed);
+        s.prefetch_len.store(len.min(PREFETCH_BUDGET), Ordering::Relaxed);
+        s.prefetch_next.store(0, Ordering::Release);
     }
 
     /// Call `f(i)` for every `i < n`, spread over the pool; returns when all are done.
@@ -154,6 +196,9 @@ fn worker(s: &Shared) {
                 seen = e;
                 break;
             }
+            if prefetch_chunk(s) {
+                continue;
+            }
             if t0.elapsed() < SPIN {
                 std::hint::spin_loop();
             } else {
@@ -173,6 +218,43 @@ fn worker(s: &Shared) {
         }
         s.inside.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+/// Claim and prefetch one chunk of the current hint; false when there is none left.
+fn prefetch_chunk(s: &Shared) -> bool {
+    let len = s.prefetch_len.load(Ordering::Relaxed);
+    if s.prefetch_next.load(Ordering::Acquire) >= len {
+        return false;
+    }
+    let at = s.prefetch_next.fetch_add(PREFETCH_CHUNK, Ordering::Relaxed);
+    if at >= len {
+        return false;
+    }
+    let base = s.prefetch_base.load(Ordering::Relaxed).wrapping_add(at);
+    let end = PREFETCH_CHUNK.min(len - at);
+    for off in (0..end).step_by(64) {
+        prefetch_line(base.wrapping_add(off));
+    }
+    true
+}
+
+/// Hint the cache line at `addr` into this core's L2 (no effect where there is no instruction
+/// for it). Prefetches are not memory accesses: an invalid address is ignored, not a fault.
+#[inline(always)]
+fn prefetch_line(addr: usize) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `prefetcht1` only hints the cache; it reads nothing architecturally and never
+    // faults, whatever the address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(addr as *const i8);
+    }
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: `prfm` is a hint; it never faults and changes no architectural state.
+    unsafe {
+        std::arch::asm!("prfm pldl2keep, [{0}]", in(reg) addr, options(nostack, preserves_flags, readonly));
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    let _ = addr;
 }
 
 impl Drop for Pool {
@@ -279,6 +361,28 @@ mod tests {
             }
         }
         assert_eq!(total.load(Ordering::Relaxed), expect);
+    }
+
+    #[test]
+    fn prefetch_hints_never_disturb_loops_even_for_unmapped_addresses() {
+        let pool = Pool::new(2);
+        let data = vec![7u8; 3 << 20];
+        let total = AtomicU64::new(0);
+        for it in 0..2000u64 {
+            match it % 3 {
+                0 => pool.prefetch(&data),
+                // An address that is not mapped: a prefetch hint must be harmless there.
+                1 => pool.prefetch_range(0x1000, PREFETCH_BUDGET),
+                _ => pool.prefetch(&data[..0]),
+            }
+            std::thread::yield_now();
+            pool.run(4, &|i| {
+                total.fetch_add(1 + i as u64, Ordering::Relaxed);
+            });
+        }
+        assert_eq!(total.load(Ordering::Relaxed), 2000 * 10);
+        // A one-thread pool ignores hints.
+        Pool::new(1).prefetch(&data);
     }
 
     #[test]
