@@ -196,12 +196,32 @@ impl Kernel for CpuLinear {
 }
 
 impl CpuLinear {
+    /// The fused matrices' packed forms (the first `n` of the array), when every one has one in
+    /// the same format: then they share one quantised input and one loop. No allocation: this
+    /// runs for every layer of every step.
+    fn packed_together(&self) -> Option<([&anelm_kernels::PackedMatrix; anelm_kernels::MAX_FUSED], usize)> {
+        let first = self.mats.first()?;
+        let n = self.mats.len();
+        if n > anelm_kernels::MAX_FUSED || self.mats.iter().any(|m| m.format != first.format) {
+            return None;
+        }
+        let mut refs = [first.packed.as_ref()?; anelm_kernels::MAX_FUSED];
+        for (r, m) in refs.iter_mut().zip(&self.mats) {
+            *r = m.packed.as_ref()?;
+        }
+        Some((refs, n))
+    }
+
     fn run_with(&self, x: &Batch, r: Option<&Batch>, out: &mut Batch, s: &mut Scratch) -> Result<()> {
         let lanes = x.lanes();
         let Scratch { act, part, .. } = s;
         if let [m] = self.mats.as_slice() {
             act.quantize(m.format, x.as_slice(), lanes, m.cols)?;
             m.matmul(act, out.as_mut_slice())?;
+        } else if let Some((packed, n)) = self.packed_together() {
+            // One parallel loop for all of them, rows written straight into place.
+            act.quantize(self.mats[0].format, x.as_slice(), lanes, self.shape.input)?;
+            anelm_kernels::PackedMatrix::matmul_concat(&packed[..n], act, out.as_mut_slice())?;
         } else {
             let mut offset = 0;
             for (i, m) in self.mats.iter().enumerate() {
@@ -287,13 +307,26 @@ impl CpuSwiGlu {
         gate.resize(lanes * ffn, 0.0);
         up.resize(lanes * ffn, 0.0);
         act.quantize(self.gate.format, x.as_slice(), lanes, self.gate.cols)?;
-        self.gate.matmul(act, gate)?;
-        if self.up.format != self.gate.format {
-            act.quantize(self.up.format, x.as_slice(), lanes, self.up.cols)?;
-        }
-        self.up.matmul(act, up)?;
-        for (g, u) in gate.iter_mut().zip(up.iter()) {
-            *g = silu(*g) * *u;
+        match (&self.gate.packed, &self.up.packed) {
+            (Some(g), Some(u)) if self.up.format == self.gate.format => {
+                // Gate and up in one loop, `silu(g) · u` made by the tasks that computed them.
+                let combine = |g: &mut [f32; anelm_kernels::PACK_ROWS], u: &[f32; anelm_kernels::PACK_ROWS]| {
+                    for (g, &u) in g.iter_mut().zip(u) {
+                        *g = silu(*g) * u;
+                    }
+                };
+                anelm_kernels::PackedMatrix::matmul_pair(g, u, act, gate, &combine)?;
+            }
+            _ => {
+                self.gate.matmul(act, gate)?;
+                if self.up.format != self.gate.format {
+                    act.quantize(self.up.format, x.as_slice(), lanes, self.up.cols)?;
+                }
+                self.up.matmul(act, up)?;
+                for (g, u) in gate.iter_mut().zip(up.iter()) {
+                    *g = silu(*g) * *u;
+                }
+            }
         }
         act.quantize(self.down.format, gate, lanes, ffn)?;
         out.resize(lanes, self.shape.output);

@@ -30,6 +30,6 @@ pub use error::KernelError;
 pub use format::WeightFormat;
 pub use fp16::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, round_bf16, round_f16};
 pub use matmul::{Isa, matmul, matmul_with};
-pub use packed::{PACK_ROWS, PackedMatrix};
+pub use packed::{Combine, MAX_FUSED, PACK_ROWS, PackedMatrix};
 pub use quantize::quantize_row;
 pub use vector::{axpy_f32, dot_f32};

@@ -174,6 +174,16 @@ impl PackedMatrix {
         self.fmt
     }
 
+    /// Output rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input columns.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
     /// Bytes held (equal to the stored matrix's).
     pub fn bytes(&self) -> usize {
         self.data.len()
@@ -188,61 +198,146 @@ impl PackedMatrix {
     /// [`PackedMatrix::matmul`] on a chosen instruction set (`Avx2` or `Avx2Vnni`), for tests
     /// and A/B measurements.
     pub fn matmul_with(&self, isa: crate::matmul::Isa, x: &Activations, out: &mut [f32]) -> Result<(), KernelError> {
+        Self::fused(isa, &[self], None, x, out)
+    }
+
+    /// Several matrices of one format and width side by side in one parallel loop (q/k/v): lane
+    /// `l` of `out` is `Σ rows` wide and holds each matrix's rows in turn at its column offset,
+    /// the same values as separate [`PackedMatrix::matmul`] calls. One loop instead of one per
+    /// matrix: a single barrier and tail, and the serial gaps between them go away.
+    pub fn matmul_concat(mats: &[&PackedMatrix], x: &Activations, out: &mut [f32]) -> Result<(), KernelError> {
+        Self::fused(crate::matmul::Isa::best(), mats, None, x, out)
+    }
+
+    /// Two matrices of one shape in one parallel loop, combined as they are made: `combine(a, b)`
+    /// gets the 8 values of one row group and lane from each matrix and leaves the result in `a`,
+    /// so `out[lane · rows + r] = combine(A[r] · x[lane], B[r] · x[lane])` (SwiGLU's
+    /// `silu(gate) · up`): the same values as two [`PackedMatrix::matmul`] calls and a serial
+    /// pass, with the combining spread over the threads.
+    pub fn matmul_pair(
+        a: &PackedMatrix,
+        b: &PackedMatrix,
+        x: &Activations,
+        out: &mut [f32],
+        combine: &Combine<'_>,
+    ) -> Result<(), KernelError> {
+        if a.rows != b.rows {
+            return Err(KernelError::Size {
+                what: "second matrix of a pair",
+                expected: a.rows,
+                got: b.rows,
+                unit: "rows",
+            });
+        }
+        Self::fused(crate::matmul::Isa::best(), &[a, b], Some(combine), x, out)
+    }
+
+    /// Shared checks of the entry points, then [`PackedMatrix::run`].
+    fn fused(
+        isa: crate::matmul::Isa,
+        mats: &[&PackedMatrix],
+        combine: Option<&Combine<'_>>,
+        x: &Activations,
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
         use crate::matmul::Isa;
         if !matches!(isa, Isa::Avx2 | Isa::Avx2Vnni) || !isa.available() {
             return Err(KernelError::IsaUnavailable { isa: isa.name() });
         }
-        if x.fmt != self.fmt || x.cols != self.cols {
-            return Err(KernelError::ActivationMismatch {
-                prepared_for: x.fmt.name(),
-                prepared_cols: x.cols,
-                wanted: self.fmt.name(),
-                wanted_cols: self.cols,
+        if mats.is_empty() || mats.len() > MAX_FUSED {
+            return Err(KernelError::Size {
+                what: "matrices in one fused loop",
+                expected: MAX_FUSED,
+                got: mats.len(),
+                unit: "at most",
             });
         }
-        let (rows, lanes) = (self.rows, x.lanes);
-        check_len("output", lanes * rows, out.len(), "values")?;
-        if lanes == 0 {
+        for m in mats {
+            if x.fmt != m.fmt || x.cols != m.cols {
+                return Err(KernelError::ActivationMismatch {
+                    prepared_for: x.fmt.name(),
+                    prepared_cols: x.cols,
+                    wanted: m.fmt.name(),
+                    wanted_cols: m.cols,
+                });
+            }
+        }
+        let width = match combine {
+            Some(_) => mats[0].rows,
+            None => mats.iter().map(|m| m.rows).sum(),
+        };
+        check_len(
+            "output",
+            x.lanes.checked_mul(width).ok_or(KernelError::Overflow)?,
+            out.len(),
+            "values",
+        )?;
+        if x.lanes == 0 {
             return Ok(());
         }
-        self.run(isa == Isa::Avx2Vnni, x, out)
+        Self::run(isa == Isa::Avx2Vnni, mats, combine, x, out)
     }
 
+    /// One parallel loop over the row groups of `mats`: without `combine`, matrix after matrix
+    /// (each task inside one matrix), rows written side by side in `out`'s lanes; with it, the
+    /// groups of `mats[0]` and `mats[1]` together, combined.
     #[cfg(target_arch = "x86_64")]
-    fn run(&self, vnni: bool, x: &Activations, out: &mut [f32]) -> Result<(), KernelError> {
-        let groups = self.rows / PACK_ROWS;
-        let nb = self.cols / 32;
-        let group_bytes = nb * PACK_ROWS * self.fmt.block_bytes();
-        let q8 = self.fmt == WeightFormat::Q8_0;
+    fn run(
+        vnni: bool,
+        mats: &[&PackedMatrix],
+        combine: Option<&Combine<'_>>,
+        x: &Activations,
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
+        use crate::packed_x86::MAX_LANES;
         let pool = crate::pool::global();
+        // Tasks over the loop's own groups: for a pair, the first matrix's (the second runs in
+        // step); otherwise every matrix's, each task inside one matrix.
+        let looped = if combine.is_some() { &mats[..1] } else { mats };
+        let groups: usize = looped.iter().map(|m| m.rows / PACK_ROWS).sum();
         // Several groups per task: enough tasks for the threads to even out, few enough that a
         // task streams a few KB contiguously.
         let per_task = groups.div_ceil(pool.threads() * 8).clamp(1, 32);
+        // Task ranges and output column offsets per matrix (no allocation: at most MAX_FUSED).
+        let mut first_task = [0usize; MAX_FUSED + 1];
+        let mut column = [0usize; MAX_FUSED];
+        for (i, m) in looped.iter().enumerate() {
+            first_task[i + 1] = first_task[i] + (m.rows / PACK_ROWS).div_ceil(per_task);
+            column[i] = if i == 0 { 0 } else { column[i - 1] + looped[i - 1].rows };
+        }
+        let tasks = first_task[looped.len()];
+        let width = if combine.is_some() {
+            mats[0].rows
+        } else {
+            column[looped.len() - 1] + looped[looped.len() - 1].rows
+        };
+        let mut next = (0, 0);
+        for m in mats {
+            next = m.note_run();
+        }
         let ptr = OutPtr(out.as_mut_ptr());
         let ptr = &ptr;
-        let rows = self.rows;
-        let (next_base, next_len) = self.note_run();
-        pool.run(groups.div_ceil(per_task), &|t| {
-            let mut tile = [[0f32; PACK_ROWS]; crate::packed_x86::MAX_LANES];
-            for g in t * per_task..((t + 1) * per_task).min(groups) {
-                let blk = &self.data[g * group_bytes..(g + 1) * group_bytes];
+        pool.run(tasks, &|t| {
+            let i = (0..looped.len()).rfind(|&i| first_task[i] <= t).unwrap_or(0);
+            let m = looped[i];
+            let local = t - first_task[i];
+            let mut tile = [[0f32; PACK_ROWS]; MAX_LANES];
+            let mut tile_b = [[0f32; PACK_ROWS]; MAX_LANES];
+            for g in local * per_task..((local + 1) * per_task).min(m.rows / PACK_ROWS) {
                 let mut lane0 = 0;
                 while lane0 < x.lanes {
-                    let n = (x.lanes - lane0).min(crate::packed_x86::MAX_LANES);
-                    // SAFETY: `kernel_available()` held when this matrix was packed (AVX2, FMA,
-                    // F16C; VNNI only when detected).
-                    unsafe {
-                        match (q8, vnni) {
-                            (false, true) => crate::packed_x86::q4_1_group_vnni(blk, x, lane0, &mut tile[..n]),
-                            (false, false) => crate::packed_x86::q4_1_group(blk, x, lane0, &mut tile[..n]),
-                            (true, true) => crate::packed_x86::q8_0_group_vnni(blk, x, lane0, &mut tile[..n]),
-                            (true, false) => crate::packed_x86::q8_0_group(blk, x, lane0, &mut tile[..n]),
+                    let n = (x.lanes - lane0).min(MAX_LANES);
+                    m.group(vnni, g, x, lane0, &mut tile[..n]);
+                    if let Some(f) = combine {
+                        mats[1].group(vnni, g, x, lane0, &mut tile_b[..n]);
+                        for (a, b) in tile[..n].iter_mut().zip(&tile_b[..n]) {
+                            f(a, b);
                         }
                     }
                     for (l, vals) in tile[..n].iter().enumerate() {
-                        let at = (lane0 + l) * rows + g * PACK_ROWS;
-                        // SAFETY: `at + 8 ≤ lanes · rows = out.len()` (checked); every task
-                        // writes only its own groups' rows, so writes never overlap.
+                        let at = (lane0 + l) * width + column[i] + g * PACK_ROWS;
+                        // SAFETY: `at + 8 ≤ lanes · width = out.len()` (checked in `fused`);
+                        // every task writes only its own groups' rows, so writes never overlap.
                         unsafe { std::ptr::copy_nonoverlapping(vals.as_ptr(), ptr.0.add(at), PACK_ROWS) };
                     }
                     lane0 += n;
@@ -250,17 +345,48 @@ impl PackedMatrix {
             }
         });
         if prefetch_enabled() {
-            pool.prefetch_range(next_base, next_len);
+            pool.prefetch_range(next.0, next.1);
         }
         Ok(())
     }
 
+    /// Row group `g` of this matrix against lanes `lane0 ..` of `x`, into `tile`.
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    fn group(&self, vnni: bool, g: usize, x: &Activations, lane0: usize, tile: &mut [[f32; PACK_ROWS]]) {
+        let group_bytes = (self.cols / 32) * PACK_ROWS * self.fmt.block_bytes();
+        let blk = &self.data[g * group_bytes..(g + 1) * group_bytes];
+        // SAFETY: `kernel_available()` held when this matrix was packed (AVX2, FMA, F16C; VNNI
+        // only when detected); `tile.len() ≤ MAX_LANES` and the lanes exist (callers loop so).
+        unsafe {
+            match (self.fmt == WeightFormat::Q8_0, vnni) {
+                (false, true) => crate::packed_x86::q4_1_group_vnni(blk, x, lane0, tile),
+                (false, false) => crate::packed_x86::q4_1_group(blk, x, lane0, tile),
+                (true, true) => crate::packed_x86::q8_0_group_vnni(blk, x, lane0, tile),
+                (true, false) => crate::packed_x86::q8_0_group(blk, x, lane0, tile),
+            }
+        }
+    }
+
     #[cfg(not(target_arch = "x86_64"))]
-    fn run(&self, _vnni: bool, _x: &Activations, _out: &mut [f32]) -> Result<(), KernelError> {
+    fn run(
+        _vnni: bool,
+        _mats: &[&PackedMatrix],
+        _combine: Option<&Combine<'_>>,
+        _x: &Activations,
+        _out: &mut [f32],
+    ) -> Result<(), KernelError> {
         // `pack` never builds one where there is no kernel.
         Err(KernelError::IsaUnavailable { isa: "avx2" })
     }
 }
+
+/// How [`PackedMatrix::matmul_pair`] merges one row group of its two results (in place, into
+/// the first); a group at a time so the call costs one indirect jump per 8 values.
+pub type Combine<'a> = dyn Fn(&mut [f32; PACK_ROWS], &[f32; PACK_ROWS]) + Sync + 'a;
+
+/// Most matrices one fused loop takes (q/k/v, or a SwiGLU pair).
+pub const MAX_FUSED: usize = 4;
 
 /// Whether `PackedMatrix::pack` can build anything on this CPU (x86-64 with AVX2, FMA, F16C).
 /// `ANELM_KERNELS` naming a non-x86 path, or `ANELM_PACKED=0`, turns packing off for A/B runs.

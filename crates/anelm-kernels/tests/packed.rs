@@ -109,3 +109,69 @@ fn packed_matmul_checks_its_inputs() {
         .expect("quantize");
     assert!(packed.matmul(&act, &mut vec![0.0; rows - 1]).is_err(), "short output");
 }
+
+/// Pack `rows × cols` random weights, or `None` on a CPU without the packed kernels.
+fn packed(fmt: WeightFormat, rng: &mut Rng, rows: usize, cols: usize) -> Option<PackedMatrix> {
+    let w = encode(fmt, &rng.vec(rows * cols), rows, cols);
+    PackedMatrix::pack(fmt, &w, rows, cols).expect("pack")
+}
+
+#[test]
+fn fused_loops_give_exactly_the_separate_results() {
+    let mut rng = Rng(11);
+    for fmt in [WeightFormat::Q4_1, WeightFormat::Q8_0] {
+        let cols = 576;
+        // q/k/v-like: unequal heights, one of them smaller than a task.
+        let (Some(q), Some(k), Some(v)) = (
+            packed(fmt, &mut rng, 576, cols),
+            packed(fmt, &mut rng, 192, cols),
+            packed(fmt, &mut rng, 8, cols),
+        ) else {
+            println!("no packed kernel on this CPU");
+            return;
+        };
+        let (Some(gate), Some(up)) = (packed(fmt, &mut rng, 1536, cols), packed(fmt, &mut rng, 1536, cols)) else {
+            return;
+        };
+        for lanes in [1usize, 3, 20] {
+            let mut act = Activations::new();
+            act.quantize(fmt, &rng.vec(lanes * cols), lanes, cols)
+                .expect("quantize");
+            let separate = |m: &PackedMatrix| {
+                let mut out = vec![0.0; lanes * m.rows()];
+                m.matmul(&act, &mut out).expect("matmul");
+                out
+            };
+            let parts = [&q, &k, &v].map(separate);
+            let width = 576 + 192 + 8;
+            let mut fused = vec![f32::NAN; lanes * width];
+            PackedMatrix::matmul_concat(&[&q, &k, &v], &act, &mut fused).expect("concat");
+            for lane in 0..lanes {
+                let mut want = Vec::new();
+                for (m, p) in [&q, &k, &v].iter().zip(&parts) {
+                    want.extend_from_slice(&p[lane * m.rows()..(lane + 1) * m.rows()]);
+                }
+                let got = &fused[lane * width..(lane + 1) * width];
+                assert!(
+                    got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{fmt:?} lanes {lanes}"
+                );
+            }
+            let (g, u) = (separate(&gate), separate(&up));
+            let silu = |a: f32, b: f32| a / (1.0 + (-a).exp()) * b;
+            let mut pair = vec![f32::NAN; lanes * 1536];
+            let combine = |a: &mut [f32; 8], b: &[f32; 8]| a.iter_mut().zip(b).for_each(|(a, &b)| *a = silu(*a, b));
+            PackedMatrix::matmul_pair(&gate, &up, &act, &mut pair, &combine).expect("pair");
+            for (i, (p, (g, u))) in pair.iter().zip(g.iter().zip(&u)).enumerate() {
+                assert_eq!(p.to_bits(), silu(*g, *u).to_bits(), "{fmt:?} lanes {lanes} [{i}]");
+            }
+        }
+        // Mismatches are errors: heights of a pair, output width, too many matrices.
+        let mut act = Activations::new();
+        act.quantize(fmt, &rng.vec(cols), 1, cols).expect("quantize");
+        assert!(PackedMatrix::matmul_pair(&q, &k, &act, &mut vec![0.0; 576], &|_, _| ()).is_err());
+        assert!(PackedMatrix::matmul_concat(&[&q, &k], &act, &mut vec![0.0; 576]).is_err());
+        assert!(PackedMatrix::matmul_concat(&[], &act, &mut []).is_err());
+        assert!(PackedMatrix::matmul_concat(&[&v, &v, &v, &v, &v], &act, &mut [0.0; 40]).is_err());
+    }
+}
