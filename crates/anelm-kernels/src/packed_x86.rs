@@ -17,6 +17,48 @@ fn f16x8(b: &[u8]) -> __m256 {
     _mm256_cvtph_ps(unsafe { _mm_loadu_si128(b.as_ptr().cast()) })
 }
 
+/// `lanes` consecutive lanes of `len` values each, starting at lane `first` of `data`: the
+/// range is checked once, when made, so the hot loop indexes it without a bounds check per
+/// (lane, block).
+#[derive(Clone, Copy)]
+struct LaneBlocks<T> {
+    ptr: *const T,
+    lanes: usize,
+    len: usize,
+}
+
+impl<T: Copy> LaneBlocks<T> {
+    #[inline(always)]
+    fn new(data: &[T], first: usize, lanes: usize, len: usize) -> Self {
+        let range = &data[first * len..(first + lanes) * len];
+        Self {
+            ptr: range.as_ptr(),
+            lanes,
+            len,
+        }
+    }
+
+    /// Value `i` of lane `j`.
+    #[inline(always)]
+    fn get(&self, j: usize, i: usize) -> T {
+        debug_assert!(j < self.lanes && i < self.len);
+        // SAFETY: callers pass `j < lanes` (the tile's lane loop) and `i < len` (a block index
+        // below `nb`, or an element of one), so `j · len + i` lies inside the checked range.
+        unsafe { *self.ptr.add(j * self.len + i) }
+    }
+}
+
+impl LaneBlocks<i8> {
+    /// Quants `i .. i + 4` of lane `j` as one little-endian i32 (a `vpdpbusd` broadcast group).
+    #[inline(always)]
+    fn quad(&self, j: usize, i: usize) -> i32 {
+        debug_assert!(j < self.lanes && i + 4 <= self.len);
+        // SAFETY: as in `get`, with `i + 4 ≤ len` (a 4-quant group inside a 32-quant block);
+        // an unaligned read of plain bytes.
+        unsafe { std::ptr::read_unaligned(self.ptr.add(j * self.len + i).cast::<i32>()) }
+    }
+}
+
 /// `acc + Σ` of the u8 × i8 products of `w` and `x` in groups of four (exact: weights are
 /// nibbles or |int8| ≤ 127, activations within ±127, so no 16-bit pair sum can saturate).
 #[inline]
@@ -40,8 +82,8 @@ macro_rules! define_q8_group {
         #[target_feature(enable = $features)]
         fn $tile<const L: usize>(blk: &[u8], x: &Activations, lane: usize, out: &mut [[f32; 8]]) {
             let nb = x.cols / 32;
-            let xq: [&[i8]; L] = std::array::from_fn(|j| &x.q[32 * nb * (lane + j)..32 * nb * (lane + j + 1)]);
-            let xd: [&[f32]; L] = std::array::from_fn(|j| &x.d[nb * (lane + j)..nb * (lane + j + 1)]);
+            let xq = LaneBlocks::new(&x.q, lane, L, 32 * nb);
+            let xd = LaneBlocks::new(&x.d, lane, L, nb);
             let mut acc = [_mm256_setzero_ps(); L];
             for (b, p) in blk.chunks_exact(272).enumerate().take(nb) {
                 // A prefetch never faults, so the address may lie past the group's end.
@@ -52,16 +94,7 @@ macro_rules! define_q8_group {
                 let w: [__m256i; 8] = std::array::from_fn(|k| load256(&p[16 + 32 * k..48 + 32 * k]));
                 let mag: [__m256i; 8] = std::array::from_fn(|k| _mm256_sign_epi8(w[k], w[k]));
                 for j in 0..L {
-                    let q = &xq[j][32 * b..32 * b + 32];
-                    let group = |g: usize| {
-                        let x = _mm256_set1_epi32(i32::from_le_bytes([
-                            q[4 * g] as u8,
-                            q[4 * g + 1] as u8,
-                            q[4 * g + 2] as u8,
-                            q[4 * g + 3] as u8,
-                        ]));
-                        _mm256_sign_epi8(x, w[g])
-                    };
+                    let group = |g: usize| _mm256_sign_epi8(_mm256_set1_epi32(xq.quad(j, 32 * b + 4 * g)), w[g]);
                     let mut s0 = $dot(_mm256_setzero_si256(), mag[0], group(0));
                     let mut s1 = $dot(_mm256_setzero_si256(), mag[1], group(1));
                     for g in (2..8).step_by(2) {
@@ -69,7 +102,7 @@ macro_rules! define_q8_group {
                         s1 = $dot(s1, mag[g + 1], group(g + 1));
                     }
                     let isum = _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1));
-                    acc[j] = _mm256_fmadd_ps(isum, _mm256_mul_ps(d, _mm256_set1_ps(xd[j][b])), acc[j]);
+                    acc[j] = _mm256_fmadd_ps(isum, _mm256_mul_ps(d, _mm256_set1_ps(xd.get(j, b))), acc[j]);
                 }
             }
             for j in 0..L {
@@ -112,9 +145,11 @@ macro_rules! define_group {
         #[target_feature(enable = $features)]
         fn $tile<const L: usize>(blk: &[u8], x: &Activations, lane: usize, out: &mut [[f32; 8]]) {
             let nb = x.cols / 32;
-            let xq: [&[i8]; L] = std::array::from_fn(|j| &x.q[32 * nb * (lane + j)..32 * nb * (lane + j + 1)]);
-            let xd: [&[f32]; L] = std::array::from_fn(|j| &x.d[nb * (lane + j)..nb * (lane + j + 1)]);
-            let xs: [&[f32]; L] = std::array::from_fn(|j| &x.s[nb * (lane + j)..nb * (lane + j + 1)]);
+            // The L lanes' quants, scales and sums, checked once here; the block loop reads
+            // them through `LaneBlocks` without a bounds check per (lane, block).
+            let xq = LaneBlocks::new(&x.q, lane, L, 32 * nb);
+            let xd = LaneBlocks::new(&x.d, lane, L, nb);
+            let xs = LaneBlocks::new(&x.s, lane, L, nb);
             let mask = _mm256_set1_epi8(0x0F);
             let mut acc = [_mm256_setzero_ps(); L];
             for (b, p) in blk.chunks_exact(160).enumerate().take(nb) {
@@ -131,15 +166,7 @@ macro_rules! define_group {
                     v[k + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(packed), mask);
                 }
                 for j in 0..L {
-                    let q = &xq[j][32 * b..32 * b + 32];
-                    let group = |g: usize| {
-                        _mm256_set1_epi32(i32::from_le_bytes([
-                            q[4 * g] as u8,
-                            q[4 * g + 1] as u8,
-                            q[4 * g + 2] as u8,
-                            q[4 * g + 3] as u8,
-                        ]))
-                    };
+                    let group = |g: usize| _mm256_set1_epi32(xq.quad(j, 32 * b + 4 * g));
                     let mut s0 = $dot(_mm256_setzero_si256(), v[0], group(0));
                     let mut s1 = $dot(_mm256_setzero_si256(), v[1], group(1));
                     s0 = $dot(s0, v[2], group(2));
@@ -149,8 +176,8 @@ macro_rules! define_group {
                     s0 = $dot(s0, v[6], group(6));
                     s1 = $dot(s1, v[7], group(7));
                     let isum = _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1));
-                    acc[j] = _mm256_fmadd_ps(isum, _mm256_mul_ps(d, _mm256_set1_ps(xd[j][b])), acc[j]);
-                    acc[j] = _mm256_fmadd_ps(m, _mm256_set1_ps(xs[j][b]), acc[j]);
+                    acc[j] = _mm256_fmadd_ps(isum, _mm256_mul_ps(d, _mm256_set1_ps(xd.get(j, b))), acc[j]);
+                    acc[j] = _mm256_fmadd_ps(m, _mm256_set1_ps(xs.get(j, b)), acc[j]);
                 }
             }
             for j in 0..L {
