@@ -12,7 +12,7 @@
 
 use std::ops::Range;
 
-use anelm_kernels::f32_to_f16;
+use anelm_kernels::f32_to_f16_slice;
 
 /// Extra ring slots beyond what a step needs, so short rewinds keep the session.
 pub const REWIND_SLACK: usize = 64;
@@ -87,10 +87,7 @@ impl Buf {
     fn write(&mut self, at: usize, x: &[f32]) {
         match self {
             Buf::F32(b) => b[at..at + x.len()].copy_from_slice(x),
-            Buf::F16(b) => b[at..at + x.len()]
-                .iter_mut()
-                .zip(x)
-                .for_each(|(d, &e)| *d = f32_to_f16(e)),
+            Buf::F16(b) => f32_to_f16_slice(x, &mut b[at..at + x.len()]),
         }
     }
 

@@ -28,7 +28,7 @@ pub use attention_rows::{CacheRows, dot_rows_group, weighted_rows_group};
 pub use dequant::{dequantize_row, dot_reference};
 pub use error::KernelError;
 pub use format::WeightFormat;
-pub use fp16::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, round_bf16, round_f16};
+pub use fp16::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, f32_to_f16_slice, round_bf16, round_f16};
 pub use matmul::{Isa, matmul, matmul_with};
 pub use packed::{Combine, MAX_FUSED, PACK_ROWS, PackedMatrix};
 pub use quantize::quantize_row;

@@ -74,18 +74,23 @@ impl Attention {
             it.session.kv.layers[layer].reserve_step(it.tokens.len(), kv_dim);
         }
         let p = self.precision;
-        let (mut k, mut v) = (vec![0.0; kv_dim], vec![0.0; kv_dim]);
+        let (mut k, mut v) = (Vec::new(), Vec::new());
         for (lane, l) in lanes.iter().enumerate() {
             let row = rows.lane(lane);
-            for (dst, src) in [
-                (&mut k, &row[k_off..k_off + kv_dim]),
-                (&mut v, &row[v_off..v_off + kv_dim]),
-            ] {
-                dst.iter_mut().zip(src).for_each(|(d, &e)| *d = p.store(e));
-            }
+            let (k_row, v_row) = (&row[k_off..k_off + kv_dim], &row[v_off..v_off + kv_dim]);
             let cache = &mut items[l.item].session.kv.layers[layer];
             debug_assert_eq!(cache.len(), l.pos, "lanes append in position order");
-            cache.push(&k, &v);
+            if cache.storage() == p.kv_storage() {
+                // The storage itself rounds as the precision asks (f16 bits, or f32 as is):
+                // rounding first as well would change nothing.
+                cache.push(k_row, v_row);
+            } else {
+                for (dst, src) in [(&mut k, k_row), (&mut v, v_row)] {
+                    dst.clear();
+                    dst.extend(src.iter().map(|&e| p.store(e)));
+                }
+                cache.push(&k, &v);
+            }
         }
     }
 
