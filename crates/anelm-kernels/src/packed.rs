@@ -295,9 +295,12 @@ impl PackedMatrix {
         // step); otherwise every matrix's, each task inside one matrix.
         let looped = if combine.is_some() { &mats[..1] } else { mats };
         let groups: usize = looped.iter().map(|m| m.rows / PACK_ROWS).sum();
-        // Several groups per task: enough tasks for the threads to even out, few enough that a
-        // task streams a few KB contiguously.
-        let per_task = groups.div_ceil(pool.threads() * 8).clamp(1, 32);
+        // Few, long tasks: about two per thread (at most 128 groups, ~370 KB of Q4_1 at 576
+        // columns). Each task is one contiguous stream the hardware prefetcher can follow; 16
+        // tasks of ~34 KB per loop, claimed alternately by the threads, broke every thread's
+        // stream at each claim (measured: single-stream decode +18 % with the long tasks, and
+        // finer tasks than before were 18 % slower still; docs/field-guide.md).
+        let per_task = groups.div_ceil(pool.threads() * 2).clamp(1, 128);
         // Task ranges and output column offsets per matrix (no allocation: at most MAX_FUSED).
         let mut first_task = [0usize; MAX_FUSED + 1];
         let mut column = [0usize; MAX_FUSED];
