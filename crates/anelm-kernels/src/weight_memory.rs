@@ -133,6 +133,8 @@ impl std::ops::DerefMut for WeightBytes {
 }
 
 impl Clone for WeightBytes {
+    /// A copy in fresh weight memory. Panics only when the system refuses the memory (where a
+    /// `Vec` clone would abort).
     fn clone(&self) -> Self {
         match Self::zeroed(self.len) {
             Ok(mut copy) => {
