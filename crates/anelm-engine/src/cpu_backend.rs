@@ -305,7 +305,6 @@ impl CpuSwiGlu {
         let ffn = self.gate.rows;
         let Scratch { act, gate, up, .. } = s;
         gate.resize(lanes * ffn, 0.0);
-        up.resize(lanes * ffn, 0.0);
         act.quantize(self.gate.format, x.as_slice(), lanes, self.gate.cols)?;
         match (&self.gate.packed, &self.up.packed) {
             (Some(g), Some(u)) if self.up.format == self.gate.format => {
@@ -318,6 +317,7 @@ impl CpuSwiGlu {
                 anelm_kernels::PackedMatrix::matmul_pair(g, u, act, gate, &combine)?;
             }
             _ => {
+                up.resize(lanes * ffn, 0.0);
                 self.gate.matmul(act, gate)?;
                 if self.up.format != self.gate.format {
                     act.quantize(self.up.format, x.as_slice(), lanes, self.up.cols)?;
