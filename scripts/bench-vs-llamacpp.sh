@@ -2,7 +2,8 @@
 # anelm vs llama.cpp on the same GGUF, same thread count, pp128 and tg128, 5 repetitions each,
 # run alternately (llama.cpp, anelm, llama.cpp, anelm, ...) so both see the same machine state.
 # Prints one markdown table with the ratio anelm / llama.cpp per figure, then anelm's tg figure
-# against the memory-bandwidth bound: weight bytes streamed per token (the GGUF's matrices) ÷ the
+# against the memory-bandwidth bound: weight bytes streamed per token (the GGUF's matrices, as
+# `anelm bench --json` reports them in `weight_bytes_per_token`) ÷ the
 # streaming-read bandwidth, measured with the same thread count in every round
 # (`cargo bench -p anelm-kernels --bench matmul -- --bandwidth-only`).
 #
@@ -47,7 +48,7 @@ for round in $(seq "$ROUNDS"); do
   "$BANDWIDTH" --threads "$THREADS" --bandwidth-only >> "$OUT/bandwidth.txt"
 done
 python3 - "$OUT/llama.jsonl" "$OUT/anelm.jsonl" "$MODEL" "$THREADS" "$OUT/bandwidth.txt" <<'PY'
-import json, statistics, struct, sys, platform, os
+import json, statistics, sys, platform, os
 llama, anelm, model, threads, bandwidth = sys.argv[1:6]
 def collect(path, key):
     figs = {}
@@ -81,56 +82,13 @@ for test in sorted(set(L) | set(A)):
     am = statistics.median(a) if a else float("nan")
     print(f"| {test} | {lm:.1f} ({len(l)}) | {am:.1f} ({len(a)}) | {am / lm:.2f}× |")
 
-def matrix_bytes(path):
-    """Bytes of the matrices one decode step streams: every tensor of two or more dimensions
-    except the token table when a separate output matrix exists (then one row of it is read).
-    A tensor's size is the gap to the next tensor's offset (GGUF v2/v3 layout)."""
-    with open(path, "rb") as f:
-        data = f.read(64 << 20)
-    at = 0
-    def take(fmt):
-        nonlocal at
-        v = struct.unpack_from("<" + fmt, data, at); at += struct.calcsize("<" + fmt); return v[0]
-    def string():
-        nonlocal at
-        n = take("Q"); s = data[at:at + n].decode("utf-8", "replace"); at += n; return s
-    sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-    def value(t):
-        nonlocal at
-        if t == 8: string()
-        elif t == 9:
-            et, n = take("I"), take("Q")
-            for _ in range(n): value(et)
-        else: at += sizes[t]
-    assert data[:4] == b"GGUF", "not a GGUF file"
-    at = 8
-    n_tensors, n_kv = take("Q"), take("Q")
-    alignment = 32
-    for _ in range(n_kv):
-        key, t = string(), take("I")
-        if key == "general.alignment": alignment = struct.unpack_from("<I", data, at)[0]
-        value(t)
-    tensors = []
-    for _ in range(n_tensors):
-        name = string(); dims = [take("Q") for _ in range(take("I"))]; take("I"); off = take("Q")
-        tensors.append((off, name, dims))
-    start = (at + alignment - 1) // alignment * alignment
-    tensors.sort()
-    end = os.path.getsize(path) - start
-    names = {t[1] for t in tensors}
-    total = 0
-    for i, (off, name, dims) in enumerate(tensors):
-        size = (tensors[i + 1][0] if i + 1 < len(tensors) else end) - off
-        if sum(d > 1 for d in dims) < 2: continue
-        if name == "token_embd.weight" and "output.weight" in names: continue
-        total += size
-    return total
-
 bws = [float(x) for x in open(bandwidth) if x.strip()]
 tg = [t for t in A if t.startswith("tg")]
 if bws and tg:
     bw = statistics.median(bws)
-    per_token = matrix_bytes(model)
+    per_token = next((r["weight_bytes_per_token"] for r in map(json.loads, filter(str.strip, open(anelm)))
+                      if r.get("weight_bytes_per_token")), None)
+    assert per_token, "anelm bench did not report weight_bytes_per_token (a GGUF model is needed)"
     rate = statistics.median(A[tg[0]])
     print()
     print(f"Bandwidth bound: {per_token / 1e6:.1f} MB of weights per token, streaming read {bw:.1f} GB/s "

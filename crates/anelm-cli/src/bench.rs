@@ -187,6 +187,25 @@ fn prefill_once(model: &dyn LanguageModel, tokens: &[u32]) -> Result<f64> {
     Ok(tokens.len() as f64 / t.elapsed().as_secs_f64())
 }
 
+/// Bytes of weights one decode step streams, for a GGUF file (else `None`): every tensor of two
+/// or more dimensions, except the token table when a separate output matrix exists (then only
+/// one row of it is read). The bandwidth bound of `scripts/bench-vs-llamacpp.sh` divides by it.
+fn streamed_weight_bytes(path: &std::path::Path) -> Option<u64> {
+    if path.extension().is_none_or(|e| e != "gguf") {
+        return None;
+    }
+    let file = anelm_model::gguf::GgufFile::open(path).ok()?;
+    let untied = file.tensor_info("output.weight").is_some();
+    Some(
+        file.tensors()
+            .iter()
+            .filter(|t| t.dims.iter().filter(|&&d| d > 1).count() >= 2)
+            .filter(|t| !(untied && t.name == "token_embd.weight"))
+            .map(|t| t.size)
+            .sum(),
+    )
+}
+
 fn decode_once(model: &dyn LanguageModel, first: u32, n: usize) -> Result<f64> {
     let mut session = model.new_session(n + 1);
     let mut tok = first;
@@ -270,6 +289,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         .unwrap_or(0.0);
     let threads = rayon::current_num_threads();
     let isa = anelm_kernels::Isa::best().name();
+    let weight_bytes = streamed_weight_bytes(&path);
     let mut out = std::io::stdout().lock();
     if a.json {
         for f in &figures {
@@ -278,6 +298,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 "test": f.test, "tokens": f.tokens, "repetitions": f.rates.len(),
                 "tok_s_median": f.median(), "tok_s_stdev": f.stdev(), "tok_s": f.rates,
                 "chip": device.chip.map(|c| c.name), "modelled_ane_tok_s": f.modelled,
+                "weight_bytes_per_token": weight_bytes,
             });
             writeln!(out, "{v}").context("write to stdout")?;
         }

@@ -38,19 +38,25 @@ pub fn f32_to_f16(x: f32) -> u16 {
 /// a NaN).
 pub fn f32_to_f16_slice(src: &[f32], dst: &mut [u16]) {
     assert_eq!(src.len(), dst.len(), "f32_to_f16_slice: lengths differ");
-    let mut done = 0;
+    let done = f32_to_f16_simd(src, dst);
+    for (d, &x) in dst[done..].iter_mut().zip(&src[done..]) {
+        *d = f32_to_f16(x);
+    }
+}
+
+/// The vector part of [`f32_to_f16_slice`]: how many leading values it converted.
+fn f32_to_f16_simd(src: &[f32], dst: &mut [u16]) -> usize {
     #[cfg(target_arch = "x86_64")]
     {
         static F16C: OnceLock<bool> = OnceLock::new();
         if *F16C.get_or_init(|| is_x86_feature_detected!("avx") && is_x86_feature_detected!("f16c")) {
             // SAFETY: AVX and F16C were detected just above.
             unsafe { f32_to_f16_f16c(src, dst) };
-            done = src.len() / 8 * 8;
+            return src.len() / 8 * 8;
         }
     }
-    for (d, &x) in dst[done..].iter_mut().zip(&src[done..]) {
-        *d = f32_to_f16(x);
-    }
+    let _ = (src, dst);
+    0
 }
 
 /// The whole groups of eight of [`f32_to_f16_slice`].

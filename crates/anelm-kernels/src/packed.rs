@@ -74,9 +74,9 @@ struct Successor {
 static RUN_ORDER: Mutex<Option<Arc<Successor>>> = Mutex::new(None);
 
 impl PackedMatrix {
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     /// Record that this matrix runs now (telling its predecessor where it is) and return its
     /// own successor's last known range.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fn note_run(&self) -> (usize, usize) {
         if let Ok(mut last) = RUN_ORDER.lock() {
             if let Some(prev) = last.as_ref().filter(|p| !Arc::ptr_eq(p, &self.successor)) {
@@ -275,12 +275,12 @@ impl PackedMatrix {
         if x.lanes == 0 {
             return Ok(());
         }
-        Self::run(isa == Isa::Avx2Vnni, mats, combine, x, out)
+        Self::run(isa == Isa::Avx2Vnni, mats, combine, x, out, width)
     }
 
     /// One parallel loop over the row groups of `mats`: without `combine`, matrix after matrix
-    /// (each task inside one matrix), rows written side by side in `out`'s lanes; with it, the
-    /// groups of `mats[0]` and `mats[1]` together, combined.
+    /// (each task inside one matrix), rows written side by side in `out`'s lanes of `width`
+    /// values; with it, the groups of `mats[0]` and `mats[1]` together, combined.
     #[cfg(target_arch = "x86_64")]
     fn run(
         vnni: bool,
@@ -288,6 +288,7 @@ impl PackedMatrix {
         combine: Option<&Combine<'_>>,
         x: &Activations,
         out: &mut [f32],
+        width: usize,
     ) -> Result<(), KernelError> {
         use crate::packed_x86::MAX_LANES;
         let pool = crate::pool::global();
@@ -303,17 +304,12 @@ impl PackedMatrix {
         let per_task = groups.div_ceil(pool.threads() * 2).clamp(1, 128);
         // Task ranges and output column offsets per matrix (no allocation: at most MAX_FUSED).
         let mut first_task = [0usize; MAX_FUSED + 1];
-        let mut column = [0usize; MAX_FUSED];
+        let mut column = [0usize; MAX_FUSED + 1];
         for (i, m) in looped.iter().enumerate() {
             first_task[i + 1] = first_task[i] + (m.rows / PACK_ROWS).div_ceil(per_task);
-            column[i] = if i == 0 { 0 } else { column[i - 1] + looped[i - 1].rows };
+            column[i + 1] = column[i] + m.rows;
         }
         let tasks = first_task[looped.len()];
-        let width = if combine.is_some() {
-            mats[0].rows
-        } else {
-            column[looped.len() - 1] + looped[looped.len() - 1].rows
-        };
         let mut next = (0, 0);
         for m in mats {
             next = m.note_run();
@@ -378,6 +374,7 @@ impl PackedMatrix {
         _combine: Option<&Combine<'_>>,
         _x: &Activations,
         _out: &mut [f32],
+        _width: usize,
     ) -> Result<(), KernelError> {
         // `pack` never builds one where there is no kernel.
         Err(KernelError::IsaUnavailable { isa: "avx2" })

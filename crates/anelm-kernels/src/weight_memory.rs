@@ -35,7 +35,7 @@ struct Region {
 }
 
 // SAFETY: the mapping is plain memory owned by `map`; `base` only addresses it, and every
-// allocation hands out a disjoint range of it (see `WeightMemory::alloc`).
+// allocation hands out a disjoint range of it (see `WeightBytes::zeroed`).
 unsafe impl Send for Region {}
 // SAFETY: see `Send`; after its allocation is filled, a range is only read.
 unsafe impl Sync for Region {}
