@@ -273,11 +273,6 @@ impl CpuSwiGlu {
     }
 }
 
-/// SiLU as ggml computes it: x / (1 + e^-x).
-pub fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
-
 impl Kernel for CpuSwiGlu {
     fn shape(&self) -> KernelShape {
         self.shape
@@ -310,9 +305,7 @@ impl CpuSwiGlu {
             (Some(g), Some(u)) if self.up.format == self.gate.format => {
                 // Gate and up in one loop, `silu(g) · u` made by the tasks that computed them.
                 let combine = |g: &mut [f32; anelm_kernels::PACK_ROWS], u: &[f32; anelm_kernels::PACK_ROWS]| {
-                    for (g, &u) in g.iter_mut().zip(u) {
-                        *g = silu(*g) * u;
-                    }
+                    anelm_kernels::silu_mul(g, u);
                 };
                 anelm_kernels::PackedMatrix::matmul_pair(g, u, act, gate, &combine)?;
             }
@@ -323,9 +316,7 @@ impl CpuSwiGlu {
                     act.quantize(self.up.format, x.as_slice(), lanes, self.up.cols)?;
                 }
                 self.up.matmul(act, up)?;
-                for (g, u) in gate.iter_mut().zip(up.iter()) {
-                    *g = silu(*g) * *u;
-                }
+                anelm_kernels::silu_mul(gate, up);
             }
         }
         act.quantize(self.down.format, gate, lanes, ffn)?;

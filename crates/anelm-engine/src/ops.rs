@@ -27,7 +27,7 @@ pub fn gelu_tanh(x: f32) -> f32 {
 /// x·σ(x).
 #[inline]
 pub fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+    x / (1.0 + anelm_kernels::exp_f32(-x))
 }
 
 /// σ(x) = 1 / (1 + e^(−x)).
@@ -208,11 +208,10 @@ fn softmax_scores(scores: &mut [f32], p: &AttendParams) {
         }
         max = max.max(*s);
     }
-    let mut sum = 0.0f64;
     for s in scores.iter_mut() {
-        *s = (*s - max).exp();
-        sum += f64::from(*s);
+        *s = anelm_kernels::exp_f32(*s - max);
     }
+    let sum: f64 = scores.iter().map(|&s| f64::from(s)).sum();
     let inv = if sum > 0.0 { (1.0 / sum) as f32 } else { 0.0 };
     for s in scores.iter_mut() {
         *s = match p.precision {

@@ -168,7 +168,27 @@ pub enum SamplerError {
 /// result is `None` for an empty row or one with no finite value. Shared by the sampler
 /// and by tests.
 pub fn argmax(logits: &[f32]) -> Option<usize> {
-    argmax_iter(logits.iter().copied().enumerate())
+    // Two passes the compiler vectorises (the largest finite value, then its first index)
+    // instead of one branchy scan: a greedy step reads the whole vocabulary for every lane.
+    const LANES: usize = 16;
+    let finite = |x: f32| if x.is_finite() { x } else { f32::NEG_INFINITY };
+    let mut acc = [f32::NEG_INFINITY; LANES];
+    let chunks = logits.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            let x = finite(x);
+            *a = if x > *a { x } else { *a };
+        }
+    }
+    let max = acc.iter().chain(tail).fold(f32::NEG_INFINITY, |m, &x| {
+        let x = finite(x);
+        if x > m { x } else { m }
+    });
+    if max == f32::NEG_INFINITY {
+        return None;
+    }
+    logits.iter().position(|&x| x == max)
 }
 
 fn argmax_iter<I: Iterator<Item = (usize, f32)>>(values: I) -> Option<usize> {
@@ -386,6 +406,23 @@ fn penalised(logit: f32, count: usize, params: &SamplerParams) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        #[test]
+        fn argmax_equals_the_first_largest_finite_value(
+            v in proptest::collection::vec(
+                proptest::prop_oneof![
+                    8 => -4.0f32..4.0,
+                    1 => proptest::sample::select(vec![
+                        f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, 1.0, 3.0
+                    ]),
+                ],
+                0..80,
+            )
+        ) {
+            proptest::prop_assert_eq!(argmax(&v), argmax_iter(v.iter().copied().enumerate()));
+        }
+    }
 
     fn params(temperature: f32) -> SamplerParams {
         SamplerParams {
