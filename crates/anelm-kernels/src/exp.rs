@@ -17,13 +17,8 @@ const ROUND: f32 = 12_582_912.0;
 /// below 2^−27 relative), scaled by 2^n through the exponent bits.
 #[inline(always)]
 pub fn exp_f32(x: f32) -> f32 {
-    let xc = if x > MAX_INPUT {
-        MAX_INPUT
-    } else if x < MIN_INPUT {
-        MIN_INPUT
-    } else {
-        x
-    };
+    // NaN stays NaN through `clamp`.
+    let xc = x.clamp(MIN_INPUT, MAX_INPUT);
     let n = (xc * std::f32::consts::LOG2_E + ROUND) - ROUND;
     let r = (xc - n * LN2_HI) - n * LN2_LO;
     let mut p = 1.0 / 5040.0;
