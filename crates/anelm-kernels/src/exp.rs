@@ -1,7 +1,8 @@
-//! e^x for f32 in straight-line arithmetic the compiler vectorises, for the softmax and SiLU
-//! loops of every decode step (the C library's `expf` is a call per element). Within a few
-//! ulp of `f32::exp` over the normal range (tested); flushes to 0 below e^−87.33, and is ∞ above
-//! e^88.37 and NaN for NaN.
+//! e^x for f32 in branch-free straight-line arithmetic the compiler vectorises, for the softmax
+//! and SiLU loops of every decode step (the C library's `expf` is a call per element). Within a
+//! few ulp of `f32::exp` over the normal range (tested). It saturates instead of leaving it:
+//! below −87.33 it gives 2^−126 (the smallest normal f32, not 0) and above 88.37 about 2.4·10^38
+//! (not ∞), which no softmax or SiLU can tell apart; NaN stays NaN.
 
 /// ln 2 split so that `n · LN2_HI` is exact for every |n| ≤ 128.
 const LN2_HI: f32 = 0.693_359_4;
@@ -10,31 +11,25 @@ const LN2_LO: f32 = -2.121_944_4e-4;
 const MAX_INPUT: f32 = 88.37;
 /// Smallest input whose result is normal (2^−126).
 const MIN_INPUT: f32 = -87.33;
-/// Adding then subtracting 1.5 · 2^23 rounds to the nearest integer.
+/// Adding 1.5 · 2^23 rounds to an integer held in the low mantissa bits of the sum.
 const ROUND: f32 = 12_582_912.0;
 
 /// e^x: x = n·ln 2 + r with |r| ≤ ln 2 / 2, e^r by its Taylor series to r^7 (the remainder is
 /// below 2^−27 relative), scaled by 2^n through the exponent bits.
 #[inline(always)]
 pub fn exp_f32(x: f32) -> f32 {
-    // NaN stays NaN through `clamp`.
+    // NaN stays NaN through `clamp`, and through `p` below.
     let xc = x.clamp(MIN_INPUT, MAX_INPUT);
-    let n = (xc * std::f32::consts::LOG2_E + ROUND) - ROUND;
+    let t = xc * std::f32::consts::LOG2_E + ROUND;
+    let n = t - ROUND;
+    // The sum's bits are those of 1.5·2^23 plus n (two's complement in the low bits).
+    let n_bits = t.to_bits().wrapping_sub(ROUND.to_bits());
     let r = (xc - n * LN2_HI) - n * LN2_LO;
     let mut p = 1.0 / 5040.0;
     for c in [1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
         p = p * r + c;
     }
-    // NaN casts to 0, and stays NaN through `p`.
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
-    let y = p * scale;
-    if x < MIN_INPUT {
-        0.0
-    } else if x > MAX_INPUT {
-        f32::INFINITY
-    } else {
-        y
-    }
+    p * f32::from_bits(n_bits.wrapping_add(127) << 23)
 }
 
 /// SiLU of each gate times its up value: `g ← g / (1 + e^−g) · u` (SwiGLU's product).
@@ -64,14 +59,17 @@ mod tests {
     }
 
     #[test]
-    fn exp_edges() {
+    fn exp_edges_saturate() {
         assert_eq!(exp_f32(0.0), 1.0);
-        assert_eq!(exp_f32(-1000.0), 0.0);
-        assert_eq!(exp_f32(f32::NEG_INFINITY), 0.0);
-        assert_eq!(exp_f32(1000.0), f32::INFINITY);
-        assert_eq!(exp_f32(f32::INFINITY), f32::INFINITY);
+        for x in [-88.0, -1000.0, f32::NEG_INFINITY] {
+            let y = exp_f32(x);
+            assert!(y > 0.0 && y <= 1.2e-38, "e^{x} = {y}");
+        }
+        for x in [88.5, 1000.0, f32::INFINITY] {
+            let y = exp_f32(x);
+            assert!(y.is_finite() && y > 2e38, "e^{x} = {y}");
+        }
         assert!(exp_f32(f32::NAN).is_nan());
-        assert!(exp_f32(88.3).is_finite() && exp_f32(-87.3) > 0.0);
     }
 
     #[test]
