@@ -177,7 +177,10 @@ pub fn attend_group(
     let AttendScratch { q, scores } = scratch;
     q.clear();
     for head in qs {
-        q.extend(head.iter().map(|&a| p.precision.store(a)));
+        q.extend_from_slice(head);
+    }
+    if p.precision == AttentionPrecision::F16 {
+        anelm_kernels::round_f16_slice(q);
     }
     scores.clear();
     scores.resize(g * n, 0.0);
@@ -200,24 +203,21 @@ pub fn attend_group(
 
 /// Scale (and soft-cap) one head's raw scores, then turn them into probabilities in place.
 fn softmax_scores(scores: &mut [f32], p: &AttendParams) {
-    let mut max = f32::NEG_INFINITY;
-    for s in scores.iter_mut() {
-        *s *= p.scale;
-        if let Some(cap) = p.softcap {
-            *s = cap * (*s / cap).tanh();
-        }
-        max = max.max(*s);
+    // One straight loop per stage (the soft-cap test and the precision test outside them), so
+    // each vectorises.
+    match p.softcap {
+        Some(cap) => scores.iter_mut().for_each(|s| *s = cap * (*s * p.scale / cap).tanh()),
+        None => scores.iter_mut().for_each(|s| *s *= p.scale),
     }
+    let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
     for s in scores.iter_mut() {
         *s = anelm_kernels::exp_f32(*s - max);
     }
     let sum: f64 = scores.iter().map(|&s| f64::from(s)).sum();
     let inv = if sum > 0.0 { (1.0 / sum) as f32 } else { 0.0 };
-    for s in scores.iter_mut() {
-        *s = match p.precision {
-            AttentionPrecision::F16 => round_f16(*s * inv),
-            AttentionPrecision::F32 => *s * inv,
-        };
+    scores.iter_mut().for_each(|s| *s *= inv);
+    if p.precision == AttentionPrecision::F16 {
+        anelm_kernels::round_f16_slice(scores);
     }
 }
 

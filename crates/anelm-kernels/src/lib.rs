@@ -30,7 +30,9 @@ pub use dequant::{dequantize_row, dot_reference};
 pub use error::KernelError;
 pub use exp::{exp_f32, silu_mul};
 pub use format::WeightFormat;
-pub use fp16::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, f32_to_f16_slice, round_bf16, round_f16};
+pub use fp16::{
+    bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, f32_to_f16_slice, round_bf16, round_f16, round_f16_slice,
+};
 pub use matmul::{Isa, matmul, matmul_with};
 pub use packed::{Combine, MAX_FUSED, PACK_ROWS, PackedMatrix};
 pub use quantize::quantize_row;
