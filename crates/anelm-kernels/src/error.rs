@@ -50,6 +50,14 @@ pub enum KernelError {
         /// Its name.
         isa: &'static str,
     },
+    /// A packed matrix's group layout has no kernel on the requested instruction set.
+    #[error("a matrix packed in groups of {group_rows} rows runs on the avx2+vnni (AVX-512) kernels only, not {isa}")]
+    PackedLayout {
+        /// Rows per group of the matrix.
+        group_rows: usize,
+        /// The instruction set asked for.
+        isa: &'static str,
+    },
 }
 
 pub(crate) fn check_len(

@@ -15,6 +15,8 @@ mod matmul;
 mod packed;
 #[cfg(target_arch = "x86_64")]
 mod packed_x86;
+#[cfg(target_arch = "x86_64")]
+mod packed_x86_wide;
 pub mod pool;
 mod quantize;
 #[cfg(target_arch = "aarch64")]
@@ -34,6 +36,6 @@ pub use fp16::{
     bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, f32_to_f16_slice, round_bf16, round_f16, round_f16_slice,
 };
 pub use matmul::{Isa, matmul, matmul_with};
-pub use packed::{Combine, MAX_FUSED, PACK_ROWS, PackedMatrix};
+pub use packed::{Combine, MAX_FUSED, PACK_ROWS, PackedMatrix, WIDE_GROUP_ROWS, wide_kernel_available};
 pub use quantize::quantize_row;
 pub use vector::{axpy_f32, dot_f32};

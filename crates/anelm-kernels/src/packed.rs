@@ -18,6 +18,12 @@
 //! Q8_0 likewise, 272 bytes per (group, block): the 8 f16 scales, then for `k < 8` bytes
 //! `4k .. 4k+4` of each row's 32 quants, row after row. Its signed weights go through the usual
 //! sign transfer (`|w|`, `sign(x, w)`) so the unsigned × signed dot applies.
+//!
+//! Where the CPU has AVX-512 VNNI, matrices whose rows are a multiple of 16 are packed in groups
+//! of 16 rows instead ([`WIDE_GROUP_ROWS`]), the same layout with every 8 replaced by 16 (320
+//! bytes per Q4_1 group-block, 544 per Q8_0), so one 512-bit dot serves 16 rows: the batched
+//! step's lanes then cost half the instructions (`packed_x86_wide`). Both widths give the same
+//! values.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -27,14 +33,19 @@ use crate::error::{KernelError, check_len};
 use crate::format::WeightFormat;
 use crate::weight_memory::WeightBytes;
 
-/// Rows per interleaved group.
+/// Rows per interleaved group of the AVX2 layout (the unit [`Combine`] works in).
 pub const PACK_ROWS: usize = 8;
+
+/// Rows per group of the AVX-512 layout.
+pub const WIDE_GROUP_ROWS: usize = 16;
 
 /// A matrix in the interleaved layout (see the module docs); same bytes as the stored form.
 pub struct PackedMatrix {
     fmt: WeightFormat,
     rows: usize,
     cols: usize,
+    /// Rows per interleaved group: [`PACK_ROWS`] or [`WIDE_GROUP_ROWS`].
+    group_rows: usize,
     /// In a shared huge-page mapping (see `weight_memory`).
     data: WeightBytes,
     /// Where the weights of the matrix that ran after this one last time are (see
@@ -50,6 +61,7 @@ impl Clone for PackedMatrix {
             fmt: self.fmt,
             rows: self.rows,
             cols: self.cols,
+            group_rows: self.group_rows,
             data: self.data.clone(),
             successor: Arc::default(),
         }
@@ -94,14 +106,22 @@ impl PackedMatrix {
 
 impl std::fmt::Debug for PackedMatrix {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "PackedMatrix({} {}×{})", self.fmt.name(), self.rows, self.cols)
+        write!(
+            f,
+            "PackedMatrix({} {}×{}, groups of {})",
+            self.fmt.name(),
+            self.rows,
+            self.cols,
+            self.group_rows
+        )
     }
 }
 
 impl PackedMatrix {
     /// Repack a row-major `rows × cols` matrix, when this CPU has a kernel for the packed form
     /// and the shape fits it (Q4_1 or Q8_0, rows a multiple of 8); `Ok(None)` otherwise, and the
-    /// row-major kernels serve the matrix as before.
+    /// row-major kernels serve the matrix as before. Groups of 16 rows where the CPU has the
+    /// AVX-512 kernels and the rows allow it (`ANELM_PACK_WIDE=0` keeps 8, for A/B runs).
     pub fn pack(fmt: WeightFormat, w: &[u8], rows: usize, cols: usize) -> Result<Option<Self>, KernelError> {
         Self::pack_releasing(fmt, w, rows, cols, &mut |_| {})
     }
@@ -116,8 +136,46 @@ impl PackedMatrix {
         cols: usize,
         release: &mut dyn FnMut(&[u8]),
     ) -> Result<Option<Self>, KernelError> {
+        let wide = wide_kernel_available() && std::env::var("ANELM_PACK_WIDE").as_deref() != Ok("0");
+        let group_rows = if wide && rows.is_multiple_of(WIDE_GROUP_ROWS) {
+            WIDE_GROUP_ROWS
+        } else {
+            PACK_ROWS
+        };
+        Self::pack_in_groups(fmt, w, rows, cols, group_rows, release)
+    }
+
+    /// [`PackedMatrix::pack`] with a chosen group height ([`PACK_ROWS`] or [`WIDE_GROUP_ROWS`]),
+    /// for tests and A/B measurements; `Ok(None)` where this CPU has no kernel for that height or
+    /// the rows do not divide into it.
+    pub fn pack_with_group_rows(
+        fmt: WeightFormat,
+        w: &[u8],
+        rows: usize,
+        cols: usize,
+        group_rows: usize,
+    ) -> Result<Option<Self>, KernelError> {
+        let served = match group_rows {
+            PACK_ROWS => true,
+            WIDE_GROUP_ROWS => wide_kernel_available(),
+            _ => false,
+        };
+        if !served {
+            return Ok(None);
+        }
+        Self::pack_in_groups(fmt, w, rows, cols, group_rows, &mut |_| {})
+    }
+
+    fn pack_in_groups(
+        fmt: WeightFormat,
+        w: &[u8],
+        rows: usize,
+        cols: usize,
+        group_rows: usize,
+        release: &mut dyn FnMut(&[u8]),
+    ) -> Result<Option<Self>, KernelError> {
         let supported = matches!(fmt, WeightFormat::Q4_1 | WeightFormat::Q8_0);
-        if !supported || !rows.is_multiple_of(PACK_ROWS) || rows == 0 || !kernel_available() {
+        if !supported || !rows.is_multiple_of(group_rows) || rows == 0 || !kernel_available() {
             return Ok(None);
         }
         let rb = fmt.row_bytes(cols)?;
@@ -129,30 +187,31 @@ impl PackedMatrix {
         )?;
         let nb = cols / 32;
         let bb = fmt.block_bytes();
-        let gb = PACK_ROWS * bb;
+        let r_n = group_rows;
+        let gb = r_n * bb;
         let mut data = WeightBytes::zeroed(w.len())?;
-        let group_src = PACK_ROWS * rb;
+        let group_src = r_n * rb;
         let groups_per_release = (1 << 20) / group_src.max(1) + 1;
         let mut released = 0;
-        for g in 0..rows / PACK_ROWS {
+        for g in 0..rows / r_n {
             if g > 0 && g % groups_per_release == 0 {
                 release(&w[released..g * group_src]);
                 released = g * group_src;
             }
             for b in 0..nb {
                 let dst = &mut data[(g * nb + b) * gb..(g * nb + b + 1) * gb];
-                for r in 0..PACK_ROWS {
-                    let src = &w[(g * PACK_ROWS + r) * rb + b * bb..][..bb];
+                for r in 0..r_n {
+                    let src = &w[(g * r_n + r) * rb + b * bb..][..bb];
                     dst[2 * r..2 * r + 2].copy_from_slice(&src[0..2]);
                     if fmt == WeightFormat::Q4_1 {
-                        dst[16 + 2 * r..18 + 2 * r].copy_from_slice(&src[2..4]);
+                        dst[2 * r_n + 2 * r..2 * r_n + 2 * r + 2].copy_from_slice(&src[2..4]);
                         for k in 0..4 {
-                            let at = 32 + 32 * k + 4 * r;
+                            let at = 4 * r_n + 4 * r_n * k + 4 * r;
                             dst[at..at + 4].copy_from_slice(&src[4 + 4 * k..8 + 4 * k]);
                         }
                     } else {
                         for k in 0..8 {
-                            let at = 16 + 32 * k + 4 * r;
+                            let at = 2 * r_n + 4 * r_n * k + 4 * r;
                             dst[at..at + 4].copy_from_slice(&src[2 + 4 * k..6 + 4 * k]);
                         }
                     }
@@ -164,9 +223,15 @@ impl PackedMatrix {
             fmt,
             rows,
             cols,
+            group_rows,
             data,
             successor: Arc::default(),
         }))
+    }
+
+    /// Rows per interleaved group ([`PACK_ROWS`], or [`WIDE_GROUP_ROWS`] for the AVX-512 kernels).
+    pub fn group_rows(&self) -> usize {
+        self.group_rows
     }
 
     /// Storage format of the original rows.
@@ -229,6 +294,14 @@ impl PackedMatrix {
                 unit: "rows",
             });
         }
+        if a.group_rows != b.group_rows {
+            return Err(KernelError::Size {
+                what: "group height of the second matrix of a pair",
+                expected: a.group_rows,
+                got: b.group_rows,
+                unit: "rows",
+            });
+        }
         Self::fused(crate::matmul::Isa::best(), &[a, b], Some(combine), x, out)
     }
 
@@ -253,6 +326,12 @@ impl PackedMatrix {
             });
         }
         for m in mats {
+            if m.group_rows != PACK_ROWS && isa != Isa::Avx2Vnni {
+                return Err(KernelError::PackedLayout {
+                    group_rows: m.group_rows,
+                    isa: isa.name(),
+                });
+            }
             if x.fmt != m.fmt || x.cols != m.cols {
                 return Err(KernelError::ActivationMismatch {
                     prepared_for: x.fmt.name(),
@@ -290,23 +369,26 @@ impl PackedMatrix {
         out: &mut [f32],
         width: usize,
     ) -> Result<(), KernelError> {
-        use crate::packed_x86::MAX_LANES;
         let pool = crate::pool::global();
         // Tasks over the loop's own groups: for a pair, the first matrix's (the second runs in
-        // step); otherwise every matrix's, each task inside one matrix.
+        // step); otherwise every matrix's, each task inside one matrix. Task sizes are counted in
+        // 8-row units whatever a matrix's group height, so both layouts split alike.
         let looped = if combine.is_some() { &mats[..1] } else { mats };
-        let groups: usize = looped.iter().map(|m| m.rows / PACK_ROWS).sum();
-        // Few, long tasks: about two per thread (at most 128 groups, ~370 KB of Q4_1 at 576
+        let units: usize = looped.iter().map(|m| m.rows / PACK_ROWS).sum();
+        // Few, long tasks: about two per thread (at most 128 units, ~370 KB of Q4_1 at 576
         // columns). Each task is one contiguous stream the hardware prefetcher can follow; 16
         // tasks of ~34 KB per loop, claimed alternately by the threads, broke every thread's
         // stream at each claim (measured: single-stream decode +18 % with the long tasks, and
         // finer tasks than before were 18 % slower still; docs/field-guide.md).
-        let per_task = groups.div_ceil(pool.threads() * 2).clamp(1, 128);
-        // Task ranges and output column offsets per matrix (no allocation: at most MAX_FUSED).
+        let per_task_units = units.div_ceil(pool.threads() * 2).clamp(1, 128);
+        // Groups per task, task ranges and output column offsets per matrix (no allocation: at
+        // most MAX_FUSED).
+        let mut per_task = [0usize; MAX_FUSED];
         let mut first_task = [0usize; MAX_FUSED + 1];
         let mut column = [0usize; MAX_FUSED + 1];
         for (i, m) in looped.iter().enumerate() {
-            first_task[i + 1] = first_task[i] + (m.rows / PACK_ROWS).div_ceil(per_task);
+            per_task[i] = (per_task_units * PACK_ROWS / m.group_rows).max(1);
+            first_task[i + 1] = first_task[i] + (m.rows / m.group_rows).div_ceil(per_task[i]);
             column[i + 1] = column[i] + m.rows;
         }
         let tasks = first_task[looped.len()];
@@ -320,27 +402,21 @@ impl PackedMatrix {
             let i = (0..looped.len()).rfind(|&i| first_task[i] <= t).unwrap_or(0);
             let m = looped[i];
             let local = t - first_task[i];
-            let mut tile = [[0f32; PACK_ROWS]; MAX_LANES];
-            let mut tile_b = [[0f32; PACK_ROWS]; MAX_LANES];
-            for g in local * per_task..((local + 1) * per_task).min(m.rows / PACK_ROWS) {
-                let mut lane0 = 0;
-                while lane0 < x.lanes {
-                    let n = (x.lanes - lane0).min(MAX_LANES);
-                    m.group(vnni, g, x, lane0, &mut tile[..n]);
-                    if let Some(f) = combine {
-                        mats[1].group(vnni, g, x, lane0, &mut tile_b[..n]);
-                        for (a, b) in tile[..n].iter_mut().zip(&tile_b[..n]) {
-                            f(a, b);
-                        }
-                    }
-                    for (l, vals) in tile[..n].iter().enumerate() {
-                        let at = (lane0 + l) * width + column[i] + g * PACK_ROWS;
-                        // SAFETY: `at + 8 ≤ lanes · width = out.len()` (checked in `fused`);
-                        // every task writes only its own groups' rows, so writes never overlap.
-                        unsafe { std::ptr::copy_nonoverlapping(vals.as_ptr(), ptr.0.add(at), PACK_ROWS) };
-                    }
-                    lane0 += n;
-                }
+            let groups = local * per_task[i]..((local + 1) * per_task[i]).min(m.rows / m.group_rows);
+            let task = TaskOut {
+                ptr,
+                width,
+                column: column[i],
+            };
+            let pair = combine.map(|f| (mats[1], f));
+            if m.group_rows == PACK_ROWS {
+                task.groups::<PACK_ROWS>(m, pair, x, groups, &|m, g, lane0, tile| {
+                    m.group(vnni, g, x, lane0, tile)
+                });
+            } else {
+                task.groups::<WIDE_GROUP_ROWS>(m, pair, x, groups, &|m, g, lane0, tile| {
+                    m.wide_group(g, x, lane0, tile)
+                });
             }
         });
         if prefetch_enabled() {
@@ -349,12 +425,19 @@ impl PackedMatrix {
         Ok(())
     }
 
-    /// Row group `g` of this matrix against lanes `lane0 ..` of `x`, into `tile`.
+    /// The bytes of row group `g` (of this matrix's group height).
+    #[cfg(target_arch = "x86_64")]
+    fn group_bytes(&self, g: usize) -> &[u8] {
+        let len = (self.cols / 32) * self.group_rows * self.fmt.block_bytes();
+        &self.data[g * len..(g + 1) * len]
+    }
+
+    /// Row group `g` of this 8-row-grouped matrix against lanes `lane0 ..` of `x`, into `tile`.
     #[cfg(target_arch = "x86_64")]
     #[inline]
     fn group(&self, vnni: bool, g: usize, x: &Activations, lane0: usize, tile: &mut [[f32; PACK_ROWS]]) {
-        let group_bytes = (self.cols / 32) * PACK_ROWS * self.fmt.block_bytes();
-        let blk = &self.data[g * group_bytes..(g + 1) * group_bytes];
+        debug_assert_eq!(self.group_rows, PACK_ROWS);
+        let blk = self.group_bytes(g);
         // SAFETY: `kernel_available()` held when this matrix was packed (AVX2, FMA, F16C; VNNI
         // only when detected); `tile.len() ≤ MAX_LANES` and the lanes exist (callers loop so).
         unsafe {
@@ -363,6 +446,23 @@ impl PackedMatrix {
                 (false, false) => crate::packed_x86::q4_1_group(blk, x, lane0, tile),
                 (true, true) => crate::packed_x86::q8_0_group_vnni(blk, x, lane0, tile),
                 (true, false) => crate::packed_x86::q8_0_group(blk, x, lane0, tile),
+            }
+        }
+    }
+
+    /// Row group `g` of this 16-row-grouped matrix against lanes `lane0 ..` of `x`, into `tile`.
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    fn wide_group(&self, g: usize, x: &Activations, lane0: usize, tile: &mut [[f32; WIDE_GROUP_ROWS]]) {
+        debug_assert_eq!(self.group_rows, WIDE_GROUP_ROWS);
+        let blk = self.group_bytes(g);
+        // SAFETY: a 16-row layout is only built where `wide_kernel_available()` held (AVX-512
+        // F/BW/VL/VNNI besides AVX2, FMA, F16C); `tile.len() ≤ MAX_LANES`, the lanes exist.
+        unsafe {
+            if self.fmt == WeightFormat::Q8_0 {
+                crate::packed_x86_wide::q8_0_group_wide(blk, x, lane0, tile)
+            } else {
+                crate::packed_x86_wide::q4_1_group_wide(blk, x, lane0, tile)
             }
         }
     }
@@ -387,6 +487,19 @@ pub type Combine<'a> = dyn Fn(&mut [f32; PACK_ROWS], &[f32; PACK_ROWS]) + Sync +
 
 /// Most matrices one fused loop takes (q/k/v, or a SwiGLU pair).
 pub const MAX_FUSED: usize = 4;
+
+/// Whether this CPU has the 16-row (AVX-512 VNNI) kernels.
+pub fn wide_kernel_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *ON.get_or_init(|| kernel_available() && crate::packed_x86_wide::available())
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
 
 /// Whether `PackedMatrix::pack` can build anything on this CPU (x86-64 with AVX2, FMA, F16C).
 /// `ANELM_KERNELS` naming a non-x86 path, or `ANELM_PACKED=0`, turns packing off for A/B runs.
@@ -416,3 +529,54 @@ struct OutPtr(*mut f32);
 // SAFETY: tasks write disjoint ranges (see `run`).
 #[cfg(target_arch = "x86_64")]
 unsafe impl Sync for OutPtr {}
+
+/// Where one task of [`PackedMatrix::run`] writes: the shared output, its lane width, and the
+/// first column of the task's matrix.
+#[cfg(target_arch = "x86_64")]
+struct TaskOut<'a> {
+    ptr: &'a OutPtr,
+    width: usize,
+    column: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl TaskOut<'_> {
+    /// Row groups `groups` (of `R` rows) of `m` against every lane of `x` through `kernel`;
+    /// with `pair`, the second matrix's same groups too, merged by its combine 8 rows at a time.
+    fn groups<const R: usize>(
+        &self,
+        m: &PackedMatrix,
+        pair: Option<(&PackedMatrix, &Combine<'_>)>,
+        x: &Activations,
+        groups: std::ops::Range<usize>,
+        kernel: &impl Fn(&PackedMatrix, usize, usize, &mut [[f32; R]]),
+    ) {
+        use crate::packed_x86::MAX_LANES;
+        let mut tile = [[0f32; R]; MAX_LANES];
+        let mut tile_b = [[0f32; R]; MAX_LANES];
+        for g in groups {
+            let mut lane0 = 0;
+            while lane0 < x.lanes {
+                let n = (x.lanes - lane0).min(MAX_LANES);
+                kernel(m, g, lane0, &mut tile[..n]);
+                if let Some((b, combine)) = pair {
+                    kernel(b, g, lane0, &mut tile_b[..n]);
+                    for (a, b) in tile[..n].iter_mut().zip(&tile_b[..n]) {
+                        let (a8, _) = a.as_chunks_mut::<PACK_ROWS>();
+                        let (b8, _) = b.as_chunks::<PACK_ROWS>();
+                        for (a8, b8) in a8.iter_mut().zip(b8) {
+                            combine(a8, b8);
+                        }
+                    }
+                }
+                for (l, vals) in tile[..n].iter().enumerate() {
+                    let at = (lane0 + l) * self.width + self.column + g * R;
+                    // SAFETY: `at + R ≤ lanes · width = out.len()` (checked in `fused`); every
+                    // task writes only its own groups' rows, so writes never overlap.
+                    unsafe { std::ptr::copy_nonoverlapping(vals.as_ptr(), self.ptr.0.add(at), R) };
+                }
+                lane0 += n;
+            }
+        }
+    }
+}

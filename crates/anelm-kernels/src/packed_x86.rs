@@ -21,7 +21,7 @@ fn f16x8(b: &[u8]) -> __m256 {
 /// range is checked once, when made, so the hot loop indexes it without a bounds check per
 /// (lane, block).
 #[derive(Clone, Copy)]
-struct LaneBlocks<T> {
+pub(crate) struct LaneBlocks<T> {
     ptr: *const T,
     lanes: usize,
     len: usize,
@@ -29,7 +29,7 @@ struct LaneBlocks<T> {
 
 impl<T: Copy> LaneBlocks<T> {
     #[inline(always)]
-    fn new(data: &[T], first: usize, lanes: usize, len: usize) -> Self {
+    pub(crate) fn new(data: &[T], first: usize, lanes: usize, len: usize) -> Self {
         let range = &data[first * len..(first + lanes) * len];
         Self {
             ptr: range.as_ptr(),
@@ -40,7 +40,7 @@ impl<T: Copy> LaneBlocks<T> {
 
     /// Value `i` of lane `j`.
     #[inline(always)]
-    fn get(&self, j: usize, i: usize) -> T {
+    pub(crate) fn get(&self, j: usize, i: usize) -> T {
         debug_assert!(j < self.lanes && i < self.len);
         // SAFETY: callers pass `j < lanes` (the tile's lane loop) and `i < len` (a block index
         // below `nb`, or an element of one), so `j · len + i` lies inside the checked range.
@@ -51,7 +51,7 @@ impl<T: Copy> LaneBlocks<T> {
 impl LaneBlocks<i8> {
     /// Quants `i .. i + 4` of lane `j` as one little-endian i32 (a `vpdpbusd` broadcast group).
     #[inline(always)]
-    fn quad(&self, j: usize, i: usize) -> i32 {
+    pub(crate) fn quad(&self, j: usize, i: usize) -> i32 {
         debug_assert!(j < self.lanes && i + 4 <= self.len);
         // SAFETY: as in `get`, with `i + 4 ≤ len` (a 4-quant group inside a 32-quant block);
         // an unaligned read of plain bytes.

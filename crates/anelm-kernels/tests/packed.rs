@@ -4,7 +4,10 @@
 //! (1, 2, 4 and remainders, more than one call's `MAX_LANES`), and a width that is not a multiple
 //! of 256. Packing refuses what it has no kernel for.
 
-use anelm_kernels::{Activations, Isa, PackedMatrix, WeightFormat, matmul_with, quantize_row};
+use anelm_kernels::{
+    Activations, Isa, PACK_ROWS, PackedMatrix, WIDE_GROUP_ROWS, WeightFormat, matmul_with, quantize_row,
+    wide_kernel_available,
+};
 
 struct Rng(u64);
 impl Rng {
@@ -34,7 +37,7 @@ fn encode(fmt: WeightFormat, w: &[f32], rows: usize, cols: usize) -> Vec<u8> {
 fn packed_kernels_match_the_scalar_reference() {
     let mut rng = Rng(5);
     for fmt in [WeightFormat::Q4_1, WeightFormat::Q8_0] {
-        for (rows, cols) in [(8usize, 32usize), (64, 576), (200, 1536)] {
+        for (rows, cols) in [(8usize, 32usize), (16, 32), (64, 576), (200, 1536), (208, 1536)] {
             let w = encode(fmt, &rng.vec(rows * cols), rows, cols);
             let Some(packed) = PackedMatrix::pack(fmt, &w, rows, cols).expect("pack") else {
                 assert!(
@@ -45,22 +48,52 @@ fn packed_kernels_match_the_scalar_reference() {
                 return;
             };
             assert_eq!(packed.bytes(), w.len(), "packing keeps the size");
+            let wide_expected = wide_kernel_available() && rows % WIDE_GROUP_ROWS == 0;
+            assert_eq!(
+                packed.group_rows(),
+                if wide_expected { WIDE_GROUP_ROWS } else { PACK_ROWS },
+                "{rows} rows"
+            );
+            // Both group heights, on every instruction set each runs on.
+            let layouts: Vec<PackedMatrix> = [PACK_ROWS, WIDE_GROUP_ROWS]
+                .into_iter()
+                .filter_map(|g| PackedMatrix::pack_with_group_rows(fmt, &w, rows, cols, g).expect("pack"))
+                .collect();
             for lanes in [1usize, 2, 3, 4, 5, 7, 17, 40] {
                 let x: Vec<f32> = rng.vec(lanes * cols).iter().map(|v| v * 3.0).collect();
                 let mut act = Activations::new();
                 act.quantize(fmt, &x, lanes, cols).expect("quantize activations");
                 let mut want = vec![0.0; lanes * rows];
                 matmul_with(Isa::Scalar, fmt, &w, rows, cols, &act, &mut want).expect("scalar");
-                for isa in [Isa::Avx2, Isa::Avx2Vnni].into_iter().filter(|i| i.available()) {
-                    let mut got = vec![f32::NAN; lanes * rows];
-                    packed.matmul_with(isa, &act, &mut got).expect("packed");
-                    for (i, (g, s)) in got.iter().zip(&want).enumerate() {
-                        let tol = 1e-5 * (s.abs() + (cols as f32).sqrt() * 3.0);
-                        assert!(
-                            (g - s).abs() <= tol,
-                            "{} {fmt:?} {rows}x{cols} lanes {lanes} [{i}]: {g} vs scalar {s}",
-                            isa.name()
-                        );
+                let mut first: Option<Vec<f32>> = None;
+                for p in &layouts {
+                    for isa in [Isa::Avx2, Isa::Avx2Vnni].into_iter().filter(|i| i.available()) {
+                        let mut got = vec![f32::NAN; lanes * rows];
+                        if p.group_rows() == WIDE_GROUP_ROWS && isa == Isa::Avx2 {
+                            assert!(p.matmul_with(isa, &act, &mut got).is_err(), "wide layout on AVX2");
+                            continue;
+                        }
+                        p.matmul_with(isa, &act, &mut got).expect("packed");
+                        for (i, (g, s)) in got.iter().zip(&want).enumerate() {
+                            let tol = 1e-5 * (s.abs() + (cols as f32).sqrt() * 3.0);
+                            assert!(
+                                (g - s).abs() <= tol,
+                                "{} {fmt:?} {rows}x{cols} groups of {} lanes {lanes} [{i}]: {g} vs scalar {s}",
+                                isa.name(),
+                                p.group_rows()
+                            );
+                        }
+                        // The same integer block dots and FMAs in the same order: both group
+                        // heights and both instruction sets give identical bits.
+                        match &first {
+                            None => first = Some(got),
+                            Some(f) => assert!(
+                                f.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
+                                "{} {fmt:?} {rows}x{cols} groups of {} lanes {lanes}: differs from the first layout",
+                                isa.name(),
+                                p.group_rows()
+                            ),
+                        }
                     }
                 }
             }

@@ -1,0 +1,167 @@
+//! The 512-bit kernels of [`crate::packed`]: one group of 16 interleaved rows against up to
+//! `MAX_LANES` activation lanes with AVX-512 VNNI (`vpdpbusd` on zmm registers).
+//!
+//! Why a second width: a batched decode step is compute-bound in these loops once several lanes
+//! share each weight block, and on a core with full-width 512-bit units (AMD Zen 5, Intel) one
+//! zmm instruction does the work of two ymm ones for the same issue slot. The per-(row, lane)
+//! arithmetic is that of the 8-row kernels (exact integer block dots, then the same FMAs in block
+//! order), so both widths give bit-identical results.
+
+use std::arch::x86_64::*;
+
+use crate::activations::Activations;
+use crate::packed_x86::LaneBlocks;
+
+/// Rows of one wide group.
+pub(crate) const WIDE_ROWS: usize = 16;
+
+/// Lanes per register tile: 4 accumulators, 8 weight vectors and the scales fit the 32 zmm
+/// registers with room to spare.
+const TILE_LANES: usize = 4;
+
+/// Bytes ahead of the current block that the group stream prefetches.
+const PREFETCH: usize = 2048;
+
+/// Whether this CPU runs the wide kernels (on top of the AVX2 path's AVX2, FMA and F16C).
+pub(crate) fn available() -> bool {
+    crate::simd_x86::available()
+        && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni")
+}
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn load512(b: &[u8]) -> __m512i {
+    assert!(b.len() >= 64);
+    // SAFETY: the assertion guarantees 64 readable bytes; loadu has no alignment requirement.
+    unsafe { _mm512_loadu_si512(b.as_ptr().cast()) }
+}
+
+/// 16 f16 values as f32.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn f16x16(b: &[u8]) -> __m512 {
+    assert!(b.len() >= 32);
+    // SAFETY: the assertion guarantees 32 readable bytes; loadu has no alignment requirement.
+    _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(b.as_ptr().cast()) })
+}
+
+/// Prefetch `lines` cache lines from `PREFETCH` bytes past `p` (a prefetch never faults, so the
+/// address may lie past the group's end).
+#[inline(always)]
+fn prefetch_ahead(p: &[u8], lines: usize) {
+    for i in 0..lines {
+        // SAFETY: `_mm_prefetch` is SSE (baseline on x86-64) and only hints; no memory is read
+        // architecturally.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.as_ptr().wrapping_add(PREFETCH + 64 * i).cast()) };
+    }
+}
+
+/// `out[l][r] = row r of the group · x[lane0 + l]` for `l < out.len()`: tiles of
+/// `TILE_LANES` lanes, then single lanes.
+macro_rules! wide_entry {
+    ($entry:ident, $tile:ident) => {
+        #[doc = "`out[l][r] = row r of the 16-row group · x[lane0 + l]` for `l < out.len() ≤ MAX_LANES`."]
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        pub(crate) fn $entry(blk: &[u8], x: &Activations, lane0: usize, out: &mut [[f32; WIDE_ROWS]]) {
+            let n = out.len();
+            let mut l = 0;
+            while l + TILE_LANES <= n {
+                $tile::<TILE_LANES>(blk, x, lane0 + l, &mut out[l..l + TILE_LANES]);
+                l += TILE_LANES;
+            }
+            while l < n {
+                $tile::<1>(blk, x, lane0 + l, &mut out[l..l + 1]);
+                l += 1;
+            }
+        }
+    };
+}
+
+wide_entry!(q4_1_group_wide, q4_1_tile_wide);
+wide_entry!(q8_0_group_wide, q8_0_tile_wide);
+
+/// Q4_1, 320 bytes per (group, block): 16 f16 scales, 16 f16 minimums, then for `k < 4` bytes
+/// `4k .. 4k+4` of each row's 16 quant bytes, row after row.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::needless_range_loop)] // `j` indexes the accumulators and the lanes' blocks alike
+fn q4_1_tile_wide<const L: usize>(blk: &[u8], x: &Activations, lane: usize, out: &mut [[f32; WIDE_ROWS]]) {
+    let nb = x.cols / 32;
+    let xq = LaneBlocks::new(&x.q, lane, L, 32 * nb);
+    let xd = LaneBlocks::new(&x.d, lane, L, nb);
+    let xs = LaneBlocks::new(&x.s, lane, L, nb);
+    let mask = _mm512_set1_epi8(0x0F);
+    let mut acc = [_mm512_setzero_ps(); L];
+    for (b, p) in blk.chunks_exact(320).enumerate().take(nb) {
+        prefetch_ahead(p, 5);
+        let d = f16x16(&p[0..32]);
+        let m = f16x16(&p[32..64]);
+        let mut v = [_mm512_setzero_si512(); 8];
+        for k in 0..4 {
+            let packed = load512(&p[64 + 64 * k..128 + 64 * k]);
+            v[k] = _mm512_and_si512(packed, mask);
+            v[k + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(packed), mask);
+        }
+        for j in 0..L {
+            let group = |g: usize| _mm512_set1_epi32(xq.quad(j, 32 * b + 4 * g));
+            let mut s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[0], group(0));
+            let mut s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[1], group(1));
+            s0 = _mm512_dpbusd_epi32(s0, v[2], group(2));
+            s1 = _mm512_dpbusd_epi32(s1, v[3], group(3));
+            s0 = _mm512_dpbusd_epi32(s0, v[4], group(4));
+            s1 = _mm512_dpbusd_epi32(s1, v[5], group(5));
+            s0 = _mm512_dpbusd_epi32(s0, v[6], group(6));
+            s1 = _mm512_dpbusd_epi32(s1, v[7], group(7));
+            let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+            acc[j] = _mm512_fmadd_ps(isum, _mm512_mul_ps(d, _mm512_set1_ps(xd.get(j, b))), acc[j]);
+            acc[j] = _mm512_fmadd_ps(m, _mm512_set1_ps(xs.get(j, b)), acc[j]);
+        }
+    }
+    for j in 0..L {
+        // SAFETY: `out[j]` holds exactly 16 f32; unaligned store.
+        unsafe { _mm512_storeu_ps(out[j].as_mut_ptr(), acc[j]) };
+    }
+}
+
+/// Q8_0, 544 bytes per (group, block): 16 f16 scales, then for `k < 8` bytes `4k .. 4k+4` of
+/// each row's 32 quants, row after row. Signed weights: the dot takes `|w|` and moves each
+/// weight's sign onto the activation byte it meets (`-x` where `w < 0`), as `sign_epi8` does in
+/// the 8-row kernel.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::needless_range_loop)] // `j` indexes the accumulators and the lanes' blocks alike
+fn q8_0_tile_wide<const L: usize>(blk: &[u8], x: &Activations, lane: usize, out: &mut [[f32; WIDE_ROWS]]) {
+    let nb = x.cols / 32;
+    let xq = LaneBlocks::new(&x.q, lane, L, 32 * nb);
+    let xd = LaneBlocks::new(&x.d, lane, L, nb);
+    let zero = _mm512_setzero_si512();
+    let mut acc = [_mm512_setzero_ps(); L];
+    for (b, p) in blk.chunks_exact(544).enumerate().take(nb) {
+        prefetch_ahead(p, 9);
+        let d = f16x16(&p[0..32]);
+        let w: [__m512i; 8] = std::array::from_fn(|k| load512(&p[32 + 64 * k..96 + 64 * k]));
+        let mag: [__m512i; 8] = std::array::from_fn(|k| _mm512_abs_epi8(w[k]));
+        let neg: [__mmask64; 8] = std::array::from_fn(|k| _mm512_movepi8_mask(w[k]));
+        for j in 0..L {
+            let group = |g: usize| {
+                let xb = _mm512_set1_epi32(xq.quad(j, 32 * b + 4 * g));
+                _mm512_mask_sub_epi8(xb, neg[g], zero, xb)
+            };
+            let mut s0 = _mm512_dpbusd_epi32(zero, mag[0], group(0));
+            let mut s1 = _mm512_dpbusd_epi32(zero, mag[1], group(1));
+            for g in (2..8).step_by(2) {
+                s0 = _mm512_dpbusd_epi32(s0, mag[g], group(g));
+                s1 = _mm512_dpbusd_epi32(s1, mag[g + 1], group(g + 1));
+            }
+            let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+            acc[j] = _mm512_fmadd_ps(isum, _mm512_mul_ps(d, _mm512_set1_ps(xd.get(j, b))), acc[j]);
+        }
+    }
+    for j in 0..L {
+        // SAFETY: `out[j]` holds exactly 16 f32; unaligned store.
+        unsafe { _mm512_storeu_ps(out[j].as_mut_ptr(), acc[j]) };
+    }
+}
