@@ -95,8 +95,9 @@ pub struct Activations {
     pub(crate) q: Vec<i8>,
     /// Per block scale (f16-rounded for Q8_0/Q8_1, f32 for Q8_K), lane-major.
     pub(crate) d: Vec<f32>,
-    /// Q8_1: per block s = d·Σq (f16-rounded); Q8_K: per 16 elements Σq.
+    /// Q8_1: per block s = d·Σq (f16-rounded).
     pub(crate) s: Vec<f32>,
+    /// Q8_0/Q8_1: per block Σq; Q8_K: per 16 elements Σq.
     pub(crate) bsums: Vec<i32>,
 }
 
@@ -181,12 +182,14 @@ impl Activations {
         self.q.resize(x.len(), 0);
         self.d.resize(blocks, 0.0);
         self.s.resize(if with_sums { blocks } else { 0 }, 0.0);
+        self.bsums.resize(blocks, 0);
         #[cfg(target_arch = "x86_64")]
         if crate::vector::avx2() {
             for (b, src) in x.chunks_exact(32).enumerate() {
                 // SAFETY: AVX2 was detected at run time.
                 let (d, sum) = unsafe { quantize_block_avx2(src, &mut self.q[32 * b..32 * b + 32]) };
                 self.d[b] = round_f16(d);
+                self.bsums[b] = sum;
                 if with_sums {
                     self.s[b] = round_f16(d * sum as f32);
                 }
@@ -205,6 +208,7 @@ impl Activations {
                 sum += r;
             }
             self.d[b] = round_f16(d);
+            self.bsums[b] = sum;
             if with_sums {
                 self.s[b] = round_f16(d * sum as f32);
             }

@@ -21,7 +21,8 @@
 //!
 //! Where the CPU has AVX-512 VNNI, matrices whose rows are a multiple of 16 are packed in groups
 //! of 16 rows instead ([`WIDE_GROUP_ROWS`]), the same layout with every 8 replaced by 16 (320
-//! bytes per Q4_1 group-block, 544 per Q8_0), so one 512-bit dot serves 16 rows: the batched
+//! bytes per Q4_1 group-block, 544 per Q8_0, whose quants are stored offset by 128 as unsigned
+//! bytes), so one 512-bit dot serves 16 rows: the batched
 //! step's lanes then cost half the instructions (`packed_x86_wide`). Both widths give the same
 //! values.
 
@@ -213,6 +214,10 @@ impl PackedMatrix {
                         for k in 0..8 {
                             let at = 2 * r_n + 4 * r_n * k + 4 * r;
                             dst[at..at + 4].copy_from_slice(&src[2 + 4 * k..6 + 4 * k]);
+                            if r_n == WIDE_GROUP_ROWS {
+                                // The wide kernel reads w + 128 as unsigned (see its docs).
+                                dst[at..at + 4].iter_mut().for_each(|q| *q ^= 0x80);
+                            }
                         }
                     }
                 }

@@ -127,9 +127,11 @@ fn q4_1_tile_wide<const L: usize>(blk: &[u8], x: &Activations, lane: usize, out:
 }
 
 /// Q8_0, 544 bytes per (group, block): 16 f16 scales, then for `k < 8` bytes `4k .. 4k+4` of
-/// each row's 32 quants, row after row. Signed weights: the dot takes `|w|` and moves each
-/// weight's sign onto the activation byte it meets (`-x` where `w < 0`), as `sign_epi8` does in
-/// the 8-row kernel.
+/// each row's 32 quants, row after row, each stored as `w + 128` (`w ^ 0x80`, an unsigned
+/// byte). The unsigned × signed dot then needs no sign transfer per lane:
+/// `Σ (w + 128)·x = Σ w·x + 128·Σx`, and the activations carry each block's `Σx`, so one
+/// subtraction per (lane, block) makes the sum exact again (no i32 sum can overflow:
+/// 32 · 255 · 127 < 2^31).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[allow(clippy::needless_range_loop)] // `j` indexes the accumulators and the lanes' blocks alike
@@ -137,26 +139,23 @@ fn q8_0_tile_wide<const L: usize>(blk: &[u8], x: &Activations, lane: usize, out:
     let nb = x.cols / 32;
     let xq = LaneBlocks::new(&x.q, lane, L, 32 * nb);
     let xd = LaneBlocks::new(&x.d, lane, L, nb);
+    let xsum = LaneBlocks::new(&x.bsums, lane, L, nb);
     let zero = _mm512_setzero_si512();
     let mut acc = [_mm512_setzero_ps(); L];
     for (b, p) in blk.chunks_exact(544).enumerate().take(nb) {
         prefetch_ahead(p, 9);
         let d = f16x16(&p[0..32]);
         let w: [__m512i; 8] = std::array::from_fn(|k| load512(&p[32 + 64 * k..96 + 64 * k]));
-        let mag: [__m512i; 8] = std::array::from_fn(|k| _mm512_abs_epi8(w[k]));
-        let neg: [__mmask64; 8] = std::array::from_fn(|k| _mm512_movepi8_mask(w[k]));
         for j in 0..L {
-            let group = |g: usize| {
-                let xb = _mm512_set1_epi32(xq.quad(j, 32 * b + 4 * g));
-                _mm512_mask_sub_epi8(xb, neg[g], zero, xb)
-            };
-            let mut s0 = _mm512_dpbusd_epi32(zero, mag[0], group(0));
-            let mut s1 = _mm512_dpbusd_epi32(zero, mag[1], group(1));
+            let group = |g: usize| _mm512_set1_epi32(xq.quad(j, 32 * b + 4 * g));
+            let mut s0 = _mm512_dpbusd_epi32(zero, w[0], group(0));
+            let mut s1 = _mm512_dpbusd_epi32(zero, w[1], group(1));
             for g in (2..8).step_by(2) {
-                s0 = _mm512_dpbusd_epi32(s0, mag[g], group(g));
-                s1 = _mm512_dpbusd_epi32(s1, mag[g + 1], group(g + 1));
+                s0 = _mm512_dpbusd_epi32(s0, w[g], group(g));
+                s1 = _mm512_dpbusd_epi32(s1, w[g + 1], group(g + 1));
             }
-            let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+            let offset = _mm512_set1_epi32(128 * xsum.get(j, b));
+            let isum = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_add_epi32(s0, s1), offset));
             acc[j] = _mm512_fmadd_ps(isum, _mm512_mul_ps(d, _mm512_set1_ps(xd.get(j, b))), acc[j]);
         }
     }
