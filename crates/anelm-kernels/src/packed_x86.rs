@@ -114,7 +114,8 @@ macro_rules! define_q8_group {
 }
 
 /// The entry point of a group kernel: `out[l][r] = row r of the group · x[lane0 + l]` for
-/// `l < out.len() ≤ MAX_LANES`, `$wide` lanes per tile pass, then single lanes.
+/// `l < out.len() ≤ MAX_LANES`, `$wide` lanes per tile pass, then a 2-lane tile and single
+/// lanes.
 macro_rules! lane_entry {
     ($entry:ident, $tile:ident, $features:literal, $wide:literal) => {
         #[doc = "`out[l][r] = row r of the group · x[lane0 + l]` for `l < out.len() ≤ MAX_LANES`."]
@@ -125,6 +126,12 @@ macro_rules! lane_entry {
             while l + $wide <= n {
                 $tile::<$wide>(blk, x, lane0 + l, &mut out[l..l + $wide]);
                 l += $wide;
+            }
+            // A remainder of 2 or more as a 2-lane tile (each weight block decoded once for
+            // both), then single lanes.
+            if $wide > 2 && n - l >= 2 {
+                $tile::<2>(blk, x, lane0 + l, &mut out[l..l + 2]);
+                l += 2;
             }
             while l < n {
                 $tile::<1>(blk, x, lane0 + l, &mut out[l..l + 1]);

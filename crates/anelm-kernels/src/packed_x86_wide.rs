@@ -49,18 +49,20 @@ fn f16x16(b: &[u8]) -> __m512 {
 }
 
 /// Prefetch `lines` cache lines from `PREFETCH` bytes past `p` (a prefetch never faults, so the
-/// address may lie past the group's end).
+/// address may lie past the group's end). Non-temporal: each weight line is used once per step,
+/// and a step streams ~96 MB through a 32 MB L3; the NTA hint keeps that stream from evicting
+/// what is reused (the sessions' KV caches, activations). Measured in docs/field-guide.md.
 #[inline(always)]
 fn prefetch_ahead(p: &[u8], lines: usize) {
     for i in 0..lines {
         // SAFETY: `_mm_prefetch` is SSE (baseline on x86-64) and only hints; no memory is read
         // architecturally.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.as_ptr().wrapping_add(PREFETCH + 64 * i).cast()) };
+        unsafe { _mm_prefetch::<_MM_HINT_NTA>(p.as_ptr().wrapping_add(PREFETCH + 64 * i).cast()) };
     }
 }
 
 /// `out[l][r] = row r of the group · x[lane0 + l]` for `l < out.len()`: tiles of
-/// `TILE_LANES` lanes, then single lanes.
+/// `TILE_LANES` lanes, then one tile of the remaining 1–3.
 macro_rules! wide_entry {
     ($entry:ident, $tile:ident) => {
         #[doc = "`out[l][r] = row r of the 16-row group · x[lane0 + l]` for `l < out.len() ≤ MAX_LANES`."]
@@ -72,9 +74,14 @@ macro_rules! wide_entry {
                 $tile::<TILE_LANES>(blk, x, lane0 + l, &mut out[l..l + TILE_LANES]);
                 l += TILE_LANES;
             }
-            while l < n {
-                $tile::<1>(blk, x, lane0 + l, &mut out[l..l + 1]);
-                l += 1;
+            // The remainder in one tile of its own width: single-lane passes would decode each
+            // weight block once per lane (a step of 2 or 3 sessions is common: sessions start
+            // and finish at different steps).
+            match n - l {
+                3 => $tile::<3>(blk, x, lane0 + l, &mut out[l..n]),
+                2 => $tile::<2>(blk, x, lane0 + l, &mut out[l..n]),
+                1 => $tile::<1>(blk, x, lane0 + l, &mut out[l..n]),
+                _ => {}
             }
         }
     };
