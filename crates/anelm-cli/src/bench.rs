@@ -39,6 +39,11 @@ pub struct BenchArgs {
     /// Serving benchmark: tokens generated per request.
     #[arg(long, default_value_t = 64)]
     pub tokens: usize,
+    /// Serving benchmark: run the whole list of levels this many times, alternating, and report
+    /// medians (and the ratio to the first level paired per round), so a noisy machine's drift
+    /// does not decide a ratio.
+    #[arg(long, default_value_t = 1)]
+    pub rounds: usize,
     /// Serving benchmark: an already running server (host:port) instead of an in-process one.
     #[arg(long)]
     pub url: Option<String>,
@@ -113,12 +118,15 @@ fn run_serving(a: &BenchArgs) -> Result<()> {
             )
         }
     };
-    let levels = run_levels(&addr, &a.concurrency, requests, a.tokens)?;
+    if a.rounds == 0 {
+        bail!("--rounds must be at least 1");
+    }
+    let levels = run_levels(&addr, &a.concurrency, requests, a.tokens, a.rounds)?;
     let title = format!("anelm: {requests} requests × {} tokens per level ({what})", a.tokens);
     println!("{title}\n");
     print!("{}", markdown(&levels));
     if let Some(p) = &a.json_out {
-        let meta = serde_json::json!({"what": what, "requests": requests, "tokens": a.tokens,
+        let meta = serde_json::json!({"what": what, "requests": requests, "tokens": a.tokens, "rounds": a.rounds,
                                       "isa": anelm_kernels::Isa::best().name()});
         std::fs::write(p, serde_json::to_string_pretty(&to_json(&levels, meta))?)
             .with_context(|| format!("write {}", p.display()))?;

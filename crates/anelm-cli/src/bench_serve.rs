@@ -30,6 +30,13 @@ pub struct Level {
     pub latency_p50: f64,
     /// 95th-percentile request latency, seconds.
     pub latency_p95: f64,
+    /// Rounds measured (each figure above is the median over them).
+    pub rounds: usize,
+    /// Lowest and highest aggregate tok/s of the rounds.
+    pub aggregate_range: (f64, f64),
+    /// Median over rounds of this level's aggregate ÷ the first level's in the same round
+    /// (paired, so a slow drift of the machine cancels out of the ratio).
+    pub vs_first: f64,
 }
 
 struct One {
@@ -157,70 +164,125 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
     v[i]
 }
 
-/// Run every level.
-pub fn run_levels(addr: &str, levels: &[usize], requests: usize, tokens: usize) -> Result<Vec<Level>> {
+/// Run every level `rounds` times, level after level in each round (c1, c4, c1, c4, …), and
+/// report per level the median of each figure over the rounds.
+pub fn run_levels(addr: &str, levels: &[usize], requests: usize, tokens: usize, rounds: usize) -> Result<Vec<Level>> {
     // Warm-up: one request so the first level does not pay for first-touch costs.
     one_request(addr, 4, 0)?;
-    let mut out = Vec::new();
-    for &c in levels {
-        eprintln!("concurrency {c}: {requests} requests of {tokens} tokens");
-        let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let t0 = Instant::now();
-        let handles: Vec<_> = (0..c)
-            .map(|_| {
-                let (next, addr) = (next.clone(), addr.to_string());
-                std::thread::spawn(move || -> Result<Vec<One>> {
-                    let mut mine = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        if i >= requests {
-                            return Ok(mine);
-                        }
-                        mine.push(one_request(&addr, tokens, i + 1)?);
-                    }
-                })
-            })
-            .collect();
-        let mut all = Vec::new();
-        for h in handles {
-            all.extend(h.join().map_err(|_| anyhow::anyhow!("a client thread panicked"))??);
+    let rounds = rounds.max(1);
+    let mut runs: Vec<Vec<Level>> = (0..levels.len()).map(|_| Vec::new()).collect();
+    for round in 0..rounds {
+        for (i, &c) in levels.iter().enumerate() {
+            eprintln!(
+                "round {}/{rounds}, concurrency {c}: {requests} requests of {tokens} tokens",
+                round + 1
+            );
+            runs[i].push(measure_level(addr, c, requests, tokens)?);
         }
-        let wall = t0.elapsed().as_secs_f64();
-        let total: usize = all.iter().map(|o| o.tokens).sum();
-        let per_stream = all
-            .iter()
-            .map(|o| o.tokens.saturating_sub(1) as f64 / o.gen_time.max(1e-9))
-            .sum::<f64>()
-            / all.len() as f64;
-        let mut ttft: Vec<f64> = all.iter().map(|o| o.ttft).collect();
-        let mut lat: Vec<f64> = all.iter().map(|o| o.latency).collect();
-        out.push(Level {
-            concurrency: c,
-            requests: all.len(),
-            aggregate_tok_s: total as f64 / wall,
-            per_stream_tok_s: per_stream,
-            ttft_p50: percentile(&mut ttft, 0.5),
-            latency_p50: percentile(&mut lat, 0.5),
-            latency_p95: percentile(&mut lat, 0.95),
-        });
     }
-    Ok(out)
+    let first: Vec<f64> = runs
+        .first()
+        .map_or_else(Vec::new, |r| r.iter().map(|l| l.aggregate_tok_s).collect());
+    Ok(runs
+        .iter()
+        .zip(levels)
+        .map(|(r, &c)| {
+            let med = |f: &dyn Fn(&Level) -> f64| percentile(&mut r.iter().map(f).collect::<Vec<_>>(), 0.5);
+            let agg: Vec<f64> = r.iter().map(|l| l.aggregate_tok_s).collect();
+            let mut ratios: Vec<f64> = agg.iter().zip(&first).map(|(a, f)| a / f.max(1e-9)).collect();
+            Level {
+                concurrency: c,
+                requests: r.first().map_or(0, |l| l.requests),
+                aggregate_tok_s: med(&|l| l.aggregate_tok_s),
+                per_stream_tok_s: med(&|l| l.per_stream_tok_s),
+                ttft_p50: med(&|l| l.ttft_p50),
+                latency_p50: med(&|l| l.latency_p50),
+                latency_p95: med(&|l| l.latency_p95),
+                rounds,
+                aggregate_range: (
+                    agg.iter().copied().fold(f64::INFINITY, f64::min),
+                    agg.iter().copied().fold(0.0, f64::max),
+                ),
+                vs_first: percentile(&mut ratios, 0.5),
+            }
+        })
+        .collect())
 }
 
-/// The markdown table.
+/// One level once: `requests` requests of `tokens` tokens, `c` in flight at a time.
+fn measure_level(addr: &str, c: usize, requests: usize, tokens: usize) -> Result<Level> {
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let t0 = Instant::now();
+    let handles: Vec<_> = (0..c)
+        .map(|_| {
+            let (next, addr) = (next.clone(), addr.to_string());
+            std::thread::spawn(move || -> Result<Vec<One>> {
+                let mut mine = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if i >= requests {
+                        return Ok(mine);
+                    }
+                    mine.push(one_request(&addr, tokens, i + 1)?);
+                }
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for h in handles {
+        all.extend(h.join().map_err(|_| anyhow::anyhow!("a client thread panicked"))??);
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    let total: usize = all.iter().map(|o| o.tokens).sum();
+    let per_stream = all
+        .iter()
+        .map(|o| o.tokens.saturating_sub(1) as f64 / o.gen_time.max(1e-9))
+        .sum::<f64>()
+        / all.len().max(1) as f64;
+    let mut ttft: Vec<f64> = all.iter().map(|o| o.ttft).collect();
+    let mut lat: Vec<f64> = all.iter().map(|o| o.latency).collect();
+    let aggregate = total as f64 / wall;
+    Ok(Level {
+        concurrency: c,
+        requests: all.len(),
+        aggregate_tok_s: aggregate,
+        per_stream_tok_s: per_stream,
+        ttft_p50: percentile(&mut ttft, 0.5),
+        latency_p50: percentile(&mut lat, 0.5),
+        latency_p95: percentile(&mut lat, 0.95),
+        rounds: 1,
+        aggregate_range: (aggregate, aggregate),
+        vs_first: 1.0,
+    })
+}
+
+/// The markdown table (with several rounds, the aggregate's range beside its median).
 pub fn markdown(levels: &[Level]) -> String {
-    let base = levels.first().map_or(1.0, |l| l.aggregate_tok_s.max(1e-9));
-    let mut s = String::from(
+    let rounds = levels.first().map_or(1, |l| l.rounds);
+    let mut s = String::new();
+    if rounds > 1 {
+        s.push_str(&format!(
+            "medians of {rounds} rounds (levels alternating within each round); × c1 is the median of the per-round ratios\n\n"
+        ));
+    }
+    s.push_str(
         "| concurrency | requests | aggregate tok/s | × c1 | per-stream tok/s | TTFT p50 | latency p50 | latency p95 |\n\
          | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
     );
     for l in levels {
+        let aggregate = if rounds > 1 {
+            format!(
+                "{:.1} ({:.0}–{:.0})",
+                l.aggregate_tok_s, l.aggregate_range.0, l.aggregate_range.1
+            )
+        } else {
+            format!("{:.1}", l.aggregate_tok_s)
+        };
         s.push_str(&format!(
-            "| {} | {} | {:.1} | {:.2} | {:.1} | {:.0} ms | {:.2} s | {:.2} s |\n",
+            "| {} | {} | {aggregate} | {:.2} | {:.1} | {:.0} ms | {:.2} s | {:.2} s |\n",
             l.concurrency,
             l.requests,
-            l.aggregate_tok_s,
-            l.aggregate_tok_s / base,
+            l.vs_first,
             l.per_stream_tok_s,
             l.ttft_p50 * 1e3,
             l.latency_p50,
@@ -237,7 +299,9 @@ pub fn to_json(levels: &[Level], meta: Value) -> Value {
         .map(|l| {
             json!({"concurrency": l.concurrency, "requests": l.requests, "aggregate_tok_s": l.aggregate_tok_s,
                    "per_stream_tok_s": l.per_stream_tok_s, "ttft_p50_s": l.ttft_p50,
-                   "latency_p50_s": l.latency_p50, "latency_p95_s": l.latency_p95})
+                   "latency_p50_s": l.latency_p50, "latency_p95_s": l.latency_p95,
+                   "rounds": l.rounds, "aggregate_min_tok_s": l.aggregate_range.0,
+                   "aggregate_max_tok_s": l.aggregate_range.1, "vs_first_level": l.vs_first})
         })
         .collect();
     json!({"meta": meta, "levels": rows})

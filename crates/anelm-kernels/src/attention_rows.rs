@@ -177,6 +177,24 @@ mod x86 {
         }
     }
 
+    /// Rows ahead of the one being read that the row loops prefetch.
+    const ROWS_AHEAD: usize = 8;
+
+    /// Hint the cache to fetch row `j` (its `d` values at `j·stride + offset`). The cached rows
+    /// of a session are cold at every layer (the weight stream passed through the caches since
+    /// they were last read) and a plane spans only a few pages, each of which the hardware
+    /// prefetcher has to learn anew; without the hint the loops wait on every few rows.
+    #[inline(always)]
+    fn prefetch_row<T>(m: &[T], j: usize, stride: usize, offset: usize, d: usize) {
+        let base = m.as_ptr().cast::<u8>();
+        let at = (j * stride + offset) * std::mem::size_of::<T>();
+        for line in (0..d * std::mem::size_of::<T>()).step_by(64) {
+            // SAFETY: `_mm_prefetch` is baseline SSE and only a hint: it never faults and reads
+            // nothing architecturally, so the address (possibly past the rows) needs no bounds.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(at + line).cast()) };
+        }
+    }
+
     /// Per head the sequence of `vector::dot`: eight-lane partial sums over the chunks in order,
     /// the same horizontal reduction, then the tail in order. `R` rows at a time, so `R × G`
     /// independent accumulation chains hide the add latency.
@@ -196,6 +214,9 @@ mod x86 {
         let split = d - d % 8;
         let (mut j, mut i) = (rows.start, 0);
         while j + R <= rows.end {
+            for r in 0..R {
+                prefetch_row(m, j + r + ROWS_AHEAD, stride, offset, d);
+            }
             let mut acc = [[_mm256_setzero_ps(); G]; R];
             for c in (0..split).step_by(8) {
                 let mut qv = [_mm256_setzero_ps(); G];
@@ -265,6 +286,9 @@ mod x86 {
             }
             for (i, j) in rows.clone().enumerate() {
                 let at = j * stride + offset;
+                if c0 == chunks.start {
+                    prefetch_row(m, j + ROWS_AHEAD, stride, offset, d);
+                }
                 let mut w = [_mm256_setzero_ps(); G];
                 for (h, w) in w.iter_mut().enumerate() {
                     *w = _mm256_set1_ps(p[h * p_stride + i]);
