@@ -178,7 +178,7 @@ mod x86 {
     }
 
     /// Rows ahead of the one being read that the row loops prefetch.
-    const ROWS_AHEAD: usize = 8;
+    const ROWS_AHEAD: usize = 24;
 
     /// Hint the cache to fetch row `j` (its `d` values at `j·stride + offset`). The cached rows
     /// of a session are cold at every layer (the weight stream passed through the caches since
@@ -213,6 +213,12 @@ mod x86 {
         assert!(q.len() >= G * d);
         let split = d - d % 8;
         let (mut j, mut i) = (rows.start, 0);
+        if R > 1 {
+            // The first rows, which the in-loop hints (ROWS_AHEAD on) do not cover.
+            for r in rows.start..(rows.start + ROWS_AHEAD).min(rows.end) {
+                prefetch_row(m, r, stride, offset, d);
+            }
+        }
         while j + R <= rows.end {
             for r in 0..R {
                 prefetch_row(m, j + r + ROWS_AHEAD, stride, offset, d);
@@ -275,6 +281,11 @@ mod x86 {
             assert!(h * p_stride + n <= p.len());
         }
         let mut c0 = chunks.start;
+        if C > 1 {
+            for r in rows.start..(rows.start + ROWS_AHEAD).min(rows.end) {
+                prefetch_row(m, r, stride, offset, d);
+            }
+        }
         while c0 + C <= chunks.end {
             let mut acc = [[_mm256_setzero_ps(); C]; G];
             for (h, a) in acc.iter_mut().enumerate() {
