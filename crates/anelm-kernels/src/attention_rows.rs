@@ -195,6 +195,15 @@ mod x86 {
         }
     }
 
+    /// Hint the first `ROWS_AHEAD` rows of `rows`, which the row loops' own hints (always
+    /// `ROWS_AHEAD` rows on) do not cover; called once per block by the group entry points.
+    #[inline(always)]
+    fn prefetch_first_rows<T>(m: &[T], rows: &std::ops::Range<usize>, stride: usize, offset: usize, d: usize) {
+        for j in rows.start..(rows.start + ROWS_AHEAD).min(rows.end) {
+            prefetch_row(m, j, stride, offset, d);
+        }
+    }
+
     /// Per head the sequence of `vector::dot`: eight-lane partial sums over the chunks in order,
     /// the same horizontal reduction, then the tail in order. `R` rows at a time, so `R × G`
     /// independent accumulation chains hide the add latency.
@@ -213,12 +222,6 @@ mod x86 {
         assert!(q.len() >= G * d);
         let split = d - d % 8;
         let (mut j, mut i) = (rows.start, 0);
-        if R > 1 {
-            // The first rows, which the in-loop hints (ROWS_AHEAD on) do not cover.
-            for r in rows.start..(rows.start + ROWS_AHEAD).min(rows.end) {
-                prefetch_row(m, r, stride, offset, d);
-            }
-        }
         while j + R <= rows.end {
             for r in 0..R {
                 prefetch_row(m, j + r + ROWS_AHEAD, stride, offset, d);
@@ -281,11 +284,6 @@ mod x86 {
             assert!(h * p_stride + n <= p.len());
         }
         let mut c0 = chunks.start;
-        if C > 1 {
-            for r in rows.start..(rows.start + ROWS_AHEAD).min(rows.end) {
-                prefetch_row(m, r, stride, offset, d);
-            }
-        }
         while c0 + C <= chunks.end {
             let mut acc = [[_mm256_setzero_ps(); C]; G];
             for (h, a) in acc.iter_mut().enumerate() {
@@ -341,6 +339,7 @@ mod x86 {
         out: &mut [f32],
         out_stride: usize,
     ) {
+        prefetch_first_rows(m, &rows, stride, offset, d);
         // SAFETY (every arm): same features as this function.
         unsafe {
             match q.len() / d {
@@ -371,6 +370,7 @@ mod x86 {
         d: usize,
     ) {
         let all = 0..d / 8;
+        prefetch_first_rows(m, &rows, stride, offset, d);
         // SAFETY (every arm): same features as this function.
         unsafe {
             match out.len() / d {
