@@ -41,11 +41,29 @@ pub fn dot_rows_group(
         let og = &mut out[h0 * out_stride..];
         #[cfg(target_arch = "x86_64")]
         if avx2_f16c() {
-            // SAFETY: AVX2 and F16C were detected at run time; slices are bounds-checked inside.
-            unsafe {
-                match m {
-                    CacheRows::F32(m) => x86::dot_group(qg, d, m, stride, offset, rows.clone(), og, out_stride),
-                    CacheRows::F16(m) => x86::dot_group(qg, d, m, stride, offset, rows.clone(), og, out_stride),
+            let mut rest = rows.clone();
+            // One head alone runs faster in the 256-bit loop (measured on Zen 4, whose 512-bit
+            // units are two 256-bit ones: `benches/attention.rs`); groups gain from the 32 zmm
+            // registers, which hold every accumulator without spilling.
+            if wide() && gh >= 2 {
+                // SAFETY: AVX2, F16C, AVX-512F/DQ were detected at run time; slices are
+                // bounds-checked inside.
+                let done = unsafe {
+                    match m {
+                        CacheRows::F32(m) => wide::dot_group(qg, d, m, stride, offset, rest.clone(), og, out_stride),
+                        CacheRows::F16(m) => wide::dot_group(qg, d, m, stride, offset, rest.clone(), og, out_stride),
+                    }
+                };
+                rest.start += done;
+            }
+            if !rest.is_empty() {
+                let og = &mut og[rest.start - rows.start..];
+                // SAFETY: AVX2 and F16C were detected at run time; slices are bounds-checked inside.
+                unsafe {
+                    match m {
+                        CacheRows::F32(m) => x86::dot_group(qg, d, m, stride, offset, rest, og, out_stride),
+                        CacheRows::F16(m) => x86::dot_group(qg, d, m, stride, offset, rest, og, out_stride),
+                    }
                 }
             }
             continue;
@@ -77,6 +95,18 @@ pub fn weighted_rows_group(
     for (h0, gh) in passes(out.len(), d) {
         let pg = &p[h0 * p_stride..];
         let og = &mut out[h0 * d..(h0 + gh) * d];
+        #[cfg(target_arch = "x86_64")]
+        if wide() && d.is_multiple_of(16) {
+            // SAFETY: AVX2, F16C, AVX-512F/DQ were detected at run time; slices are
+            // bounds-checked inside.
+            unsafe {
+                match m {
+                    CacheRows::F32(m) => wide::weighted_group(pg, p_stride, m, stride, offset, rows.clone(), og, d),
+                    CacheRows::F16(m) => wide::weighted_group(pg, p_stride, m, stride, offset, rows.clone(), og, d),
+                }
+            }
+            continue;
+        }
         #[cfg(target_arch = "x86_64")]
         if avx2_f16c() && d.is_multiple_of(8) {
             // SAFETY: AVX2 and F16C were detected at run time; slices are bounds-checked inside.
@@ -135,6 +165,18 @@ fn avx2_f16c() -> bool {
     static HAS: OnceLock<bool> = OnceLock::new();
     *HAS.get_or_init(|| crate::vector::avx2() && is_x86_feature_detected!("f16c"))
 }
+
+/// Whether the 512-bit loops run (AVX-512F/DQ on top of AVX2/F16C; `ANELM_ATTN_WIDE=0` keeps the
+/// 256-bit ones, for A/B runs). Detected once.
+#[cfg(target_arch = "x86_64")]
+fn wide() -> bool {
+    use std::sync::OnceLock;
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| avx2_f16c() && wide::available() && std::env::var("ANELM_ATTN_WIDE").as_deref() != Ok("0"))
+}
+
+#[cfg(target_arch = "x86_64")]
+use crate::attention_rows_x86_wide as wide;
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -395,6 +437,45 @@ mod tests {
 
     fn bits(v: &[f32]) -> Vec<u32> {
         v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// The 256-bit loops called directly: where the 512-bit ones run, the dispatcher leaves
+    /// them only odd rows and head widths that are not a multiple of 16.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn narrow_loops_equal_per_head_dots_and_axpys_bit_for_bit() {
+        if !avx2_f16c() {
+            eprintln!("no AVX2/F16C here: the 256-bit loops are not used on this CPU");
+            return;
+        }
+        for d in [8usize, 24, 64] {
+            for g in 1usize..=8 {
+                let stride = d + 1;
+                let m16: Vec<u16> = data(stride * 30, 12).iter().map(|&x| crate::f32_to_f16(x)).collect();
+                let m16w: Vec<f32> = m16.iter().map(|&b| f16_to_f32(b)).collect();
+                let (q, ps, rows) = (data(g * d, 13), 30, 1..28);
+                let p = data(g * ps, 14);
+                let mut got = vec![0.0; g * ps];
+                let mut out = data(g * d, 15);
+                let mut want_out = out.clone();
+                // SAFETY: AVX2 and F16C were detected above.
+                unsafe {
+                    x86::dot_group(&q, d, &m16, stride, 1, rows.clone(), &mut got, ps);
+                    x86::weighted_group(&p, ps, &m16, stride, 1, rows.clone(), &mut out, d);
+                }
+                for h in 0..g {
+                    for (i, j) in rows.clone().enumerate() {
+                        let row = &m16w[j * stride + 1..j * stride + 1 + d];
+                        assert_eq!(
+                            got[h * ps + i].to_bits(),
+                            dot_f32(&q[h * d..(h + 1) * d], row).to_bits()
+                        );
+                        axpy_f32(p[h * ps + i], row, &mut want_out[h * d..(h + 1) * d]);
+                    }
+                }
+                assert_eq!(bits(&out), bits(&want_out), "weighted d={d} g={g}");
+            }
+        }
     }
 
     #[test]

@@ -33,11 +33,34 @@ pub fn exp_f32(x: f32) -> f32 {
 }
 
 /// SiLU of each gate times its up value: `g ← g / (1 + e^−g) · u` (SwiGLU's product).
+///
+/// The same arithmetic everywhere; where the CPU has AVX2 the loop is compiled for 256-bit
+/// registers (eight values per instruction instead of SSE's four: this runs on every FFN row of
+/// every lane of a decode step).
 #[inline]
 pub fn silu_mul(g: &mut [f32], u: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::vector::avx2() {
+        // SAFETY: AVX2 was detected at run time.
+        unsafe { silu_mul_avx2(g, u) };
+        return;
+    }
+    silu_mul_loop(g, u);
+}
+
+#[inline(always)]
+fn silu_mul_loop(g: &mut [f32], u: &[f32]) {
     for (g, &u) in g.iter_mut().zip(u) {
         *g = *g / (1.0 + exp_f32(-*g)) * u;
     }
+}
+
+/// [`silu_mul_loop`] compiled for AVX2 (no contraction into FMA: Rust never fuses a multiply
+/// and an add on its own, so results equal the portable loop bit for bit).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn silu_mul_avx2(g: &mut [f32], u: &[f32]) {
+    silu_mul_loop(g, u);
 }
 
 #[cfg(test)]
@@ -70,6 +93,19 @@ mod tests {
             assert!(y.is_finite() && y > 2e38, "e^{x} = {y}");
         }
         assert!(exp_f32(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn silu_mul_equals_the_portable_loop_bit_for_bit() {
+        let g0: Vec<f32> = (0..1003).map(|i| (i as f32 * 0.37).sin() * 12.0).collect();
+        let u: Vec<f32> = (0..1003).map(|i| (i as f32 * 0.11).cos() * 3.0).collect();
+        let (mut a, mut b) = (g0.clone(), g0);
+        silu_mul(&mut a, &u);
+        silu_mul_loop(&mut b, &u);
+        assert_eq!(
+            a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            b.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
     }
 
     #[test]

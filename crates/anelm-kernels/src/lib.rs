@@ -5,6 +5,8 @@
 
 mod activations;
 mod attention_rows;
+#[cfg(target_arch = "x86_64")]
+mod attention_rows_x86_wide;
 mod blocks;
 mod dequant;
 mod error;

@@ -375,53 +375,52 @@ impl PackedMatrix {
         width: usize,
     ) -> Result<(), KernelError> {
         let pool = crate::pool::global();
-        // Tasks over the loop's own groups: for a pair, the first matrix's (the second runs in
-        // step); otherwise every matrix's, each task inside one matrix. Task sizes are counted in
-        // 8-row units whatever a matrix's group height, so both layouts split alike.
+        // The loop's own groups, for a pair the first matrix's (the second runs in step), in
+        // one space of 8-row units whatever a matrix's group height (a group belongs to the
+        // unit it starts in), split into contiguous ranges: the caller streams from the front,
+        // the workers from the back, each claim a share of what is left. Long contiguous
+        // claims keep each thread's stream whole for the hardware prefetcher (16 short tasks
+        // per loop, claimed alternately, broke every stream: single-stream decode was 18 %
+        // slower), and the shrinking shares let a thread slowed by its neighbours on a shared
+        // host hand its tail over instead of holding the loop up (docs/field-guide.md).
         let looped = if combine.is_some() { &mats[..1] } else { mats };
-        let units: usize = looped.iter().map(|m| m.rows / PACK_ROWS).sum();
-        // Few, long tasks: about two per thread (at most 128 units, ~370 KB of Q4_1 at 576
-        // columns). Each task is one contiguous stream the hardware prefetcher can follow; 16
-        // tasks of ~34 KB per loop, claimed alternately by the threads, broke every thread's
-        // stream at each claim (measured: single-stream decode +18 % with the long tasks, and
-        // finer tasks than before were 18 % slower still; docs/field-guide.md).
-        let per_task_units = units.div_ceil(pool.threads() * 2).clamp(1, 128);
-        // Groups per task, task ranges and output column offsets per matrix (no allocation: at
-        // most MAX_FUSED).
-        let mut per_task = [0usize; MAX_FUSED];
-        let mut first_task = [0usize; MAX_FUSED + 1];
+        let mut unit_start = [0usize; MAX_FUSED + 1];
         let mut column = [0usize; MAX_FUSED + 1];
         for (i, m) in looped.iter().enumerate() {
-            per_task[i] = (per_task_units * PACK_ROWS / m.group_rows).max(1);
-            first_task[i + 1] = first_task[i] + (m.rows / m.group_rows).div_ceil(per_task[i]);
+            unit_start[i + 1] = unit_start[i] + m.rows / PACK_ROWS;
             column[i + 1] = column[i] + m.rows;
         }
-        let tasks = first_task[looped.len()];
+        let units = unit_start[looped.len()];
         let mut next = (0, 0);
         for m in mats {
             next = m.note_run();
         }
         let ptr = OutPtr(out.as_mut_ptr());
         let ptr = &ptr;
-        pool.run(tasks, &|t| {
-            let i = (0..looped.len()).rfind(|&i| first_task[i] <= t).unwrap_or(0);
-            let m = looped[i];
-            let local = t - first_task[i];
-            let groups = local * per_task[i]..((local + 1) * per_task[i]).min(m.rows / m.group_rows);
-            let task = TaskOut {
-                ptr,
-                width,
-                column: column[i],
-            };
-            let pair = combine.map(|f| (mats[1], f));
-            if m.group_rows == PACK_ROWS {
-                task.groups::<PACK_ROWS>(m, pair, x, groups, &|m, g, lane0, tile| {
-                    m.group(vnni, g, x, lane0, tile)
-                });
-            } else {
-                task.groups::<WIDE_GROUP_ROWS>(m, pair, x, groups, &|m, g, lane0, tile| {
-                    m.wide_group(g, x, lane0, tile)
-                });
+        pool.run_split(units, SPLIT_MIN_UNITS, SPLIT_MAX_UNITS, &|r| {
+            for (i, m) in looped.iter().enumerate() {
+                let (u0, k) = (unit_start[i], m.group_rows / PACK_ROWS);
+                let n_groups = m.rows / m.group_rows;
+                let first = r.start.saturating_sub(u0).div_ceil(k).min(n_groups);
+                let end = r.end.saturating_sub(u0).div_ceil(k).min(n_groups);
+                if first >= end {
+                    continue;
+                }
+                let task = TaskOut {
+                    ptr,
+                    width,
+                    column: column[i],
+                };
+                let pair = combine.map(|f| (mats[1], f));
+                if m.group_rows == PACK_ROWS {
+                    task.groups::<PACK_ROWS>(m, pair, x, first..end, &|m, g, lane0, tile| {
+                        m.group(vnni, g, x, lane0, tile)
+                    });
+                } else {
+                    task.groups::<WIDE_GROUP_ROWS>(m, pair, x, first..end, &|m, g, lane0, tile| {
+                        m.wide_group(g, x, lane0, tile)
+                    });
+                }
             }
         });
         if prefetch_enabled() {
@@ -492,6 +491,15 @@ pub type Combine<'a> = dyn Fn(&mut [f32; PACK_ROWS], &[f32; PACK_ROWS]) + Sync +
 
 /// Most matrices one fused loop takes (q/k/v, or a SwiGLU pair).
 pub const MAX_FUSED: usize = 4;
+
+/// Smallest claim of a matmul loop, in 8-row units (64 rows, ~23 KB of Q4_1 at 576 columns):
+/// the most a thread that finished can wait on another's last claim.
+#[cfg(target_arch = "x86_64")]
+const SPLIT_MIN_UNITS: usize = 8;
+
+/// Largest claim (~370 KB of Q4_1 at 576 columns), so a long matrix still spreads evenly.
+#[cfg(target_arch = "x86_64")]
+const SPLIT_MAX_UNITS: usize = 128;
 
 /// Whether this CPU has the 16-row (AVX-512 VNNI) kernels.
 pub fn wide_kernel_available() -> bool {

@@ -294,7 +294,67 @@ unsafe impl<T: Send> Sync for SendPtr<T> {}
 // SAFETY: see `Sync`.
 unsafe impl<T: Send> Send for SendPtr<T> {}
 
+/// `lo` and `hi` of the unclaimed units of a [`Pool::run_split`] loop, in one word.
+fn pack(lo: usize, hi: usize) -> u64 {
+    (lo as u64) | ((hi as u64) << 32)
+}
+
+fn unpack(v: u64) -> (usize, usize) {
+    ((v & 0xFFFF_FFFF) as usize, (v >> 32) as usize)
+}
+
 impl Pool {
+    /// Call `f(range)` for disjoint ranges covering `0..units`, spread over the pool: the first
+    /// participant claims ranges from the front, the others from the back, each claim a share
+    /// of what is left (between `min` and `max` units). The front thread streams one contiguous
+    /// run, the others a few long ones, and a thread that runs slower (a busy neighbour on a
+    /// shared host) leaves at most one small range for the others to wait on, where fixed
+    /// equal tasks leave them idle for the whole difference.
+    pub fn run_split(&self, units: usize, min: usize, max: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
+        let (min, max) = (min.max(1), max.max(min.max(1)));
+        if units == 0 {
+            return;
+        }
+        let parts = self.size.min(units.div_ceil(min));
+        if parts <= 1 || units > u32::MAX as usize {
+            // Alone (or too many units to pack in one word): the whole range in order.
+            let mut at = 0;
+            while at < units {
+                let end = (at + max).min(units);
+                f(at..end);
+                at = end;
+            }
+            return;
+        }
+        let left = AtomicU64::new(pack(0, units));
+        let share = 2 * parts;
+        self.run(parts, &|t| {
+            loop {
+                let mut cur = left.load(Ordering::Acquire);
+                let claimed = loop {
+                    let (lo, hi) = unpack(cur);
+                    if lo >= hi {
+                        break None;
+                    }
+                    let take = ((hi - lo) / share).clamp(min, max).min(hi - lo);
+                    let (range, next) = if t == 0 {
+                        (lo..lo + take, pack(lo + take, hi))
+                    } else {
+                        (hi - take..hi, pack(lo, hi - take))
+                    };
+                    match left.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire) {
+                        Ok(_) => break Some(range),
+                        Err(now) => cur = now,
+                    }
+                };
+                match claimed {
+                    Some(r) => f(r),
+                    None => return,
+                }
+            }
+        });
+    }
+
     /// Call `f(index, chunk)` for every `chunk`-sized piece of `data` (the last may be shorter),
     /// spread over the pool.
     pub fn for_each_chunk_mut<T: Send>(&self, data: &mut [T], chunk: usize, f: &(dyn Fn(usize, &mut [T]) + Sync)) {
@@ -383,6 +443,39 @@ mod tests {
         assert_eq!(total.load(Ordering::Relaxed), 2000 * 10);
         // A one-thread pool ignores hints.
         Pool::new(1).prefetch(&data);
+    }
+
+    #[test]
+    fn split_ranges_cover_every_unit_exactly_once() {
+        for threads in [1usize, 2, 3] {
+            let pool = Pool::new(threads);
+            for (units, min, max) in [
+                (0usize, 4usize, 64usize),
+                (1, 4, 64),
+                (7, 4, 64),
+                (192, 8, 128),
+                (6144, 8, 128),
+                (100, 0, 0),
+            ] {
+                let hits: Vec<AtomicU64> = (0..units).map(|_| AtomicU64::new(0)).collect();
+                let claims = AtomicU64::new(0);
+                pool.run_split(units, min, max, &|r| {
+                    assert!(!r.is_empty() && r.len() <= max.max(min).max(1), "{r:?}");
+                    claims.fetch_add(1, Ordering::Relaxed);
+                    for i in r {
+                        hits[i].fetch_add(1, Ordering::Relaxed);
+                    }
+                });
+                assert!(
+                    hits.iter().all(|h| h.load(Ordering::Relaxed) == 1),
+                    "{threads} threads, {units} units"
+                );
+                if units >= 192 {
+                    // Shares of what is left, not one unit at a time.
+                    assert!(claims.load(Ordering::Relaxed) < units as u64 / 4);
+                }
+            }
+        }
     }
 
     #[test]
