@@ -531,7 +531,7 @@ fn step(
         }
         model.forward(&mut items)
     };
-    let out = match result {
+    let mut out = match result {
         Ok(out) => out,
         Err(e) => {
             for (i, _, _) in &feed {
@@ -563,7 +563,8 @@ fn step(
         if !wants {
             continue;
         }
-        let mut logits = out.lane(row).to_vec();
+        // This step's logits row, used in place (no copy of a vocabulary-sized row per lane).
+        let logits = out.lane_mut(row);
         row += 1;
         let stops = tok.stop_ids();
         if a.job.req.ignore_eos {
@@ -573,7 +574,7 @@ fn step(
                 }
             }
         }
-        let t = match a.sampler.sample(&logits, slot.session.tokens()) {
+        let t = match a.sampler.sample(logits, slot.session.tokens()) {
             Ok(t) => t,
             Err(e) => {
                 fail(slot, format!("sampling failed: {e}"), metrics);
