@@ -220,11 +220,30 @@ fn softmax_scores(scores: &mut [f32], p: &AttendParams) {
         Some(cap) => scores.iter_mut().for_each(|s| *s = cap * (*s * p.scale / cap).tanh()),
         None => scores.iter_mut().for_each(|s| *s *= p.scale),
     }
-    let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+    // Maximum and sum in eight independent lanes each (one running value was a chain of
+    // dependent operations per cached position). The maximum is exact in any order; the f64
+    // sum of f32 terms differs only in its last f64 bits.
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let chunks = scores.chunks_exact(8);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (m, &s) in lanes.iter_mut().zip(c) {
+            *m = m.max(s);
+        }
+    }
+    let max = lanes.iter().chain(tail).fold(f32::NEG_INFINITY, |m, &s| m.max(s));
     for s in scores.iter_mut() {
         *s = anelm_kernels::exp_f32(*s - max);
     }
-    let sum: f64 = scores.iter().map(|&s| f64::from(s)).sum();
+    let mut part = [0f64; 8];
+    let chunks = scores.chunks_exact(8);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (p, &s) in part.iter_mut().zip(c) {
+            *p += f64::from(s);
+        }
+    }
+    let sum: f64 = part.iter().sum::<f64>() + tail.iter().map(|&s| f64::from(s)).sum::<f64>();
     let inv = if sum > 0.0 { (1.0 / sum) as f32 } else { 0.0 };
     scores.iter_mut().for_each(|s| *s *= inv);
     if p.precision == AttentionPrecision::F16 {
