@@ -179,7 +179,7 @@ fn wide() -> bool {
 use crate::attention_rows_x86_wide as wide;
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(crate) mod x86 {
     use std::arch::x86_64::*;
 
     use super::MAX_GROUP;
@@ -220,14 +220,14 @@ mod x86 {
     }
 
     /// Rows ahead of the one being read that the row loops prefetch.
-    const ROWS_AHEAD: usize = 24;
+    pub(crate) const ROWS_AHEAD: usize = 24;
 
     /// Hint the cache to fetch row `j` (its `d` values at `j·stride + offset`). The cached rows
     /// of a session are cold at every layer (the weight stream passed through the caches since
     /// they were last read) and a plane spans only a few pages, each of which the hardware
     /// prefetcher has to learn anew; without the hint the loops wait on every few rows.
     #[inline(always)]
-    fn prefetch_row<T>(m: &[T], j: usize, stride: usize, offset: usize, d: usize) {
+    pub(crate) fn prefetch_row<T>(m: &[T], j: usize, stride: usize, offset: usize, d: usize) {
         let base = m.as_ptr().cast::<u8>();
         let at = (j * stride + offset) * std::mem::size_of::<T>();
         for line in (0..d * std::mem::size_of::<T>()).step_by(64) {
@@ -240,7 +240,13 @@ mod x86 {
     /// Hint the first `ROWS_AHEAD` rows of `rows`, which the row loops' own hints (always
     /// `ROWS_AHEAD` rows on) do not cover; called once per block by the group entry points.
     #[inline(always)]
-    fn prefetch_first_rows<T>(m: &[T], rows: &std::ops::Range<usize>, stride: usize, offset: usize, d: usize) {
+    pub(crate) fn prefetch_first_rows<T>(
+        m: &[T],
+        rows: &std::ops::Range<usize>,
+        stride: usize,
+        offset: usize,
+        d: usize,
+    ) {
         for j in rows.start..(rows.start + ROWS_AHEAD).min(rows.end) {
             prefetch_row(m, j, stride, offset, d);
         }

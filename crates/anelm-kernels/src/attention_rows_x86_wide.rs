@@ -83,19 +83,8 @@ impl Load16 for u16 {
     }
 }
 
-/// Rows ahead of the ones being read that the loops prefetch (as in the 256-bit loops).
-const ROWS_AHEAD: usize = 24;
-
-#[inline(always)]
-fn prefetch_row<T>(m: &[T], j: usize, stride: usize, offset: usize, d: usize) {
-    let base = m.as_ptr().cast::<u8>();
-    let at = (j * stride + offset) * std::mem::size_of::<T>();
-    for line in (0..d * std::mem::size_of::<T>()).step_by(64) {
-        // SAFETY: `_mm_prefetch` is a hint: it never faults and reads nothing architecturally,
-        // so the address (possibly past the rows) needs no bounds.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(at + line).cast()) };
-    }
-}
+// The same row prefetch as the 256-bit loops (hints only).
+use crate::attention_rows::x86::{ROWS_AHEAD, prefetch_first_rows, prefetch_row};
 
 /// The two eight-lane partial sums in `acc` (row A low, row B high) reduced as `dot_f32`
 /// reduces one: `h_i = a_i + a_(i+4)`, then `(h_0 + h_1) + (h_2 + h_3)` (the grouping is what
@@ -190,9 +179,7 @@ pub(crate) unsafe fn dot_group<T: Load16>(
     out: &mut [f32],
     out_stride: usize,
 ) -> usize {
-    for j in rows.start..(rows.start + ROWS_AHEAD).min(rows.end) {
-        prefetch_row(m, j, stride, offset, d);
-    }
+    prefetch_first_rows(m, &rows, stride, offset, d);
     // Pairs per block chosen so G·P accumulators, G query chunks and P row pairs fit the 32
     // registers.
     // SAFETY (every arm): same features as this function.
@@ -289,9 +276,7 @@ pub(crate) unsafe fn weighted_group<T: Load16>(
     out: &mut [f32],
     d: usize,
 ) {
-    for j in rows.start..(rows.start + ROWS_AHEAD).min(rows.end) {
-        prefetch_row(m, j, stride, offset, d);
-    }
+    prefetch_first_rows(m, &rows, stride, offset, d);
     let all = 0..d / 16;
     // SAFETY (every arm): same features as this function.
     unsafe {
