@@ -6,20 +6,26 @@ use anelm_kernels::round_f16;
 
 use crate::kv_cache::{KvRows, KvStorage};
 
-/// y = x / sqrt(mean(x²) + eps) ⊙ (w + offset). `offset` is 0 for Llama, 1 for `(1 + w)` norms.
-pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, offset: f32, y: &mut [f32]) {
-    // Eight f64 partial sums (each square of an f32 is exact in f64): one sequential sum was a
-    // chain of dependent adds, ~0.7 µs for a 576-wide row on the caller's thread, eight times
-    // per layer at four lanes, while the pool's workers waited.
+/// Σ term(v) over `x` in eight f64 partial sums, then the tail: one running sum is a chain of
+/// dependent adds (~0.7 µs for a 576-wide row), and these sums run on the caller's thread while
+/// the kernel pool's workers wait. Only the f64 rounding of the order differs from one sum.
+#[inline]
+fn sum_f64(x: &[f32], term: impl Fn(f32) -> f64) -> f64 {
     let mut part = [0f64; 8];
     let chunks = x.chunks_exact(8);
     let tail = chunks.remainder();
     for c in chunks {
         for (p, &v) in part.iter_mut().zip(c) {
-            *p += f64::from(v) * f64::from(v);
+            *p += term(v);
         }
     }
-    let sum = part.iter().sum::<f64>() + tail.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>();
+    part.iter().sum::<f64>() + tail.iter().map(|&v| term(v)).sum::<f64>()
+}
+
+/// y = x / sqrt(mean(x²) + eps) ⊙ (w + offset). `offset` is 0 for Llama, 1 for `(1 + w)` norms.
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, offset: f32, y: &mut [f32]) {
+    // Each square of an f32 is exact in f64.
+    let sum = sum_f64(x, |v| f64::from(v) * f64::from(v));
     let mean = (sum / x.len().max(1) as f64) as f32;
     let scale = 1.0 / (mean + eps).sqrt();
     for ((y, &x), &w) in y.iter_mut().zip(x).zip(w) {
@@ -221,8 +227,7 @@ fn softmax_scores(scores: &mut [f32], p: &AttendParams) {
         None => scores.iter_mut().for_each(|s| *s *= p.scale),
     }
     // Maximum and sum in eight independent lanes each (one running value was a chain of
-    // dependent operations per cached position). The maximum is exact in any order; the f64
-    // sum of f32 terms differs only in its last f64 bits.
+    // dependent operations per cached position). The maximum is exact in any order.
     let mut lanes = [f32::NEG_INFINITY; 8];
     let chunks = scores.chunks_exact(8);
     let tail = chunks.remainder();
@@ -235,15 +240,7 @@ fn softmax_scores(scores: &mut [f32], p: &AttendParams) {
     for s in scores.iter_mut() {
         *s = anelm_kernels::exp_f32(*s - max);
     }
-    let mut part = [0f64; 8];
-    let chunks = scores.chunks_exact(8);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for (p, &s) in part.iter_mut().zip(c) {
-            *p += f64::from(s);
-        }
-    }
-    let sum: f64 = part.iter().sum::<f64>() + tail.iter().map(|&s| f64::from(s)).sum::<f64>();
+    let sum = sum_f64(scores, f64::from);
     let inv = if sum > 0.0 { (1.0 / sum) as f32 } else { 0.0 };
     scores.iter_mut().for_each(|s| *s *= inv);
     if p.precision == AttentionPrecision::F16 {

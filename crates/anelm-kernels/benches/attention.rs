@@ -6,18 +6,14 @@
 //! AVX-512), for A/B. Each figure is the median of repeated runs on this thread's CPU clock
 //! (Linux/macOS), so other processes on a shared machine count less (memory stalls still count).
 
+mod common;
+
 use std::hint::black_box;
 use std::time::Duration;
 
-use anelm_kernels::{CacheRows, dot_rows_group, f32_to_f16, weighted_rows_group};
+use common::thread_cpu_time;
 
-fn thread_cpu_time() -> Duration {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant the OS defines.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID) failed");
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
+use anelm_kernels::{CacheRows, dot_rows_group, f32_to_f16, weighted_rows_group};
 
 fn median_ns(mut f: impl FnMut()) -> f64 {
     f();

@@ -13,21 +13,15 @@
 //! other processes on a shared machine do not show up in the figures; memory stalls still do).
 //! A plain harness (no criterion): each figure is the median of repeated timed runs after a warm-up.
 
+mod common;
+
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use anelm_kernels::{Activations, Isa, PackedMatrix, WeightFormat, matmul_with, quantize_row};
+use common::thread_cpu_time;
 
 static CPU_TIME: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// This thread's CPU time (Linux/macOS `CLOCK_THREAD_CPUTIME_ID`).
-fn thread_cpu_time() -> Duration {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant the OS defines.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID) failed");
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
 
 fn median_time(mut f: impl FnMut(), min_total: Duration) -> Duration {
     f(); // warm-up

@@ -186,10 +186,11 @@ pub(crate) mod x86 {
     use crate::fp16::f16_to_f32;
 
     /// Eight values of row `m` at `at` as f32, per storage type.
-    pub(super) trait Load8: Copy {
+    pub(crate) trait Load8: Copy {
         /// # Safety
         /// AVX2 and F16C must be available; `m[at..at + 8]` must be in bounds (checked).
         unsafe fn load8(m: &[Self], at: usize) -> __m256;
+        /// One value as f32.
         fn widen(self) -> f32;
     }
 

@@ -10,15 +10,18 @@
 
 use std::arch::x86_64::*;
 
-/// Whether this CPU runs these loops (besides the AVX2/F16C the narrow ones need).
+// The same row prefetch and per-value widening as the 256-bit loops.
+use crate::attention_rows::x86::{Load8, ROWS_AHEAD, prefetch_first_rows, prefetch_row};
+
+/// Whether this CPU runs these loops (besides the AVX2/F16C the narrow ones need); the
+/// dispatcher caches the answer.
 pub(crate) fn available() -> bool {
-    use std::sync::OnceLock;
-    static HAS: OnceLock<bool> = OnceLock::new();
-    *HAS.get_or_init(|| is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512dq"))
+    is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512dq")
 }
 
-/// Cached values in their storage type, loaded sixteen (or two rows of eight) at a time.
-pub(crate) trait Load16: Copy {
+/// Cached values in their storage type, loaded sixteen (or two rows of eight) at a time; one
+/// value at a time (the tails) through the 256-bit loops' [`Load8::widen`].
+pub(crate) trait Load16: Load8 {
     /// Values `at .. at + 16` of `m` as f32.
     ///
     /// # Safety
@@ -29,8 +32,6 @@ pub(crate) trait Load16: Copy {
     /// # Safety
     /// AVX-512F/DQ must be available (bounds are checked).
     unsafe fn load8x2(m: &[Self], a: usize, b: usize) -> __m512;
-    /// One value as f32.
-    fn widen(self) -> f32;
 }
 
 impl Load16 for f32 {
@@ -50,10 +51,6 @@ impl Load16 for f32 {
                 _mm256_loadu_ps(hi.as_ptr()),
             )
         }
-    }
-    #[inline(always)]
-    fn widen(self) -> f32 {
-        self
     }
 }
 
@@ -77,14 +74,7 @@ impl Load16 for u16 {
             _mm512_cvtph_ps(both)
         }
     }
-    #[inline(always)]
-    fn widen(self) -> f32 {
-        crate::fp16::f16_to_f32(self)
-    }
 }
-
-// The same row prefetch as the 256-bit loops (hints only).
-use crate::attention_rows::x86::{ROWS_AHEAD, prefetch_first_rows, prefetch_row};
 
 /// The two eight-lane partial sums in `acc` (row A low, row B high) reduced as `dot_f32`
 /// reduces one: `h_i = a_i + a_(i+4)`, then `(h_0 + h_1) + (h_2 + h_3)` (the grouping is what
