@@ -8,7 +8,8 @@
 //! the figure includes cold-cache effects that one hot matrix hides.
 //!
 //! Options (after `--`): `--quick` (fewer formats/shapes), `--threads N` (default: all cores),
-//! `--bandwidth-only` (print the streaming-read GB/s alone and stop),
+//! `--sweep-layers N` (the sweep's layer count, default SmolLM2's 30; 300 makes a step stream
+//! ~800 MB, more than any last-level cache), `--bandwidth-only` (print the streaming-read GB/s alone and stop),
 //! `--cpu-time` (with `--threads 1`: time by the thread's CPU clock instead of the wall clock, so
 //! other processes on a shared machine do not show up in the figures; memory stalls still do).
 //! A plain harness (no criterion): each figure is the median of repeated timed runs after a warm-up.
@@ -107,7 +108,13 @@ fn main() {
         WeightFormat::ALL.to_vec()
     };
     let mut seed = 1u64;
-    decode_sweep(bw, &mut seed);
+    let layers = args
+        .iter()
+        .position(|a| a == "--sweep-layers")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(30);
+    decode_sweep(bw, layers, &mut seed);
     for &(rows, cols) in shapes {
         for &fmt in &formats {
             // K-quants need 256-column rows: a shape they cannot hold is skipped, not an error.
@@ -171,8 +178,8 @@ fn main() {
 /// One decode step's worth of distinct matrices (SmolLM2-135M-Instruct Q4_1 shapes), swept in
 /// forward order with 1 and 4 lanes: weight bytes per step ÷ time, against the streaming-read
 /// bandwidth (the single-stream decode bound).
-fn decode_sweep(bw: f64, seed: &mut u64) {
-    let (h, ffn, kv, vocab, layers) = (576usize, 1536usize, 192usize, 49152usize, 30usize);
+fn decode_sweep(bw: f64, layers: usize, seed: &mut u64) {
+    let (h, ffn, kv, vocab) = (576usize, 1536usize, 192usize, 49152usize);
     let mut mats: Vec<(WeightFormat, usize, usize, Vec<u8>)> = Vec::new();
     let make = |fmt: WeightFormat, rows: usize, cols: usize, seed: &mut u64| {
         let rb = fmt.row_bytes(cols).expect("shape fits the format's blocks");
@@ -191,7 +198,7 @@ fn decode_sweep(bw: f64, seed: &mut u64) {
     mats.push(make(WeightFormat::Q8_0, vocab, h, seed));
     let bytes: usize = mats.iter().map(|m| m.3.len()).sum();
     println!(
-        "decode sweep: SmolLM2-135M shapes, {} matrices, {:.1} MB per step\n",
+        "decode sweep: SmolLM2-135M shapes ({layers} layers), {} matrices, {:.1} MB per step\n",
         mats.len(),
         bytes as f64 / 1e6
     );

@@ -48,16 +48,47 @@ fn f16x16(b: &[u8]) -> __m512 {
     _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(b.as_ptr().cast()) })
 }
 
+/// Whether the weight stream is prefetched non-temporally (`prefetchnta`) or into every cache
+/// level (`prefetcht0`); decided once per process. Each weight line is used once per step, so
+/// NTA keeps the stream from evicting what is reused (KV caches, activations). Measured in
+/// docs/field-guide.md: on AMD Zen 4/5 (32 MB L3) NTA gave +7 % c1 and +10 % c4; on an Intel
+/// Xeon (Emerald Rapids, 260 MB L3) it halved the stream rate (its NTA lines bypass L2, where
+/// the streamer trains, and leave the L3 at once), even for weights four times the L3.
+/// `ANELM_WEIGHT_PREFETCH=nta|t0` overrides the vendor default.
+pub(crate) fn weight_prefetch_nta() -> bool {
+    static NTA: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *NTA.get_or_init(|| match std::env::var("ANELM_WEIGHT_PREFETCH").as_deref() {
+        Ok("nta") => true,
+        Ok("t0") => false,
+        _ => is_amd(),
+    })
+}
+
+/// Whether CPUID's vendor string is AMD's.
+fn is_amd() -> bool {
+    let id = __cpuid(0);
+    let mut vendor = [0u8; 12];
+    vendor[0..4].copy_from_slice(&id.ebx.to_le_bytes());
+    vendor[4..8].copy_from_slice(&id.edx.to_le_bytes());
+    vendor[8..12].copy_from_slice(&id.ecx.to_le_bytes());
+    &vendor == b"AuthenticAMD"
+}
+
 /// Prefetch `lines` cache lines from `PREFETCH` bytes past `p` (a prefetch never faults, so the
-/// address may lie past the group's end). Non-temporal: each weight line is used once per step,
-/// and a step streams ~96 MB through a 32 MB L3; the NTA hint keeps that stream from evicting
-/// what is reused (the sessions' KV caches, activations). Measured in docs/field-guide.md.
+/// address may lie past the group's end), non-temporally when `NTA` (see [`weight_prefetch_nta`]).
 #[inline(always)]
-fn prefetch_ahead(p: &[u8], lines: usize) {
+fn prefetch_ahead<const NTA: bool>(p: &[u8], lines: usize) {
     for i in 0..lines {
+        let a = p.as_ptr().wrapping_add(PREFETCH + 64 * i).cast();
         // SAFETY: `_mm_prefetch` is SSE (baseline on x86-64) and only hints; no memory is read
         // architecturally.
-        unsafe { _mm_prefetch::<_MM_HINT_NTA>(p.as_ptr().wrapping_add(PREFETCH + 64 * i).cast()) };
+        unsafe {
+            if NTA {
+                _mm_prefetch::<_MM_HINT_NTA>(a)
+            } else {
+                _mm_prefetch::<_MM_HINT_T0>(a)
+            }
+        }
     }
 }
 
@@ -68,23 +99,33 @@ macro_rules! wide_entry {
         #[doc = "`out[l][r] = row r of the 16-row group · x[lane0 + l]` for `l < out.len() ≤ MAX_LANES`."]
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
         pub(crate) fn $entry(blk: &[u8], x: &Activations, lane0: usize, out: &mut [[f32; WIDE_ROWS]]) {
-            let n = out.len();
-            let mut l = 0;
-            while l + TILE_LANES <= n {
-                $tile::<TILE_LANES>(blk, x, lane0 + l, &mut out[l..l + TILE_LANES]);
-                l += TILE_LANES;
-            }
-            // The remainder in one tile of its own width: single-lane passes would decode each
-            // weight block once per lane (a step of 2 or 3 sessions is common: sessions start
-            // and finish at different steps).
-            match n - l {
-                3 => $tile::<3>(blk, x, lane0 + l, &mut out[l..n]),
-                2 => $tile::<2>(blk, x, lane0 + l, &mut out[l..n]),
-                1 => $tile::<1>(blk, x, lane0 + l, &mut out[l..n]),
-                _ => {}
+            if weight_prefetch_nta() {
+                tiles!($tile, true, blk, x, lane0, out)
+            } else {
+                tiles!($tile, false, blk, x, lane0, out)
             }
         }
     };
+}
+
+/// The lane tiles of one group call: tiles of `TILE_LANES` lanes, then the remainder in one
+/// tile of its own width (single-lane passes would decode each weight block once per lane, and
+/// a step of 2 or 3 sessions is common: sessions start and finish at different steps).
+macro_rules! tiles {
+    ($tile:ident, $nta:literal, $blk:ident, $x:ident, $lane0:ident, $out:ident) => {{
+        let n = $out.len();
+        let mut l = 0;
+        while l + TILE_LANES <= n {
+            $tile::<TILE_LANES, $nta>($blk, $x, $lane0 + l, &mut $out[l..l + TILE_LANES]);
+            l += TILE_LANES;
+        }
+        match n - l {
+            3 => $tile::<3, $nta>($blk, $x, $lane0 + l, &mut $out[l..n]),
+            2 => $tile::<2, $nta>($blk, $x, $lane0 + l, &mut $out[l..n]),
+            1 => $tile::<1, $nta>($blk, $x, $lane0 + l, &mut $out[l..n]),
+            _ => {}
+        }
+    }};
 }
 
 wide_entry!(q4_1_group_wide, q4_1_tile_wide);
@@ -95,7 +136,12 @@ wide_entry!(q8_0_group_wide, q8_0_tile_wide);
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[allow(clippy::needless_range_loop)] // `j` indexes the accumulators and the lanes' blocks alike
-fn q4_1_tile_wide<const L: usize>(blk: &[u8], x: &Activations, lane: usize, out: &mut [[f32; WIDE_ROWS]]) {
+fn q4_1_tile_wide<const L: usize, const NTA: bool>(
+    blk: &[u8],
+    x: &Activations,
+    lane: usize,
+    out: &mut [[f32; WIDE_ROWS]],
+) {
     let nb = x.cols / 32;
     let xq = LaneBlocks::new(&x.q, lane, L, 32 * nb);
     let xd = LaneBlocks::new(&x.d, lane, L, nb);
@@ -103,7 +149,7 @@ fn q4_1_tile_wide<const L: usize>(blk: &[u8], x: &Activations, lane: usize, out:
     let mask = _mm512_set1_epi8(0x0F);
     let mut acc = [_mm512_setzero_ps(); L];
     for (b, p) in blk.chunks_exact(320).enumerate().take(nb) {
-        prefetch_ahead(p, 5);
+        prefetch_ahead::<NTA>(p, 5);
         let d = f16x16(&p[0..32]);
         let m = f16x16(&p[32..64]);
         let mut v = [_mm512_setzero_si512(); 8];
@@ -142,7 +188,12 @@ fn q4_1_tile_wide<const L: usize>(blk: &[u8], x: &Activations, lane: usize, out:
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[allow(clippy::needless_range_loop)] // `j` indexes the accumulators and the lanes' blocks alike
-fn q8_0_tile_wide<const L: usize>(blk: &[u8], x: &Activations, lane: usize, out: &mut [[f32; WIDE_ROWS]]) {
+fn q8_0_tile_wide<const L: usize, const NTA: bool>(
+    blk: &[u8],
+    x: &Activations,
+    lane: usize,
+    out: &mut [[f32; WIDE_ROWS]],
+) {
     let nb = x.cols / 32;
     let xq = LaneBlocks::new(&x.q, lane, L, 32 * nb);
     let xd = LaneBlocks::new(&x.d, lane, L, nb);
@@ -150,7 +201,7 @@ fn q8_0_tile_wide<const L: usize>(blk: &[u8], x: &Activations, lane: usize, out:
     let zero = _mm512_setzero_si512();
     let mut acc = [_mm512_setzero_ps(); L];
     for (b, p) in blk.chunks_exact(544).enumerate().take(nb) {
-        prefetch_ahead(p, 9);
+        prefetch_ahead::<NTA>(p, 9);
         let d = f16x16(&p[0..32]);
         let w: [__m512i; 8] = std::array::from_fn(|k| load512(&p[32 + 64 * k..96 + 64 * k]));
         for j in 0..L {
