@@ -128,56 +128,104 @@ macro_rules! tiles {
     }};
 }
 
-wide_entry!(q4_1_group_wide, q4_1_tile_wide);
+wide_entry!(q4_1_group_wide_plain, q4_1_tile_wide);
 wide_entry!(q8_0_group_wide, q8_0_tile_wide);
 
-/// Q4_1, 320 bytes per (group, block): 16 f16 scales, 16 f16 minimums, then for `k < 4` bytes
-/// `4k .. 4k+4` of each row's 16 quant bytes, row after row.
-#[inline]
+/// `out[l][r] = row r of the 16-row Q4_1 group · x[lane0 + l]` for `l < out.len() ≤ MAX_LANES`,
+/// with GFNI's nibble extraction where the CPU has it.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[allow(clippy::needless_range_loop)] // `j` indexes the accumulators and the lanes' blocks alike
-fn q4_1_tile_wide<const L: usize, const NTA: bool>(
-    blk: &[u8],
-    x: &Activations,
-    lane: usize,
-    out: &mut [[f32; WIDE_ROWS]],
-) {
-    let nb = x.cols / 32;
-    let xq = LaneBlocks::new(&x.q, lane, L, 32 * nb);
-    let xd = LaneBlocks::new(&x.d, lane, L, nb);
-    let xs = LaneBlocks::new(&x.s, lane, L, nb);
-    let mask = _mm512_set1_epi8(0x0F);
-    let mut acc = [_mm512_setzero_ps(); L];
-    for (b, p) in blk.chunks_exact(320).enumerate().take(nb) {
-        prefetch_ahead::<NTA>(p, 5);
-        let d = f16x16(&p[0..32]);
-        let m = f16x16(&p[32..64]);
-        let mut v = [_mm512_setzero_si512(); 8];
-        for k in 0..4 {
-            let packed = load512(&p[64 + 64 * k..128 + 64 * k]);
-            v[k] = _mm512_and_si512(packed, mask);
-            v[k + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(packed), mask);
-        }
-        for j in 0..L {
-            let group = |g: usize| _mm512_set1_epi32(xq.quad(j, 32 * b + 4 * g));
-            let mut s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[0], group(0));
-            let mut s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[1], group(1));
-            s0 = _mm512_dpbusd_epi32(s0, v[2], group(2));
-            s1 = _mm512_dpbusd_epi32(s1, v[3], group(3));
-            s0 = _mm512_dpbusd_epi32(s0, v[4], group(4));
-            s1 = _mm512_dpbusd_epi32(s1, v[5], group(5));
-            s0 = _mm512_dpbusd_epi32(s0, v[6], group(6));
-            s1 = _mm512_dpbusd_epi32(s1, v[7], group(7));
-            let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
-            acc[j] = _mm512_fmadd_ps(isum, _mm512_mul_ps(d, _mm512_set1_ps(xd.get(j, b))), acc[j]);
-            acc[j] = _mm512_fmadd_ps(m, _mm512_set1_ps(xs.get(j, b)), acc[j]);
-        }
+pub(crate) fn q4_1_group_wide(blk: &[u8], x: &Activations, lane0: usize, out: &mut [[f32; WIDE_ROWS]]) {
+    if !gfni() {
+        return q4_1_group_wide_plain(blk, x, lane0, out);
     }
-    for j in 0..L {
-        // SAFETY: `out[j]` holds exactly 16 f32; unaligned store.
-        unsafe { _mm512_storeu_ps(out[j].as_mut_ptr(), acc[j]) };
+    // SAFETY: GFNI was detected at run time; the other features are this function's own.
+    unsafe {
+        if weight_prefetch_nta() {
+            tiles!(q4_1_tile_wide_gfni, true, blk, x, lane0, out)
+        } else {
+            tiles!(q4_1_tile_wide_gfni, false, blk, x, lane0, out)
+        }
     }
 }
+
+/// Whether this CPU has GFNI (detected once; `ANELM_GFNI=0` turns its use off, for A/B runs).
+fn gfni() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| is_x86_feature_detected!("gfni") && std::env::var("ANELM_GFNI").as_deref() != Ok("0"))
+}
+
+/// Q4_1, 320 bytes per (group, block): 16 f16 scales, 16 f16 minimums, then for `k < 4` bytes
+/// `4k .. 4k+4` of each row's 16 quant bytes, row after row. Defined twice: the high nibbles
+/// come out of a shift and a mask, or out of one GFNI affine transform (a bit matrix that moves
+/// bits 4–7 to 0–3 and clears the rest), which saves a vector uop per 64 weights on the two
+/// ports that 512-bit code has (docs/field-guide.md, 2026-12-05).
+macro_rules! q4_1_tile {
+    ($name:ident, $features:literal, |$packed:ident, $mask:ident| $high:expr) => {
+        #[inline]
+        #[target_feature(enable = $features)]
+        #[allow(clippy::needless_range_loop)] // `j` indexes the accumulators and the lanes' blocks alike
+        fn $name<const L: usize, const NTA: bool>(
+            blk: &[u8],
+            x: &Activations,
+            lane: usize,
+            out: &mut [[f32; WIDE_ROWS]],
+        ) {
+            let nb = x.cols / 32;
+            let xq = LaneBlocks::new(&x.q, lane, L, 32 * nb);
+            let xd = LaneBlocks::new(&x.d, lane, L, nb);
+            let xs = LaneBlocks::new(&x.s, lane, L, nb);
+            let mask = _mm512_set1_epi8(0x0F);
+            let mut acc = [_mm512_setzero_ps(); L];
+            for (b, p) in blk.chunks_exact(320).enumerate().take(nb) {
+                prefetch_ahead::<NTA>(p, 5);
+                let d = f16x16(&p[0..32]);
+                let m = f16x16(&p[32..64]);
+                let mut v = [_mm512_setzero_si512(); 8];
+                for k in 0..4 {
+                    let packed = load512(&p[64 + 64 * k..128 + 64 * k]);
+                    v[k] = _mm512_and_si512(packed, mask);
+                    v[k + 4] = {
+                        let ($packed, $mask) = (packed, mask);
+                        $high
+                    };
+                }
+                for j in 0..L {
+                    let group = |g: usize| _mm512_set1_epi32(xq.quad(j, 32 * b + 4 * g));
+                    let mut s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[0], group(0));
+                    let mut s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[1], group(1));
+                    s0 = _mm512_dpbusd_epi32(s0, v[2], group(2));
+                    s1 = _mm512_dpbusd_epi32(s1, v[3], group(3));
+                    s0 = _mm512_dpbusd_epi32(s0, v[4], group(4));
+                    s1 = _mm512_dpbusd_epi32(s1, v[5], group(5));
+                    s0 = _mm512_dpbusd_epi32(s0, v[6], group(6));
+                    s1 = _mm512_dpbusd_epi32(s1, v[7], group(7));
+                    let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+                    acc[j] = _mm512_fmadd_ps(isum, _mm512_mul_ps(d, _mm512_set1_ps(xd.get(j, b))), acc[j]);
+                    acc[j] = _mm512_fmadd_ps(m, _mm512_set1_ps(xs.get(j, b)), acc[j]);
+                }
+            }
+            for j in 0..L {
+                // SAFETY: `out[j]` holds exactly 16 f32; unaligned store.
+                unsafe { _mm512_storeu_ps(out[j].as_mut_ptr(), acc[j]) };
+            }
+        }
+    };
+}
+
+q4_1_tile!(
+    q4_1_tile_wide,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+    |packed, mask| _mm512_and_si512(_mm512_srli_epi16::<4>(packed), mask)
+);
+q4_1_tile!(
+    q4_1_tile_wide_gfni,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,gfni",
+    |packed, _mask| {
+        // Row i of the bit matrix is byte 7 - i: output bit i (< 4) is input bit i + 4.
+        const HIGH_NIBBLE: i64 = 0x1020_4080_0000_0000;
+        _mm512_gf2p8affine_epi64_epi8::<0>(packed, _mm512_set1_epi64(HIGH_NIBBLE))
+    }
+);
 
 /// Q8_0, 544 bytes per (group, block): 16 f16 scales, then for `k < 8` bytes `4k .. 4k+4` of
 /// each row's 32 quants, row after row, each stored as `w + 128` (`w ^ 0x80`, an unsigned
@@ -220,5 +268,50 @@ fn q8_0_tile_wide<const L: usize, const NTA: bool>(
     for j in 0..L {
         // SAFETY: `out[j]` holds exactly 16 f32; unaligned store.
         unsafe { _mm512_storeu_ps(out[j].as_mut_ptr(), acc[j]) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::WeightFormat;
+
+    #[test]
+    fn gfni_nibbles_give_the_shift_and_mask_results_bit_for_bit() {
+        if !(available() && is_x86_feature_detected!("gfni")) {
+            eprintln!("skipped: this CPU lacks AVX-512 VNNI or GFNI (the dispatch never takes this path)");
+            return;
+        }
+        let (cols, lanes) = (96usize, 4usize);
+        let nb = cols / 32;
+        let mut seed = 99u64;
+        let mut next = move || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (seed >> 33) as u32
+        };
+        // One 16-row group of Q4_1 blocks: f16 scales and minimums, then every byte pattern.
+        let mut blk = vec![0u8; 320 * nb];
+        for b in 0..nb {
+            let p = &mut blk[320 * b..320 * (b + 1)];
+            for r in 0..32 {
+                let v = (next() % 2000) as f32 / 1000.0 - 1.0;
+                p[2 * r..2 * r + 2].copy_from_slice(&crate::fp16::f32_to_f16(v).to_le_bytes());
+            }
+            for byte in &mut p[64..] {
+                *byte = next() as u8;
+            }
+        }
+        let x: Vec<f32> = (0..lanes * cols).map(|_| (next() % 4000) as f32 / 1000.0 - 2.0).collect();
+        let mut act = Activations::new();
+        act.quantize(WeightFormat::Q4_1, &x, lanes, cols).expect("quantize");
+        let (mut plain, mut gfni) = ([[0f32; WIDE_ROWS]; 4], [[0f32; WIDE_ROWS]; 4]);
+        // SAFETY: AVX-512 VNNI (with AVX2, FMA, F16C) and GFNI were detected above.
+        unsafe {
+            q4_1_tile_wide::<4, false>(&blk, &act, 0, &mut plain);
+            q4_1_tile_wide_gfni::<4, false>(&blk, &act, 0, &mut gfni);
+        }
+        let bits = |t: &[[f32; WIDE_ROWS]; 4]| t.iter().flatten().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&gfni), bits(&plain));
+        assert!(plain.iter().flatten().any(|v| *v != 0.0), "a test of zeros proves nothing");
     }
 }
