@@ -183,6 +183,10 @@ pub struct Activations {
     pub(crate) s: Vec<f32>,
     /// Q8_0/Q8_1: per block Σq; Q8_K: per 16 elements Σq.
     pub(crate) bsums: Vec<i32>,
+    /// Q8_0: per block −128·Σq, the starting value of the 512-bit Q8_0 kernel's integer sums
+    /// (its weights are stored as `w + 128`), loaded with the broadcast instead of computed
+    /// per (lane, block) on the vector ports.
+    pub(crate) neg_offsets: Vec<i32>,
 }
 
 impl Default for Activations {
@@ -204,6 +208,7 @@ impl Activations {
             d: Vec::new(),
             s: Vec::new(),
             bsums: Vec::new(),
+            neg_offsets: Vec::new(),
         }
     }
 
@@ -268,6 +273,11 @@ impl Activations {
         self.s.resize(if with_sums { blocks } else { 0 }, 0.0);
         self.bsums.resize(blocks, 0);
         quantize_q8_blocks(x, &mut self.q, &mut self.d, &mut self.s, &mut self.bsums);
+        self.neg_offsets.clear();
+        if !with_sums {
+            // |Σq| ≤ 32 · 127, so −128·Σq fits an i32 with room to spare.
+            self.neg_offsets.extend(self.bsums.iter().map(|&v| -128 * v));
+        }
     }
 
     /// Q8_K as ggml's reference: scale from the signed value of largest magnitude, iscale = −127/max.

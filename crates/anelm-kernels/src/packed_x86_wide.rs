@@ -232,7 +232,8 @@ q4_1_tile!(
 /// byte). The unsigned × signed dot then needs no sign transfer per lane:
 /// `Σ (w + 128)·x = Σ w·x + 128·Σx`, and the activations carry each block's `Σx`, so one
 /// subtraction per (lane, block) makes the sum exact again (no i32 sum can overflow:
-/// 32 · 255 · 127 < 2^31).
+/// 32 · 255 · 127 < 2^31). The subtraction is folded into the start of the sums
+/// (`Activations::neg_offsets`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[allow(clippy::needless_range_loop)] // `j` indexes the accumulators and the lanes' blocks alike
@@ -245,7 +246,7 @@ fn q8_0_tile_wide<const L: usize, const NTA: bool>(
     let nb = x.cols / 32;
     let xq = LaneBlocks::new(&x.q, lane, L, 32 * nb);
     let xd = LaneBlocks::new(&x.d, lane, L, nb);
-    let xsum = LaneBlocks::new(&x.bsums, lane, L, nb);
+    let xoff = LaneBlocks::new(&x.neg_offsets, lane, L, nb);
     let zero = _mm512_setzero_si512();
     let mut acc = [_mm512_setzero_ps(); L];
     for (b, p) in blk.chunks_exact(544).enumerate().take(nb) {
@@ -254,14 +255,14 @@ fn q8_0_tile_wide<const L: usize, const NTA: bool>(
         let w: [__m512i; 8] = std::array::from_fn(|k| load512(&p[32 + 64 * k..96 + 64 * k]));
         for j in 0..L {
             let group = |g: usize| _mm512_set1_epi32(xq.quad(j, 32 * b + 4 * g));
-            let mut s0 = _mm512_dpbusd_epi32(zero, w[0], group(0));
+            // One chain starts at −128·Σx (a broadcast load), so the sum comes out exact.
+            let mut s0 = _mm512_dpbusd_epi32(_mm512_set1_epi32(xoff.get(j, b)), w[0], group(0));
             let mut s1 = _mm512_dpbusd_epi32(zero, w[1], group(1));
             for g in (2..8).step_by(2) {
                 s0 = _mm512_dpbusd_epi32(s0, w[g], group(g));
                 s1 = _mm512_dpbusd_epi32(s1, w[g + 1], group(g + 1));
             }
-            let offset = _mm512_set1_epi32(128 * xsum.get(j, b));
-            let isum = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_add_epi32(s0, s1), offset));
+            let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
             acc[j] = _mm512_fmadd_ps(isum, _mm512_mul_ps(d, _mm512_set1_ps(xd.get(j, b))), acc[j]);
         }
     }
@@ -301,7 +302,9 @@ mod tests {
                 *byte = next() as u8;
             }
         }
-        let x: Vec<f32> = (0..lanes * cols).map(|_| (next() % 4000) as f32 / 1000.0 - 2.0).collect();
+        let x: Vec<f32> = (0..lanes * cols)
+            .map(|_| (next() % 4000) as f32 / 1000.0 - 2.0)
+            .collect();
         let mut act = Activations::new();
         act.quantize(WeightFormat::Q4_1, &x, lanes, cols).expect("quantize");
         let (mut plain, mut gfni) = ([[0f32; WIDE_ROWS]; 4], [[0f32; WIDE_ROWS]; 4]);
@@ -312,6 +315,9 @@ mod tests {
         }
         let bits = |t: &[[f32; WIDE_ROWS]; 4]| t.iter().flatten().map(|v| v.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&gfni), bits(&plain));
-        assert!(plain.iter().flatten().any(|v| *v != 0.0), "a test of zeros proves nothing");
+        assert!(
+            plain.iter().flatten().any(|v| *v != 0.0),
+            "a test of zeros proves nothing"
+        );
     }
 }
