@@ -15,9 +15,11 @@ use crate::packed_x86::LaneBlocks;
 /// Rows of one wide group.
 pub(crate) const WIDE_ROWS: usize = 16;
 
-/// Lanes per register tile: 4 accumulators, 8 weight vectors and the scales fit the 32 zmm
-/// registers with room to spare.
-const TILE_LANES: usize = 4;
+/// Lanes per register tile: 8 accumulators, 8 weight vectors, the scales and each lane's two
+/// partial sums fit the 32 zmm registers. Each tile decodes the weight block once, so wider
+/// tiles spread the decode over more lanes (8 lanes: −6 to −10 % per lane-block against tiles
+/// of 4, docs/field-guide.md).
+const TILE_LANES: usize = 8;
 
 /// Bytes ahead of the current block that the group stream prefetches.
 const PREFETCH: usize = 2048;
@@ -93,7 +95,7 @@ fn prefetch_ahead<const NTA: bool>(p: &[u8], lines: usize) {
 }
 
 /// `out[l][r] = row r of the group · x[lane0 + l]` for `l < out.len()`: tiles of
-/// `TILE_LANES` lanes, then one tile of the remaining 1–3.
+/// `TILE_LANES` lanes, then one of 4, then one tile of the remaining 1–3.
 macro_rules! wide_entry {
     ($entry:ident, $tile:ident) => {
         #[doc = "`out[l][r] = row r of the 16-row group · x[lane0 + l]` for `l < out.len() ≤ MAX_LANES`."]
@@ -108,8 +110,8 @@ macro_rules! wide_entry {
     };
 }
 
-/// The lane tiles of one group call: tiles of `TILE_LANES` lanes, then the remainder in one
-/// tile of its own width (single-lane passes would decode each weight block once per lane, and
+/// The lane tiles of one group call: tiles of `TILE_LANES` lanes, a tile of 4 if that many are
+/// left, then the remainder in one tile of its own width (single-lane passes would decode each weight block once per lane, and
 /// a step of 2 or 3 sessions is common: sessions start and finish at different steps).
 macro_rules! tiles {
     ($tile:ident, $nta:literal, $blk:ident, $x:ident, $lane0:ident, $out:ident) => {{
@@ -118,6 +120,10 @@ macro_rules! tiles {
         while l + TILE_LANES <= n {
             $tile::<TILE_LANES, $nta>($blk, $x, $lane0 + l, &mut $out[l..l + TILE_LANES]);
             l += TILE_LANES;
+        }
+        if n - l >= 4 {
+            $tile::<4, $nta>($blk, $x, $lane0 + l, &mut $out[l..l + 4]);
+            l += 4;
         }
         match n - l {
             3 => $tile::<3, $nta>($blk, $x, $lane0 + l, &mut $out[l..n]),
