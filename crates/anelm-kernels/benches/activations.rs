@@ -30,13 +30,7 @@ fn median_ns(mut f: impl FnMut()) -> f64 {
 fn main() {
     println!("| weights | cols | lanes | ns per call | ns per block |");
     println!("| --- | ---: | ---: | ---: | ---: |");
-    let mut seed = 0x9E37_79B9u32;
-    let mut rnd = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 17;
-        seed ^= seed << 5;
-        (seed as f32 / u32::MAX as f32) - 0.5
-    };
+    let mut rnd = common::uniform(0x9E37_79B9);
     for fmt in [WeightFormat::Q4_1, WeightFormat::Q8_0] {
         for cols in [576usize, 1536] {
             for lanes in [1usize, 4, 8] {

@@ -40,13 +40,7 @@ fn main() {
     );
     println!("| head dim | heads | rows | scores ns/row | weighted ns/row | ns per (row, head) |");
     println!("| ---: | ---: | ---: | ---: | ---: | ---: |");
-    let mut seed = 0x9E37_79B9u32;
-    let mut rnd = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 17;
-        seed ^= seed << 5;
-        (seed as f32 / u32::MAX as f32) - 0.5
-    };
+    let mut rnd = common::uniform(0x9E37_79B9);
     for (d, g) in [
         (64usize, 1usize),
         (64, 2),
