@@ -305,8 +305,9 @@ fn unpack(v: u64) -> (usize, usize) {
 
 impl Pool {
     /// Call `f(range)` for disjoint ranges covering `0..units`, spread over the pool: the first
-    /// participant claims ranges from the front, the others from the back, each claim a share
-    /// of what is left (between `min` and `max` units). The front thread streams one contiguous
+    /// participant claims ranges from the front, the others from the back, each claim
+    /// `1 / participants` of what is left (between `min` and `max` units; a claim costs a
+    /// restart of the thread's weight stream, so halves beat quarters, docs/field-guide.md). The front thread streams one contiguous
     /// run, the others a few long ones, and a thread that runs slower (a busy neighbour on a
     /// shared host) leaves at most one small range for the others to wait on, where fixed
     /// equal tasks leave them idle for the whole difference.
@@ -327,7 +328,7 @@ impl Pool {
             return;
         }
         let left = AtomicU64::new(pack(0, units));
-        let share = 2 * parts;
+        let share = parts;
         self.run(parts, &|t| {
             loop {
                 let mut cur = left.load(Ordering::Acquire);
