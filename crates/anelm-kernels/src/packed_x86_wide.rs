@@ -160,6 +160,28 @@ fn gfni() -> bool {
     *HAS.get_or_init(|| is_x86_feature_detected!("gfni") && std::env::var("ANELM_GFNI").as_deref() != Ok("0"))
 }
 
+/// The exact i32 dots of block `$b` of each of `L` lanes with the 16 rows whose 32 weights
+/// are `$w` (vector `g` holding bytes `4g .. 4g + 4` of every row), each lane's sum starting at
+/// `$start[j]`. Group by group across the lanes, not lane by lane, in two chains per lane:
+/// consecutive `vpdpbusd`s belong to different chains, so the scheduler always holds ready
+/// ones (−10 % per lane-block at 4 lanes, docs/field-guide.md). A macro, not a function, so
+/// the register arrays never go through memory.
+macro_rules! block_sums {
+    ($L:ident, $w:expr, $xq:expr, $b:expr, $start:expr) => {{
+        let group = |j: usize, g: usize| _mm512_set1_epi32($xq.quad(j, 32 * $b + 4 * g));
+        let mut s0: [__m512i; $L] = $start;
+        let mut s1 = [_mm512_setzero_si512(); $L];
+        for g in (0..8).step_by(2) {
+            for j in 0..$L {
+                s0[j] = _mm512_dpbusd_epi32(s0[j], $w[g], group(j, g));
+                s1[j] = _mm512_dpbusd_epi32(s1[j], $w[g + 1], group(j, g + 1));
+            }
+        }
+        let sums: [__m512i; $L] = std::array::from_fn(|j| _mm512_add_epi32(s0[j], s1[j]));
+        sums
+    }};
+}
+
 /// Q4_1, 320 bytes per (group, block): 16 f16 scales, 16 f16 minimums, then for `k < 4` bytes
 /// `4k .. 4k+4` of each row's 16 quant bytes, row after row. Defined twice: the high nibbles
 /// come out of a shift and a mask, or out of one GFNI affine transform (a bit matrix that moves
@@ -195,20 +217,9 @@ macro_rules! q4_1_tile {
                         $high
                     };
                 }
-                // Group by group across the lanes, not lane by lane: consecutive `vpdpbusd`s
-                // belong to different chains, so the scheduler always holds ready ones
-                // (−10 % per lane-block at 4 lanes, docs/field-guide.md).
-                let group = |j: usize, g: usize| _mm512_set1_epi32(xq.quad(j, 32 * b + 4 * g));
-                let mut s0 = [_mm512_setzero_si512(); L];
-                let mut s1 = [_mm512_setzero_si512(); L];
-                for g in (0..8).step_by(2) {
-                    for j in 0..L {
-                        s0[j] = _mm512_dpbusd_epi32(s0[j], v[g], group(j, g));
-                        s1[j] = _mm512_dpbusd_epi32(s1[j], v[g + 1], group(j, g + 1));
-                    }
-                }
+                let sums = block_sums!(L, v, xq, b, [_mm512_setzero_si512(); L]);
                 for j in 0..L {
-                    let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0[j], s1[j]));
+                    let isum = _mm512_cvtepi32_ps(sums[j]);
                     acc[j] = _mm512_fmadd_ps(isum, _mm512_mul_ps(d, _mm512_set1_ps(xd.get(j, b))), acc[j]);
                     acc[j] = _mm512_fmadd_ps(m, _mm512_set1_ps(xs.get(j, b)), acc[j]);
                 }
@@ -256,25 +267,15 @@ fn q8_0_tile_wide<const L: usize, const NTA: bool>(
     let xq = LaneBlocks::new(&x.q, lane, L, 32 * nb);
     let xd = LaneBlocks::new(&x.d, lane, L, nb);
     let xoff = LaneBlocks::new(&x.neg_offsets, lane, L, nb);
-    let zero = _mm512_setzero_si512();
     let mut acc = [_mm512_setzero_ps(); L];
     for (b, p) in blk.chunks_exact(544).enumerate().take(nb) {
         prefetch_ahead::<NTA>(p, 9);
         let d = f16x16(&p[0..32]);
         let w: [__m512i; 8] = std::array::from_fn(|k| load512(&p[32 + 64 * k..96 + 64 * k]));
-        let group = |j: usize, g: usize| _mm512_set1_epi32(xq.quad(j, 32 * b + 4 * g));
-        // One chain per lane starts at −128·Σx (a broadcast load), so the sum comes out exact;
-        // the groups run across the lanes as in the Q4_1 tile.
-        let mut s0: [__m512i; L] = std::array::from_fn(|j| _mm512_set1_epi32(xoff.get(j, b)));
-        let mut s1 = [zero; L];
-        for g in (0..8).step_by(2) {
-            for j in 0..L {
-                s0[j] = _mm512_dpbusd_epi32(s0[j], w[g], group(j, g));
-                s1[j] = _mm512_dpbusd_epi32(s1[j], w[g + 1], group(j, g + 1));
-            }
-        }
+        // Each lane's sum starts at −128·Σx (a broadcast load), so it comes out exact.
+        let sums = block_sums!(L, w, xq, b, std::array::from_fn(|j| _mm512_set1_epi32(xoff.get(j, b))));
         for j in 0..L {
-            let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0[j], s1[j]));
+            let isum = _mm512_cvtepi32_ps(sums[j]);
             acc[j] = _mm512_fmadd_ps(isum, _mm512_mul_ps(d, _mm512_set1_ps(xd.get(j, b))), acc[j]);
         }
     }
