@@ -306,11 +306,11 @@ fn unpack(v: u64) -> (usize, usize) {
 impl Pool {
     /// Call `f(range)` for disjoint ranges covering `0..units`, spread over the pool: the first
     /// participant claims ranges from the front, the others from the back, each claim
-    /// `1 / participants` of what is left (between `min` and `max` units; a claim costs a
-    /// restart of the thread's weight stream, so halves beat quarters, docs/field-guide.md). The front thread streams one contiguous
-    /// run, the others a few long ones, and a thread that runs slower (a busy neighbour on a
-    /// shared host) leaves at most one small range for the others to wait on, where fixed
-    /// equal tasks leave them idle for the whole difference.
+    /// `1 / participants` of what is left (between `min` and `max` units; a claim restarts the
+    /// thread's weight stream, so halves beat quarters, docs/field-guide.md). The front thread
+    /// streams one contiguous run, the others a few long ones, and a thread that runs slower
+    /// (a busy neighbour on a shared host) leaves at most one small range for the others to
+    /// wait on, where fixed equal tasks leave them idle for the whole difference.
     pub fn run_split(&self, units: usize, min: usize, max: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
         let (min, max) = (min.max(1), max.max(min.max(1)));
         if units == 0 {
@@ -328,7 +328,6 @@ impl Pool {
             return;
         }
         let left = AtomicU64::new(pack(0, units));
-        let share = parts;
         self.run(parts, &|t| {
             loop {
                 let mut cur = left.load(Ordering::Acquire);
@@ -337,7 +336,7 @@ impl Pool {
                     if lo >= hi {
                         break None;
                     }
-                    let take = ((hi - lo) / share).clamp(min, max).min(hi - lo);
+                    let take = ((hi - lo) / parts).clamp(min, max).min(hi - lo);
                     let (range, next) = if t == 0 {
                         (lo..lo + take, pack(lo + take, hi))
                     } else {
