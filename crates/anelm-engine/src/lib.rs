@@ -19,6 +19,7 @@ pub mod scheduler;
 pub mod session;
 pub mod stop;
 pub mod stored_matrix;
+mod wide;
 
 pub use ane_backend::{AneBackend, AneMonitor, AneOptions, AneStats};
 pub use backend::{Backend, Dispatch, Kernel, KernelSpec, WeightId};

@@ -5,11 +5,12 @@
 use anelm_kernels::round_f16;
 
 use crate::kv_cache::{KvRows, KvStorage};
+use crate::wide::multiversion;
 
 /// Σ term(v) over `x` in eight f64 partial sums, then the tail: one running sum is a chain of
 /// dependent adds (~0.7 µs for a 576-wide row), and these sums run on the caller's thread while
 /// the kernel pool's workers wait. Only the f64 rounding of the order differs from one sum.
-#[inline]
+#[inline(always)]
 fn sum_f64(x: &[f32], term: impl Fn(f32) -> f64) -> f64 {
     let mut part = [0f64; 8];
     let chunks = x.chunks_exact(8);
@@ -22,8 +23,14 @@ fn sum_f64(x: &[f32], term: impl Fn(f32) -> f64) -> f64 {
     part.iter().sum::<f64>() + tail.iter().map(|&v| term(v)).sum::<f64>()
 }
 
-/// y = x / sqrt(mean(x²) + eps) ⊙ (w + offset). `offset` is 0 for Llama, 1 for `(1 + w)` norms.
-pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, offset: f32, y: &mut [f32]) {
+multiversion! {
+    /// y = x / sqrt(mean(x²) + eps) ⊙ (w + offset). `offset` is 0 for Llama, 1 for `(1 + w)`
+    /// norms.
+    pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, offset: f32, y: &mut [f32]) = rms_norm_body;
+}
+
+#[inline(always)]
+fn rms_norm_body(x: &[f32], w: &[f32], eps: f32, offset: f32, y: &mut [f32]) {
     // Each square of an f32 is exact in f64.
     let sum = sum_f64(x, |v| f64::from(v) * f64::from(v));
     let mean = (sum / x.len().max(1) as f64) as f32;
@@ -99,15 +106,32 @@ impl Rope {
 
     /// Rotate one head in place with precomputed angles.
     pub fn apply(&self, head: &mut [f32], cs: &[(f32, f32)]) {
-        let half = self.dims / 2;
-        for (i, &(c, s)) in cs.iter().enumerate().take(half) {
-            let (a, b) = match self.pairing {
-                RopePairing::Adjacent => (2 * i, 2 * i + 1),
-                RopePairing::Halves => (i, i + half),
-            };
-            let (x0, x1) = (head[a], head[b]);
-            head[a] = x0 * c - x1 * s;
-            head[b] = x0 * s + x1 * c;
+        rotate(head, cs, self.dims / 2, self.pairing == RopePairing::Adjacent);
+    }
+}
+
+multiversion! {
+    /// RoPE's rotation of the first `2·half` values of `head` by the angles `cs`, pairs adjacent
+    /// or halves apart.
+    fn rotate(head: &mut [f32], cs: &[(f32, f32)], half: usize, adjacent: bool) = rotate_body;
+}
+
+#[inline(always)]
+fn rotate_body(head: &mut [f32], cs: &[(f32, f32)], half: usize, adjacent: bool) {
+    let cs = &cs[..half.min(cs.len())];
+    // Straight element-wise loops (no index arithmetic per pair), so each vectorises.
+    if adjacent {
+        for (p, &(c, s)) in head[..2 * half].chunks_exact_mut(2).zip(cs) {
+            let (x0, x1) = (p[0], p[1]);
+            p[0] = x0 * c - x1 * s;
+            p[1] = x0 * s + x1 * c;
+        }
+    } else {
+        let (lo, hi) = head[..2 * half].split_at_mut(half);
+        for ((a, b), &(c, s)) in lo.iter_mut().zip(hi.iter_mut()).zip(cs) {
+            let (x0, x1) = (*a, *b);
+            *a = x0 * c - x1 * s;
+            *b = x0 * s + x1 * c;
         }
     }
 }
@@ -185,6 +209,32 @@ pub fn attend_group(
     scratch: &mut AttendScratch,
     out: &mut [f32],
 ) {
+    attend_group_wide(qs, k, v, slots, p, scratch, out);
+}
+
+multiversion! {
+    /// [`attend_group`] with its softmax compiled for the widest registers.
+    fn attend_group_wide(
+        qs: &[&[f32]],
+        k: KvRows<'_>,
+        v: KvRows<'_>,
+        slots: &[std::ops::Range<usize>],
+        p: &AttendParams,
+        scratch: &mut AttendScratch,
+        out: &mut [f32],
+    ) = attend_group_body;
+}
+
+#[inline(always)]
+fn attend_group_body(
+    qs: &[&[f32]],
+    k: KvRows<'_>,
+    v: KvRows<'_>,
+    slots: &[std::ops::Range<usize>],
+    p: &AttendParams,
+    scratch: &mut AttendScratch,
+    out: &mut [f32],
+) {
     let Some(d) = qs.first().map(|q| q.len()) else {
         return;
     };
@@ -219,6 +269,7 @@ pub fn attend_group(
 }
 
 /// Scale (and soft-cap) one head's raw scores, then turn them into probabilities in place.
+#[inline(always)]
 fn softmax_scores(scores: &mut [f32], p: &AttendParams) {
     // One straight loop per stage (the soft-cap test and the precision test outside them), so
     // each vectorises.
@@ -352,6 +403,76 @@ mod tests {
                 group.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
                 alone.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
             );
+        }
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// The dispatching functions (the AVX-512 or AVX2 copy on such a CPU) against their bodies
+    /// compiled for the baseline: equal bit for bit, on lengths with vector tails, extreme
+    /// values, soft-capped and f16-rounded attention.
+    #[test]
+    fn wide_copies_equal_the_baseline_bit_for_bit() {
+        let val = |i: usize, s: u32| ((i as u32).wrapping_mul(2654435761).wrapping_add(s) >> 9) as f32 / 8.4e6 - 1.0;
+        for n in [1usize, 7, 8, 31, 64, 577] {
+            let x: Vec<f32> = (0..n).map(|i| val(i, 3) * if i % 5 == 0 { 3e4 } else { 1.0 }).collect();
+            let w: Vec<f32> = (0..n).map(|i| val(i, 4)).collect();
+            let (mut a, mut b) = (vec![0.0; n], vec![0.0; n]);
+            rms_norm(&x, &w, 1e-6, 1.0, &mut a);
+            rms_norm_body(&x, &w, 1e-6, 1.0, &mut b);
+            assert_eq!(bits(&a), bits(&b), "rms_norm n={n}");
+        }
+        for (dims, pairing) in [
+            (64, RopePairing::Adjacent),
+            (128, RopePairing::Halves),
+            (10, RopePairing::Adjacent),
+        ] {
+            let rope = Rope::new(dims, 10000.0, pairing);
+            let mut cs = Vec::new();
+            rope.angles(4321, &mut cs);
+            let head: Vec<f32> = (0..dims + 6).map(|i| val(i, 5) * 40.0).collect();
+            let (mut a, mut b) = (head.clone(), head);
+            rope.apply(&mut a, &cs);
+            rotate_body(&mut b, &cs, dims / 2, pairing == RopePairing::Adjacent);
+            assert_eq!(bits(&a), bits(&b), "rope {dims} {pairing:?}");
+        }
+        let (d, n) = (64, 203);
+        let k: Vec<f32> = (0..n * d).map(|i| round_f16(val(i, 1) * 6.0)).collect();
+        let v: Vec<f32> = (0..n * d).map(|i| round_f16(val(i, 2))).collect();
+        let qs: Vec<Vec<f32>> = (0..3).map(|h| (0..d).map(|i| val(i, 10 + h) * 3.0).collect()).collect();
+        let q_refs: Vec<&[f32]> = qs.iter().map(|q| q.as_slice()).collect();
+        for (softcap, precision) in [(None, AttentionPrecision::F16), (Some(30.0), AttentionPrecision::F32)] {
+            let p = AttendParams {
+                stride: d,
+                offset: 0,
+                scale: 0.125,
+                softcap,
+                precision,
+            };
+            let slots = [9..n, 0..9];
+            let (mut a, mut b) = (vec![0.0; 3 * d], vec![0.0; 3 * d]);
+            let mut scratch = AttendScratch::default();
+            attend_group(
+                &q_refs,
+                KvRows::F32(&k),
+                KvRows::F32(&v),
+                &slots,
+                &p,
+                &mut scratch,
+                &mut a,
+            );
+            attend_group_body(
+                &q_refs,
+                KvRows::F32(&k),
+                KvRows::F32(&v),
+                &slots,
+                &p,
+                &mut scratch,
+                &mut b,
+            );
+            assert_eq!(bits(&a), bits(&b), "attention {softcap:?} {precision:?}");
         }
     }
 }

@@ -1,0 +1,114 @@
+//! The engine's own f32 loops (RMSNorm, RoPE, the softmax of attention) compiled a second and
+//! third time for AVX2 and AVX-512, chosen once per process from what the CPU has.
+//!
+//! Why: the crate is built for baseline x86-64 (SSE2, four floats per instruction), and these
+//! loops run per lane on every layer of every step, much of it on the caller's thread while the
+//! kernel pool's workers wait: at four streams they were ~0.3 ms of a ~4 ms SmolLM2 step.
+//! The copies run the same scalar source with wider registers. Rust never fuses a multiply and an
+//! add on its own and every loop here is element-wise (sums keep their fixed partial-sum order),
+//! so results are bit-identical whichever copy runs (tested).
+
+// Elsewhere (aarch64: NEON is the baseline) only the portable bodies exist.
+#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+
+/// The widest vector registers this CPU offers the engine's loops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Width {
+    /// The build's baseline (SSE2 on x86-64, NEON on aarch64).
+    Base,
+    /// 256-bit AVX2.
+    Avx2,
+    /// 512-bit AVX-512 (F, DQ, BW, VL).
+    Avx512,
+}
+
+/// [`Width`] of this CPU, detected once; `ANELM_ENGINE_SIMD=base|avx2` caps it for A/B runs.
+pub(crate) fn width() -> Width {
+    static W: std::sync::OnceLock<Width> = std::sync::OnceLock::new();
+    *W.get_or_init(|| {
+        let cap = match std::env::var("ANELM_ENGINE_SIMD").as_deref() {
+            Ok("base") => Width::Base,
+            Ok("avx2") => Width::Avx2,
+            _ => Width::Avx512,
+        };
+        detect().min_by_cap(cap)
+    })
+}
+
+impl Width {
+    fn rank(self) -> u8 {
+        match self {
+            Self::Base => 0,
+            Self::Avx2 => 1,
+            Self::Avx512 => 2,
+        }
+    }
+
+    fn min_by_cap(self, cap: Self) -> Self {
+        if cap.rank() < self.rank() { cap } else { self }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn detect() -> Width {
+    if is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512dq")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+    {
+        Width::Avx512
+    } else if is_x86_feature_detected!("avx2") {
+        Width::Avx2
+    } else {
+        Width::Base
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn detect() -> Width {
+    Width::Base
+}
+
+/// `fn name(args) -> ret = body;` defines `name`, which calls the `#[inline(always)]` function
+/// `body` compiled for the widest [`Width`] this CPU has.
+macro_rules! multiversion {
+    ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? = $body:path;) => {
+        $(#[$meta])*
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl,avx2")]
+                fn avx512($($arg: $ty),*) $(-> $ret)? {
+                    $body($($arg),*)
+                }
+                #[target_feature(enable = "avx2")]
+                fn avx2($($arg: $ty),*) $(-> $ret)? {
+                    $body($($arg),*)
+                }
+                match $crate::wide::width() {
+                    // SAFETY: `width()` reports AVX-512 only where the CPU has F, DQ, BW and VL
+                    // (and so AVX2).
+                    $crate::wide::Width::Avx512 => return unsafe { avx512($($arg),*) },
+                    // SAFETY: `width()` reports AVX2 only where the CPU has it.
+                    $crate::wide::Width::Avx2 => return unsafe { avx2($($arg),*) },
+                    $crate::wide::Width::Base => {}
+                }
+            }
+            $body($($arg),*)
+        }
+    };
+}
+
+pub(crate) use multiversion;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cap_never_widens() {
+        assert_eq!(Width::Avx2.min_by_cap(Width::Avx512), Width::Avx2);
+        assert_eq!(Width::Avx512.min_by_cap(Width::Base), Width::Base);
+        assert_eq!(Width::Base.min_by_cap(Width::Avx2), Width::Base);
+    }
+}
