@@ -158,12 +158,12 @@ fn with_row_buffer<R>(d: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
     }
 }
 
-/// Whether this CPU has AVX2 and F16C (detected once).
+/// Whether this CPU has AVX2, FMA and F16C (detected once).
 #[cfg(target_arch = "x86_64")]
 fn avx2_f16c() -> bool {
     use std::sync::OnceLock;
     static HAS: OnceLock<bool> = OnceLock::new();
-    *HAS.get_or_init(|| crate::vector::avx2() && is_x86_feature_detected!("f16c"))
+    *HAS.get_or_init(|| crate::vector::avx2_fma() && is_x86_feature_detected!("f16c"))
 }
 
 /// Whether the 512-bit loops run (AVX-512F/DQ on top of AVX2/F16C; `ANELM_ATTN_WIDE=0` keeps the
@@ -256,7 +256,7 @@ pub(crate) mod x86 {
     /// Per head the sequence of `vector::dot`: eight-lane partial sums over the chunks in order,
     /// the same horizontal reduction, then the tail in order. `R` rows at a time, so `R × G`
     /// independent accumulation chains hide the add latency.
-    #[target_feature(enable = "avx2,f16c")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     #[allow(clippy::too_many_arguments)]
     unsafe fn dot_block<T: Load8, const G: usize, const R: usize>(
         q: &[f32],
@@ -288,7 +288,7 @@ pub(crate) mod x86 {
                     // SAFETY: `c + 8 ≤ d`, inside the row (bounds-checked in `load8`).
                     let row = unsafe { T::load8(m, at + c) };
                     for (a, qv) in a.iter_mut().zip(&qv) {
-                        *a = _mm256_add_ps(*a, _mm256_mul_ps(*qv, row));
+                        *a = _mm256_fmadd_ps(*qv, row, *a);
                     }
                 }
             }
@@ -299,7 +299,7 @@ pub(crate) mod x86 {
                     let t = _mm_hadd_ps(hsum, hsum);
                     let mut s = _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
                     for (x, y) in q[h * d + split..(h + 1) * d].iter().zip(&row[split..]) {
-                        s += x * y.widen();
+                        s = x.mul_add(y.widen(), s);
                     }
                     out[h * out_stride + i + r] = s;
                 }
@@ -314,7 +314,7 @@ pub(crate) mod x86 {
 
     /// Per output element the sequence of repeated `axpy`: `o + p·row` for each row in order.
     /// `C` chunks of eight outputs of each of the `G` heads in registers across the rows.
-    #[target_feature(enable = "avx2,f16c")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     #[allow(clippy::too_many_arguments)]
     unsafe fn weighted_block<T: Load8, const G: usize, const C: usize>(
         p: &[f32],
@@ -355,7 +355,7 @@ pub(crate) mod x86 {
                     // SAFETY: `8·(c0 + cc) + 8 ≤ d`, inside the row (bounds-checked in `load8`).
                     let r = unsafe { T::load8(m, at + 8 * (c0 + cc)) };
                     for (a, w) in acc.iter_mut().zip(&w) {
-                        a[cc] = _mm256_add_ps(a[cc], _mm256_mul_ps(*w, r));
+                        a[cc] = _mm256_fmadd_ps(*w, r, a[cc]);
                     }
                 }
             }
@@ -376,7 +376,7 @@ pub(crate) mod x86 {
 
     /// [`dot_block`] for `q.len() / d` (1 ..= MAX_GROUP) heads, rows per block picked so the
     /// accumulators fit the sixteen registers.
-    #[target_feature(enable = "avx2,f16c")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn dot_group<T: Load8>(
         q: &[f32],
@@ -406,7 +406,7 @@ pub(crate) mod x86 {
     }
 
     /// [`weighted_block`] for `out.len() / d` (1 ..= MAX_GROUP) heads.
-    #[target_feature(enable = "avx2,f16c")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn weighted_group<T: Load8>(
         p: &[f32],

@@ -91,7 +91,7 @@ fn reduce_pair(acc: __m512) -> (f32, f32) {
 
 /// Scores of `G` heads against `2·P` rows at a time: the rows of `rows` in pairs; returns how
 /// many rows it scored (the even part; the caller does the last odd row).
-#[target_feature(enable = "avx2,f16c,avx512f,avx512dq")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512dq")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn dot_pairs<T: Load16, const G: usize, const P: usize>(
     q: &[f32],
@@ -123,7 +123,7 @@ unsafe fn dot_pairs<T: Load16, const G: usize, const P: usize>(
                 // SAFETY: `c + 8 ≤ d`, inside both rows (bounds-checked in `load8x2`).
                 let pair = unsafe { T::load8x2(m, at, at + stride) };
                 for (a, qv) in a.iter_mut().zip(&qv) {
-                    *a = _mm512_add_ps(*a, _mm512_mul_ps(*qv, pair));
+                    *a = _mm512_fmadd_ps(*qv, pair, *a);
                 }
             }
         }
@@ -135,7 +135,7 @@ unsafe fn dot_pairs<T: Load16, const G: usize, const P: usize>(
                     for (r, s) in [(0, &mut s0), (1, &mut s1)] {
                         let at = (j + 2 * p + r) * stride + offset;
                         for (x, y) in qt.iter().zip(&m[at + split..at + d]) {
-                            *s += x * y.widen();
+                            *s = x.mul_add(y.widen(), *s);
                         }
                     }
                 }
@@ -157,7 +157,7 @@ unsafe fn dot_pairs<T: Load16, const G: usize, const P: usize>(
 ///
 /// # Safety
 /// AVX2, F16C, AVX-512F and AVX-512DQ must be available ([`available`]).
-#[target_feature(enable = "avx2,f16c,avx512f,avx512dq")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512dq")]
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn dot_group<T: Load16>(
     q: &[f32],
@@ -190,7 +190,7 @@ pub(crate) unsafe fn dot_group<T: Load16>(
 
 /// `out_h += Σ_i p[h·p_stride + i] · row_(rows.start + i)` for `G` heads, sixteen outputs of each
 /// in `C` registers across the rows (`o + p·row` per element, in row order, as `axpy_f32`).
-#[target_feature(enable = "avx2,f16c,avx512f,avx512dq")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512dq")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn weighted_block<T: Load16, const G: usize, const C: usize>(
     p: &[f32],
@@ -231,7 +231,7 @@ unsafe fn weighted_block<T: Load16, const G: usize, const C: usize>(
                 // SAFETY: `16·(c0 + cc) + 16 ≤ d`, inside the row (bounds-checked in `load16`).
                 let r = unsafe { T::load16(m, at + 16 * (c0 + cc)) };
                 for (a, w) in acc.iter_mut().zip(&w) {
-                    a[cc] = _mm512_add_ps(a[cc], _mm512_mul_ps(*w, r));
+                    a[cc] = _mm512_fmadd_ps(*w, r, a[cc]);
                 }
             }
         }
@@ -254,7 +254,7 @@ unsafe fn weighted_block<T: Load16, const G: usize, const C: usize>(
 ///
 /// # Safety
 /// AVX2, F16C, AVX-512F and AVX-512DQ must be available ([`available`]).
-#[target_feature(enable = "avx2,f16c,avx512f,avx512dq")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512dq")]
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn weighted_group<T: Load16>(
     p: &[f32],

@@ -1,34 +1,37 @@
 //! f32 vector primitives for the CPU-side model ops (the per-head arithmetic of attention over
 //! the KV cache, see `attention_rows`). The portable code is written so the compiler can
 //! vectorise it; on x86-64 an AVX2 path is picked at run time (the crates are built for baseline
-//! x86-64, which has only SSE2). Both paths use the same eight-lane order with separate multiply
-//! and add (no FMA), so their results are equal bit for bit.
+//! x86-64, which has only SSE2). Both paths use the same eight-lane order with fused
+//! multiply-adds (one rounding per term, as `f32::mul_add`), so their results are equal bit for
+//! bit. Fused, because the attention loops built on them are bound by their vector ports: an
+//! FMA is one instruction where a multiply and an add are two (docs/field-guide.md).
 
-/// `Σ a[i]·b[i]` over `a.len()` elements (`b` may be longer): eight interleaved partial sums,
-/// combined as `((s0+s4)+(s1+s5))+((s2+s6)+(s3+s7))`, then the tail in order.
+/// `Σ a[i]·b[i]` over `a.len()` elements (`b` may be longer): eight interleaved partial sums
+/// (`s ← fma(a, b, s)`), combined as `((s0+s4)+(s1+s5))+((s2+s6)+(s3+s7))`, then the tail in
+/// order, fused as well.
 #[inline]
 pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     let b = &b[..a.len()];
     #[cfg(target_arch = "x86_64")]
-    if avx2() {
-        // SAFETY: AVX2 was detected at run time.
+    if avx2_fma() {
+        // SAFETY: AVX2 and FMA were detected at run time.
         return unsafe { x86::dot(a, b) };
     }
     dot_portable(a, b)
 }
 
-/// `y[i] += alpha · x[i]` for `i < y.len()` (`x` may be longer).
+/// `y[i] ← fma(alpha, x[i], y[i])` for `i < y.len()` (`x` may be longer).
 #[inline]
 pub fn axpy_f32(alpha: f32, x: &[f32], y: &mut [f32]) {
     let x = &x[..y.len()];
     #[cfg(target_arch = "x86_64")]
-    if avx2() {
-        // SAFETY: AVX2 was detected at run time.
+    if avx2_fma() {
+        // SAFETY: AVX2 and FMA were detected at run time.
         unsafe { x86::axpy(alpha, x, y) };
         return;
     }
     for (o, v) in y.iter_mut().zip(x) {
-        *o += alpha * v;
+        *o = alpha.mul_add(*v, *o);
     }
 }
 
@@ -37,14 +40,22 @@ fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
     let split = a.len() - a.len() % 8;
     for (x, y) in a[..split].chunks_exact(8).zip(b[..split].chunks_exact(8)) {
         for i in 0..8 {
-            acc[i] += x[i] * y[i];
+            acc[i] = x[i].mul_add(y[i], acc[i]);
         }
     }
     let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
     for (x, y) in a[split..].iter().zip(&b[split..]) {
-        s += x * y;
+        s = x.mul_add(*y, s);
     }
     s
+}
+
+/// Whether this CPU runs AVX2 and FMA (detected once; every AVX2 CPU but a few VIA ones has both).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn avx2_fma() -> bool {
+    use std::sync::OnceLock;
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| avx2() && is_x86_feature_detected!("fma"))
 }
 
 /// Whether this CPU runs AVX2 (detected once).
@@ -59,41 +70,38 @@ pub(crate) fn avx2() -> bool {
 mod x86 {
     use std::arch::x86_64::*;
 
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,fma")]
     pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
         let split = a.len() - a.len() % 8;
         let mut acc = _mm256_setzero_ps();
         for (x, y) in a[..split].chunks_exact(8).zip(b[..split].chunks_exact(8)) {
             // SAFETY: both chunks hold exactly 8 f32; unaligned loads.
             let (xv, yv) = unsafe { (_mm256_loadu_ps(x.as_ptr()), _mm256_loadu_ps(y.as_ptr())) };
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(xv, yv));
+            acc = _mm256_fmadd_ps(xv, yv, acc);
         }
         // [s0+s4, s1+s5, s2+s6, s3+s7], then ((s0+s4)+(s1+s5)) + ((s2+s6)+(s3+s7)), in registers.
         let h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
         let t = _mm_hadd_ps(h, h);
         let mut s = _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
         for (x, y) in a[split..].iter().zip(&b[split..]) {
-            s += x * y;
+            s = x.mul_add(*y, s);
         }
         s
     }
 
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,fma")]
     pub(super) fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
         let split = y.len() - y.len() % 8;
         let av = _mm256_set1_ps(alpha);
         for (o, v) in y[..split].chunks_exact_mut(8).zip(x[..split].chunks_exact(8)) {
             // SAFETY: both chunks hold exactly 8 f32; unaligned loads and store.
             unsafe {
-                let r = _mm256_add_ps(
-                    _mm256_loadu_ps(o.as_ptr()),
-                    _mm256_mul_ps(av, _mm256_loadu_ps(v.as_ptr())),
-                );
+                let r = _mm256_fmadd_ps(av, _mm256_loadu_ps(v.as_ptr()), _mm256_loadu_ps(o.as_ptr()));
                 _mm256_storeu_ps(o.as_mut_ptr(), r);
             }
         }
         for (o, v) in y[split..].iter_mut().zip(&x[split..]) {
-            *o += alpha * v;
+            *o = alpha.mul_add(*v, *o);
         }
     }
 }
@@ -122,7 +130,7 @@ pub(crate) mod tests {
             let mut want = y.clone();
             axpy_f32(0.37, &b, &mut y);
             for (o, v) in want.iter_mut().zip(&b) {
-                *o += 0.37 * v;
+                *o = 0.37f32.mul_add(*v, *o);
             }
             assert_eq!(y, want, "axpy n={n}");
         }
