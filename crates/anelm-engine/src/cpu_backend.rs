@@ -304,9 +304,7 @@ impl CpuSwiGlu {
         match (&self.gate.packed, &self.up.packed) {
             (Some(g), Some(u)) if self.up.format == self.gate.format => {
                 // Gate and up in one loop, `silu(g) · u` made by the tasks that computed them.
-                let combine = |g: &mut [f32; anelm_kernels::PACK_ROWS], u: &[f32; anelm_kernels::PACK_ROWS]| {
-                    anelm_kernels::silu_mul(g, u);
-                };
+                let combine = |g: &mut [f32], u: &[f32]| anelm_kernels::silu_mul(g, u);
                 anelm_kernels::PackedMatrix::matmul_pair(g, u, act, gate, &combine)?;
             }
             _ => {

@@ -280,8 +280,9 @@ impl PackedMatrix {
     }
 
     /// Two matrices of one shape in one parallel loop, combined as they are made: `combine(a, b)`
-    /// gets the 8 values of one row group and lane from each matrix and leaves the result in `a`,
-    /// so `out[lane · rows + r] = combine(A[r] · x[lane], B[r] · x[lane])` (SwiGLU's
+    /// gets equal runs of values from each matrix (one row group of one or more lanes) and
+    /// leaves the result in `a`; it must work element by element, so that
+    /// `out[lane · rows + r] = combine(A[r] · x[lane], B[r] · x[lane])` (SwiGLU's
     /// `silu(gate) · up`): the same values as two [`PackedMatrix::matmul`] calls and a serial
     /// pass, with the combining spread over the threads.
     pub fn matmul_pair(
@@ -485,9 +486,11 @@ impl PackedMatrix {
     }
 }
 
-/// How [`PackedMatrix::matmul_pair`] merges one row group of its two results (in place, into
-/// the first); a group at a time so the call costs one indirect jump per 8 values.
-pub type Combine<'a> = dyn Fn(&mut [f32; PACK_ROWS], &[f32; PACK_ROWS]) + Sync + 'a;
+/// How [`PackedMatrix::matmul_pair`] merges its two results, element by element, in place into
+/// the first. Called once per row group for all the lanes of a tile (64 values at four lanes
+/// on the 16-row layout), so a vectorised combine fills its registers and the indirect call is
+/// rare (it was called per 8 values, where a 512-bit SiLU had nothing to fill).
+pub type Combine<'a> = dyn Fn(&mut [f32], &[f32]) + Sync + 'a;
 
 /// Most matrices one fused loop takes (q/k/v, or a SwiGLU pair).
 pub const MAX_FUSED: usize = 4;
@@ -555,7 +558,7 @@ struct TaskOut<'a> {
 #[cfg(target_arch = "x86_64")]
 impl TaskOut<'_> {
     /// Row groups `groups` (of `R` rows) of `m` against every lane of `x` through `kernel`;
-    /// with `pair`, the second matrix's same groups too, merged by its combine 8 rows at a time.
+    /// with `pair`, the second matrix's same groups too, merged by its combine a tile at a time.
     fn groups<const R: usize>(
         &self,
         m: &PackedMatrix,
@@ -574,13 +577,7 @@ impl TaskOut<'_> {
                 kernel(m, g, lane0, &mut tile[..n]);
                 if let Some((b, combine)) = pair {
                     kernel(b, g, lane0, &mut tile_b[..n]);
-                    for (a, b) in tile[..n].iter_mut().zip(&tile_b[..n]) {
-                        let (a8, _) = a.as_chunks_mut::<PACK_ROWS>();
-                        let (b8, _) = b.as_chunks::<PACK_ROWS>();
-                        for (a8, b8) in a8.iter_mut().zip(b8) {
-                            combine(a8, b8);
-                        }
-                    }
+                    combine(tile[..n].as_flattened_mut(), tile_b[..n].as_flattened());
                 }
                 for (l, vals) in tile[..n].iter().enumerate() {
                     let at = (lane0 + l) * self.width + self.column + g * R;

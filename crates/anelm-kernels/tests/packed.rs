@@ -193,7 +193,7 @@ fn fused_loops_give_exactly_the_separate_results() {
             let (g, u) = (separate(&gate), separate(&up));
             let silu = |a: f32, b: f32| a / (1.0 + (-a).exp()) * b;
             let mut pair = vec![f32::NAN; lanes * 1536];
-            let combine = |a: &mut [f32; 8], b: &[f32; 8]| a.iter_mut().zip(b).for_each(|(a, &b)| *a = silu(*a, b));
+            let combine = |a: &mut [f32], b: &[f32]| a.iter_mut().zip(b).for_each(|(a, &b)| *a = silu(*a, b));
             PackedMatrix::matmul_pair(&gate, &up, &act, &mut pair, &combine).expect("pair");
             for (i, (p, (g, u))) in pair.iter().zip(g.iter().zip(&u)).enumerate() {
                 assert_eq!(p.to_bits(), silu(*g, *u).to_bits(), "{fmt:?} lanes {lanes} [{i}]");
