@@ -132,6 +132,8 @@ impl std::ops::Deref for CpuMatrix {
 #[derive(Default)]
 struct Scratch {
     act: Activations,
+    /// The down projection's input, quantised by the gate/up tasks.
+    act_down: Activations,
     part: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
@@ -298,14 +300,29 @@ impl CpuSwiGlu {
     fn run_with(&self, x: &Batch, r: Option<&Batch>, out: &mut Batch, s: &mut Scratch) -> Result<()> {
         let lanes = x.lanes();
         let ffn = self.gate.rows;
-        let Scratch { act, gate, up, .. } = s;
+        let Scratch {
+            act,
+            act_down,
+            gate,
+            up,
+            ..
+        } = s;
         gate.resize(lanes * ffn, 0.0);
         act.quantize(self.gate.format, x.as_slice(), lanes, self.gate.cols)?;
         match (&self.gate.packed, &self.up.packed) {
             (Some(g), Some(u)) if self.up.format == self.gate.format => {
-                // Gate and up in one loop, `silu(g) · u` made by the tasks that computed them.
+                // Gate and up in one loop, `silu(g) · u` made by the tasks that computed them,
+                // which also quantise it for the down projection.
                 let combine = |g: &mut [f32], u: &[f32]| anelm_kernels::silu_mul(g, u);
-                anelm_kernels::PackedMatrix::matmul_pair(g, u, act, gate, &combine)?;
+                anelm_kernels::PackedMatrix::matmul_pair_quantized(
+                    g,
+                    u,
+                    act,
+                    gate,
+                    &combine,
+                    self.down.format,
+                    act_down,
+                )?;
             }
             _ => {
                 up.resize(lanes * ffn, 0.0);
@@ -315,11 +332,11 @@ impl CpuSwiGlu {
                 }
                 self.up.matmul(act, up)?;
                 anelm_kernels::silu_mul(gate, up);
+                act_down.quantize(self.down.format, gate, lanes, ffn)?;
             }
         }
-        act.quantize(self.down.format, gate, lanes, ffn)?;
         out.resize(lanes, self.shape.output);
-        self.down.matmul(act, out.as_mut_slice())?;
+        self.down.matmul(act_down, out.as_mut_slice())?;
         if let Some(r) = r {
             for (y, r) in out.as_mut_slice().iter_mut().zip(r.as_slice()) {
                 *y += *r;

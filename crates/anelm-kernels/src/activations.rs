@@ -92,21 +92,43 @@ fn quantize_q8_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32], bsu
         return;
     }
     for (b, src) in x.chunks_exact(32).enumerate() {
-        let amax = src.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        let db = amax / 127.0;
-        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
-        let mut sum = 0i32;
-        for (dst, &v) in q[32 * b..32 * b + 32].iter_mut().zip(src) {
-            let r = round_even_small(v * id) as i32;
-            *dst = r.clamp(-127, 127) as i8;
-            sum += r;
-        }
+        let (db, sum) = quantize_block_portable(src, &mut q[32 * b..32 * b + 32]);
         d[b] = round_f16(db);
         bsums[b] = sum;
         if with_sums {
             s[b] = round_f16(db * sum as f32);
         }
     }
+}
+
+/// One Q8 block of 32 values, portable: the unrounded `(d, Σq)`.
+fn quantize_block_portable(src: &[f32], q: &mut [i8]) -> (f32, i32) {
+    let amax = src.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let db = amax / 127.0;
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    let mut sum = 0i32;
+    for (dst, &v) in q.iter_mut().zip(src) {
+        let r = round_even_small(v * id) as i32;
+        *dst = r.clamp(-127, 127) as i8;
+        sum += r;
+    }
+    (db, sum)
+}
+
+/// One Q8 block of 32 values on the best path this CPU has: the unrounded `(d, Σq)`, the same
+/// values as [`quantize_q8_blocks`] makes for it.
+fn quantize_q8_block(src: &[f32], q: &mut [i8]) -> (f32, i32) {
+    #[cfg(target_arch = "x86_64")]
+    if wide_quantizer() {
+        // SAFETY: AVX-512 F and BW were detected at run time.
+        return unsafe { quantize_block_avx512(src, q) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if crate::vector::avx2() {
+        // SAFETY: AVX2 was detected at run time.
+        return unsafe { quantize_block_avx2(src, q) };
+    }
+    quantize_block_portable(src, q)
 }
 
 /// Whether this CPU runs [`quantize_block_avx512`] (detected once).
@@ -167,7 +189,7 @@ impl ActKind {
 
 /// `lanes` activation rows of `cols` values, quantised to the dot format paired with a weight
 /// format. Reusable: `quantize` keeps its buffers, so a warm decode loop does not allocate.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Activations {
     pub(crate) fmt: WeightFormat,
     pub(crate) kind: ActKind,
@@ -265,6 +287,52 @@ impl Activations {
         Ok(())
     }
 
+    /// Size the buffers for `lanes × cols` values for `weight_fmt` and hand out a writer that
+    /// fills them a 32-value block at a time, from several threads at once (each block written
+    /// by one): the producers of a matmul's output quantise it for the next matmul as they go.
+    /// `None` when the paired encoding is not Q8_0/Q8_1 (those quantise whole rows).
+    pub fn block_writer(
+        &mut self,
+        weight_fmt: WeightFormat,
+        lanes: usize,
+        cols: usize,
+    ) -> Result<Option<BlockWriter<'_>>, KernelError> {
+        weight_fmt.row_bytes(cols)?;
+        let kind = ActKind::for_weights(weight_fmt);
+        if !matches!(kind, ActKind::Q8_0 | ActKind::Q8_1) || !cols.is_multiple_of(32) {
+            return Ok(None);
+        }
+        let values = lanes.checked_mul(cols).ok_or(KernelError::Overflow)?;
+        let blocks = values / 32;
+        let with_sums = kind == ActKind::Q8_1;
+        self.fmt = weight_fmt;
+        self.kind = kind;
+        self.lanes = lanes;
+        self.cols = cols;
+        self.q.resize(values, 0);
+        self.d.resize(blocks, 0.0);
+        self.s.resize(if with_sums { blocks } else { 0 }, 0.0);
+        self.bsums.resize(blocks, 0);
+        self.neg_offsets.resize(if with_sums { 0 } else { blocks }, 0);
+        Ok(Some(BlockWriter {
+            q: self.q.as_mut_ptr(),
+            d: self.d.as_mut_ptr(),
+            s: if with_sums {
+                self.s.as_mut_ptr()
+            } else {
+                std::ptr::null_mut()
+            },
+            bsums: self.bsums.as_mut_ptr(),
+            neg: if with_sums {
+                std::ptr::null_mut()
+            } else {
+                self.neg_offsets.as_mut_ptr()
+            },
+            blocks,
+            _held: std::marker::PhantomData,
+        }))
+    }
+
     /// Q8_0/Q8_1 as ggml's x86 path does it: d = amax/127 (stored f16), q = round-half-even(x·127/amax).
     fn quantize_q8(&mut self, x: &[f32], with_sums: bool) {
         let blocks = x.len() / 32;
@@ -309,6 +377,54 @@ impl Activations {
                 self.bsums[16 * b + j] = q[16 * j..16 * j + 16].iter().map(|&v| i32::from(v)).sum();
             }
             self.d[b] = 1.0 / iscale;
+        }
+    }
+}
+
+/// Fills an [`Activations`] block by block (see [`Activations::block_writer`]); holds it
+/// mutably borrowed until dropped.
+pub struct BlockWriter<'a> {
+    q: *mut i8,
+    d: *mut f32,
+    /// Null for Q8_0.
+    s: *mut f32,
+    bsums: *mut i32,
+    /// Null for Q8_1.
+    neg: *mut i32,
+    blocks: usize,
+    _held: std::marker::PhantomData<&'a mut Activations>,
+}
+
+// SAFETY: the pointers address the borrowed `Activations`' buffers, alive while `'a` lasts;
+// `write` touches only one block's entries, and its contract makes each block single-writer.
+unsafe impl Sync for BlockWriter<'_> {}
+
+impl BlockWriter<'_> {
+    /// Quantise `src` (32 values) as block `block` (lane-major: `lane · cols / 32 + k`), with
+    /// exactly the arithmetic of [`Activations::quantize`].
+    ///
+    /// # Safety
+    /// No other thread may write or read block `block` during the call.
+    pub unsafe fn write(&self, block: usize, src: &[f32]) {
+        assert!(
+            block < self.blocks && src.len() == 32,
+            "block {block} of {}",
+            self.blocks
+        );
+        // SAFETY: `block < blocks`, so these 32 quants lie inside the buffer; the caller makes
+        // this block single-writer.
+        let q = unsafe { std::slice::from_raw_parts_mut(self.q.add(32 * block), 32) };
+        let (db, sum) = quantize_q8_block(src, q);
+        // SAFETY: as above, one entry per block in each per-block buffer (null ones skipped).
+        unsafe {
+            *self.d.add(block) = round_f16(db);
+            *self.bsums.add(block) = sum;
+            if !self.s.is_null() {
+                *self.s.add(block) = round_f16(db * sum as f32);
+            }
+            if !self.neg.is_null() {
+                *self.neg.add(block) = -128 * sum;
+            }
         }
     }
 }

@@ -28,7 +28,7 @@ mod simd_x86;
 mod vector;
 mod weight_memory;
 
-pub use activations::Activations;
+pub use activations::{Activations, BlockWriter};
 pub use attention_rows::{CacheRows, dot_rows_group, weighted_rows_group};
 pub use dequant::{dequantize_row, dot_reference};
 pub use error::KernelError;

@@ -198,6 +198,18 @@ fn fused_loops_give_exactly_the_separate_results() {
             for (i, (p, (g, u))) in pair.iter().zip(g.iter().zip(&u)).enumerate() {
                 assert_eq!(p.to_bits(), silu(*g, *u).to_bits(), "{fmt:?} lanes {lanes} [{i}]");
             }
+            // Quantised for the next matmul by the tasks: exactly the serial quantisation, for
+            // both block encodings (Q8_1 for Q4_1 weights, Q8_0 for Q8_0), and the same output.
+            for next_fmt in [WeightFormat::Q4_1, WeightFormat::Q8_0] {
+                let mut by_tasks = Activations::new();
+                let mut pair_q = vec![f32::NAN; lanes * 1536];
+                PackedMatrix::matmul_pair_quantized(&gate, &up, &act, &mut pair_q, &combine, next_fmt, &mut by_tasks)
+                    .expect("pair + quantise");
+                assert!(pair_q.iter().zip(&pair).all(|(a, b)| a.to_bits() == b.to_bits()));
+                let mut serial = Activations::new();
+                serial.quantize(next_fmt, &pair, lanes, 1536).expect("quantize");
+                assert!(by_tasks == serial, "{fmt:?} → {next_fmt:?} lanes {lanes}");
+            }
         }
         // Mismatches are errors: heights of a pair, output width, too many matrices.
         let mut act = Activations::new();
