@@ -108,6 +108,83 @@ impl Buf {
     }
 }
 
+/// Base pointer of one buffer, in its storage type.
+#[derive(Clone, Copy)]
+enum PlaneBase {
+    F32(*mut f32),
+    F16(*mut u16),
+}
+
+impl PlaneBase {
+    fn of(b: &mut Buf) -> Self {
+        match b {
+            Buf::F32(v) => PlaneBase::F32(v.as_mut_ptr()),
+            Buf::F16(v) => PlaneBase::F16(v.as_mut_ptr()),
+        }
+    }
+}
+
+/// A layer's K and V buffers split into one plane per KV head, so parallel tasks can each
+/// write and read their own head's rows (see [`KvLayer::planes`]). Holds the layer mutably
+/// borrowed.
+pub(crate) struct Planes<'a> {
+    k: PlaneBase,
+    v: PlaneBase,
+    plane_len: usize,
+    heads: usize,
+    _held: std::marker::PhantomData<&'a mut KvLayer>,
+}
+
+// SAFETY: the pointers address the borrowed layer's buffers (alive for `'a`); `head` hands out
+// one plane per head, and its contract makes each plane single-owner.
+unsafe impl Sync for Planes<'_> {}
+// SAFETY: as above.
+unsafe impl Send for Planes<'_> {}
+
+/// One KV head's plane of keys or values, mutable.
+pub(crate) enum PlaneMut<'a> {
+    F32(&'a mut [f32]),
+    F16(&'a mut [u16]),
+}
+
+impl PlaneMut<'_> {
+    /// Store `x` at `at` (converting to f16 bits for an f16 plane, which rounds).
+    pub(crate) fn write(&mut self, at: usize, x: &[f32]) {
+        match self {
+            PlaneMut::F32(b) => b[at..at + x.len()].copy_from_slice(x),
+            PlaneMut::F16(b) => f32_to_f16_slice(x, &mut b[at..at + x.len()]),
+        }
+    }
+
+    /// The plane as attention reads it.
+    pub(crate) fn rows(&self) -> KvRows<'_> {
+        match self {
+            PlaneMut::F32(b) => KvRows::F32(b),
+            PlaneMut::F16(b) => KvRows::F16(b),
+        }
+    }
+}
+
+impl Planes<'_> {
+    /// Head `h`'s key and value planes (`slots` rows of the head width each, slot-major).
+    ///
+    /// # Safety
+    /// While the returned planes live, no other call may hand out head `h` again.
+    pub(crate) unsafe fn head(&self, h: usize) -> (PlaneMut<'_>, PlaneMut<'_>) {
+        assert!(h < self.heads, "head {h} of {}", self.heads);
+        let at = h * self.plane_len;
+        let one = |b: PlaneBase| match b {
+            // SAFETY: head `h`'s plane `at..at + plane_len` lies inside the buffer (`heads`
+            // planes of `plane_len`), is disjoint from every other head's, and the caller hands
+            // it out once.
+            PlaneBase::F32(p) => PlaneMut::F32(unsafe { std::slice::from_raw_parts_mut(p.add(at), self.plane_len) }),
+            // SAFETY: as above.
+            PlaneBase::F16(p) => PlaneMut::F16(unsafe { std::slice::from_raw_parts_mut(p.add(at), self.plane_len) }),
+        };
+        (one(self.k), one(self.v))
+    }
+}
+
 /// Keys and values of one attention layer: for each KV head a plane of `slots` rows of
 /// `head_dim` values (head-major), so attention for one head reads contiguous memory. A full
 /// layer's slot is its position (`slots` is its capacity); a ring's is `position % slots`.
@@ -202,6 +279,16 @@ impl KvLayer {
         }
     }
 
+    /// Planes (KV heads kept apart; 1 keeps whole positions together).
+    pub(crate) fn heads(&self) -> usize {
+        self.heads
+    }
+
+    /// Values per position, all heads (0 before the first append).
+    pub(crate) fn kv_dim(&self) -> usize {
+        self.kv_dim
+    }
+
     /// Values per plane row.
     fn plane_dim(&self) -> usize {
         self.kv_dim / self.heads
@@ -265,6 +352,41 @@ impl KvLayer {
             self.first = self.first.max((self.len + 1).saturating_sub(self.slots));
         }
         self.len += 1;
+    }
+
+    /// Open the next position for per-head writes through [`KvLayer::planes`]: room is made
+    /// (as [`KvLayer::push`] makes it), the length grows by one and the position's slot is
+    /// returned. Its values are unspecified until every head's plane row is written.
+    pub(crate) fn open_position(&mut self, kv_dim: usize) -> usize {
+        let room = match self.window {
+            None => self.len < self.slots,
+            Some(w) => self.slots >= w,
+        };
+        if !room || self.kv_dim != kv_dim {
+            self.reserve_step(1, kv_dim);
+        }
+        let slot = self.len % self.slots;
+        if self.window.is_some() {
+            self.first = self.first.max((self.len + 1).saturating_sub(self.slots));
+        }
+        self.len += 1;
+        slot
+    }
+
+    /// The key and value buffers as per-KV-head planes for tasks that each own one head
+    /// (`None` unless every head has its own plane: built `with_heads` for all KV heads).
+    pub(crate) fn planes(&mut self, kv_heads: usize) -> Option<Planes<'_>> {
+        if self.heads != kv_heads || self.slots == 0 || self.kv_dim == 0 {
+            return None;
+        }
+        let plane_len = self.slots * self.plane_dim();
+        Some(Planes {
+            k: PlaneBase::of(&mut self.k),
+            v: PlaneBase::of(&mut self.v),
+            plane_len,
+            heads: self.heads,
+            _held: std::marker::PhantomData,
+        })
     }
 
     /// Keys, by plane then slot (see [`KvLayer::row_layout`] and [`KvLayer::segments`]).

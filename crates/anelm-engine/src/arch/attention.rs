@@ -147,6 +147,125 @@ impl Attention {
     }
 }
 
+/// How [`Attention::run_decode_fused`] prepares one head of a lane before use: `(lane, head,
+/// is_query)`, in place (QK-norm and RoPE).
+pub(crate) type HeadPrep<'a> = dyn Fn(usize, &mut [f32], bool) + Sync + 'a;
+
+impl Attention {
+    /// [`Attention::append`] and [`Attention::run`] in one parallel loop, for a decode step (each
+    /// item one new position) whose tasks each own a whole GQA group of one lane: a task
+    /// prepares (`prep`: QK-norm, RoPE) its query heads and its KV head from `rows` (q at 0, k
+    /// at `k_off`, v at `v_off`), writes that head's key and value into its plane of the cache,
+    /// and attends. The serial per-lane RoPE and cache writes before the loop go away, and each
+    /// cache row is written by the thread that reads it next. Same values as preparing `rows`
+    /// in place, `append` and `run` (the preparation and rounding are the same calls).
+    /// Returns false, having done nothing, when the step or the cache layout does not qualify.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn run_decode_fused(
+        &self,
+        items: &mut [StepItem<'_>],
+        lanes: &[LaneRef],
+        layer: usize,
+        rows: &Batch,
+        k_off: usize,
+        v_off: usize,
+        prep: &HeadPrep<'_>,
+        out: &mut Batch,
+    ) -> bool {
+        let hd = self.head_dim;
+        let group = self.n_heads / self.n_kv_heads.max(1);
+        let pool = anelm_kernels::pool::global();
+        let single = lanes.len() == items.len() && items.iter().all(|it| it.tokens.len() == 1);
+        if !single
+            || group == 0
+            || group > MAX_TASK_HEADS
+            || self.n_heads % self.n_kv_heads.max(1) != 0
+            || heads_per_task(group, lanes.len() * self.n_heads, pool.threads()) != group
+            || items.iter().any(|it| {
+                let c = &it.session.kv.layers[layer];
+                c.heads() != self.n_kv_heads || (!c.is_empty() && c.kv_dim() != self.kv_dim())
+            })
+        {
+            return false;
+        }
+        let kv_dim = self.kv_dim();
+        // Serially, per lane: open its position, then find the rows its query attends to.
+        let mut slot_of = Vec::with_capacity(lanes.len());
+        let mut segments = Vec::with_capacity(lanes.len());
+        for l in lanes {
+            let c = &mut items[l.item].session.kv.layers[layer];
+            debug_assert_eq!(c.len(), l.pos, "lanes append in position order");
+            slot_of.push(c.open_position(kv_dim));
+            let end = l.pos + 1;
+            let start = self.window.map_or(0, |w| end.saturating_sub(w));
+            segments.push(c.segments(start..end));
+        }
+        let p = self.precision;
+        // Where the storage itself rounds as the precision asks (f16 bits, or f32 as is), values
+        // go in as they are; otherwise rounded first, as `append` does.
+        let raw: Vec<bool> = items
+            .iter()
+            .map(|it| it.session.kv.layers[layer].storage() == p.kv_storage())
+            .collect();
+        let mut planes = Vec::with_capacity(items.len());
+        for it in items.iter_mut() {
+            match it.session.kv.layers[layer].planes(self.n_kv_heads) {
+                Some(pl) => planes.push(pl),
+                None => unreachable!("checked above: one plane per KV head, a position just opened"),
+            }
+        }
+        out.resize(lanes.len(), self.q_dim());
+        thread_local! {
+            static SCRATCH: std::cell::RefCell<(AttendScratch, Vec<f32>)> =
+                std::cell::RefCell::new((AttendScratch::default(), Vec::new()));
+        }
+        pool.for_each_chunk_mut(out.as_mut_slice(), group * hd, &|idx, o| {
+            let (lane, kh) = (idx / self.n_kv_heads, idx % self.n_kv_heads);
+            let first = kh * group;
+            let l = &lanes[lane];
+            let row = rows.lane(lane);
+            SCRATCH.with(|sc| {
+                let (scratch, heads) = &mut *sc.borrow_mut();
+                // The group's query heads, then the key and the value head, prepared locally.
+                heads.clear();
+                heads.extend_from_slice(&row[first * hd..(first + group) * hd]);
+                heads.extend_from_slice(&row[k_off + kh * hd..k_off + (kh + 1) * hd]);
+                heads.extend_from_slice(&row[v_off + kh * hd..v_off + (kh + 1) * hd]);
+                let (qs_flat, kv) = heads.split_at_mut(group * hd);
+                for q in qs_flat.chunks_mut(hd) {
+                    prep(lane, q, true);
+                }
+                let (k, v) = kv.split_at_mut(hd);
+                prep(lane, k, false);
+                if !raw[l.item] {
+                    for e in k.iter_mut().chain(v.iter_mut()) {
+                        *e = p.store(*e);
+                    }
+                }
+                // SAFETY: task `idx` is the only one for (this lane's item, head `kh`): each
+                // item has one lane in a decode step, and tasks are (lane, KV head) pairs.
+                let (mut kp, mut vp) = unsafe { planes[l.item].head(kh) };
+                let at = slot_of[lane] * hd;
+                kp.write(at, k);
+                vp.write(at, v);
+                let mut qs = [&qs_flat[..0]; MAX_TASK_HEADS];
+                for (h, q) in qs.iter_mut().enumerate().take(group) {
+                    *q = &qs_flat[h * hd..(h + 1) * hd];
+                }
+                let params = AttendParams {
+                    stride: hd,
+                    offset: 0,
+                    scale: self.scale,
+                    softcap: self.softcap,
+                    precision: p,
+                };
+                attend_group(&qs[..group], kp.rows(), vp.rows(), &segments[lane], &params, scratch, o);
+            });
+        });
+        true
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::heads_per_task;

@@ -387,32 +387,46 @@ impl LanguageModel for Llama {
         let mut qkv = Batch::default();
         let mut attn = Batch::zeros(n, q_dim);
         let mut y = Batch::default();
-        let mut tmp = vec![0.0f32; hd];
         for (li, layer) in self.layers.iter().enumerate() {
             for lane in 0..n {
                 rms_norm(x.lane(lane), &layer.attn_norm, cfg.rms_eps, 0.0, xn.lane_mut(lane));
             }
             layer.qkv.run(&[&xn], &mut qkv)?;
-            // QK-norm and RoPE on q and k.
-            for (lane, cs) in angles.iter().enumerate() {
-                let row = qkv.lane_mut(lane);
-                let (q, kv) = row.split_at_mut(q_dim);
-                let k = &mut kv[..kv_dim];
-                for (heads, w) in [
-                    (q, layer.qk_norm.as_ref().map(|n| &n.0)),
-                    (k, layer.qk_norm.as_ref().map(|n| &n.1)),
-                ] {
-                    for head in heads.chunks_mut(hd) {
-                        if let Some(w) = w {
-                            tmp.copy_from_slice(head);
-                            rms_norm(&tmp, w, cfg.rms_eps, 0.0, head);
-                        }
-                        self.rope.apply(head, cs);
+            // Decode steps: QK-norm, RoPE and the cache append inside the attention tasks.
+            let prep = |lane: usize, head: &mut [f32], is_query: bool| {
+                if let Some((wq, wk)) = &layer.qk_norm {
+                    // The norm reads a copy of the head it overwrites (on the stack for every
+                    // usual head width).
+                    let (mut stack, heap);
+                    let src: &[f32] = if head.len() <= 512 {
+                        stack = [0.0f32; 512];
+                        stack[..head.len()].copy_from_slice(head);
+                        &stack[..head.len()]
+                    } else {
+                        heap = head.to_vec();
+                        &heap
+                    };
+                    rms_norm(src, if is_query { wq } else { wk }, cfg.rms_eps, 0.0, head);
+                }
+                self.rope.apply(head, &angles[lane]);
+            };
+            let fused =
+                self.attention
+                    .run_decode_fused(items, &lanes, li, &qkv, q_dim, q_dim + kv_dim, &prep, &mut attn);
+            if !fused {
+                // The same preparation on the caller, then the append and the attention loop.
+                for lane in 0..n {
+                    let row = qkv.lane_mut(lane);
+                    for head in row[..q_dim].chunks_mut(hd) {
+                        prep(lane, head, true);
+                    }
+                    for head in row[q_dim..q_dim + kv_dim].chunks_mut(hd) {
+                        prep(lane, head, false);
                     }
                 }
+                self.attention.append(items, &lanes, li, &qkv, q_dim, q_dim + kv_dim);
+                self.attention.run(items, &lanes, li, &qkv, 0, hd, &mut attn);
             }
-            self.attention.append(items, &lanes, li, &qkv, q_dim, q_dim + kv_dim);
-            self.attention.run(items, &lanes, li, &qkv, 0, hd, &mut attn);
             layer.out_residual.run(&[&attn, &x], &mut y)?;
             std::mem::swap(&mut x, &mut y);
             for lane in 0..n {
