@@ -194,27 +194,14 @@ pub struct AttendScratch {
     scores: Vec<f32>,
 }
 
-/// The query heads `qs` (each `d` floats) of one KV head attending over its cached rows `slots`
-/// (ranges of row indices in position order: one for a plain cache, two when a ring buffer
-/// wraps); head `h`'s output goes to `out[h·d..(h + 1)·d]`. `k`/`v` hold rows of `p.stride`
-/// values; the KV head's slice starts at `p.offset` in each row. Each row is read once for the
-/// whole group. Softmax in f32 with an f64 sum; with [`AttentionPrecision::F16`] q is rounded to
-/// f16 once and the probabilities before weighting V, as llama.cpp's non-flash CPU path does.
-pub fn attend_group(
-    qs: &[&[f32]],
-    k: KvRows<'_>,
-    v: KvRows<'_>,
-    slots: &[std::ops::Range<usize>],
-    p: &AttendParams,
-    scratch: &mut AttendScratch,
-    out: &mut [f32],
-) {
-    attend_group_wide(qs, k, v, slots, p, scratch, out);
-}
-
 multiversion! {
-    /// [`attend_group`] with its softmax compiled for the widest registers.
-    fn attend_group_wide(
+    /// The query heads `qs` (each `d` floats) of one KV head attending over its cached rows `slots`
+    /// (ranges of row indices in position order: one for a plain cache, two when a ring buffer
+    /// wraps); head `h`'s output goes to `out[h·d..(h + 1)·d]`. `k`/`v` hold rows of `p.stride`
+    /// values; the KV head's slice starts at `p.offset` in each row. Each row is read once for the
+    /// whole group. Softmax in f32 with an f64 sum; with [`AttentionPrecision::F16`] q is rounded to
+    /// f16 once and the probabilities before weighting V, as llama.cpp's non-flash CPU path does.
+    pub fn attend_group(
         qs: &[&[f32]],
         k: KvRows<'_>,
         v: KvRows<'_>,
@@ -452,26 +439,16 @@ mod tests {
                 precision,
             };
             let slots = [9..n, 0..9];
-            let (mut a, mut b) = (vec![0.0; 3 * d], vec![0.0; 3 * d]);
             let mut scratch = AttendScratch::default();
-            attend_group(
-                &q_refs,
-                KvRows::F32(&k),
-                KvRows::F32(&v),
-                &slots,
-                &p,
-                &mut scratch,
-                &mut a,
-            );
-            attend_group_body(
-                &q_refs,
-                KvRows::F32(&k),
-                KvRows::F32(&v),
-                &slots,
-                &p,
-                &mut scratch,
-                &mut b,
-            );
+            let [a, b] = [false, true].map(|baseline| {
+                let (kr, vr, mut o) = (KvRows::F32(&k), KvRows::F32(&v), vec![0.0; 3 * d]);
+                if baseline {
+                    attend_group_body(&q_refs, kr, vr, &slots, &p, &mut scratch, &mut o);
+                } else {
+                    attend_group(&q_refs, kr, vr, &slots, &p, &mut scratch, &mut o);
+                }
+                o
+            });
             assert_eq!(bits(&a), bits(&b), "attention {softcap:?} {precision:?}");
         }
     }
