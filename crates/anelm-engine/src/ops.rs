@@ -26,17 +26,14 @@ fn sum_f64(x: &[f32], term: impl Fn(f32) -> f64) -> f64 {
 multiversion! {
     /// y = x / sqrt(mean(x²) + eps) ⊙ (w + offset). `offset` is 0 for Llama, 1 for `(1 + w)`
     /// norms.
-    pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, offset: f32, y: &mut [f32]) = rms_norm_body;
-}
-
-#[inline(always)]
-fn rms_norm_body(x: &[f32], w: &[f32], eps: f32, offset: f32, y: &mut [f32]) {
-    // Each square of an f32 is exact in f64.
-    let sum = sum_f64(x, |v| f64::from(v) * f64::from(v));
-    let mean = (sum / x.len().max(1) as f64) as f32;
-    let scale = 1.0 / (mean + eps).sqrt();
-    for ((y, &x), &w) in y.iter_mut().zip(x).zip(w) {
-        *y = (x * scale) * (w + offset);
+    pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, offset: f32, y: &mut [f32]) = rms_norm_body {
+        // Each square of an f32 is exact in f64.
+        let sum = sum_f64(x, |v| f64::from(v) * f64::from(v));
+        let mean = (sum / x.len().max(1) as f64) as f32;
+        let scale = 1.0 / (mean + eps).sqrt();
+        for ((y, &x), &w) in y.iter_mut().zip(x).zip(w) {
+            *y = (x * scale) * (w + offset);
+        }
     }
 }
 
@@ -113,25 +110,22 @@ impl Rope {
 multiversion! {
     /// RoPE's rotation of the first `2·half` values of `head` by the angles `cs`, pairs adjacent
     /// or halves apart.
-    fn rotate(head: &mut [f32], cs: &[(f32, f32)], half: usize, adjacent: bool) = rotate_body;
-}
-
-#[inline(always)]
-fn rotate_body(head: &mut [f32], cs: &[(f32, f32)], half: usize, adjacent: bool) {
-    let cs = &cs[..half.min(cs.len())];
-    // Straight element-wise loops (no index arithmetic per pair), so each vectorises.
-    if adjacent {
-        for (p, &(c, s)) in head[..2 * half].chunks_exact_mut(2).zip(cs) {
-            let (x0, x1) = (p[0], p[1]);
-            p[0] = x0 * c - x1 * s;
-            p[1] = x0 * s + x1 * c;
-        }
-    } else {
-        let (lo, hi) = head[..2 * half].split_at_mut(half);
-        for ((a, b), &(c, s)) in lo.iter_mut().zip(hi.iter_mut()).zip(cs) {
-            let (x0, x1) = (*a, *b);
-            *a = x0 * c - x1 * s;
-            *b = x0 * s + x1 * c;
+    fn rotate(head: &mut [f32], cs: &[(f32, f32)], half: usize, adjacent: bool) = rotate_body {
+        let cs = &cs[..half.min(cs.len())];
+        // Straight element-wise loops (no index arithmetic per pair), so each vectorises.
+        if adjacent {
+            for (p, &(c, s)) in head[..2 * half].chunks_exact_mut(2).zip(cs) {
+                let (x0, x1) = (p[0], p[1]);
+                p[0] = x0 * c - x1 * s;
+                p[1] = x0 * s + x1 * c;
+            }
+        } else {
+            let (lo, hi) = head[..2 * half].split_at_mut(half);
+            for ((a, b), &(c, s)) in lo.iter_mut().zip(hi.iter_mut()).zip(cs) {
+                let (x0, x1) = (*a, *b);
+                *a = x0 * c - x1 * s;
+                *b = x0 * s + x1 * c;
+            }
         }
     }
 }
@@ -209,49 +203,38 @@ multiversion! {
         p: &AttendParams,
         scratch: &mut AttendScratch,
         out: &mut [f32],
-    ) = attend_group_body;
-}
-
-#[inline(always)]
-fn attend_group_body(
-    qs: &[&[f32]],
-    k: KvRows<'_>,
-    v: KvRows<'_>,
-    slots: &[std::ops::Range<usize>],
-    p: &AttendParams,
-    scratch: &mut AttendScratch,
-    out: &mut [f32],
-) {
-    let Some(d) = qs.first().map(|q| q.len()) else {
-        return;
-    };
-    let g = qs.len();
-    let n: usize = slots.iter().map(|r| r.len()).sum();
-    let (stride, offset) = (p.stride, p.offset);
-    let AttendScratch { q, scores } = scratch;
-    q.clear();
-    for head in qs {
-        q.extend_from_slice(head);
-    }
-    if p.precision == AttentionPrecision::F16 {
-        anelm_kernels::round_f16_slice(q);
-    }
-    scores.clear();
-    scores.resize(g * n, 0.0);
-    let mut done = 0;
-    for r in slots {
-        let at = &mut scores[done..];
-        anelm_kernels::dot_rows_group(q, d, k, stride, offset, r.clone(), at, n);
-        done += r.len();
-    }
-    for s in scores.chunks_mut(n.max(1)) {
-        softmax_scores(s, p);
-    }
-    out[..g * d].fill(0.0);
-    let mut done = 0;
-    for r in slots {
-        anelm_kernels::weighted_rows_group(&scores[done..], n, v, stride, offset, r.clone(), &mut out[..g * d], d);
-        done += r.len();
+    ) = attend_group_body {
+        let Some(d) = qs.first().map(|q| q.len()) else {
+            return;
+        };
+        let g = qs.len();
+        let n: usize = slots.iter().map(|r| r.len()).sum();
+        let (stride, offset) = (p.stride, p.offset);
+        let AttendScratch { q, scores } = scratch;
+        q.clear();
+        for head in qs {
+            q.extend_from_slice(head);
+        }
+        if p.precision == AttentionPrecision::F16 {
+            anelm_kernels::round_f16_slice(q);
+        }
+        scores.clear();
+        scores.resize(g * n, 0.0);
+        let mut done = 0;
+        for r in slots {
+            let at = &mut scores[done..];
+            anelm_kernels::dot_rows_group(q, d, k, stride, offset, r.clone(), at, n);
+            done += r.len();
+        }
+        for s in scores.chunks_mut(n.max(1)) {
+            softmax_scores(s, p);
+        }
+        out[..g * d].fill(0.0);
+        let mut done = 0;
+        for r in slots {
+            anelm_kernels::weighted_rows_group(&scores[done..], n, v, stride, offset, r.clone(), &mut out[..g * d], d);
+            done += r.len();
+        }
     }
 }
 

@@ -168,43 +168,40 @@ crate::wide::multiversion! {
     /// NaN and ±∞ are ignored (an infinite logit is an overflow, not a preference), so the
     /// result is `None` for an empty row or one with no finite value. Shared by the sampler
     /// and by tests.
-    pub fn argmax(logits: &[f32]) -> Option<usize> = argmax_body;
-}
-
-/// [`argmax`] in two passes the compiler vectorises (the largest finite value, then the first
-/// chunk holding it) instead of one branchy scan: a greedy step reads the whole vocabulary for
-/// every lane, on the caller's thread while the kernel pool waits (a plain `position` scan for
-/// the index was half of ~19 µs per SmolLM2 lane).
-#[inline(always)]
-fn argmax_body(logits: &[f32]) -> Option<usize> {
-    const LANES: usize = 16;
-    let finite = |x: f32| if x.is_finite() { x } else { f32::NEG_INFINITY };
-    let mut acc = [f32::NEG_INFINITY; LANES];
-    let chunks = logits.chunks_exact(LANES);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for (a, &x) in acc.iter_mut().zip(c) {
+    pub fn argmax(logits: &[f32]) -> Option<usize> = argmax_body {
+        // Two passes the compiler vectorises (the largest finite value, then the first chunk
+        // holding it) instead of one branchy scan: a greedy step reads the whole vocabulary for
+        // every lane, on the caller's thread while the kernel pool waits (a plain `position`
+        // scan for the index was half of ~19 µs per SmolLM2 lane).
+        const LANES: usize = 16;
+        let finite = |x: f32| if x.is_finite() { x } else { f32::NEG_INFINITY };
+        let mut acc = [f32::NEG_INFINITY; LANES];
+        let chunks = logits.chunks_exact(LANES);
+        let tail = chunks.remainder();
+        for c in chunks {
+            for (a, &x) in acc.iter_mut().zip(c) {
+                let x = finite(x);
+                *a = if x > *a { x } else { *a };
+            }
+        }
+        let max = acc.iter().chain(tail).fold(f32::NEG_INFINITY, |m, &x| {
             let x = finite(x);
-            *a = if x > *a { x } else { *a };
+            if x > m { x } else { m }
+        });
+        if max == f32::NEG_INFINITY {
+            return None;
         }
-    }
-    let max = acc.iter().chain(tail).fold(f32::NEG_INFINITY, |m, &x| {
-        let x = finite(x);
-        if x > m { x } else { m }
-    });
-    if max == f32::NEG_INFINITY {
-        return None;
-    }
-    // `max` is finite, so only an equal finite value matches.
-    let mut chunks = logits.chunks_exact(LANES);
-    let mut base = 0;
-    for c in chunks.by_ref() {
-        if c.iter().fold(false, |hit, &x| hit | (x == max)) {
-            return c.iter().position(|&x| x == max).map(|i| base + i);
+        // `max` is finite, so only an equal finite value matches.
+        let mut chunks = logits.chunks_exact(LANES);
+        let mut base = 0;
+        for c in chunks.by_ref() {
+            if c.iter().fold(false, |hit, &x| hit | (x == max)) {
+                return c.iter().position(|&x| x == max).map(|i| base + i);
+            }
+            base += LANES;
         }
-        base += LANES;
+        chunks.remainder().iter().position(|&x| x == max).map(|i| base + i)
     }
-    chunks.remainder().iter().position(|&x| x == max).map(|i| base + i)
 }
 
 fn argmax_iter<I: Iterator<Item = (usize, f32)>>(values: I) -> Option<usize> {

@@ -11,8 +11,8 @@
 // Elsewhere (aarch64: NEON is the baseline) only the portable bodies exist.
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 
-/// The widest vector registers this CPU offers the engine's loops.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The widest vector registers this CPU offers the engine's loops (ordered narrow to wide).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Width {
     /// The build's baseline (SSE2 on x86-64, NEON on aarch64).
     Base,
@@ -31,33 +31,15 @@ pub(crate) fn width() -> Width {
             Ok("avx2") => Width::Avx2,
             _ => Width::Avx512,
         };
-        detect().min_by_cap(cap)
+        detect().min(cap)
     })
-}
-
-impl Width {
-    fn rank(self) -> u8 {
-        match self {
-            Self::Base => 0,
-            Self::Avx2 => 1,
-            Self::Avx512 => 2,
-        }
-    }
-
-    fn min_by_cap(self, cap: Self) -> Self {
-        if cap.rank() < self.rank() { cap } else { self }
-    }
 }
 
 #[cfg(target_arch = "x86_64")]
 fn detect() -> Width {
-    if is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx512dq")
-        && is_x86_feature_detected!("avx512bw")
-        && is_x86_feature_detected!("avx512vl")
-    {
+    if anelm_kernels::avx512() {
         Width::Avx512
-    } else if is_x86_feature_detected!("avx2") {
+    } else if anelm_kernels::avx2() {
         Width::Avx2
     } else {
         Width::Base
@@ -69,21 +51,28 @@ fn detect() -> Width {
     Width::Base
 }
 
-/// `fn name(args) -> ret = body;` defines `name`, which calls the `#[inline(always)]` function
-/// `body` compiled for the widest [`Width`] this CPU has.
+/// `fn name(args) -> ret = baseline { body }` defines `baseline`, an `#[inline(always)]` function
+/// with `body` (the portable code, which tests call to compare), and `name`, which runs that
+/// body compiled for the widest [`Width`] this CPU has.
 macro_rules! multiversion {
-    ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? = $body:path;) => {
+    (
+        $(#[$meta:meta])*
+        $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? = $base:ident $body:block
+    ) => {
+        #[inline(always)]
+        fn $base($($arg: $ty),*) $(-> $ret)? $body
+
         $(#[$meta])*
         $vis fn $name($($arg: $ty),*) $(-> $ret)? {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl,avx2")]
                 fn avx512($($arg: $ty),*) $(-> $ret)? {
-                    $body($($arg),*)
+                    $base($($arg),*)
                 }
                 #[target_feature(enable = "avx2")]
                 fn avx2($($arg: $ty),*) $(-> $ret)? {
-                    $body($($arg),*)
+                    $base($($arg),*)
                 }
                 match $crate::wide::width() {
                     // SAFETY: `width()` reports AVX-512 only where the CPU has F, DQ, BW and VL
@@ -94,7 +83,7 @@ macro_rules! multiversion {
                     $crate::wide::Width::Base => {}
                 }
             }
-            $body($($arg),*)
+            $base($($arg),*)
         }
     };
 }
@@ -107,8 +96,8 @@ mod tests {
 
     #[test]
     fn a_cap_never_widens() {
-        assert_eq!(Width::Avx2.min_by_cap(Width::Avx512), Width::Avx2);
-        assert_eq!(Width::Avx512.min_by_cap(Width::Base), Width::Base);
-        assert_eq!(Width::Base.min_by_cap(Width::Avx2), Width::Base);
+        assert_eq!(Width::Avx2.min(Width::Avx512), Width::Avx2);
+        assert_eq!(Width::Avx512.min(Width::Base), Width::Base);
+        assert_eq!(Width::Base.min(Width::Avx2), Width::Base);
     }
 }

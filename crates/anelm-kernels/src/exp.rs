@@ -40,7 +40,7 @@ pub fn exp_f32(x: f32) -> f32 {
 #[inline]
 pub fn silu_mul(g: &mut [f32], u: &[f32]) {
     #[cfg(target_arch = "x86_64")]
-    if avx512() {
+    if crate::vector::avx512() {
         // SAFETY: AVX-512F/DQ/BW/VL were detected at run time.
         unsafe { silu_mul_avx512(g, u) };
         return;
@@ -52,18 +52,6 @@ pub fn silu_mul(g: &mut [f32], u: &[f32]) {
         return;
     }
     silu_mul_loop(g, u);
-}
-
-/// Whether this CPU has the AVX-512 subsets the 512-bit copy is compiled for (detected once).
-#[cfg(target_arch = "x86_64")]
-fn avx512() -> bool {
-    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *HAS.get_or_init(|| {
-        is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512dq")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vl")
-    })
 }
 
 #[inline(always)]

@@ -40,4 +40,6 @@ pub use fp16::{
 pub use matmul::{Isa, matmul, matmul_with};
 pub use packed::{Combine, MAX_FUSED, PACK_ROWS, PackedMatrix, WIDE_GROUP_ROWS, wide_kernel_available};
 pub use quantize::quantize_row;
+#[cfg(target_arch = "x86_64")]
+pub use vector::{avx2, avx512};
 pub use vector::{axpy_f32, dot_f32};

@@ -50,6 +50,21 @@ fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
+/// Whether this CPU has AVX-512 F, DQ, BW and VL (detected once): the subsets the 512-bit
+/// copies of plain f32 loops are compiled for, here and in the engine (`target_feature`
+/// `avx512f,avx512dq,avx512bw,avx512vl,avx2`).
+#[cfg(target_arch = "x86_64")]
+pub fn avx512() -> bool {
+    use std::sync::OnceLock;
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| {
+        is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512dq")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+    })
+}
+
 /// Whether this CPU runs AVX2 and FMA (detected once; every AVX2 CPU but a few VIA ones has both).
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn avx2_fma() -> bool {
@@ -60,7 +75,7 @@ pub(crate) fn avx2_fma() -> bool {
 
 /// Whether this CPU runs AVX2 (detected once).
 #[cfg(target_arch = "x86_64")]
-pub(crate) fn avx2() -> bool {
+pub fn avx2() -> bool {
     use std::sync::OnceLock;
     static HAS: OnceLock<bool> = OnceLock::new();
     *HAS.get_or_init(|| is_x86_feature_detected!("avx2"))
