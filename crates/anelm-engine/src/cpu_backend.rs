@@ -314,15 +314,8 @@ impl CpuSwiGlu {
                 // Gate and up in one loop, `silu(g) · u` made by the tasks that computed them,
                 // which also quantise it for the down projection.
                 let combine = |g: &mut [f32], u: &[f32]| anelm_kernels::silu_mul(g, u);
-                anelm_kernels::PackedMatrix::matmul_pair_quantized(
-                    g,
-                    u,
-                    act,
-                    gate,
-                    &combine,
-                    self.down.format,
-                    act_down,
-                )?;
+                let next = Some((self.down.format, &mut *act_down));
+                anelm_kernels::PackedMatrix::matmul_pair(g, u, act, gate, &combine, next)?;
             }
             _ => {
                 up.resize(lanes * ffn, 0.0);

@@ -78,27 +78,21 @@ fn quantize_q8_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32], bsu
         crate::fp16::round_f16_slice(s);
         return;
     }
-    #[cfg(target_arch = "x86_64")]
-    if crate::vector::avx2() {
-        for (b, src) in x.chunks_exact(32).enumerate() {
-            // SAFETY: AVX2 was detected at run time.
-            let (db, sum) = unsafe { quantize_block_avx2(src, &mut q[32 * b..32 * b + 32]) };
-            d[b] = round_f16(db);
-            bsums[b] = sum;
-            if with_sums {
-                s[b] = round_f16(db * sum as f32);
-            }
-        }
-        return;
-    }
     for (b, src) in x.chunks_exact(32).enumerate() {
-        let (db, sum) = quantize_block_portable(src, &mut q[32 * b..32 * b + 32]);
-        d[b] = round_f16(db);
+        let (db, sum) = quantize_q8_block(src, &mut q[32 * b..32 * b + 32]);
+        let (rd, rs) = rounded_scales(db, sum);
+        d[b] = rd;
         bsums[b] = sum;
         if with_sums {
-            s[b] = round_f16(db * sum as f32);
+            s[b] = rs;
         }
     }
+}
+
+/// A block's stored scale `d` and `s = d·Σq`, each rounded to f16 from the unrounded `d`.
+#[inline]
+fn rounded_scales(db: f32, sum: i32) -> (f32, f32) {
+    (round_f16(db), round_f16(db * sum as f32))
 }
 
 /// One Q8 block of 32 values, portable: the unrounded `(d, Σq)`.
@@ -115,8 +109,8 @@ fn quantize_block_portable(src: &[f32], q: &mut [i8]) -> (f32, i32) {
     (db, sum)
 }
 
-/// One Q8 block of 32 values on the best path this CPU has: the unrounded `(d, Σq)`, the same
-/// values as [`quantize_q8_blocks`] makes for it.
+/// One Q8 block of 32 values on the best path this CPU has: the unrounded `(d, Σq)` (the
+/// AVX-512, AVX2 and portable blocks give the same values, tested).
 fn quantize_q8_block(src: &[f32], q: &mut [i8]) -> (f32, i32) {
     #[cfg(target_arch = "x86_64")]
     if wide_quantizer() {
@@ -415,12 +409,13 @@ impl BlockWriter<'_> {
         // this block single-writer.
         let q = unsafe { std::slice::from_raw_parts_mut(self.q.add(32 * block), 32) };
         let (db, sum) = quantize_q8_block(src, q);
+        let (rd, rs) = rounded_scales(db, sum);
         // SAFETY: as above, one entry per block in each per-block buffer (null ones skipped).
         unsafe {
-            *self.d.add(block) = round_f16(db);
+            *self.d.add(block) = rd;
             *self.bsums.add(block) = sum;
             if !self.s.is_null() {
-                *self.s.add(block) = round_f16(db * sum as f32);
+                *self.s.add(block) = rs;
             }
             if !self.neg.is_null() {
                 *self.neg.add(block) = -128 * sum;

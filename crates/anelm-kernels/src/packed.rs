@@ -285,49 +285,34 @@ impl PackedMatrix {
     /// `out[lane · rows + r] = combine(A[r] · x[lane], B[r] · x[lane])` (SwiGLU's
     /// `silu(gate) · up`): the same values as two [`PackedMatrix::matmul`] calls and a serial
     /// pass, with the combining spread over the threads.
+    ///
+    /// With `next = Some((fmt, act))` it also quantises `out` for the next matmul, whose weights
+    /// are in `fmt`, into `act`: each task converts the 32-row blocks it made while they are in
+    /// its cache, so the caller neither runs that serially nor reads the other threads' rows
+    /// across cores (SwiGLU's down projection: ~3.7 µs per layer at four lanes). `act` ends up
+    /// exactly as `act.quantize(fmt, out, lanes, rows)` leaves it, which is what runs instead
+    /// when the rows are not a multiple of 32 or `fmt` does not pair with Q8_0/Q8_1 blocks.
     pub fn matmul_pair(
         a: &PackedMatrix,
         b: &PackedMatrix,
         x: &Activations,
         out: &mut [f32],
         combine: &Combine<'_>,
+        next: Option<(WeightFormat, &mut Activations)>,
     ) -> Result<(), KernelError> {
         Self::check_pair(a, b)?;
-        Self::fused(crate::matmul::Isa::best(), &[a, b], Some(combine), None, x, out)
-    }
-
-    /// [`PackedMatrix::matmul_pair`] that also quantises its output for the next matmul, whose
-    /// weights are in `next_fmt`, into `next`: each task converts the 32-row blocks it made
-    /// while they are in its cache, so the caller neither runs that serially nor reads the other
-    /// threads' rows across cores (SwiGLU's down projection: ~3.7 µs per layer at four lanes).
-    /// `next` ends up exactly as `next.quantize(next_fmt, out, lanes, rows)` leaves it. Falls
-    /// back to that call when the pair's rows are not a multiple of 32 or `next_fmt` does not
-    /// pair with Q8_0/Q8_1 blocks.
-    pub fn matmul_pair_quantized(
-        a: &PackedMatrix,
-        b: &PackedMatrix,
-        x: &Activations,
-        out: &mut [f32],
-        combine: &Combine<'_>,
-        next_fmt: WeightFormat,
-        next: &mut Activations,
-    ) -> Result<(), KernelError> {
-        Self::check_pair(a, b)?;
+        let isa = crate::matmul::Isa::best();
+        let Some((fmt, act)) = next else {
+            return Self::fused(isa, &[a, b], Some(combine), None, x, out);
+        };
         let lanes = x.lanes;
         if a.rows.is_multiple_of(32)
-            && let Some(writer) = next.block_writer(next_fmt, lanes, a.rows)?
+            && let Some(writer) = act.block_writer(fmt, lanes, a.rows)?
         {
-            return Self::fused(
-                crate::matmul::Isa::best(),
-                &[a, b],
-                Some(combine),
-                Some(&writer),
-                x,
-                out,
-            );
+            return Self::fused(isa, &[a, b], Some(combine), Some(&writer), x, out);
         }
-        Self::fused(crate::matmul::Isa::best(), &[a, b], Some(combine), None, x, out)?;
-        next.quantize(next_fmt, out, lanes, a.rows)
+        Self::fused(isa, &[a, b], Some(combine), None, x, out)?;
+        act.quantize(fmt, out, lanes, a.rows)
     }
 
     fn check_pair(a: &PackedMatrix, b: &PackedMatrix) -> Result<(), KernelError> {

@@ -194,7 +194,7 @@ fn fused_loops_give_exactly_the_separate_results() {
             let silu = |a: f32, b: f32| a / (1.0 + (-a).exp()) * b;
             let mut pair = vec![f32::NAN; lanes * 1536];
             let combine = |a: &mut [f32], b: &[f32]| a.iter_mut().zip(b).for_each(|(a, &b)| *a = silu(*a, b));
-            PackedMatrix::matmul_pair(&gate, &up, &act, &mut pair, &combine).expect("pair");
+            PackedMatrix::matmul_pair(&gate, &up, &act, &mut pair, &combine, None).expect("pair");
             for (i, (p, (g, u))) in pair.iter().zip(g.iter().zip(&u)).enumerate() {
                 assert_eq!(p.to_bits(), silu(*g, *u).to_bits(), "{fmt:?} lanes {lanes} [{i}]");
             }
@@ -203,7 +203,7 @@ fn fused_loops_give_exactly_the_separate_results() {
             for next_fmt in [WeightFormat::Q4_1, WeightFormat::Q8_0] {
                 let mut by_tasks = Activations::new();
                 let mut pair_q = vec![f32::NAN; lanes * 1536];
-                PackedMatrix::matmul_pair_quantized(&gate, &up, &act, &mut pair_q, &combine, next_fmt, &mut by_tasks)
+                PackedMatrix::matmul_pair(&gate, &up, &act, &mut pair_q, &combine, Some((next_fmt, &mut by_tasks)))
                     .expect("pair + quantise");
                 assert!(pair_q.iter().zip(&pair).all(|(a, b)| a.to_bits() == b.to_bits()));
                 let mut serial = Activations::new();
@@ -214,7 +214,7 @@ fn fused_loops_give_exactly_the_separate_results() {
         // Mismatches are errors: heights of a pair, output width, too many matrices.
         let mut act = Activations::new();
         act.quantize(fmt, &rng.vec(cols), 1, cols).expect("quantize");
-        assert!(PackedMatrix::matmul_pair(&q, &k, &act, &mut vec![0.0; 576], &|_, _| ()).is_err());
+        assert!(PackedMatrix::matmul_pair(&q, &k, &act, &mut vec![0.0; 576], &|_, _| (), None).is_err());
         assert!(PackedMatrix::matmul_concat(&[&q, &k], &act, &mut vec![0.0; 576]).is_err());
         assert!(PackedMatrix::matmul_concat(&[], &act, &mut []).is_err());
         assert!(PackedMatrix::matmul_concat(&[&v, &v, &v, &v, &v], &act, &mut [0.0; 40]).is_err());
