@@ -27,14 +27,30 @@ multiversion! {
     /// y = x / sqrt(mean(x²) + eps) ⊙ (w + offset). `offset` is 0 for Llama, 1 for `(1 + w)`
     /// norms.
     pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, offset: f32, y: &mut [f32]) = rms_norm_body {
-        // Each square of an f32 is exact in f64.
-        let sum = sum_f64(x, |v| f64::from(v) * f64::from(v));
-        let mean = (sum / x.len().max(1) as f64) as f32;
-        let scale = 1.0 / (mean + eps).sqrt();
+        let scale = rms_scale(x, eps);
         for ((y, &x), &w) in y.iter_mut().zip(x).zip(w) {
             *y = (x * scale) * (w + offset);
         }
     }
+}
+
+multiversion! {
+    /// [`rms_norm`] of `x` into itself (each output reads only its own input and the scale, so
+    /// the values are the same): the per-head QK-norms, without a copy of each head.
+    pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32, offset: f32) = rms_norm_in_place_body {
+        let scale = rms_scale(x, eps);
+        for (x, &w) in x.iter_mut().zip(w) {
+            *x = (*x * scale) * (w + offset);
+        }
+    }
+}
+
+/// `1 / sqrt(mean(x²) + eps)`, the mean from an f64 sum (each square of an f32 is exact in f64).
+#[inline(always)]
+fn rms_scale(x: &[f32], eps: f32) -> f32 {
+    let sum = sum_f64(x, |v| f64::from(v) * f64::from(v));
+    let mean = (sum / x.len().max(1) as f64) as f32;
+    1.0 / (mean + eps).sqrt()
 }
 
 /// GELU with the tanh approximation (`gelu_pytorch_tanh`):
@@ -393,6 +409,9 @@ mod tests {
             rms_norm(&x, &w, 1e-6, 1.0, &mut a);
             rms_norm_body(&x, &w, 1e-6, 1.0, &mut b);
             assert_eq!(bits(&a), bits(&b), "rms_norm n={n}");
+            let mut c = x.clone();
+            rms_norm_in_place(&mut c, &w, 1e-6, 1.0);
+            assert_eq!(bits(&a), bits(&c), "rms_norm_in_place n={n}");
         }
         for (dims, pairing) in [
             (64, RopePairing::Adjacent),

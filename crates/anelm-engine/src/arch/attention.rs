@@ -58,6 +58,17 @@ impl Attention {
         self.n_heads * self.head_dim
     }
 
+    /// Scoring of rows `stride` apart whose KV head starts at `offset`.
+    fn params(&self, stride: usize, offset: usize) -> AttendParams {
+        AttendParams {
+            stride,
+            offset,
+            scale: self.scale,
+            softcap: self.softcap,
+            precision: self.precision,
+        }
+    }
+
     /// Append each lane's key and value (at `k_off` / `v_off` of its row in `rows`, `kv_dim`
     /// floats each) to its session's cache of layer `layer`. Lanes must come in position order.
     pub(crate) fn append(
@@ -117,9 +128,6 @@ impl Attention {
         // are the whole group unless that leaves too few tasks to keep the threads busy.
         let pool = anelm_kernels::pool::global();
         let heads = heads_per_task(group, lanes.len() * self.n_heads, pool.threads());
-        thread_local! {
-            static SCRATCH: std::cell::RefCell<AttendScratch> = std::cell::RefCell::new(AttendScratch::default());
-        }
         pool.for_each_chunk_mut(out.as_mut_slice(), heads * hd, &|idx, o| {
             let per_lane = self.n_heads / heads;
             let (lane, first) = (idx / per_lane, (idx % per_lane) * heads);
@@ -135,16 +143,27 @@ impl Attention {
             let start = self.window.map_or(0, |w| end.saturating_sub(w));
             let slots = c.segments(start..end);
             let (stride, offset) = c.row_layout(first / group, hd);
-            let p = AttendParams {
-                stride,
-                offset,
-                scale: self.scale,
-                softcap: self.softcap,
-                precision: self.precision,
-            };
-            SCRATCH.with(|sc| attend_group(&qs[..heads], c.keys(), c.values(), &slots, &p, &mut sc.borrow_mut(), o));
+            let p = self.params(stride, offset);
+            SCRATCH.with(|sc| {
+                attend_group(
+                    &qs[..heads],
+                    c.keys(),
+                    c.values(),
+                    &slots,
+                    &p,
+                    &mut sc.borrow_mut().0,
+                    o,
+                )
+            });
         });
     }
+}
+
+thread_local! {
+    /// Each thread's buffers for attention tasks: the scores, and the heads a fused decode task
+    /// prepares.
+    static SCRATCH: std::cell::RefCell<(AttendScratch, Vec<f32>)> =
+        std::cell::RefCell::new((AttendScratch::default(), Vec::new()));
 }
 
 /// How [`Attention::run_decode_fused`] prepares one head of a lane before use: `(lane, head,
@@ -182,8 +201,11 @@ impl Attention {
             || self.n_heads % self.n_kv_heads.max(1) != 0
             || heads_per_task(group, lanes.len() * self.n_heads, pool.threads()) != group
             || items.iter().any(|it| {
+                // One plane per KV head, stored as the precision rounds (as `cache` builds it).
                 let c = &it.session.kv.layers[layer];
-                c.heads() != self.n_kv_heads || (!c.is_empty() && c.kv_dim() != self.kv_dim())
+                c.heads() != self.n_kv_heads
+                    || c.storage() != self.precision.kv_storage()
+                    || (!c.is_empty() && c.kv_dim() != self.kv_dim())
             })
         {
             return false;
@@ -200,13 +222,6 @@ impl Attention {
             let start = self.window.map_or(0, |w| end.saturating_sub(w));
             segments.push(c.segments(start..end));
         }
-        let p = self.precision;
-        // Where the storage itself rounds as the precision asks (f16 bits, or f32 as is), values
-        // go in as they are; otherwise rounded first, as `append` does.
-        let raw: Vec<bool> = items
-            .iter()
-            .map(|it| it.session.kv.layers[layer].storage() == p.kv_storage())
-            .collect();
         let mut planes = Vec::with_capacity(items.len());
         for it in items.iter_mut() {
             match it.session.kv.layers[layer].planes(self.n_kv_heads) {
@@ -215,10 +230,7 @@ impl Attention {
             }
         }
         out.resize(lanes.len(), self.q_dim());
-        thread_local! {
-            static SCRATCH: std::cell::RefCell<(AttendScratch, Vec<f32>)> =
-                std::cell::RefCell::new((AttendScratch::default(), Vec::new()));
-        }
+        let params = self.params(hd, 0);
         pool.for_each_chunk_mut(out.as_mut_slice(), group * hd, &|idx, o| {
             let (lane, kh) = (idx / self.n_kv_heads, idx % self.n_kv_heads);
             let first = kh * group;
@@ -237,11 +249,7 @@ impl Attention {
                 }
                 let (k, v) = kv.split_at_mut(hd);
                 prep(lane, k, false);
-                if !raw[l.item] {
-                    for e in k.iter_mut().chain(v.iter_mut()) {
-                        *e = p.store(*e);
-                    }
-                }
+                // The storage rounds as the precision asks (f16 bits, or f32 as is; checked).
                 // SAFETY: task `idx` is the only one for (this lane's item, head `kh`): each
                 // item has one lane in a decode step, and tasks are (lane, KV head) pairs.
                 let (mut kp, mut vp) = unsafe { planes[l.item].head(kh) };
@@ -252,13 +260,6 @@ impl Attention {
                 for (h, q) in qs.iter_mut().enumerate().take(group) {
                     *q = &qs_flat[h * hd..(h + 1) * hd];
                 }
-                let params = AttendParams {
-                    stride: hd,
-                    offset: 0,
-                    scale: self.scale,
-                    softcap: self.softcap,
-                    precision: p,
-                };
                 attend_group(&qs[..group], kp.rows(), vp.rows(), &segments[lane], &params, scratch, o);
             });
         });
@@ -268,7 +269,133 @@ impl Attention {
 
 #[cfg(test)]
 mod tests {
-    use super::heads_per_task;
+    use super::*;
+    use crate::kv_cache::KvRows;
+    use crate::model::LogitsMode;
+    use crate::ops::AttentionPrecision;
+    use crate::session::Session;
+
+    /// Deterministic values in [−1, 1).
+    fn val(i: usize, seed: u32) -> f32 {
+        ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 9) as f32 / 4.2e6 - 1.0
+    }
+
+    fn lanes_of(sessions: &[Session]) -> Vec<LaneRef> {
+        (0..sessions.len())
+            .map(|item| LaneRef {
+                item,
+                pos: sessions[item].kv.layers[0].len(),
+            })
+            .collect()
+    }
+
+    fn items<'a>(sessions: &'a mut [Session], tok: &'a [u32]) -> Vec<StepItem<'a>> {
+        sessions
+            .iter_mut()
+            .map(|session| StepItem {
+                session,
+                tokens: tok,
+                logits: LogitsMode::Last,
+            })
+            .collect()
+    }
+
+    fn bits(rows: KvRows<'_>) -> Vec<u32> {
+        match rows {
+            KvRows::F32(v) => v.iter().map(|x| x.to_bits()).collect(),
+            KvRows::F16(v) => v.iter().map(|&x| u32::from(x)).collect(),
+        }
+    }
+
+    /// The fused decode loop against the serial preparation, `append` and `run`: the same
+    /// outputs and cache contents bit for bit, for both precisions, and it does take the fused
+    /// path whenever its tasks own whole groups on this pool.
+    #[test]
+    fn fused_decode_equals_prepare_append_run() {
+        let lanes_n = 8;
+        for precision in [AttentionPrecision::F16, AttentionPrecision::F32] {
+            let att = Attention {
+                n_heads: 4,
+                n_kv_heads: 2,
+                head_dim: 32,
+                scale: 0.17,
+                window: None,
+                softcap: None,
+                precision,
+            };
+            let (q_dim, kv_dim) = (att.q_dim(), att.kv_dim());
+            let width = q_dim + 2 * kv_dim;
+            let mut sessions: Vec<Session> = (0..lanes_n).map(|_| Session::new(att.cache(&[None]), 64)).collect();
+            // Histories of different lengths, appended one position at a time.
+            let tok = [0u32];
+            for (i, s) in sessions.iter_mut().enumerate() {
+                for p in 0..3 + 2 * i {
+                    let row: Vec<f32> = (0..width).map(|k| val(k + 1000 * p, i as u32)).collect();
+                    let rows = Batch::from_vec(1, width, row).expect("one lane");
+                    let lane = [LaneRef { item: 0, pos: p }];
+                    att.append(
+                        &mut items(std::slice::from_mut(s), &tok),
+                        &lane,
+                        0,
+                        &rows,
+                        q_dim,
+                        q_dim + kv_dim,
+                    );
+                }
+            }
+            let data: Vec<f32> = (0..lanes_n * width).map(|k| val(k, 77) * 3.0).collect();
+            let rows = Batch::from_vec(lanes_n, width, data).expect("rows");
+            // A preparation that depends on the lane and on the head kind.
+            let prep = |lane: usize, head: &mut [f32], is_query: bool| {
+                let f = if is_query { 0.5 } else { 1.5 } + lane as f32;
+                head.iter_mut().for_each(|x| *x *= f);
+            };
+            let mut serial = sessions.clone();
+            let lanes = lanes_of(&serial);
+            let mut prepared = rows.clone();
+            for lane in 0..lanes_n {
+                let row = prepared.lane_mut(lane);
+                row[..q_dim].chunks_mut(32).for_each(|h| prep(lane, h, true));
+                row[q_dim..q_dim + kv_dim]
+                    .chunks_mut(32)
+                    .for_each(|h| prep(lane, h, false));
+            }
+            let mut want = Batch::default();
+            att.append(
+                &mut items(&mut serial, &tok),
+                &lanes,
+                0,
+                &prepared,
+                q_dim,
+                q_dim + kv_dim,
+            );
+            att.run(&items(&mut serial, &tok), &lanes, 0, &prepared, 0, 32, &mut want);
+            let mut got = Batch::default();
+            let fused = att.run_decode_fused(
+                &mut items(&mut sessions, &tok),
+                &lanes,
+                0,
+                &rows,
+                q_dim,
+                q_dim + kv_dim,
+                &prep,
+                &mut got,
+            );
+            let threads = anelm_kernels::pool::global().threads();
+            assert_eq!(fused, heads_per_task(2, lanes_n * 4, threads) == 2, "{threads} threads");
+            if !fused {
+                continue;
+            }
+            let out_bits = |b: &Batch| b.as_slice().iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(out_bits(&got), out_bits(&want), "{precision:?} outputs");
+            for (a, b) in sessions.iter().zip(&serial) {
+                let (a, b) = (&a.kv.layers[0], &b.kv.layers[0]);
+                assert_eq!(a.len(), b.len());
+                assert_eq!(bits(a.keys()), bits(b.keys()), "{precision:?} keys");
+                assert_eq!(bits(a.values()), bits(b.values()), "{precision:?} values");
+            }
+        }
+    }
 
     #[test]
     fn tasks_share_rows_when_there_are_enough_of_them() {

@@ -27,7 +27,7 @@ use crate::backend::{Backend, Kernel, KernelSpec, WeightId};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
 use crate::model::{LanguageModel, ModelInfo, StepItem};
-use crate::ops::{AttentionPrecision, Rope, RopePairing, gelu_tanh, rms_norm};
+use crate::ops::{AttentionPrecision, Rope, RopePairing, gelu_tanh, rms_norm, rms_norm_in_place};
 use crate::session::Session;
 use crate::stored_matrix::StoredMatrix;
 
@@ -466,7 +466,7 @@ impl LanguageModel for Gemma3 {
         let mut y = Batch::default();
         let mut gu = Batch::default();
         let mut act = Batch::zeros(n, ffn);
-        let mut tmp = vec![0.0f32; hd.max(h)];
+        let mut tmp = vec![0.0f32; h];
         for (li, layer) in self.layers.iter().enumerate() {
             let (angles, attention, rope) = if layer.sliding {
                 (&angles_local, &self.attn_local, &self.rope_local)
@@ -482,8 +482,7 @@ impl LanguageModel for Gemma3 {
                 let (q, kv) = row.split_at_mut(q_dim);
                 for (heads, w) in [(q, &layer.q_norm), (&mut kv[..kv_dim], &layer.k_norm)] {
                     for head in heads.chunks_mut(hd) {
-                        tmp[..hd].copy_from_slice(head);
-                        rms_norm(&tmp[..hd], w, eps, 0.0, head);
+                        rms_norm_in_place(head, w, eps, 0.0);
                         rope.apply(head, cs);
                     }
                 }

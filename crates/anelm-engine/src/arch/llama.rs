@@ -14,7 +14,7 @@ use crate::backend::{Backend, Kernel, KernelSpec, WeightId};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
 use crate::model::{LanguageModel, ModelInfo, StepItem};
-use crate::ops::{AttentionPrecision, Rope, RopePairing, rms_norm};
+use crate::ops::{AttentionPrecision, Rope, RopePairing, rms_norm, rms_norm_in_place};
 use crate::session::Session;
 use crate::stored_matrix::StoredMatrix;
 
@@ -395,18 +395,7 @@ impl LanguageModel for Llama {
             // Decode steps: QK-norm, RoPE and the cache append inside the attention tasks.
             let prep = |lane: usize, head: &mut [f32], is_query: bool| {
                 if let Some((wq, wk)) = &layer.qk_norm {
-                    // The norm reads a copy of the head it overwrites (on the stack for every
-                    // usual head width).
-                    let (mut stack, heap);
-                    let src: &[f32] = if head.len() <= 512 {
-                        stack = [0.0f32; 512];
-                        stack[..head.len()].copy_from_slice(head);
-                        &stack[..head.len()]
-                    } else {
-                        heap = head.to_vec();
-                        &heap
-                    };
-                    rms_norm(src, if is_query { wq } else { wk }, cfg.rms_eps, 0.0, head);
+                    rms_norm_in_place(head, if is_query { wq } else { wk }, cfg.rms_eps, 0.0);
                 }
                 self.rope.apply(head, &angles[lane]);
             };

@@ -30,7 +30,7 @@ use crate::backend::{Backend, Kernel, KernelSpec, WeightId};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
 use crate::model::{LanguageModel, ModelInfo, StepItem};
-use crate::ops::{AttentionPrecision, Rope, RopePairing, rms_norm, sigmoid};
+use crate::ops::{AttentionPrecision, Rope, RopePairing, rms_norm, rms_norm_in_place, sigmoid};
 use crate::session::{RecurrentLayer, Session};
 use crate::stored_matrix::StoredMatrix;
 
@@ -569,7 +569,6 @@ impl LanguageModel for Qwen35 {
         let mut mixed = Batch::zeros(n, vw);
         let mut y = Batch::default();
         let mut conv = vec![0.0f32; cfg.deltanet.conv_dim()];
-        let mut tmp = vec![0.0f32; hd];
         for (li, layer) in self.layers.iter().enumerate() {
             for lane in 0..n {
                 rms_norm(x.lane(lane), &layer.input_norm, eps, 0.0, xn.lane_mut(lane));
@@ -597,13 +596,11 @@ impl LanguageModel for Qwen35 {
                         let (qg, kv) = row.split_at_mut(2 * q_dim);
                         for head in qg.chunks_mut(2 * hd) {
                             let q = &mut head[..hd];
-                            tmp.copy_from_slice(q);
-                            rms_norm(&tmp, q_norm, eps, 0.0, q);
+                            rms_norm_in_place(q, q_norm, eps, 0.0);
                             self.rope.apply(q, cs);
                         }
                         for k in kv[..kv_dim].chunks_mut(hd) {
-                            tmp.copy_from_slice(k);
-                            rms_norm(&tmp, k_norm, eps, 0.0, k);
+                            rms_norm_in_place(k, k_norm, eps, 0.0);
                             self.rope.apply(k, cs);
                         }
                     }
