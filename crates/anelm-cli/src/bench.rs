@@ -24,6 +24,12 @@ pub struct BenchArgs {
     /// Generation lengths to measure decode on (comma-separated; 0 = skip).
     #[arg(short = 'n', long = "n-gen", default_value = "128", value_delimiter = ',')]
     pub n_gen: Vec<usize>,
+    /// Streams decoded together in each `tg` test (comma-separated, as llama-batched-bench's
+    /// parallel sequences): one batched forward per step for all of them, in-process, so the
+    /// figure is the engine's aggregate decode rate without a server or prefill. Levels
+    /// alternate within each repetition, so drift on a shared host hits them alike.
+    #[arg(long, default_value = "1", value_delimiter = ',')]
+    pub parallel: Vec<usize>,
     /// Repetitions of each test.
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     pub repetitions: usize,
@@ -215,26 +221,40 @@ fn streamed_weight_bytes(path: &std::path::Path) -> Option<u64> {
 }
 
 fn decode_once(model: &dyn LanguageModel, first: u32, n: usize) -> Result<f64> {
-    let mut session = model.new_session(n + 1);
-    let mut tok = first;
+    decode_batch(model, &[first], n)
+}
+
+/// `n` greedy decode steps of `firsts.len()` streams at once (stream `i` starting from
+/// `firsts[i]`, at position 0), one batched forward per step; aggregate tokens per second.
+fn decode_batch(model: &dyn LanguageModel, firsts: &[u32], n: usize) -> Result<f64> {
+    let mut sessions: Vec<_> = firsts.iter().map(|_| model.new_session(n + 1)).collect();
+    let mut toks = firsts.to_vec();
     let t = Instant::now();
     for _ in 0..n {
-        let out = model.forward(&mut [StepItem {
-            session: &mut session,
-            tokens: std::slice::from_ref(&tok),
-            logits: LogitsMode::Last,
-        }])?;
-        let logits = out.lane(0);
-        tok = logits
-            .iter()
-            .enumerate()
-            .fold(
-                (0usize, f32::NEG_INFINITY),
-                |b, (i, &l)| if l > b.1 { (i, l) } else { b },
-            )
-            .0 as u32;
+        let mut items: Vec<StepItem<'_>> = sessions
+            .iter_mut()
+            .zip(&toks)
+            .map(|(session, tok)| StepItem {
+                session,
+                tokens: std::slice::from_ref(tok),
+                logits: LogitsMode::Last,
+            })
+            .collect();
+        let out = model.forward(&mut items)?;
+        drop(items);
+        for (lane, tok) in toks.iter_mut().enumerate() {
+            *tok = out
+                .lane(lane)
+                .iter()
+                .enumerate()
+                .fold(
+                    (0usize, f32::NEG_INFINITY),
+                    |b, (i, &l)| if l > b.1 { (i, l) } else { b },
+                )
+                .0 as u32;
+        }
     }
-    Ok(n as f64 / t.elapsed().as_secs_f64())
+    Ok((n * firsts.len()) as f64 / t.elapsed().as_secs_f64())
 }
 
 /// Run `anelm bench`.
@@ -247,6 +267,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     if a.repetitions == 0 {
         bail!("--repetitions must be at least 1");
+    }
+    if a.parallel.is_empty() || a.parallel.contains(&0) {
+        bail!("--parallel levels must be at least 1 (e.g. --parallel 1,4)");
     }
     let path = model_path(&a.model)?;
     let (lm, device) = load_reporting(&a.model)?;
@@ -275,18 +298,36 @@ pub fn run(a: BenchArgs) -> Result<()> {
         if n + 1 > max_ctx {
             bail!("-n {n} exceeds the model's context of {max_ctx} tokens");
         }
-        let first = bench_tokens(1, vocab)[0];
-        decode_once(model, first, n.min(16))?; // warm-up
+        // Distinct first tokens, so the streams do not decode the same text.
+        let firsts = bench_tokens(a.parallel.iter().copied().max().unwrap_or(1), vocab);
+        for &b in &a.parallel {
+            decode_batch(model, &firsts[..b], n.min(16))?; // warm-up
+        }
         device.reset();
-        let rates = (0..a.repetitions)
-            .map(|_| decode_once(model, first, n))
-            .collect::<Result<Vec<_>>>()?;
-        figures.push(Figure {
-            test: format!("tg{n}"),
-            tokens: n,
-            rates,
-            modelled: modelled_rate(&device, n * a.repetitions),
-        });
+        let mut rates: Vec<Vec<f64>> = vec![Vec::new(); a.parallel.len()];
+        for _ in 0..a.repetitions {
+            for (r, &b) in rates.iter_mut().zip(&a.parallel) {
+                r.push(decode_batch(model, &firsts[..b], n)?);
+            }
+        }
+        let total: usize = a.parallel.iter().sum();
+        for (rates, &b) in rates.into_iter().zip(&a.parallel) {
+            figures.push(Figure {
+                test: if b == 1 {
+                    format!("tg{n}")
+                } else {
+                    format!("tg{n} x{b}")
+                },
+                tokens: n * b,
+                rates,
+                // Modelled time is not split by level: only a single level gets the column.
+                modelled: if a.parallel.len() == 1 {
+                    modelled_rate(&device, n * total * a.repetitions)
+                } else {
+                    None
+                },
+            });
+        }
     }
     let name = path
         .file_name()

@@ -122,6 +122,41 @@ fn inspect_shows_architecture_and_tensors() {
 }
 
 #[test]
+fn bench_parallel_reports_one_batched_decode_figure_per_level() {
+    let out = stdout(&anelm(&[
+        "bench",
+        "-p",
+        "0",
+        "-n",
+        "4",
+        "--parallel",
+        "1,3",
+        "-r",
+        "2",
+        "--json",
+    ]));
+    let rows: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect();
+    assert_eq!(rows.len(), 2, "{out}");
+    for (row, (test, tokens)) in rows.iter().zip([("tg4", 4), ("tg4 x3", 12)]) {
+        assert_eq!(row["test"], test, "{row}");
+        assert_eq!(row["tokens"].as_u64(), Some(tokens), "{row}");
+        assert_eq!(
+            row["tok_s"].as_array().map(Vec::len),
+            Some(2),
+            "one rate per repetition: {row}"
+        );
+        assert!(row["tok_s_median"].as_f64().is_some_and(|r| r > 0.0), "{row}");
+    }
+    assert_one_line_error(
+        &anelm(&["bench", "--parallel", "1,0"]),
+        "--parallel levels must be at least 1",
+    );
+}
+
+#[test]
 fn bad_inputs_give_one_line_errors() {
     assert_one_line_error(
         &anelm(&["generate", "--model", "/nonexistent/model.gguf", "hi"]),
