@@ -243,15 +243,8 @@ fn decode_batch(model: &dyn LanguageModel, firsts: &[u32], n: usize) -> Result<f
         let out = model.forward(&mut items)?;
         drop(items);
         for (lane, tok) in toks.iter_mut().enumerate() {
-            *tok = out
-                .lane(lane)
-                .iter()
-                .enumerate()
-                .fold(
-                    (0usize, f32::NEG_INFINITY),
-                    |b, (i, &l)| if l > b.1 { (i, l) } else { b },
-                )
-                .0 as u32;
+            // The sampler's greedy pick, as a temperature-0 request in the server takes it.
+            *tok = anelm_engine::sampler::argmax(out.lane(lane)).unwrap_or(0) as u32;
         }
     }
     Ok((n * firsts.len()) as f64 / t.elapsed().as_secs_f64())
