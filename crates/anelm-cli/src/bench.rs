@@ -250,6 +250,9 @@ fn decode_batch(model: &dyn LanguageModel, firsts: &[u32], n: usize) -> Result<f
     Ok((n * firsts.len()) as f64 / t.elapsed().as_secs_f64())
 }
 
+/// Most streams one `--parallel` level decodes (each holds a session with its own cache).
+const MAX_PARALLEL: usize = 256;
+
 /// Run `anelm bench`.
 pub fn run(a: BenchArgs) -> Result<()> {
     if a.energy {
@@ -261,8 +264,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a.repetitions == 0 {
         bail!("--repetitions must be at least 1");
     }
-    if a.parallel.is_empty() || a.parallel.contains(&0) {
-        bail!("--parallel levels must be at least 1 (e.g. --parallel 1,4)");
+    if a.parallel.is_empty() || a.parallel.iter().any(|&b| b == 0 || b > MAX_PARALLEL) {
+        bail!("--parallel levels must be between 1 and {MAX_PARALLEL} (e.g. --parallel 1,4)");
     }
     let path = model_path(&a.model)?;
     let (lm, device) = load_reporting(&a.model)?;
