@@ -84,9 +84,9 @@ fn run_energy(a: &BenchArgs) -> Result<()> {
         );
     }
     let first = bench_tokens(1, model.info().vocab_size)[0];
-    decode_once(model, first, n.min(16))?; // warm-up: weights paged in, kernels loaded
+    decode_batch(model, &[first], n.min(16))?; // warm-up: weights paged in, kernels loaded
     let report = crate::energy::measure(std::time::Duration::from_secs_f64(a.energy_idle), || {
-        decode_once(model, first, n).map(|_| n)
+        decode_batch(model, &[first], n).map(|_| n)
     })?;
     print!("{report}");
     Ok(())
@@ -220,10 +220,6 @@ fn streamed_weight_bytes(path: &std::path::Path) -> Option<u64> {
     )
 }
 
-fn decode_once(model: &dyn LanguageModel, first: u32, n: usize) -> Result<f64> {
-    decode_batch(model, &[first], n)
-}
-
 /// `n` greedy decode steps of `firsts.len()` streams at once (stream `i` starting from
 /// `firsts[i]`, at position 0), one batched forward per step; aggregate tokens per second.
 fn decode_batch(model: &dyn LanguageModel, firsts: &[u32], n: usize) -> Result<f64> {
@@ -306,7 +302,6 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 r.push(decode_batch(model, &firsts[..b], n)?);
             }
         }
-        let total: usize = a.parallel.iter().sum();
         for (rates, &b) in rates.into_iter().zip(&a.parallel) {
             figures.push(Figure {
                 test: if b == 1 {
@@ -318,7 +313,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 rates,
                 // Modelled time is not split by level: only a single level gets the column.
                 modelled: if a.parallel.len() == 1 {
-                    modelled_rate(&device, n * total * a.repetitions)
+                    modelled_rate(&device, n * b * a.repetitions)
                 } else {
                     None
                 },
