@@ -155,7 +155,8 @@ pub struct Metrics {
     pub reused_tokens_total: AtomicU64,
     /// Tokens generated.
     pub generated_tokens_total: AtomicU64,
-    /// Requests waiting for a session.
+    /// Places held in the queue by requests waiting for a session (a request is counted once its
+    /// place is reserved, so the count never exceeds `SchedulerConfig::queue`).
     pub queue_depth: AtomicU64,
     /// Sessions serving a request.
     pub busy_sessions: AtomicU64,
@@ -255,8 +256,19 @@ impl Scheduler {
             cancel,
             submitted: Instant::now(),
         };
-        // Count before sending so the worker's decrement never runs first.
-        self.metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
+        // Reserve a place first: the depth is the number of places held, so a request that shows
+        // in `queue_depth` already holds its place and a later request cannot take it (a count
+        // raised before the send let a later request's send win, and the earlier one got 429).
+        // Reserving before sending also keeps the worker's decrement from running first.
+        let cap = self.cfg.queue as u64;
+        let reserved = self
+            .metrics
+            .queue_depth
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| (d < cap).then_some(d + 1));
+        if reserved.is_err() {
+            self.metrics.requests_rejected.fetch_add(1, Ordering::Relaxed);
+            return Err(SubmitError::QueueFull(self.cfg.queue));
+        }
         match tx.try_send(job) {
             Ok(()) => {
                 self.metrics.requests_total.fetch_add(1, Ordering::Relaxed);
@@ -372,7 +384,7 @@ fn run_loop(lm: &LoadedModel, cfg: &SchedulerConfig, rx: &Receiver<Job>, metrics
                     }
                 }
             };
-            metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
+            metrics.queue_depth.fetch_sub(1, Ordering::AcqRel);
             clock += 1;
             admit(&mut slots, job, tok, metrics, clock);
         }

@@ -180,6 +180,66 @@ fn a_full_queue_is_refused_at_once_and_cancelled_clients_free_their_session() {
     assert_eq!(m.requests_cancelled.load(Ordering::Relaxed), 2);
 }
 
+/// A request that shows in `queue_depth` already holds its queue place: a later request cannot
+/// take it (the server's 429 test relies on this), and concurrent submitters never hold more
+/// places than the queue has.
+#[test]
+fn a_counted_request_holds_its_queue_place_against_later_and_concurrent_ones() {
+    let lm = model();
+    let sched = Arc::new(Scheduler::start(lm.clone(), config(1, 1)).expect("start"));
+    // The only session's request blocks the scheduler in its sink until released, so nothing is
+    // admitted from the queue while the test runs, however slow the machine.
+    let (started_tx, started) = channel();
+    let (release, released) = channel::<()>();
+    sched
+        .submit(
+            request(&lm, "Count from one to a thousand:", 400),
+            Box::new(move |_| {
+                let _ = started_tx.send(());
+                let _ = released.recv_timeout(Duration::from_secs(120));
+                false
+            }),
+            CancelToken::new(),
+        )
+        .expect("busy accepted");
+    started
+        .recv_timeout(Duration::from_secs(60))
+        .expect("busy is generating");
+    // One request from another thread; as soon as it is counted, ours must be refused and it
+    // must have been accepted.
+    let first = {
+        let (sched, req) = (sched.clone(), request(&lm, "Hello", 2));
+        std::thread::spawn(move || sched.submit(req, Box::new(|_| true), CancelToken::new()))
+    };
+    let t = std::time::Instant::now();
+    while sched.metrics().queue_depth.load(Ordering::Acquire) < 1 {
+        assert!(t.elapsed() < Duration::from_secs(30), "the first request never queued");
+        std::thread::yield_now();
+    }
+    let later = sched.submit(request(&lm, "Hi", 2), Box::new(|_| true), CancelToken::new());
+    assert!(matches!(later, Err(SubmitError::QueueFull(1))), "got {later:?}");
+    assert!(
+        first.join().expect("thread").is_ok(),
+        "the counted request lost its place"
+    );
+    // Eight more at once while the place is held: all refused, and the depth stays at 1.
+    let racers: Vec<_> = (0..8)
+        .map(|_| {
+            let (sched, req) = (sched.clone(), request(&lm, "Hi", 2));
+            std::thread::spawn(move || sched.submit(req, Box::new(|_| true), CancelToken::new()).is_ok())
+        })
+        .collect();
+    let accepted = racers
+        .into_iter()
+        .map(|h| h.join().expect("racer"))
+        .filter(|&ok| ok)
+        .count();
+    assert_eq!(accepted, 0);
+    assert_eq!(sched.metrics().queue_depth.load(Ordering::Acquire), 1);
+    assert_eq!(sched.metrics().requests_rejected.load(Ordering::Relaxed), 9);
+    drop(release);
+}
+
 #[test]
 fn extending_a_conversation_reuses_the_session_cache_and_stop_strings_end_early() {
     let lm = model();
