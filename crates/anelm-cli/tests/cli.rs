@@ -24,7 +24,7 @@ fn stdout(o: &Output) -> String {
 }
 
 fn fixture_case0() -> Value {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/smollm2-llamacpp-greedy.json");
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/llamacpp/smollm2-llamacpp-greedy.json");
     let v: Value = serde_json::from_str(&std::fs::read_to_string(path).expect("fixture")).expect("json");
     v["cases"][0].clone()
 }

