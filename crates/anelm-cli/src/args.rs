@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 
-use anelm_engine::SamplerParams;
+use anelm_engine::{SamplerParams, StreamOptions};
 
 /// Where kernels run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -122,9 +122,23 @@ pub struct SamplingArgs {
     /// Keep generating past end-of-sequence tokens.
     #[arg(long)]
     pub ignore_eos: bool,
+    /// End generation where this text appears (not printed); repeatable.
+    #[arg(long = "stop", value_name = "TEXT")]
+    pub stop: Vec<String>,
 }
 
 impl SamplingArgs {
+    /// The stream these flags describe (end-of-sequence tokens honoured unless `--ignore-eos`).
+    pub fn stream(&self) -> StreamOptions {
+        StreamOptions {
+            max_tokens: self.max_tokens,
+            sampler: self.params(),
+            stop: self.stop.clone(),
+            ignore_eos: self.ignore_eos,
+            logprobs: None,
+        }
+    }
+
     /// The sampler parameters these flags describe.
     pub fn params(&self) -> SamplerParams {
         SamplerParams {

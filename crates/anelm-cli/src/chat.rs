@@ -6,7 +6,7 @@ use std::io::{BufRead, Write};
 use anyhow::Result;
 use clap::Args;
 
-use anelm_engine::{GenerateOptions, generate};
+use anelm_engine::{GenerateOptions, StreamOptions, generate};
 use anelm_model::chat_template::ChatMessage;
 
 use crate::args::{ModelArgs, SamplingArgs};
@@ -42,9 +42,11 @@ pub fn run(a: ChatArgs) -> Result<()> {
         });
     }
     let opts = GenerateOptions {
-        max_tokens: a.sampling.max_tokens,
-        sampler: params,
-        ignore_eos: false,
+        stream: StreamOptions {
+            sampler: params,
+            ignore_eos: false,
+            ..a.sampling.stream()
+        },
         prefill_chunk: 128,
     };
     eprintln!("anelm chat — type a message; /reset clears the conversation, /exit or Ctrl-D quits.");

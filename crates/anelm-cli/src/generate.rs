@@ -82,9 +82,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let ids = lm.tokenizer.encode(&prompt)?;
     let mut session = lm.model.new_session(a.model.ctx_size);
     let opts = GenerateOptions {
-        max_tokens: a.sampling.max_tokens,
-        sampler: params,
-        ignore_eos: a.sampling.ignore_eos,
+        stream: a.sampling.stream(),
         prefill_chunk: a.prefill_chunk,
     };
     let stdout = std::io::stdout();

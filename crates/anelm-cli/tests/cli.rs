@@ -71,6 +71,34 @@ fn raw_greedy_generation_matches_llama_cpp_text() {
     assert!(err.contains("tok/s"), "speeds on stderr: {err}");
 }
 
+/// `--stop` ends the text where the stop string starts (the string itself is not printed), as the
+/// server's `stop` does: both run through the engine's one `Stream`.
+#[test]
+fn stop_strings_end_generation_before_the_string() {
+    let case = fixture_case0();
+    let reference = case["completion_text"].as_str().unwrap();
+    let at = reference
+        .find("United")
+        .expect("the fixture's text has the stop string");
+    let o = anelm(&[
+        "generate",
+        "--raw",
+        "--temp",
+        "0",
+        "--max-tokens",
+        "40",
+        "--stop",
+        "United",
+        case["prompt"].as_str().unwrap(),
+    ]);
+    let text = stdout(&o);
+    assert_eq!(text.strip_suffix('\n').unwrap_or(&text), &reference[..at]);
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("(Stop)"),
+        "finish reason on stderr"
+    );
+}
+
 #[test]
 fn logits_json_has_one_vocab_row_per_position() {
     let case = fixture_case0();

@@ -58,4 +58,54 @@ except Exception as e:  # openai.BadRequestError
 else:
     raise AssertionError("empty messages were accepted")
 
+# Log-probabilities, chat form: each generated token with its top alternatives, sorted, the
+# greedy choice first; streaming gives the same tokens and values.
+lp = client.chat.completions.create(
+    model=model, messages=messages, max_tokens=8, temperature=0, logprobs=True, top_logprobs=3,
+)
+content = lp.choices[0].logprobs.content
+assert len(content) == lp.usage.completion_tokens, (len(content), lp.usage)
+assert "".join(t.token for t in content).startswith(lp.choices[0].message.content[:1]), content
+for t in content:
+    assert t.logprob <= 0 and len(t.top_logprobs) == 3, t
+    assert t.top_logprobs[0].token == t.token, t
+    assert abs(t.top_logprobs[0].logprob - t.logprob) < 1e-6, t
+    assert all(a.logprob >= b.logprob for a, b in zip(t.top_logprobs, t.top_logprobs[1:])), t
+    assert bytes(t.bytes).decode("utf-8", "replace") == t.token, t
+streamed_lp = []
+for chunk in client.chat.completions.create(
+    model=model, messages=messages, max_tokens=8, temperature=0, logprobs=True, top_logprobs=3, stream=True,
+):
+    for c in chunk.choices:
+        if c.logprobs and c.logprobs.content:
+            streamed_lp.extend(c.logprobs.content)
+assert [(t.token, round(t.logprob, 5)) for t in streamed_lp] == [(t.token, round(t.logprob, 5)) for t in content], (
+    streamed_lp, content)
+no_lp = client.chat.completions.create(model=model, messages=messages, max_tokens=2, temperature=0)
+assert no_lp.choices[0].logprobs is None, no_lp
+
+# Log-probabilities, completions form.
+clp = client.completions.create(model=model, prompt="The capital of France is", max_tokens=6, temperature=0, logprobs=2)
+l = clp.choices[0].logprobs
+assert len(l.tokens) == len(l.token_logprobs) == len(l.top_logprobs) == len(l.text_offset) == 6, l
+assert "".join(l.tokens) == clp.choices[0].text, (l.tokens, clp.choices[0].text)
+assert all(len(m) <= 2 and max(m.values()) >= lp_ - 1e-6 for m, lp_ in zip(l.top_logprobs, l.token_logprobs)), l
+assert l.text_offset == sorted(l.text_offset) and l.text_offset[0] == 0, l
+
+# Nothing is silently ignored: fields anelm does not implement are a 400 that names them.
+for kwargs, param in [
+    ({"extra_body": {"frobnicate": 1}}, "frobnicate"),
+    ({"logit_bias": {"1": 5}}, "logit_bias"),
+    ({"n": 2}, "n"),
+]:
+    try:
+        client.chat.completions.create(model=model, messages=messages, max_tokens=2, **kwargs)
+    except Exception as e:  # openai.BadRequestError
+        assert getattr(e, "status_code", None) == 400, e
+        assert e.body.get("param") == param, e.body
+    else:
+        raise AssertionError(f"{param} was accepted")
+# Bookkeeping fields are accepted.
+client.chat.completions.create(model=model, messages=messages, max_tokens=2, user="u", metadata={"a": "b"}, store=False)
+
 print(f"ok: {text!r}")

@@ -3,24 +3,21 @@
 
 use std::time::{Duration, Instant};
 
-use anelm_model::tokenizer::{StreamDecoder, Tokenizer};
+use anelm_model::tokenizer::Tokenizer;
 
 use crate::error::{EngineError, Result};
 use crate::model::{LanguageModel, LogitsMode, StepItem};
-use crate::sampler::{Sampler, SamplerParams};
+use crate::sampler::SamplerParams;
 use crate::session::Session;
+use crate::stream::{Stream, StreamOptions};
 
 /// How to generate.
 #[derive(Clone, Debug)]
 pub struct GenerateOptions {
-    /// Most tokens to generate.
-    pub max_tokens: usize,
-    /// Sampling parameters.
-    pub sampler: SamplerParams,
-    /// Never sample the model's end-of-generation tokens (their logits are masked, as llama.cpp's
-    /// `--ignore-eos` does), so generation runs to `max_tokens`, as benchmarks need. When false,
-    /// sampling one of them ends generation with [`FinishReason::Stop`].
-    pub ignore_eos: bool,
+    /// How the stream decodes: token budget, sampling, stop strings, end-of-generation tokens
+    /// (`ignore_eos` masks them, as llama.cpp's `--ignore-eos` does, so generation runs to
+    /// `max_tokens` as benchmarks need), log-probabilities.
+    pub stream: StreamOptions,
     /// Prompt tokens per prefill pass.
     pub prefill_chunk: usize,
 }
@@ -28,9 +25,13 @@ pub struct GenerateOptions {
 impl Default for GenerateOptions {
     fn default() -> Self {
         Self {
-            max_tokens: 256,
-            sampler: SamplerParams::default(),
-            ignore_eos: false,
+            stream: StreamOptions {
+                max_tokens: 256,
+                sampler: SamplerParams::default(),
+                stop: Vec::new(),
+                ignore_eos: false,
+                logprobs: None,
+            },
             prefill_chunk: 128,
         }
     }
@@ -121,7 +122,8 @@ pub fn prefill(
 }
 
 /// Generate after `prompt`, calling `on_text` with each piece of decoded text as soon as it is
-/// complete; `on_text` returns false to stop. Returns the generated ids and the statistics.
+/// complete (stop strings held back and cut, as the server does); `on_text` returns false to
+/// stop. Returns the generated ids and the statistics.
 pub fn generate(
     model: &dyn LanguageModel,
     tokenizer: &Tokenizer,
@@ -130,43 +132,24 @@ pub fn generate(
     opts: &GenerateOptions,
     on_text: &mut dyn FnMut(&str) -> bool,
 ) -> Result<(Vec<u32>, GenerationStats)> {
-    let mut sampler = Sampler::new(opts.sampler.clone())?;
+    let mut stream = Stream::new(tokenizer, &opts.stream)?;
     let t0 = Instant::now();
     let (mut logits, reused) = prefill(model, session, prompt, opts.prefill_chunk)?;
     let prompt_time = t0.elapsed();
     let mut history: Vec<u32> = prompt.to_vec();
-    let mut generated = Vec::new();
-    let mut decoder = StreamDecoder::new(tokenizer);
-    let stops = tokenizer.stop_ids();
-    let mut finish = FinishReason::Length;
     let mut first_token_at = None;
-    while generated.len() < opts.max_tokens {
-        if opts.ignore_eos {
-            for &id in stops {
-                if let Some(l) = logits.get_mut(id as usize) {
-                    *l = f32::NEG_INFINITY;
-                }
-            }
-        }
-        let tok = sampler.sample(&logits, &history)?;
+    loop {
+        let room = session.len() < session.ctx_size();
+        let step = stream.advance(&mut logits, &history, room)?;
         first_token_at.get_or_insert_with(Instant::now);
-        if stops.contains(&tok) {
-            finish = FinishReason::Stop;
+        if !step.text.is_empty() && !on_text(&step.text) {
+            stream.cancel();
             break;
         }
-        generated.push(tok);
+        let (None, Some(tok)) = (step.finish, step.token) else {
+            break;
+        };
         history.push(tok);
-        let text = decoder.push(tok);
-        if !text.is_empty() && !on_text(&text) {
-            finish = FinishReason::Cancelled;
-            break;
-        }
-        if generated.len() >= opts.max_tokens {
-            break;
-        }
-        if session.len() + 1 > session.ctx_size() {
-            break;
-        }
         let mut items = [StepItem {
             session,
             tokens: std::slice::from_ref(&tok),
@@ -174,18 +157,14 @@ pub fn generate(
         }];
         logits = model.forward(&mut items)?.lane(0).to_vec();
     }
-    let tail = decoder.finish();
-    if !tail.is_empty() && finish != FinishReason::Cancelled {
-        on_text(&tail);
-    }
     let generation_time = first_token_at.map_or(Duration::ZERO, |t| t.elapsed());
     let stats = GenerationStats {
         prompt_tokens: prompt.len(),
         reused_tokens: reused,
         prompt_time,
-        generated_tokens: generated.len(),
+        generated_tokens: stream.generated().len(),
         generation_time,
-        finish,
+        finish: stream.finished().unwrap_or(FinishReason::Cancelled),
     };
-    Ok((generated, stats))
+    Ok((stream.generated().to_vec(), stats))
 }

@@ -19,6 +19,7 @@ pub mod scheduler;
 pub mod session;
 pub mod stop;
 pub mod stored_matrix;
+pub mod stream;
 mod wide;
 
 pub use ane_backend::{AneBackend, AneMonitor, AneOptions, AneStats};
@@ -32,3 +33,4 @@ pub use model::{LanguageModel, LogitsMode, ModelInfo, StepItem};
 pub use sampler::{Sampler, SamplerParams};
 pub use scheduler::{CancelToken, Completion, Event, Metrics, Request, Scheduler, SchedulerConfig, Sink, SubmitError};
 pub use session::{RecurrentLayer, Session};
+pub use stream::{Stream, StreamOptions, StreamStep, TokenLogprob};

@@ -17,15 +17,14 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use anelm_model::tokenizer::{StreamDecoder, Tokenizer};
+use anelm_model::tokenizer::Tokenizer;
 
 use crate::error::{EngineError, Result};
 use crate::generate::FinishReason;
 use crate::loader::LoadedModel;
 use crate::model::{LogitsMode, StepItem};
-use crate::sampler::{Sampler, SamplerParams};
 use crate::session::Session;
-use crate::stop::StopMatcher;
+use crate::stream::{Stream, StreamOptions, TokenLogprob};
 
 /// How the scheduler is sized.
 #[derive(Clone, Debug)]
@@ -62,21 +61,19 @@ impl Default for SchedulerConfig {
 pub struct Request {
     /// Prompt token ids (the chat template already applied).
     pub prompt: Vec<u32>,
-    /// Most tokens to generate (≥ 1).
-    pub max_tokens: usize,
-    /// Sampling parameters, including the stream's seed.
-    pub sampler: SamplerParams,
-    /// Strings that end generation (not included in the output).
-    pub stop: Vec<String>,
-    /// Never sample end-of-generation tokens (run to `max_tokens`).
-    pub ignore_eos: bool,
+    /// How its stream decodes: budget, sampling, stop strings, log-probabilities.
+    pub stream: StreamOptions,
 }
 
-/// What a request produces, in order: text pieces, then exactly one `Done` or `Failed`.
+/// What a request produces, in order: tokens with their text, then exactly one `Done` or
+/// `Failed`.
 #[derive(Clone, Debug)]
 pub enum Event {
-    /// Newly generated text.
+    /// Newly generated text (possibly empty while text is held back).
     Text(String),
+    /// A generated token's log-probability (requests that ask for them), sent before the text
+    /// the token completes.
+    Logprob(TokenLogprob),
     /// Generation ended.
     Done(Completion),
     /// The request failed (the message says why).
@@ -235,7 +232,7 @@ impl Scheduler {
                 self.vocab
             )));
         }
-        if req.max_tokens == 0 {
+        if req.stream.max_tokens == 0 {
             return Err(SubmitError::Invalid("max_tokens must be at least 1".into()));
         }
         if req.prompt.len() + 1 > self.cfg.ctx_size {
@@ -245,7 +242,8 @@ impl Scheduler {
                 self.cfg.ctx_size
             )));
         }
-        req.sampler
+        req.stream
+            .sampler
             .validate()
             .map_err(|e| SubmitError::Invalid(e.to_string()))?;
         let guard = self.tx.lock().map_err(|_| SubmitError::ShuttingDown)?;
@@ -324,14 +322,11 @@ impl Drop for Scheduler {
 /// A request being served in a session.
 struct Active<'t> {
     job: Job,
-    sampler: Sampler,
-    decoder: StreamDecoder<'t>,
-    stop: StopMatcher,
+    stream: Stream<'t>,
     /// Prompt tokens not yet prefilled.
     pending: VecDeque<u32>,
     /// The token to feed next step once prefill is done.
     next: Option<u32>,
-    generated: Vec<u32>,
     reused: usize,
     admitted: Instant,
     first_token: Option<Instant>,
@@ -400,10 +395,10 @@ fn run_loop(lm: &LoadedModel, cfg: &SchedulerConfig, rx: &Receiver<Job>, metrics
             if let Some(a) = &slot.active
                 && (cancel_all || a.job.cancel.is_cancelled())
             {
-                finish(slot, FinishReason::Cancelled, metrics);
+                finish(slot, metrics);
             }
         }
-        step(model, &mut slots, cfg, tok, metrics);
+        step(model, &mut slots, cfg, metrics);
     }
 }
 
@@ -420,7 +415,7 @@ fn admit<'t>(slots: &mut [Slot<'t>], mut job: Job, tok: &'t Tokenizer, metrics: 
     else {
         return;
     };
-    let sampler = match Sampler::new(job.req.sampler.clone()) {
+    let stream = match Stream::new(tok, &job.req.stream) {
         Ok(s) => s,
         Err(e) => {
             (job.sink)(Event::Failed(e.to_string()));
@@ -436,36 +431,29 @@ fn admit<'t>(slots: &mut [Slot<'t>], mut job: Job, tok: &'t Tokenizer, metrics: 
     slot.last_used = clock;
     metrics.busy_sessions.fetch_add(1, Ordering::Relaxed);
     metrics.reused_tokens_total.fetch_add(common as u64, Ordering::Relaxed);
-    let stop = StopMatcher::new(&job.req.stop);
     slot.active = Some(Active {
         pending: job.req.prompt[common..].iter().copied().collect(),
         next: None,
-        generated: Vec::new(),
         reused: common,
         admitted: Instant::now(),
         first_token: None,
-        sampler,
-        decoder: StreamDecoder::new(tok),
-        stop,
+        stream,
         job,
     });
 }
 
-/// End the slot's request with `reason` (the session keeps its cache for reuse).
-fn finish(slot: &mut Slot<'_>, reason: FinishReason, metrics: &Metrics) {
+/// End the slot's request (the session keeps its cache for reuse). Its stream has finished,
+/// or it is cancelled here.
+fn finish(slot: &mut Slot<'_>, metrics: &Metrics) {
     let Some(mut a) = slot.active.take() else {
         return;
     };
+    a.stream.cancel(); // no-op when the stream finished by itself
+    let reason = a.stream.finished().unwrap_or(FinishReason::Cancelled);
     metrics.busy_sessions.fetch_sub(1, Ordering::Relaxed);
     metrics.requests_finished.fetch_add(1, Ordering::Relaxed);
     if reason == FinishReason::Cancelled {
         metrics.requests_cancelled.fetch_add(1, Ordering::Relaxed);
-    } else {
-        let mut tail = a.decoder.finish();
-        tail.push_str(&a.stop.finish());
-        if !tail.is_empty() {
-            (a.job.sink)(Event::Text(tail));
-        }
     }
     let now = Instant::now();
     let submitted = a.job.submitted;
@@ -473,7 +461,7 @@ fn finish(slot: &mut Slot<'_>, reason: FinishReason, metrics: &Metrics) {
         finish: reason,
         prompt_tokens: a.job.req.prompt.len(),
         reused_tokens: a.reused,
-        tokens: std::mem::take(&mut a.generated),
+        tokens: a.stream.generated().to_vec(),
         queued: a.admitted - submitted,
         time_to_first_token: a.first_token.map_or(Duration::ZERO, |t| t - submitted),
         total: now - submitted,
@@ -492,13 +480,7 @@ fn fail(slot: &mut Slot<'_>, msg: String, metrics: &Metrics) {
 }
 
 /// One batched forward for every active session, then sampling and streaming.
-fn step(
-    model: &dyn crate::model::LanguageModel,
-    slots: &mut [Slot<'_>],
-    cfg: &SchedulerConfig,
-    tok: &Tokenizer,
-    metrics: &Metrics,
-) {
+fn step(model: &dyn crate::model::LanguageModel, slots: &mut [Slot<'_>], cfg: &SchedulerConfig, metrics: &Metrics) {
     let t0 = Instant::now();
     // Decide each slot's tokens: decoders first (one each), then prefill chunks within budget.
     let mut budget = cfg.max_step_tokens;
@@ -578,41 +560,31 @@ fn step(
         // This step's logits row, used in place (no copy of a vocabulary-sized row per lane).
         let logits = out.lane_mut(row);
         row += 1;
-        let stops = tok.stop_ids();
-        if a.job.req.ignore_eos {
-            for &s in stops {
-                if let Some(l) = logits.get_mut(s as usize) {
-                    *l = f32::NEG_INFINITY;
-                }
-            }
-        }
-        let t = match a.sampler.sample(logits, slot.session.tokens()) {
-            Ok(t) => t,
+        // Room to feed the token taken now at the next step.
+        let room = slot.session.len() < slot.session.ctx_size();
+        let s = match a.stream.advance(logits, slot.session.tokens(), room) {
+            Ok(s) => s,
             Err(e) => {
                 fail(slot, format!("sampling failed: {e}"), metrics);
                 continue;
             }
         };
         a.first_token.get_or_insert_with(Instant::now);
-        if stops.contains(&t) {
-            finish(slot, FinishReason::Stop, metrics);
-            continue;
+        if s.token.is_some() {
+            generated_now += 1;
+            metrics.generated_tokens_total.fetch_add(1, Ordering::Relaxed);
         }
-        a.generated.push(t);
-        generated_now += 1;
-        metrics.generated_tokens_total.fetch_add(1, Ordering::Relaxed);
-        let piece = a.decoder.push(t);
-        let s = a.stop.push(&piece);
-        if !s.emit.is_empty() && !(a.job.sink)(Event::Text(s.emit)) {
-            finish(slot, FinishReason::Cancelled, metrics);
-            continue;
+        let mut listening = true;
+        if let Some(lp) = s.logprob {
+            listening = (a.job.sink)(Event::Logprob(lp));
         }
-        if s.stopped {
-            finish(slot, FinishReason::Stop, metrics);
-        } else if a.generated.len() >= a.job.req.max_tokens || slot.session.len() + 1 > slot.session.ctx_size() {
-            finish(slot, FinishReason::Length, metrics);
+        if listening && !s.text.is_empty() {
+            listening = (a.job.sink)(Event::Text(s.text));
+        }
+        if !listening || s.finish.is_some() {
+            finish(slot, metrics);
         } else {
-            a.next = Some(t);
+            a.next = s.token;
         }
     }
     let dt = t0.elapsed();

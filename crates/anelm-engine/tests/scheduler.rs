@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use anelm_engine::default_model::{FETCH_COMMAND, default_model_location};
 use anelm_engine::{
-    CancelToken, Completion, CpuBackend, Event, FinishReason, GenerateOptions, LoadedModel, Request, SamplerParams,
-    Scheduler, SchedulerConfig, SubmitError, generate, load_model,
+    CancelToken, Completion, CpuBackend, Event, FinishReason, GenerateOptions, LoadedModel, LogitsMode, Request,
+    Scheduler, SchedulerConfig, StepItem, StreamOptions, SubmitError, generate, load_model,
 };
 
 fn model() -> Arc<LoadedModel> {
@@ -39,10 +39,10 @@ fn config(sessions: usize, queue: usize) -> SchedulerConfig {
 fn request(lm: &LoadedModel, prompt: &str, max_tokens: usize) -> Request {
     Request {
         prompt: lm.tokenizer.encode(prompt).expect("encode"),
-        max_tokens,
-        sampler: SamplerParams::greedy(),
-        stop: Vec::new(),
-        ignore_eos: true,
+        stream: StreamOptions {
+            ignore_eos: true,
+            ..StreamOptions::greedy(max_tokens)
+        },
     }
 }
 
@@ -62,6 +62,7 @@ fn collect(rx: &Receiver<Event>) -> (String, Completion) {
             .expect("an event within 120 s")
         {
             Event::Text(t) => text.push_str(&t),
+            Event::Logprob(_) => {}
             Event::Done(c) => return (text, c),
             Event::Failed(e) => panic!("request failed: {e}"),
         }
@@ -89,9 +90,7 @@ fn eight_concurrent_greedy_streams_equal_each_run_alone() {
             let req = request(&lm, p, 20);
             let mut session = lm.model.new_session(512);
             let opts = GenerateOptions {
-                max_tokens: 20,
-                sampler: SamplerParams::greedy(),
-                ignore_eos: true,
+                stream: req.stream.clone(),
                 prefill_chunk: 128,
             };
             generate(
@@ -265,8 +264,68 @@ fn extending_a_conversation_reuses_the_session_cache_and_stop_strings_end_early(
     let mut req = request(&lm, "The capital of France is", 16);
     let (full, _) = collect(&submit(&sched, req.clone()));
     let cut = full.find("Paris").expect("the model names Paris");
-    req.stop = vec!["Paris".into()];
+    req.stream.stop = vec!["Paris".into()];
     let (text, c) = collect(&submit(&sched, req));
     assert_eq!(c.finish, FinishReason::Stop);
     assert_eq!(text, full[..cut]);
+}
+
+/// Log-probabilities a stream records are the log-softmax of the model's own logits at each
+/// generated position (teacher-forced in one forward here), with the alternatives sorted and the
+/// taken token first under greedy decoding.
+#[test]
+fn recorded_logprobs_are_the_log_softmax_of_the_models_logits() {
+    let lm = model();
+    let sched = Scheduler::start(lm.clone(), config(1, 4)).expect("start");
+    let prompt = lm.tokenizer.encode("The capital of France is").expect("encode");
+    let req = Request {
+        prompt: prompt.clone(),
+        stream: StreamOptions {
+            logprobs: Some(5),
+            ..StreamOptions::greedy(12)
+        },
+    };
+    let rx = submit(&sched, req);
+    let mut recorded = Vec::new();
+    let done = loop {
+        match rx.recv_timeout(Duration::from_secs(120)).expect("event") {
+            Event::Logprob(lp) => recorded.push(lp),
+            Event::Text(_) => {}
+            Event::Done(c) => break c,
+            Event::Failed(e) => panic!("failed: {e}"),
+        }
+    };
+    assert_eq!(
+        recorded.iter().map(|l| l.token).collect::<Vec<_>>(),
+        done.tokens,
+        "one record per generated token, in order"
+    );
+    assert!(!recorded.is_empty());
+    let mut tokens = prompt.clone();
+    tokens.extend_from_slice(&done.tokens[..done.tokens.len() - 1]);
+    let mut session = lm.model.new_session(512);
+    let out = lm
+        .model
+        .forward(&mut [StepItem {
+            session: &mut session,
+            tokens: &tokens,
+            logits: LogitsMode::All,
+        }])
+        .expect("forward");
+    let mut worst = 0f64;
+    for (i, rec) in recorded.iter().enumerate() {
+        let logits = out.lane(prompt.len() - 1 + i);
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let norm = logits.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln();
+        let want = |id: u32| logits[id as usize] as f64 - max - norm;
+        worst = worst.max((f64::from(rec.logprob) - want(rec.token)).abs());
+        assert_eq!(rec.top.len(), 5);
+        assert_eq!(rec.top[0].0, rec.token, "greedy takes the most likely token");
+        assert!(rec.top.windows(2).all(|w| w[0].1 >= w[1].1), "sorted");
+        for &(id, lp) in &rec.top {
+            worst = worst.max((f64::from(lp) - want(id)).abs());
+        }
+    }
+    println!("largest |recorded - teacher-forced log p|: {worst:.2e}");
+    assert!(worst < 1e-4, "recorded log-probabilities differ by up to {worst}");
 }

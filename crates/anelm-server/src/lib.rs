@@ -4,6 +4,7 @@
 //! steps; a client that disconnects frees its session at the next step.
 
 pub mod api_error;
+pub mod logprobs;
 pub mod openai;
 
 use std::convert::Infallible;
@@ -12,7 +13,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anelm_engine::{
-    CancelToken, Completion, Event, FinishReason, LoadedModel, Scheduler, SchedulerConfig, SubmitError,
+    CancelToken, Completion, Event, FinishReason, LoadedModel, Scheduler, SchedulerConfig, SubmitError, TokenLogprob,
 };
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -355,39 +356,70 @@ async fn handle(
             SubmitError::Invalid(m) => ApiError::bad_request(m, None),
         })?;
     let guard = CancelOnDrop(cancel);
-    let id = request_id(if chat { "chatcmpl" } else { "cmpl" });
-    let model = parsed.model.clone().unwrap_or_else(|| st.config.model_id.clone());
+    let reply = Reply {
+        id: request_id(if chat { "chatcmpl" } else { "cmpl" }),
+        model: parsed.model.clone().unwrap_or_else(|| st.config.model_id.clone()),
+        chat,
+        lm: lm.clone(),
+    };
     if parsed.stream {
-        Ok(stream_response(rx, guard, id, model, chat, parsed.include_usage).into_response())
+        Ok(stream_response(rx, guard, reply, parsed.include_usage).into_response())
     } else {
-        collect_response(rx, guard, id, model, chat).await
+        collect_response(rx, guard, reply).await
+    }
+}
+
+/// What every response of one request names: its id, the model, the endpoint's shape, and the
+/// tokenizer that spells log-probabilities' tokens.
+#[derive(Clone)]
+struct Reply {
+    id: String,
+    model: String,
+    chat: bool,
+    lm: Arc<LoadedModel>,
+}
+
+impl Reply {
+    /// The `logprobs` value of a choice for `tokens`, whose text starts at byte `offset`.
+    fn logprobs(&self, tokens: &[TokenLogprob], offset: usize) -> Value {
+        if self.chat {
+            logprobs::chat(&self.lm.tokenizer, tokens)
+        } else {
+            logprobs::completions(&self.lm.tokenizer, tokens, offset)
+        }
     }
 }
 
 async fn collect_response(
     mut rx: mpsc::UnboundedReceiver<Event>,
     guard: CancelOnDrop,
-    id: String,
-    model: String,
-    chat: bool,
+    reply: Reply,
 ) -> Result<Response, ApiError> {
     let mut text = String::new();
+    let mut lps: Option<Vec<TokenLogprob>> = None;
     while let Some(ev) = rx.recv().await {
         match ev {
             Event::Text(t) => text.push_str(&t),
+            Event::Logprob(lp) => lps.get_or_insert_with(Vec::new).push(lp),
             Event::Failed(m) => {
                 return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", m));
             }
             Event::Done(c) => {
                 drop(guard);
-                let choice = if chat {
+                let logprobs = lps.as_deref().map_or(Value::Null, |l| reply.logprobs(l, 0));
+                let choice = if reply.chat {
                     json!({"index": 0, "message": {"role": "assistant", "content": text},
-                           "finish_reason": finish_reason(c.finish)})
+                           "logprobs": logprobs, "finish_reason": finish_reason(c.finish)})
                 } else {
-                    json!({"index": 0, "text": text, "finish_reason": finish_reason(c.finish)})
+                    json!({"index": 0, "text": text, "logprobs": logprobs,
+                           "finish_reason": finish_reason(c.finish)})
                 };
-                let obj = if chat { "chat.completion" } else { "text_completion" };
-                let body = json!({"id": id, "object": obj, "created": now(), "model": model,
+                let obj = if reply.chat {
+                    "chat.completion"
+                } else {
+                    "text_completion"
+                };
+                let body = json!({"id": reply.id, "object": obj, "created": now(), "model": reply.model,
                                   "choices": [choice], "usage": usage(&c)});
                 return Ok(Json(body).into_response());
             }
@@ -400,74 +432,120 @@ async fn collect_response(
     ))
 }
 
+/// A streamed response's state between events.
+struct StreamState {
+    rx: mpsc::UnboundedReceiver<Event>,
+    guard: Option<CancelOnDrop>,
+    /// Frames ready to send.
+    queue: std::collections::VecDeque<Value>,
+    /// Log-probabilities of tokens whose text has not been sent yet.
+    pending: Vec<TokenLogprob>,
+    /// Bytes of completion text sent so far (the completions form's `text_offset`).
+    offset: usize,
+    done: bool,
+}
+
 fn stream_response(
     rx: mpsc::UnboundedReceiver<Event>,
     guard: CancelOnDrop,
-    id: String,
-    model: String,
-    chat: bool,
+    reply: Reply,
     include_usage: bool,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let created = now();
-    let obj = if chat {
+    let obj = if reply.chat {
         "chat.completion.chunk"
     } else {
         "text_completion"
     };
-    let chunk = move |delta: Value, finish: Option<&str>| -> Value {
-        let choice = if chat {
-            json!({"index": 0, "delta": delta, "finish_reason": finish})
+    let chunk = move |reply: &Reply, delta: Value, logprobs: Value, finish: Option<&str>| -> Value {
+        let choice = if reply.chat {
+            json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
         } else {
-            json!({"index": 0, "text": delta.get("content").cloned().unwrap_or(json!("")), "finish_reason": finish})
+            json!({"index": 0, "text": delta.get("content").cloned().unwrap_or(json!("")),
+                   "logprobs": logprobs, "finish_reason": finish})
         };
-        json!({"id": id, "object": obj, "created": created, "model": model, "choices": [choice]})
+        json!({"id": reply.id, "object": obj, "created": created, "model": reply.model, "choices": [choice]})
     };
-    // State: (receiver, guard, role sent, pending frames, finished).
-    let first = if chat {
-        vec![chunk(json!({"role": "assistant", "content": ""}), None)]
-    } else {
-        Vec::new()
+    let mut queue = std::collections::VecDeque::new();
+    if reply.chat {
+        queue.push_back(chunk(
+            &reply,
+            json!({"role": "assistant", "content": ""}),
+            Value::Null,
+            None,
+        ));
+    }
+    let init = StreamState {
+        rx,
+        guard: Some(guard),
+        queue,
+        pending: Vec::new(),
+        offset: 0,
+        done: false,
     };
-    let init = (rx, Some(guard), first, false);
-    let stream = futures_util::stream::unfold(init, move |(mut rx, mut guard, mut queue, mut done)| {
-        let chunk = chunk.clone();
+    let stream = futures_util::stream::unfold(init, move |mut st| {
+        let reply = reply.clone();
         async move {
             loop {
-                if !queue.is_empty() {
-                    let v = queue.remove(0);
+                if let Some(v) = st.queue.pop_front() {
                     let ev = match v {
                         Value::String(s) => SseEvent::default().data(s),
                         v => SseEvent::default().data(v.to_string()),
                     };
-                    return Some((Ok(ev), (rx, guard, queue, done)));
+                    return Some((Ok(ev), st));
                 }
-                if done {
+                if st.done {
                     return None;
                 }
-                match rx.recv().await {
-                    Some(Event::Text(t)) => queue.push(chunk(json!({"content": t}), None)),
+                // The log-probabilities of the tokens whose text goes out in this chunk.
+                let take_logprobs = |st: &mut StreamState| {
+                    if st.pending.is_empty() {
+                        return Value::Null;
+                    }
+                    let v = reply.logprobs(&st.pending, st.offset);
+                    st.offset += st
+                        .pending
+                        .iter()
+                        .map(|t| reply.lm.tokenizer.token_bytes(t.token).len())
+                        .sum::<usize>();
+                    st.pending.clear();
+                    v
+                };
+                match st.rx.recv().await {
+                    Some(Event::Logprob(lp)) => st.pending.push(lp),
+                    Some(Event::Text(t)) => {
+                        let lps = take_logprobs(&mut st);
+                        st.queue.push_back(chunk(&reply, json!({"content": t}), lps, None));
+                    }
                     Some(Event::Done(c)) => {
-                        guard.take(); // finished: cancelling a finished request is a no-op
-                        queue.push(chunk(json!({}), Some(finish_reason(c.finish))));
+                        st.guard.take(); // finished: cancelling a finished request is a no-op
+                        if !st.pending.is_empty() {
+                            // Tokens whose text was held back and never sent (a stop string).
+                            let lps = take_logprobs(&mut st);
+                            st.queue.push_back(chunk(&reply, json!({"content": ""}), lps, None));
+                        }
+                        st.queue
+                            .push_back(chunk(&reply, json!({}), Value::Null, Some(finish_reason(c.finish))));
                         if include_usage {
-                            let mut u = chunk(json!({}), None);
+                            let mut u = chunk(&reply, json!({}), Value::Null, None);
                             if let Some(o) = u.as_object_mut() {
                                 o.insert("choices".into(), json!([]));
                                 o.insert("usage".into(), usage(&c));
                             }
-                            queue.push(u);
+                            st.queue.push_back(u);
                         }
-                        queue.push(Value::String("[DONE]".into()));
-                        done = true;
+                        st.queue.push_back(Value::String("[DONE]".into()));
+                        st.done = true;
                     }
                     Some(Event::Failed(m)) => {
-                        queue.push(json!({"error": {"message": m, "type": "server_error"}}));
-                        queue.push(Value::String("[DONE]".into()));
-                        done = true;
+                        st.queue
+                            .push_back(json!({"error": {"message": m, "type": "server_error"}}));
+                        st.queue.push_back(Value::String("[DONE]".into()));
+                        st.done = true;
                     }
                     None => {
-                        queue.push(Value::String("[DONE]".into()));
-                        done = true;
+                        st.queue.push_back(Value::String("[DONE]".into()));
+                        st.done = true;
                     }
                 }
             }

@@ -1,7 +1,7 @@
 //! The OpenAI request fields anelm understands, parsed from raw JSON with errors that name the
 //! field, and turned into a scheduler [`Request`].
 
-use anelm_engine::{Request, SamplerParams};
+use anelm_engine::{Request, SamplerParams, StreamOptions};
 use anelm_model::chat_template::ChatMessage;
 use serde_json::{Map, Value};
 
@@ -31,6 +31,9 @@ pub struct Parsed {
     pub model: Option<String>,
     /// Non-standard (as llama.cpp's server): never sample end-of-generation tokens.
     pub ignore_eos: bool,
+    /// Report each token's log-probability and this many alternatives (chat: `logprobs` +
+    /// `top_logprobs`; completions: the integer `logprobs`).
+    pub logprobs: Option<usize>,
 }
 
 /// The prompt part of a request.
@@ -92,6 +95,143 @@ fn content_text(v: &Value, at: usize) -> Result<String, ApiError> {
     }
 }
 
+/// Request fields both endpoints implement.
+const COMMON_FIELDS: &[&str] = &[
+    "model",
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repeat_penalty",
+    "seed",
+    "stop",
+    "ignore_eos",
+    "n",
+    "logprobs",
+];
+/// Fields only `/v1/chat/completions` implements.
+const CHAT_FIELDS: &[&str] = &[
+    "messages",
+    "max_completion_tokens",
+    "chat_template_kwargs",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "top_logprobs",
+];
+/// Fields only `/v1/completions` implements.
+const COMPLETION_FIELDS: &[&str] = &["prompt", "echo", "best_of", "suffix"];
+/// Fields accepted and ignored because they change nothing about the answer (bookkeeping for
+/// the caller or for OpenAI's own platform). Documented in the README.
+pub const IGNORED_FIELDS: &[&str] = &[
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "safety_identifier",
+    "prompt_cache_key",
+];
+/// Keys a chat message may have (`name` is accepted and not shown to the model).
+const MESSAGE_FIELDS: &[&str] = &["role", "content", "name"];
+
+/// Refuse every field anelm does not implement, and every value of an implemented field that
+/// asks for something not built yet, with a 400 naming it: a constraint the caller cannot know
+/// was dropped is worse than an error.
+fn refuse_unsupported(obj: &Map<String, Value>, chat: bool) -> Result<(), ApiError> {
+    let endpoint = if chat { CHAT_FIELDS } else { COMPLETION_FIELDS };
+    for key in obj.keys() {
+        let k = key.as_str();
+        if !(COMMON_FIELDS.contains(&k) || endpoint.contains(&k) || IGNORED_FIELDS.contains(&k)) {
+            let other = if chat { COMPLETION_FIELDS } else { CHAT_FIELDS };
+            let why = if other.contains(&k) {
+                format!(
+                    "is not a field of {}",
+                    if chat {
+                        "/v1/chat/completions"
+                    } else {
+                        "/v1/completions"
+                    }
+                )
+            } else {
+                "is not supported by anelm".to_string()
+            };
+            return Err(bad(k, &why));
+        }
+    }
+    let absent_or = |key: &str, ok: &dyn Fn(&Value) -> bool| obj.get(key).is_none_or(|v| v.is_null() || ok(v));
+    if !absent_or("n", &|v| v.as_u64() == Some(1)) {
+        return Err(bad("n", "other than 1 is not supported yet"));
+    }
+    if !absent_or("response_format", &|v| {
+        v.get("type").and_then(Value::as_str) == Some("text")
+    }) {
+        return Err(bad(
+            "response_format",
+            "other than {\"type\": \"text\"} is not supported yet (no constrained decoding)",
+        ));
+    }
+    if !absent_or("tools", &|v| v.as_array().is_some_and(Vec::is_empty)) {
+        return Err(bad("tools", "is not supported yet (no tool calling)"));
+    }
+    if !absent_or("tool_choice", &|v| {
+        v.as_str() == Some("none") || v.as_str() == Some("auto")
+    }) {
+        return Err(bad(
+            "tool_choice",
+            "other than \"none\" or \"auto\" is not supported yet",
+        ));
+    }
+    if !absent_or("parallel_tool_calls", &Value::is_boolean) {
+        return Err(bad("parallel_tool_calls", "must be a boolean"));
+    }
+    if !absent_or("echo", &|v| v.as_bool() == Some(false)) {
+        return Err(bad("echo", "is not supported yet"));
+    }
+    if !absent_or("best_of", &|v| v.as_u64() == Some(1)) {
+        return Err(bad("best_of", "other than 1 is not supported"));
+    }
+    if !absent_or("suffix", &|v| v.as_str() == Some("")) {
+        return Err(bad("suffix", "is not supported (no fill-in-the-middle)"));
+    }
+    if let Some(Value::Object(o)) = obj.get("stream_options")
+        && let Some(k) = o.keys().find(|k| k.as_str() != "include_usage")
+    {
+        return Err(bad(&format!("stream_options.{k}"), "is not supported by anelm"));
+    }
+    Ok(())
+}
+
+/// The log-probability request: chat takes `logprobs: true` and `top_logprobs` (0–20, only
+/// with `logprobs`), completions an integer `logprobs` (0–20 alternatives).
+fn logprobs(obj: &Map<String, Value>, chat: bool) -> Result<Option<usize>, ApiError> {
+    let limit = anelm_engine::stream::MAX_TOP_LOGPROBS;
+    if chat {
+        let on = match obj.get("logprobs") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => return Err(bad("logprobs", "must be a boolean")),
+        };
+        let top = count(obj, "top_logprobs").map_err(|_| bad("top_logprobs", "must be an integer from 0 to 20"))?;
+        match (on, top) {
+            (_, Some(n)) if n > limit => Err(bad("top_logprobs", "must be an integer from 0 to 20")),
+            (false, Some(n)) if n > 0 => Err(bad("top_logprobs", "needs \"logprobs\": true")),
+            (false, _) => Ok(None),
+            (true, n) => Ok(Some(n.unwrap_or(0))),
+        }
+    } else {
+        match count(obj, "logprobs").map_err(|_| bad("logprobs", "must be an integer from 0 to 20"))? {
+            Some(n) if n > limit => Err(bad("logprobs", "must be an integer from 0 to 20")),
+            n => Ok(n),
+        }
+    }
+}
+
 /// Parse a request body for `chat` (messages) or completions (prompt).
 pub fn parse(body: &[u8], chat: bool, max_context: usize) -> Result<Parsed, ApiError> {
     let v: Value = serde_json::from_slice(body)
@@ -99,6 +239,7 @@ pub fn parse(body: &[u8], chat: bool, max_context: usize) -> Result<Parsed, ApiE
     let Value::Object(obj) = v else {
         return Err(ApiError::bad_request("the body must be a JSON object", None));
     };
+    refuse_unsupported(&obj, chat)?;
     let input = if chat {
         let Some(Value::Array(msgs)) = obj.get("messages") else {
             return Err(bad("messages", "is required and must be an array"));
@@ -108,6 +249,12 @@ pub fn parse(body: &[u8], chat: bool, max_context: usize) -> Result<Parsed, ApiE
         }
         let mut out = Vec::with_capacity(msgs.len());
         for (i, m) in msgs.iter().enumerate() {
+            let Some(fields) = m.as_object() else {
+                return Err(bad(&format!("messages[{i}]"), "must be an object"));
+            };
+            if let Some(k) = fields.keys().find(|k| !MESSAGE_FIELDS.contains(&k.as_str())) {
+                return Err(bad(&format!("messages[{i}].{k}"), "is not supported by anelm"));
+            }
             let role = m
                 .get("role")
                 .and_then(Value::as_str)
@@ -199,12 +346,14 @@ pub fn parse(body: &[u8], chat: bool, max_context: usize) -> Result<Parsed, ApiE
         Some(_) => return Err(bad("chat_template_kwargs", "must be an object")),
     };
     let model = obj.get("model").and_then(Value::as_str).map(str::to_string);
+    let logprobs = logprobs(&obj, chat)?;
     let ignore_eos = match obj.get("ignore_eos") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(bad("ignore_eos", "must be a boolean")),
     };
     Ok(Parsed {
+        logprobs,
         ignore_eos,
         input,
         stream,
@@ -222,10 +371,13 @@ impl Parsed {
     pub fn request(&self, prompt: Vec<u32>) -> Request {
         Request {
             prompt,
-            max_tokens: self.max_tokens,
-            sampler: self.sampler.clone(),
-            stop: self.stop.clone(),
-            ignore_eos: self.ignore_eos,
+            stream: StreamOptions {
+                max_tokens: self.max_tokens,
+                sampler: self.sampler.clone(),
+                stop: self.stop.clone(),
+                ignore_eos: self.ignore_eos,
+                logprobs: self.logprobs,
+            },
         }
     }
 }
@@ -266,6 +418,69 @@ mod tests {
             assert_eq!(e.param.as_deref(), Some(param), "{}", String::from_utf8_lossy(body));
         }
         assert!(parse(b"{not json", true, 100).is_err());
+        // Nothing is silently ignored: unknown fields and unbuilt values are named.
+        for (body, chat, param) in [
+            (&br#"{"messages":[{"role":"user","content":"x"}],"frobnicate":1}"#[..], true, "frobnicate"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"logit_bias":{"1":5}}"#, true, "logit_bias"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"n":2}"#, true, "n"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"logprobs":1}"#, true, "logprobs"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"top_logprobs":2}"#, true, "top_logprobs"),
+            (
+                br#"{"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21}"#,
+                true,
+                "top_logprobs",
+            ),
+            (
+                br#"{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}}"#,
+                true,
+                "response_format",
+            ),
+            (
+                br#"{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}]}"#,
+                true,
+                "tools",
+            ),
+            (br#"{"messages":[{"role":"user","content":"x"}],"tool_choice":"required"}"#, true, "tool_choice"),
+            (br#"{"messages":[{"role":"user","content":"x","tool_call_id":"a"}]}"#, true, "messages[0].tool_call_id"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"prompt":"x"}"#, true, "prompt"),
+            (br#"{"prompt":"x","messages":[]}"#, false, "messages"),
+            (br#"{"prompt":"x","echo":true}"#, false, "echo"),
+            (br#"{"prompt":"x","logprobs":true}"#, false, "logprobs"),
+            (br#"{"prompt":"x","suffix":"y"}"#, false, "suffix"),
+            (br#"{"prompt":"x","stream_options":{"include_usage":true,"x":1}}"#, false, "stream_options.x"),
+        ] {
+            let e = parse(body, chat, 100).expect_err("refused");
+            assert_eq!(e.param.as_deref(), Some(param), "{}", String::from_utf8_lossy(body));
+        }
+        // Defaults of unbuilt features and bookkeeping fields are accepted.
+        for body in [
+            &br#"{"messages":[{"role":"user","content":"x","name":"a"}],"n":1,"logprobs":false,"user":"u","store":false,"metadata":{"a":"b"}}"#[..],
+            br#"{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"text"},"tools":[],"tool_choice":"none"}"#,
+        ] {
+            parse(body, true, 100).expect("accepted");
+        }
+        parse(
+            br#"{"prompt":"x","echo":false,"best_of":1,"logprobs":null,"n":1}"#,
+            false,
+            100,
+        )
+        .expect("accepted");
+        let p = parse(br#"{"prompt":"x","logprobs":3}"#, false, 100).expect("accepted");
+        assert_eq!(p.logprobs, Some(3));
+        let p = parse(
+            br#"{"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":2}"#,
+            true,
+            100,
+        )
+        .expect("accepted");
+        assert_eq!(p.logprobs, Some(2));
+        let p = parse(
+            br#"{"messages":[{"role":"user","content":"x"}],"logprobs":true}"#,
+            true,
+            100,
+        )
+        .expect("ok");
+        assert_eq!(p.logprobs, Some(0));
         assert!(parse(b"[]", false, 100).is_err());
         assert!(parse(br#"{"prompt":"a","temperature":-1}"#, false, 100).is_err());
     }

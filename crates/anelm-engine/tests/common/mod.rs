@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use anelm_engine::{GenerateOptions, LoadedModel, LogitsMode, SamplerParams, StepItem, generate};
+use anelm_engine::{GenerateOptions, LoadedModel, LogitsMode, StepItem, StreamOptions, generate};
 use serde_json::Value;
 
 /// `fixtures/llamacpp/<name>` at the repository root (made by `scripts/make-llamacpp-fixtures.sh`).
@@ -104,9 +104,10 @@ pub fn check_greedy_until_near_tie(lm: &LoadedModel, fx: &Value, noise_margin: f
         let want = ids(&case["completion_ids"]);
         let reference = top2(case);
         let opts = GenerateOptions {
-            max_tokens: want.len(),
-            sampler: SamplerParams::greedy(),
-            ignore_eos: true,
+            stream: StreamOptions {
+                ignore_eos: true,
+                ..StreamOptions::greedy(want.len())
+            },
             prefill_chunk: 128,
         };
         let mut session = lm.model.new_session(512);

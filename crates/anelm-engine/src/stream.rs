@@ -1,0 +1,255 @@
+//! One request's decoding state: its sampler, detokenizer, stop matcher and log-probability
+//! record. Every front end (the scheduler behind `anelm serve`, [`crate::generate`] behind
+//! `anelm generate`/`chat`/`bench`) turns a row of logits into the next token through
+//! [`Stream::advance`], so they stop, mask and record the same way.
+
+use anelm_model::tokenizer::{StreamDecoder, Tokenizer};
+
+use crate::generate::FinishReason;
+use crate::sampler::{Sampler, SamplerError, SamplerParams};
+use crate::stop::StopMatcher;
+
+/// Most alternatives a request may ask for per token (OpenAI's `top_logprobs` limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// How one stream decodes.
+#[derive(Clone, Debug)]
+pub struct StreamOptions {
+    /// Most tokens to generate (≥ 1).
+    pub max_tokens: usize,
+    /// Sampling parameters, including the stream's seed.
+    pub sampler: SamplerParams,
+    /// Strings that end generation (not included in the output).
+    pub stop: Vec<String>,
+    /// Never sample end-of-generation tokens (run to `max_tokens`).
+    pub ignore_eos: bool,
+    /// Record each generated token's log-probability and this many most likely alternatives
+    /// (`Some(0)`: the chosen token's only); `None` records nothing.
+    pub logprobs: Option<usize>,
+}
+
+impl StreamOptions {
+    /// Greedy decoding of at most `max_tokens`, nothing else.
+    pub fn greedy(max_tokens: usize) -> Self {
+        Self {
+            max_tokens,
+            sampler: SamplerParams::greedy(),
+            stop: Vec::new(),
+            ignore_eos: false,
+            logprobs: None,
+        }
+    }
+}
+
+/// A generated token's log-probability under the model (the log-softmax of its raw logits,
+/// before penalties, temperature or masking), and the most likely alternatives.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    /// The token taken.
+    pub token: u32,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// The most likely tokens at this position, most likely first (ties: lower id first).
+    pub top: Vec<(u32, f32)>,
+}
+
+/// What one [`Stream::advance`] produced.
+#[derive(Clone, Debug, Default)]
+pub struct StreamStep {
+    /// Text now safe to show (held back while it could be part of a stop string or of a
+    /// multi-byte character; everything held is released when the stream finishes).
+    pub text: String,
+    /// The token taken and to be fed to the model next, unless the stream finished on an
+    /// end-of-generation token (which is not part of the output).
+    pub token: Option<u32>,
+    /// The token's log-probability, when the stream records them.
+    pub logprob: Option<TokenLogprob>,
+    /// Set when the stream ended with this step.
+    pub finish: Option<FinishReason>,
+}
+
+/// One request's decoding state (see the module docs).
+pub struct Stream<'t> {
+    tokenizer: &'t Tokenizer,
+    sampler: Sampler,
+    decoder: StreamDecoder<'t>,
+    stop: StopMatcher,
+    max_tokens: usize,
+    ignore_eos: bool,
+    logprobs: Option<usize>,
+    generated: Vec<u32>,
+    finished: Option<FinishReason>,
+}
+
+impl<'t> Stream<'t> {
+    /// A stream decoding with `tokenizer`'s vocabulary and end-of-generation tokens.
+    pub fn new(tokenizer: &'t Tokenizer, opts: &StreamOptions) -> Result<Self, SamplerError> {
+        Ok(Self {
+            tokenizer,
+            sampler: Sampler::new(opts.sampler.clone())?,
+            decoder: StreamDecoder::new(tokenizer),
+            stop: StopMatcher::new(&opts.stop),
+            max_tokens: opts.max_tokens,
+            ignore_eos: opts.ignore_eos,
+            logprobs: opts.logprobs.map(|n| n.min(MAX_TOP_LOGPROBS)),
+            generated: Vec::new(),
+            finished: None,
+        })
+    }
+
+    /// Tokens generated so far.
+    pub fn generated(&self) -> &[u32] {
+        &self.generated
+    }
+
+    /// Why the stream ended, once it has.
+    pub fn finished(&self) -> Option<FinishReason> {
+        self.finished
+    }
+
+    /// Take the next token from `logits` (the model's raw next-token row; end-of-generation
+    /// entries are masked in place when the stream ignores them). `history` is every token of
+    /// the sequence so far (prompt and generated), for the penalties; `room` says whether the
+    /// context can hold another token after this one. A finished stream takes no more tokens: it
+    /// returns an empty step with its finish reason.
+    pub fn advance(&mut self, logits: &mut [f32], history: &[u32], room: bool) -> Result<StreamStep, SamplerError> {
+        if let Some(why) = self.finished {
+            return Ok(StreamStep {
+                finish: Some(why),
+                ..StreamStep::default()
+            });
+        }
+        let record = self.logprobs.map(|top| LogSoftmax::of(logits).with_top(logits, top));
+        let stops = self.tokenizer.stop_ids();
+        if self.ignore_eos {
+            for &s in stops {
+                if let Some(l) = logits.get_mut(s as usize) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
+        let token = self.sampler.sample(logits, history)?;
+        if stops.contains(&token) {
+            return Ok(self.end(String::new(), None, None, FinishReason::Stop));
+        }
+        // The taken token's entry is never one the masking changed (masked entries cannot be
+        // sampled), so it is still the raw logit.
+        let logprob = record.map(|(norm, top)| TokenLogprob {
+            token,
+            logprob: norm.at(logits.get(token as usize).copied().unwrap_or(f32::NEG_INFINITY)),
+            top,
+        });
+        self.generated.push(token);
+        let piece = self.decoder.push(token);
+        let s = self.stop.push(&piece);
+        if s.stopped {
+            return Ok(self.end(s.emit, Some(token), logprob, FinishReason::Stop));
+        }
+        if self.generated.len() >= self.max_tokens || !room {
+            return Ok(self.end(s.emit, Some(token), logprob, FinishReason::Length));
+        }
+        Ok(StreamStep {
+            text: s.emit,
+            token: Some(token),
+            logprob,
+            finish: None,
+        })
+    }
+
+    /// End the stream because its client went away: nothing held back is released.
+    pub fn cancel(&mut self) {
+        self.finished.get_or_insert(FinishReason::Cancelled);
+    }
+
+    fn end(
+        &mut self,
+        mut text: String,
+        token: Option<u32>,
+        logprob: Option<TokenLogprob>,
+        why: FinishReason,
+    ) -> StreamStep {
+        // A stop string ends the text where it starts; otherwise release what was held back.
+        let tail = self.decoder.finish();
+        if why == FinishReason::Stop && token.is_some() {
+            self.stop.finish();
+        } else {
+            let s = self.stop.push(&tail);
+            text.push_str(&s.emit);
+            text.push_str(&self.stop.finish());
+        }
+        self.finished = Some(why);
+        StreamStep {
+            text,
+            token,
+            logprob,
+            finish: Some(why),
+        }
+    }
+}
+
+/// The normaliser of a row's log-softmax: `log p(i) = l(i) - max - ln Σ exp(l - max)`.
+#[derive(Clone, Copy, Debug)]
+pub struct LogSoftmax {
+    max: f32,
+    log_sum: f64,
+}
+
+impl LogSoftmax {
+    /// The normaliser of `logits` (non-finite entries count as probability 0).
+    pub fn of(logits: &[f32]) -> Self {
+        let max = logits
+            .iter()
+            .copied()
+            .filter(|x| x.is_finite())
+            .fold(f32::NEG_INFINITY, f32::max);
+        let sum: f64 = logits
+            .iter()
+            .filter(|x| x.is_finite())
+            .map(|&x| f64::from(x - max).exp())
+            .sum();
+        Self { max, log_sum: sum.ln() }
+    }
+
+    /// The log-probability of a logit.
+    pub fn at(&self, logit: f32) -> f32 {
+        if !logit.is_finite() {
+            return f32::NEG_INFINITY;
+        }
+        (f64::from(logit - self.max) - self.log_sum) as f32
+    }
+
+    /// This normaliser with the `n` most likely entries of `logits` (ties: lower id first).
+    fn with_top(self, logits: &[f32], n: usize) -> (Self, Vec<(u32, f32)>) {
+        let mut top: Vec<(u32, f32)> = Vec::with_capacity(n + 1);
+        if n > 0 {
+            for (id, &l) in (0u32..).zip(logits) {
+                if !l.is_finite() || (top.len() == n && l <= top[n - 1].1) {
+                    continue;
+                }
+                let at = top.partition_point(|&(_, x)| x >= l);
+                top.insert(at, (id, l));
+                top.truncate(n);
+            }
+        }
+        let top = top.into_iter().map(|(id, l)| (id, self.at(l))).collect();
+        (self, top)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_softmax_normalises_and_top_is_sorted_with_lower_ids_first_on_ties() {
+        let logits = [1.0f32, 3.0, 3.0, f32::NEG_INFINITY, 0.5, 2.0];
+        let (norm, top) = LogSoftmax::of(&logits).with_top(&logits, 3);
+        let total: f64 = logits.iter().map(|&l| f64::from(norm.at(l)).exp()).sum();
+        assert!((total - 1.0).abs() < 1e-6, "{total}");
+        assert_eq!(top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 2, 5]);
+        assert!(top.windows(2).all(|w| w[0].1 >= w[1].1));
+        assert_eq!(norm.at(f32::NEG_INFINITY), f32::NEG_INFINITY);
+        let (_, none) = LogSoftmax::of(&logits).with_top(&logits, 0);
+        assert!(none.is_empty());
+    }
+}
