@@ -408,6 +408,16 @@ fn errors_are_openai_shaped() {
         assert!(n > 0, "stream closed early: {seen}");
         seen.push_str(&String::from_utf8_lossy(&buf[..n]));
     }
+    // The first chunk (the assistant role) goes out before the request leaves the queue: wait
+    // until it holds the session and the queue is empty again.
+    let t = Instant::now();
+    while metric(port, "busy_sessions") < 1.0 || metric(port, "queue_depth") > 0.0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the streaming request never got the session"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let waiting = std::thread::spawn(move || {
         http(
             port,
