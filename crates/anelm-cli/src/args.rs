@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 
-use anelm_engine::{SamplerParams, StreamOptions};
+use anelm_engine::{Grammar, SamplerParams, StreamOptions};
 
 /// Where kernels run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -125,9 +125,35 @@ pub struct SamplingArgs {
     /// End generation where this text appears (not printed); repeatable.
     #[arg(long = "stop", value_name = "TEXT")]
     pub stop: Vec<String>,
+    /// The output must be JSON valid under the JSON schema in FILE.
+    #[arg(long, value_name = "FILE", conflicts_with = "grammar")]
+    pub json_schema: Option<PathBuf>,
+    /// The output must match the grammar in FILE (llguidance's Lark dialect).
+    #[arg(long, value_name = "FILE")]
+    pub grammar: Option<PathBuf>,
 }
 
 impl SamplingArgs {
+    /// The output grammar `--json-schema` or `--grammar` names, read from its file.
+    pub fn output_grammar(&self) -> anyhow::Result<Option<Grammar>> {
+        use anyhow::Context;
+        if let Some(path) = &self.json_schema {
+            let text = std::fs::read_to_string(path).with_context(|| format!("could not read {}", path.display()))?;
+            let schema: serde_json::Value = serde_json::from_str(&text).with_context(|| {
+                format!(
+                    "{} is not valid JSON (--json-schema takes a JSON schema file)",
+                    path.display()
+                )
+            })?;
+            return Ok(Some(Grammar::JsonSchema(schema)));
+        }
+        if let Some(path) = &self.grammar {
+            let text = std::fs::read_to_string(path).with_context(|| format!("could not read {}", path.display()))?;
+            return Ok(Some(Grammar::Lark(text)));
+        }
+        Ok(None)
+    }
+
     /// The stream these flags describe (end-of-sequence tokens honoured unless `--ignore-eos`).
     pub fn stream(&self) -> StreamOptions {
         StreamOptions {
@@ -136,6 +162,7 @@ impl SamplingArgs {
             stop: self.stop.clone(),
             ignore_eos: self.ignore_eos,
             logprobs: None,
+            constraint: None,
         }
     }
 

@@ -41,7 +41,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
             content: s.clone(),
         });
     }
-    let opts = GenerateOptions {
+    let mut opts = GenerateOptions {
         stream: StreamOptions {
             sampler: params,
             ignore_eos: false,
@@ -49,6 +49,10 @@ pub fn run(a: ChatArgs) -> Result<()> {
         },
         prefill_chunk: 128,
     };
+    // Every turn starts from the grammar's beginning (each stream clones the fresh constraint).
+    if let Some(g) = a.sampling.output_grammar()? {
+        opts.stream.constraint = Some(lm.constraint(&g)?);
+    }
     eprintln!("anelm chat — type a message; /reset clears the conversation, /exit or Ctrl-D quits.");
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();

@@ -81,10 +81,13 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     };
     let ids = lm.tokenizer.encode(&prompt)?;
     let mut session = lm.model.new_session(a.model.ctx_size);
-    let opts = GenerateOptions {
+    let mut opts = GenerateOptions {
         stream: a.sampling.stream(),
         prefill_chunk: a.prefill_chunk,
     };
+    if let Some(g) = a.sampling.output_grammar()? {
+        opts.stream.constraint = Some(lm.constraint(&g)?);
+    }
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let mut write_failed = None;

@@ -21,6 +21,9 @@ pub enum EngineError {
     /// The sampler was given invalid parameters or unusable logits.
     #[error(transparent)]
     Sampler(#[from] crate::sampler::SamplerError),
+    /// An output constraint (grammar) is invalid or failed.
+    #[error(transparent)]
+    Constraint(#[from] crate::constraint::ConstraintError),
     /// The model's configuration is missing something or is inconsistent.
     #[error("model configuration: {0}")]
     Config(String),

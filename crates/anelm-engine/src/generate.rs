@@ -31,6 +31,7 @@ impl Default for GenerateOptions {
                 stop: Vec::new(),
                 ignore_eos: false,
                 logprobs: None,
+                constraint: None,
             },
             prefill_chunk: 128,
         }

@@ -2,7 +2,7 @@
 //! tokenizer and chat template, compiled on a backend.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use anelm_model::chat_template::{ChatTemplate, load_hf_chat_template};
 use anelm_model::error::ModelError;
@@ -16,6 +16,7 @@ use crate::arch::gemma3::{Gemma3, Gemma3Config, Gemma3Naming};
 use crate::arch::llama::{Llama, LlamaConfig, TensorNaming};
 use crate::arch::qwen3_5::{Qwen35, Qwen35Config, Qwen35Naming};
 use crate::backend::Backend;
+use crate::constraint::{Constraint, ConstraintError, ConstraintFactory, Grammar};
 use crate::error::{EngineError, Result};
 use crate::model::LanguageModel;
 
@@ -40,6 +41,24 @@ pub struct LoadedModel {
     pub has_own_template: bool,
     /// Where it came from.
     pub source: ModelSource,
+    /// The grammar compiler for this tokenizer, built on first use (see [`Self::constraints`]).
+    pub constraint_factory: OnceLock<std::result::Result<ConstraintFactory, String>>,
+}
+
+impl LoadedModel {
+    /// The grammar compiler for this model's vocabulary (constrained decoding), built on first use:
+    /// it indexes the whole vocabulary once.
+    pub fn constraints(&self) -> Result<&ConstraintFactory> {
+        self.constraint_factory
+            .get_or_init(|| ConstraintFactory::new(&self.tokenizer).map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| EngineError::Constraint(ConstraintError::Tokenizer(e.clone())))
+    }
+
+    /// A fresh constraint for one stream that must match `grammar`.
+    pub fn constraint(&self, grammar: &Grammar) -> Result<Constraint> {
+        Ok(self.constraints()?.compile(grammar)?)
+    }
 }
 
 /// Build the tokenizer a GGUF file describes.
@@ -91,6 +110,7 @@ pub fn load_model(path: &Path, backend: &dyn Backend, progress: &mut dyn FnMut(u
             template,
             has_own_template,
             source: ModelSource::SafetensorsDir(path.to_path_buf()),
+            constraint_factory: OnceLock::new(),
         });
     }
     let gguf = open_gguf(path)?;
@@ -104,6 +124,7 @@ pub fn load_model(path: &Path, backend: &dyn Backend, progress: &mut dyn FnMut(u
         template,
         has_own_template,
         source: ModelSource::Gguf(path.to_path_buf()),
+        constraint_factory: OnceLock::new(),
     })
 }
 

@@ -5,6 +5,7 @@
 
 use anelm_model::tokenizer::{StreamDecoder, Tokenizer};
 
+use crate::constraint::{Constraint, ConstraintError};
 use crate::generate::FinishReason;
 use crate::sampler::{Sampler, SamplerError, SamplerParams};
 use crate::stop::StopMatcher;
@@ -26,6 +27,29 @@ pub struct StreamOptions {
     /// Record each generated token's log-probability and this many most likely alternatives
     /// (`Some(0)`: the chosen token's only); `None` records nothing.
     pub logprobs: Option<usize>,
+    /// A grammar the output must match (compiled by [`crate::ConstraintFactory`]). It decides
+    /// where end-of-generation tokens are allowed, so `ignore_eos` does not apply with it.
+    pub constraint: Option<Constraint>,
+}
+
+/// Why a stream could not take its next token.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    /// Sampling failed (invalid parameters or no usable logit).
+    #[error(transparent)]
+    Sampler(#[from] SamplerError),
+    /// The output constraint failed.
+    #[error(transparent)]
+    Constraint(#[from] ConstraintError),
+}
+
+impl From<StreamError> for crate::EngineError {
+    fn from(e: StreamError) -> Self {
+        match e {
+            StreamError::Sampler(e) => e.into(),
+            StreamError::Constraint(e) => e.into(),
+        }
+    }
 }
 
 impl StreamOptions {
@@ -37,6 +61,7 @@ impl StreamOptions {
             stop: Vec::new(),
             ignore_eos: false,
             logprobs: None,
+            constraint: None,
         }
     }
 }
@@ -77,6 +102,7 @@ pub struct Stream<'t> {
     max_tokens: usize,
     ignore_eos: bool,
     logprobs: Option<usize>,
+    constraint: Option<Constraint>,
     generated: Vec<u32>,
     finished: Option<FinishReason>,
 }
@@ -92,6 +118,7 @@ impl<'t> Stream<'t> {
             max_tokens: opts.max_tokens,
             ignore_eos: opts.ignore_eos,
             logprobs: opts.logprobs.map(|n| n.min(MAX_TOP_LOGPROBS)),
+            constraint: opts.constraint.clone(),
             generated: Vec::new(),
             finished: None,
         })
@@ -112,7 +139,7 @@ impl<'t> Stream<'t> {
     /// the sequence so far (prompt and generated), for the penalties; `room` says whether the
     /// context can hold another token after this one. A finished stream takes no more tokens: it
     /// returns an empty step with its finish reason.
-    pub fn advance(&mut self, logits: &mut [f32], history: &[u32], room: bool) -> Result<StreamStep, SamplerError> {
+    pub fn advance(&mut self, logits: &mut [f32], history: &[u32], room: bool) -> Result<StreamStep, StreamError> {
         if let Some(why) = self.finished {
             return Ok(StreamStep {
                 finish: Some(why),
@@ -121,7 +148,9 @@ impl<'t> Stream<'t> {
         }
         let record = self.logprobs.map(|top| LogSoftmax::of(logits).with_top(logits, top));
         let stops = self.tokenizer.stop_ids();
-        if self.ignore_eos {
+        if let Some(c) = &mut self.constraint {
+            c.mask(logits)?;
+        } else if self.ignore_eos {
             for &s in stops {
                 if let Some(l) = logits.get_mut(s as usize) {
                     *l = f32::NEG_INFINITY;
@@ -130,8 +159,15 @@ impl<'t> Stream<'t> {
         }
         let token = self.sampler.sample(logits, history)?;
         if stops.contains(&token) {
-            return Ok(self.end(String::new(), None, None, FinishReason::Stop));
+            return Ok(self.end(String::new(), None, None, FinishReason::Stop, false));
         }
+        let grammar_done = match &mut self.constraint {
+            Some(c) => {
+                c.accept(token)?;
+                c.is_finished()
+            }
+            None => false,
+        };
         // The taken token's entry is never one the masking changed (masked entries cannot be
         // sampled), so it is still the raw logit.
         let logprob = record.map(|(norm, top)| TokenLogprob {
@@ -143,10 +179,14 @@ impl<'t> Stream<'t> {
         let piece = self.decoder.push(token);
         let s = self.stop.push(&piece);
         if s.stopped {
-            return Ok(self.end(s.emit, Some(token), logprob, FinishReason::Stop));
+            return Ok(self.end(s.emit, Some(token), logprob, FinishReason::Stop, true));
+        }
+        if grammar_done {
+            // Nothing but end-of-generation can follow: end here rather than spend a step on it.
+            return Ok(self.end(s.emit, Some(token), logprob, FinishReason::Stop, false));
         }
         if self.generated.len() >= self.max_tokens || !room {
-            return Ok(self.end(s.emit, Some(token), logprob, FinishReason::Length));
+            return Ok(self.end(s.emit, Some(token), logprob, FinishReason::Length, false));
         }
         Ok(StreamStep {
             text: s.emit,
@@ -161,16 +201,18 @@ impl<'t> Stream<'t> {
         self.finished.get_or_insert(FinishReason::Cancelled);
     }
 
+    /// Finish with `why`; `cut` says a stop string ended the text where it starts (what was
+    /// held back is dropped), otherwise everything held back is released.
     fn end(
         &mut self,
         mut text: String,
         token: Option<u32>,
         logprob: Option<TokenLogprob>,
         why: FinishReason,
+        cut: bool,
     ) -> StreamStep {
-        // A stop string ends the text where it starts; otherwise release what was held back.
         let tail = self.decoder.finish();
-        if why == FinishReason::Stop && token.is_some() {
+        if cut {
             self.stop.finish();
         } else {
             let s = self.stop.push(&tail);

@@ -13,7 +13,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anelm_engine::{
-    CancelToken, Completion, Event, FinishReason, LoadedModel, Scheduler, SchedulerConfig, SubmitError, TokenLogprob,
+    CancelToken, Completion, ConstraintError, EngineError, Event, FinishReason, Grammar, LoadedModel, Scheduler,
+    SchedulerConfig, SubmitError, TokenLogprob,
 };
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -337,12 +338,33 @@ async fn handle(
             Some("max_tokens"),
         ));
     }
+    let constraint = match parsed.grammar.clone() {
+        None => None,
+        Some(g) => {
+            // Compiling a grammar (and, the first time, indexing the vocabulary) is CPU work.
+            let model = lm.clone();
+            let compiled = tokio::task::spawn_blocking(move || model.constraint(&g))
+                .await
+                .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.to_string()))?;
+            let param = if matches!(parsed.grammar, Some(Grammar::Lark(_) | Grammar::Regex(_))) {
+                "grammar"
+            } else {
+                "response_format"
+            };
+            Some(compiled.map_err(|e| match e {
+                EngineError::Constraint(ConstraintError::Invalid(m)) => {
+                    ApiError::bad_request(format!("the output grammar is invalid: {m}"), Some(param))
+                }
+                other => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", other.to_string()),
+            })?)
+        }
+    };
     let (tx, rx) = mpsc::unbounded_channel::<Event>();
     let cancel = CancelToken::new();
     ready
         .scheduler
         .submit(
-            parsed.request(prompt),
+            parsed.request(prompt, constraint),
             Box::new(move |e| tx.send(e).is_ok()),
             cancel.clone(),
         )

@@ -1,7 +1,7 @@
 //! The OpenAI request fields anelm understands, parsed from raw JSON with errors that name the
 //! field, and turned into a scheduler [`Request`].
 
-use anelm_engine::{Request, SamplerParams, StreamOptions};
+use anelm_engine::{Constraint, Grammar, Request, SamplerParams, StreamOptions};
 use anelm_model::chat_template::ChatMessage;
 use serde_json::{Map, Value};
 
@@ -34,6 +34,9 @@ pub struct Parsed {
     /// Report each token's log-probability and this many alternatives (chat: `logprobs` +
     /// `top_logprobs`; completions: the integer `logprobs`).
     pub logprobs: Option<usize>,
+    /// What the output must match: `response_format` (`json_object`, `json_schema`) or the
+    /// non-standard `grammar` (a Lark grammar string, or `{"lark": ...}` / `{"regex": ...}`).
+    pub grammar: Option<Grammar>,
 }
 
 /// The prompt part of a request.
@@ -113,6 +116,7 @@ const COMMON_FIELDS: &[&str] = &[
     "ignore_eos",
     "n",
     "logprobs",
+    "grammar",
 ];
 /// Fields only `/v1/chat/completions` implements.
 const CHAT_FIELDS: &[&str] = &[
@@ -168,14 +172,6 @@ fn refuse_unsupported(obj: &Map<String, Value>, chat: bool) -> Result<(), ApiErr
     if !absent_or("n", &|v| v.as_u64() == Some(1)) {
         return Err(bad("n", "other than 1 is not supported yet"));
     }
-    if !absent_or("response_format", &|v| {
-        v.get("type").and_then(Value::as_str) == Some("text")
-    }) {
-        return Err(bad(
-            "response_format",
-            "other than {\"type\": \"text\"} is not supported yet (no constrained decoding)",
-        ));
-    }
     if !absent_or("tools", &|v| v.as_array().is_some_and(Vec::is_empty)) {
         return Err(bad("tools", "is not supported yet (no tool calling)"));
     }
@@ -229,6 +225,76 @@ fn logprobs(obj: &Map<String, Value>, chat: bool) -> Result<Option<usize>, ApiEr
             Some(n) if n > limit => Err(bad("logprobs", "must be an integer from 0 to 20")),
             n => Ok(n),
         }
+    }
+}
+
+/// The output grammar a request asks for, if any: OpenAI's `response_format` (chat) or the
+/// non-standard `grammar` (both endpoints), never both.
+fn grammar(obj: &Map<String, Value>) -> Result<Option<Grammar>, ApiError> {
+    let from_format = match obj.get("response_format") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(f)) => match f.get("type").and_then(Value::as_str) {
+            Some("text") => None,
+            Some("json_object") => Some(Grammar::JsonObject),
+            Some("json_schema") => {
+                let Some(Value::Object(js)) = f.get("json_schema") else {
+                    return Err(bad(
+                        "response_format.json_schema",
+                        "is required for type json_schema and must be an object",
+                    ));
+                };
+                if !js.get("name").is_some_and(Value::is_string) {
+                    return Err(bad(
+                        "response_format.json_schema.name",
+                        "is required and must be a string",
+                    ));
+                }
+                if !js.get("strict").is_none_or(|v| v.is_boolean() || v.is_null()) {
+                    return Err(bad("response_format.json_schema.strict", "must be a boolean"));
+                }
+                match js.get("schema") {
+                    Some(s @ Value::Object(_)) => Some(Grammar::JsonSchema(s.clone())),
+                    Some(Value::Bool(true)) | None => Some(Grammar::JsonSchema(Value::Object(Map::new()))),
+                    Some(_) => {
+                        return Err(bad(
+                            "response_format.json_schema.schema",
+                            "must be a JSON schema object",
+                        ));
+                    }
+                }
+            }
+            _ => {
+                return Err(bad(
+                    "response_format.type",
+                    "must be \"text\", \"json_object\" or \"json_schema\"",
+                ));
+            }
+        },
+        Some(_) => return Err(bad("response_format", "must be an object")),
+    };
+    let from_grammar = match obj.get("grammar") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(lark)) => Some(Grammar::Lark(lark.clone())),
+        Some(Value::Object(g)) => match (g.get("lark"), g.get("regex"), g.len()) {
+            (Some(Value::String(l)), None, 1) => Some(Grammar::Lark(l.clone())),
+            (None, Some(Value::String(r)), 1) => Some(Grammar::Regex(r.clone())),
+            _ => {
+                return Err(bad(
+                    "grammar",
+                    "must be a Lark grammar string, {\"lark\": ...} or {\"regex\": ...}",
+                ));
+            }
+        },
+        Some(_) => {
+            return Err(bad(
+                "grammar",
+                "must be a Lark grammar string, {\"lark\": ...} or {\"regex\": ...}",
+            ));
+        }
+    };
+    match (from_format, from_grammar) {
+        (Some(_), Some(_)) => Err(bad("grammar", "cannot be combined with a JSON response_format")),
+        (a, b) => Ok(a.or(b)),
     }
 }
 
@@ -347,12 +413,20 @@ pub fn parse(body: &[u8], chat: bool, max_context: usize) -> Result<Parsed, ApiE
     };
     let model = obj.get("model").and_then(Value::as_str).map(str::to_string);
     let logprobs = logprobs(&obj, chat)?;
+    let grammar = grammar(&obj)?;
     let ignore_eos = match obj.get("ignore_eos") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(bad("ignore_eos", "must be a boolean")),
     };
+    if ignore_eos && grammar.is_some() {
+        return Err(bad(
+            "ignore_eos",
+            "cannot be combined with a grammar or JSON response_format (the grammar decides where the output ends)",
+        ));
+    }
     Ok(Parsed {
+        grammar,
         logprobs,
         ignore_eos,
         input,
@@ -367,8 +441,9 @@ pub fn parse(body: &[u8], chat: bool, max_context: usize) -> Result<Parsed, ApiE
 }
 
 impl Parsed {
-    /// The scheduler request for already tokenized `prompt`.
-    pub fn request(&self, prompt: Vec<u32>) -> Request {
+    /// The scheduler request for already tokenized `prompt`, constrained by the compiled
+    /// `grammar` when the request has one.
+    pub fn request(&self, prompt: Vec<u32>, constraint: Option<Constraint>) -> Request {
         Request {
             prompt,
             stream: StreamOptions {
@@ -377,6 +452,7 @@ impl Parsed {
                 stop: self.stop.clone(),
                 ignore_eos: self.ignore_eos,
                 logprobs: self.logprobs,
+                constraint,
             },
         }
     }
@@ -431,10 +507,27 @@ mod tests {
                 "top_logprobs",
             ),
             (
-                br#"{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}}"#,
+                br#"{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"xml"}}"#,
                 true,
-                "response_format",
+                "response_format.type",
             ),
+            (
+                br#"{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"schema":{}}}}"#,
+                true,
+                "response_format.json_schema.name",
+            ),
+            (
+                br#"{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"},"grammar":"start: \"a\""}"#,
+                true,
+                "grammar",
+            ),
+            (
+                br#"{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"},"ignore_eos":true}"#,
+                true,
+                "ignore_eos",
+            ),
+            (br#"{"prompt":"x","grammar":{"lark":"a","regex":"b"}}"#, false, "grammar"),
+            (br#"{"prompt":"x","response_format":{"type":"json_object"}}"#, false, "response_format"),
             (
                 br#"{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}]}"#,
                 true,
@@ -481,6 +574,18 @@ mod tests {
         )
         .expect("ok");
         assert_eq!(p.logprobs, Some(0));
+        let p = parse(
+            br#"{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"n","schema":{"type":"integer"},"strict":true}}}"#,
+            true,
+            100,
+        )
+        .expect("accepted");
+        assert_eq!(
+            p.grammar,
+            Some(Grammar::JsonSchema(serde_json::json!({"type": "integer"})))
+        );
+        let p = parse(br#"{"prompt":"x","grammar":{"regex":"[0-9]+"}}"#, false, 100).expect("accepted");
+        assert_eq!(p.grammar, Some(Grammar::Regex("[0-9]+".into())));
         assert!(parse(b"[]", false, 100).is_err());
         assert!(parse(br#"{"prompt":"a","temperature":-1}"#, false, 100).is_err());
     }

@@ -1,0 +1,223 @@
+//! Constrained decoding: a grammar (a JSON schema, any JSON object, a Lark grammar or a regular
+//! expression) that a stream's output must match, enforced token by token with `llguidance`.
+//! Each step the constraint masks every token that cannot continue a valid output, so the answer
+//! parses whatever the model's size; end-of-generation tokens are allowed only where the grammar
+//! is complete.
+
+use std::fmt;
+use std::sync::Arc;
+
+use anelm_model::tokenizer::Tokenizer;
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{InferenceCapabilities, TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
+use llguidance::{Matcher, ParserFactory};
+use serde_json::{Value, json};
+
+/// What a stream's output must match.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Grammar {
+    /// Any JSON object (`response_format: {"type": "json_object"}`).
+    JsonObject,
+    /// A value valid under this JSON schema.
+    JsonSchema(Value),
+    /// A grammar in llguidance's Lark dialect.
+    Lark(String),
+    /// A regular expression the whole output matches.
+    Regex(String),
+}
+
+/// A grammar that could not be compiled, or a constraint that failed mid-stream.
+#[derive(Debug, thiserror::Error)]
+pub enum ConstraintError {
+    /// The grammar or schema is invalid or unsupported; the message is llguidance's reason.
+    #[error("invalid grammar: {0}")]
+    Invalid(String),
+    /// The tokenizer could not be prepared for constrained decoding.
+    #[error("constrained decoding is unavailable for this tokenizer: {0}")]
+    Tokenizer(String),
+    /// The constraint failed while generating (a bug or an internal limit).
+    #[error("the output constraint failed: {0}")]
+    Failed(String),
+}
+
+/// JSON is generated compactly readable (`", "` and `": "`, no free whitespace): a small model
+/// given free whitespace can spend its whole budget on newlines.
+fn json_options() -> Value {
+    json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
+}
+
+impl Grammar {
+    fn to_llguidance(&self) -> TopLevelGrammar {
+        match self {
+            Grammar::JsonObject => {
+                TopLevelGrammar::from_json_schema(json!({"type": "object", "x-guidance": json_options()}))
+            }
+            Grammar::JsonSchema(schema) => {
+                let mut schema = schema.clone();
+                if let Value::Object(o) = &mut schema
+                    && !o.contains_key("x-guidance")
+                {
+                    o.insert("x-guidance".into(), json_options());
+                }
+                TopLevelGrammar::from_json_schema(schema)
+            }
+            Grammar::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
+            Grammar::Regex(r) => TopLevelGrammar::from_regex(r),
+        }
+    }
+}
+
+/// anelm's vocabulary seen by llguidance: each token's bytes, special tokens behind llguidance's
+/// marker byte so text can never produce them. Text is tokenized greedily over the trie and
+/// declared non-canonical, so llguidance never forces tokens from it (it only masks).
+struct VocabularyTrie {
+    trie: TokTrie,
+}
+
+impl TokenizerEnv for VocabularyTrie {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
+        self.trie.greedy_tokenize(s)
+    }
+
+    fn tokenize_is_canonical(&self) -> bool {
+        false
+    }
+}
+
+/// Compiles grammars for one model's tokenizer (built once per model: it indexes the whole
+/// vocabulary).
+pub struct ConstraintFactory {
+    factory: ParserFactory,
+    stop_ids: Vec<u32>,
+    vocab: usize,
+}
+
+impl ConstraintFactory {
+    /// Index `tokenizer`'s vocabulary for constrained decoding.
+    pub fn new(tokenizer: &Tokenizer) -> Result<Self, ConstraintError> {
+        let vocab = tokenizer.vocab_size();
+        let stop_ids = tokenizer.stop_ids().to_vec();
+        let eos = tokenizer
+            .eos_id()
+            .or_else(|| stop_ids.first().copied())
+            .ok_or_else(|| ConstraintError::Tokenizer("the model has no end-of-sequence token".into()))?;
+        let words: Vec<Vec<u8>> = (0..vocab as u32)
+            .map(|id| {
+                let bytes = tokenizer.token_bytes(id);
+                if tokenizer.is_special(id) {
+                    let mut marked = vec![TokTrie::SPECIAL_TOKEN_MARKER];
+                    marked.extend_from_slice(tokenizer.token_str(id).map_or(&bytes[..], str::as_bytes));
+                    marked
+                } else {
+                    bytes
+                }
+            })
+            .collect();
+        let vocab_u32 = u32::try_from(vocab).map_err(|_| ConstraintError::Tokenizer("vocabulary too large".into()))?;
+        let mut info = TokRxInfo::new(vocab_u32, eos);
+        info.tok_bos = tokenizer.bos_id();
+        let trie = TokTrie::from(&info, &words);
+        let env: TokEnv = Arc::new(VocabularyTrie { trie });
+        let mut factory = ParserFactory::new(
+            &env,
+            InferenceCapabilities::default(),
+            &llguidance::earley::SlicedBiasComputer::general_slices(),
+        )
+        .map_err(|e| ConstraintError::Tokenizer(e.to_string()))?;
+        factory.quiet();
+        Ok(Self {
+            factory,
+            stop_ids,
+            vocab,
+        })
+    }
+
+    /// A fresh constraint for one stream; an invalid grammar is an error quoting llguidance.
+    pub fn compile(&self, grammar: &Grammar) -> Result<Constraint, ConstraintError> {
+        let parser = self
+            .factory
+            .create_parser(grammar.to_llguidance())
+            .map_err(|e| ConstraintError::Invalid(e.to_string()))?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher_error(&matcher) {
+            return Err(ConstraintError::Invalid(e));
+        }
+        Ok(Constraint {
+            matcher,
+            stop_ids: self.stop_ids.clone(),
+            vocab: self.vocab,
+        })
+    }
+}
+
+fn matcher_error(m: &Matcher) -> Option<String> {
+    m.is_error()
+        .then(|| m.get_error().unwrap_or_else(|| "unknown error".into()))
+}
+
+/// One stream's grammar state.
+pub struct Constraint {
+    matcher: Matcher,
+    stop_ids: Vec<u32>,
+    vocab: usize,
+}
+
+impl Clone for Constraint {
+    fn clone(&self) -> Self {
+        Self {
+            matcher: self.matcher.deep_clone(),
+            stop_ids: self.stop_ids.clone(),
+            vocab: self.vocab,
+        }
+    }
+}
+
+impl fmt::Debug for Constraint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Constraint")
+            .field("stopped", &self.matcher.is_stopped())
+            .finish()
+    }
+}
+
+impl Constraint {
+    /// Set every logit the grammar does not allow next to −∞. End-of-generation tokens are
+    /// allowed exactly where the grammar is complete.
+    pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), ConstraintError> {
+        let mask = self
+            .matcher
+            .compute_mask_or_eos()
+            .map_err(|e| ConstraintError::Failed(e.to_string()))?;
+        let eos_ok = self.stop_ids.iter().any(|&s| mask.is_allowed(s));
+        for (id, l) in (0u32..).zip(logits.iter_mut()) {
+            let ok = if self.stop_ids.contains(&id) {
+                eos_ok
+            } else {
+                (id as usize) < self.vocab && mask.is_allowed(id)
+            };
+            if !ok {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        Ok(())
+    }
+
+    /// Advance past the token taken (end-of-generation tokens end the constraint).
+    pub fn accept(&mut self, token: u32) -> Result<(), ConstraintError> {
+        if self.stop_ids.contains(&token) {
+            return Ok(());
+        }
+        self.matcher
+            .consume_token(token)
+            .map_err(|e| ConstraintError::Failed(e.to_string()))
+    }
+
+    /// The grammar is complete and admits nothing more: the stream should end.
+    pub fn is_finished(&self) -> bool {
+        self.matcher.is_stopped()
+    }
+}
