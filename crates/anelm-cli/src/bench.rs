@@ -59,6 +59,11 @@ pub struct BenchArgs {
     /// Serving benchmark: write an SVG chart here.
     #[arg(long)]
     pub chart_out: Option<std::path::PathBuf>,
+    /// Serving benchmark: also run every level with its requests constrained by the JSON schema
+    /// in FILE (paired with the unconstrained run in each round), to measure the constraint's
+    /// cost. A schema that cannot complete within `--tokens` keeps the lengths equal.
+    #[arg(long, value_name = "FILE")]
+    pub json_schema: Option<std::path::PathBuf>,
     /// Measure energy instead: average CPU/GPU/ANE watts and tokens per joule of one generation
     /// of the first -n length, idle baseline subtracted (macOS, root: powermetrics).
     #[arg(long)]
@@ -127,12 +132,23 @@ fn run_serving(a: &BenchArgs) -> Result<()> {
     if a.rounds == 0 {
         bail!("--rounds must be at least 1");
     }
-    let levels = run_levels(&addr, &a.concurrency, requests, a.tokens, a.rounds)?;
+    let schema = match &a.json_schema {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("could not read {}", p.display()))?;
+            Some(
+                serde_json::from_str::<serde_json::Value>(&text)
+                    .with_context(|| format!("{} is not JSON", p.display()))?,
+            )
+        }
+        None => None,
+    };
+    let levels = run_levels(&addr, &a.concurrency, requests, a.tokens, a.rounds, schema.as_ref())?;
     let title = format!("anelm: {requests} requests × {} tokens per level ({what})", a.tokens);
     println!("{title}\n");
     print!("{}", markdown(&levels));
     if let Some(p) = &a.json_out {
         let meta = serde_json::json!({"what": what, "requests": requests, "tokens": a.tokens, "rounds": a.rounds,
+                                      "json_schema": schema,
                                       "isa": anelm_kernels::Isa::best().name()});
         std::fs::write(p, serde_json::to_string_pretty(&to_json(&levels, meta))?)
             .with_context(|| format!("write {}", p.display()))?;
@@ -253,6 +269,9 @@ const MAX_PARALLEL: usize = 256;
 pub fn run(a: BenchArgs) -> Result<()> {
     if a.energy {
         return run_energy(&a);
+    }
+    if a.json_schema.is_some() && a.concurrency.is_empty() {
+        bail!("--json-schema applies to the serving benchmark: give --concurrency too");
     }
     if !a.concurrency.is_empty() {
         return run_serving(&a);

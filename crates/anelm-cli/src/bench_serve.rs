@@ -18,6 +18,8 @@ use anelm_server::{AppState, ServerConfig, router};
 pub struct Level {
     /// Requests in flight at once.
     pub concurrency: usize,
+    /// The requests carried the JSON-schema constraint.
+    pub constrained: bool,
     /// Requests run.
     pub requests: usize,
     /// Generated tokens over all requests / wall time of the level.
@@ -37,6 +39,9 @@ pub struct Level {
     /// Median over rounds of this level's aggregate ÷ the first level's in the same round
     /// (paired, so a slow drift of the machine cancels out of the ratio).
     pub vs_first: f64,
+    /// Constrained levels: median over rounds of aggregate ÷ the same concurrency's
+    /// unconstrained aggregate in the same round.
+    pub vs_unconstrained: Option<f64>,
 }
 
 struct One {
@@ -98,14 +103,19 @@ pub fn start_server(lm: Arc<LoadedModel>, sessions: usize, threads: usize) -> Re
         .map_err(|e| anyhow::anyhow!("the bench server could not listen: {e}"))
 }
 
-/// One streaming completion; returns its timings.
-fn one_request(addr: &str, tokens: usize, salt: usize) -> Result<One> {
-    let body = json!({
+/// One streaming completion, constrained by `schema` when given (which then decides where the
+/// output may end, so `ignore_eos` is left off); returns its timings.
+fn one_request(addr: &str, tokens: usize, salt: usize, schema: Option<&Value>) -> Result<One> {
+    let mut body = json!({
         "prompt": format!("Request {salt}. Write a long story about a lighthouse keeper and the sea."),
-        "max_tokens": tokens, "temperature": 0, "stream": true, "ignore_eos": true,
+        "max_tokens": tokens, "temperature": 0, "stream": true,
         "stream_options": {"include_usage": true},
-    })
-    .to_string();
+    });
+    match schema {
+        Some(s) => body["grammar"] = json!({"json_schema": s}),
+        None => body["ignore_eos"] = json!(true),
+    }
+    let body = body.to_string();
     let t0 = Instant::now();
     let mut s = TcpStream::connect(addr).with_context(|| format!("connect to {addr}"))?;
     s.set_read_timeout(Some(Duration::from_secs(600)))?;
@@ -165,19 +175,41 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
 }
 
 /// Run every level `rounds` times, level after level in each round (c1, c4, c1, c4, …), and
-/// report per level the median of each figure over the rounds.
-pub fn run_levels(addr: &str, levels: &[usize], requests: usize, tokens: usize, rounds: usize) -> Result<Vec<Level>> {
-    // Warm-up: one request so the first level does not pay for first-touch costs.
-    one_request(addr, 4, 0)?;
+/// report per level the median of each figure over the rounds. With `schema`, each level runs
+/// twice per round, without and then with the JSON-schema constraint, so the constraint's cost
+/// is a paired ratio.
+pub fn run_levels(
+    addr: &str,
+    levels: &[usize],
+    requests: usize,
+    tokens: usize,
+    rounds: usize,
+    schema: Option<&Value>,
+) -> Result<Vec<Level>> {
+    // Warm-up: one request (and one constrained) so no level pays for first-touch costs.
+    one_request(addr, 4, 0, None)?;
+    if schema.is_some() {
+        one_request(addr, 4, 0, schema)?;
+    }
     let rounds = rounds.max(1);
-    let mut runs: Vec<Vec<Level>> = (0..levels.len()).map(|_| Vec::new()).collect();
+    let variants: Vec<Option<&Value>> = if schema.is_some() {
+        vec![None, schema]
+    } else {
+        vec![None]
+    };
+    let cells: Vec<(usize, Option<&Value>)> = levels
+        .iter()
+        .flat_map(|&c| variants.iter().map(move |&v| (c, v)))
+        .collect();
+    let mut runs: Vec<Vec<Level>> = (0..cells.len()).map(|_| Vec::new()).collect();
     for round in 0..rounds {
-        for (i, &c) in levels.iter().enumerate() {
+        for (i, &(c, v)) in cells.iter().enumerate() {
             eprintln!(
-                "round {}/{rounds}, concurrency {c}: {requests} requests of {tokens} tokens",
-                round + 1
+                "round {}/{rounds}, concurrency {c}{}: {requests} requests of {tokens} tokens",
+                round + 1,
+                if v.is_some() { ", JSON schema" } else { "" }
             );
-            runs[i].push(measure_level(addr, c, requests, tokens)?);
+            runs[i].push(measure_level(addr, c, requests, tokens, v)?);
         }
     }
     let first: Vec<f64> = runs
@@ -185,13 +217,25 @@ pub fn run_levels(addr: &str, levels: &[usize], requests: usize, tokens: usize, 
         .map_or_else(Vec::new, |r| r.iter().map(|l| l.aggregate_tok_s).collect());
     Ok(runs
         .iter()
-        .zip(levels)
-        .map(|(r, &c)| {
+        .zip(&cells)
+        .enumerate()
+        .map(|(i, (r, &(c, v)))| {
             let med = |f: &dyn Fn(&Level) -> f64| percentile(&mut r.iter().map(f).collect::<Vec<_>>(), 0.5);
             let agg: Vec<f64> = r.iter().map(|l| l.aggregate_tok_s).collect();
             let mut ratios: Vec<f64> = agg.iter().zip(&first).map(|(a, f)| a / f.max(1e-9)).collect();
+            // The unconstrained run of the same level sits just before a constrained one.
+            let vs_unconstrained = (v.is_some() && i > 0).then(|| {
+                let mut paired: Vec<f64> = agg
+                    .iter()
+                    .zip(&runs[i - 1])
+                    .map(|(a, u)| a / u.aggregate_tok_s.max(1e-9))
+                    .collect();
+                percentile(&mut paired, 0.5)
+            });
             Level {
                 concurrency: c,
+                constrained: v.is_some(),
+                vs_unconstrained,
                 requests: r.first().map_or(0, |l| l.requests),
                 aggregate_tok_s: med(&|l| l.aggregate_tok_s),
                 per_stream_tok_s: med(&|l| l.per_stream_tok_s),
@@ -210,12 +254,13 @@ pub fn run_levels(addr: &str, levels: &[usize], requests: usize, tokens: usize, 
 }
 
 /// One level once: `requests` requests of `tokens` tokens, `c` in flight at a time.
-fn measure_level(addr: &str, c: usize, requests: usize, tokens: usize) -> Result<Level> {
+fn measure_level(addr: &str, c: usize, requests: usize, tokens: usize, schema: Option<&Value>) -> Result<Level> {
+    let schema = schema.cloned();
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let t0 = Instant::now();
     let handles: Vec<_> = (0..c)
         .map(|_| {
-            let (next, addr) = (next.clone(), addr.to_string());
+            let (next, addr, schema) = (next.clone(), addr.to_string(), schema.clone());
             std::thread::spawn(move || -> Result<Vec<One>> {
                 let mut mine = Vec::new();
                 loop {
@@ -223,7 +268,7 @@ fn measure_level(addr: &str, c: usize, requests: usize, tokens: usize) -> Result
                     if i >= requests {
                         return Ok(mine);
                     }
-                    mine.push(one_request(&addr, tokens, i + 1)?);
+                    mine.push(one_request(&addr, tokens, i + 1, schema.as_ref())?);
                 }
             })
         })
@@ -244,6 +289,8 @@ fn measure_level(addr: &str, c: usize, requests: usize, tokens: usize) -> Result
     let aggregate = total as f64 / wall;
     Ok(Level {
         concurrency: c,
+        constrained: schema.is_some(),
+        vs_unconstrained: None,
         requests: all.len(),
         aggregate_tok_s: aggregate,
         per_stream_tok_s: per_stream,
@@ -265,10 +312,18 @@ pub fn markdown(levels: &[Level]) -> String {
             "medians of {rounds} rounds (levels alternating within each round); × c1 is the median of the per-round ratios\n\n"
         ));
     }
-    s.push_str(
-        "| concurrency | requests | aggregate tok/s | × c1 | per-stream tok/s | TTFT p50 | latency p50 | latency p95 |\n\
-         | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
-    );
+    let constrained = levels.iter().any(|l| l.constrained);
+    if constrained {
+        s.push_str(
+            "| concurrency | JSON schema | requests | aggregate tok/s | × unconstrained | × c1 | per-stream tok/s | TTFT p50 | latency p50 | latency p95 |\n\
+             | ---: | :---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+        );
+    } else {
+        s.push_str(
+            "| concurrency | requests | aggregate tok/s | × c1 | per-stream tok/s | TTFT p50 | latency p50 | latency p95 |\n\
+             | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+        );
+    }
     for l in levels {
         let aggregate = if rounds > 1 {
             format!(
@@ -278,8 +333,19 @@ pub fn markdown(levels: &[Level]) -> String {
         } else {
             format!("{:.1}", l.aggregate_tok_s)
         };
+        let (schema, ratio) = if constrained {
+            (
+                format!(" {} |", if l.constrained { "yes" } else { "no" }),
+                format!(
+                    " {} |",
+                    l.vs_unconstrained.map_or("–".to_string(), |r| format!("{r:.3}"))
+                ),
+            )
+        } else {
+            (String::new(), String::new())
+        };
         s.push_str(&format!(
-            "| {} | {} | {aggregate} | {:.2} | {:.1} | {:.0} ms | {:.2} s | {:.2} s |\n",
+            "| {} |{schema} {} | {aggregate} |{ratio} {:.2} | {:.1} | {:.0} ms | {:.2} s | {:.2} s |\n",
             l.concurrency,
             l.requests,
             l.vs_first,
@@ -297,7 +363,8 @@ pub fn to_json(levels: &[Level], meta: Value) -> Value {
     let rows: Vec<Value> = levels
         .iter()
         .map(|l| {
-            json!({"concurrency": l.concurrency, "requests": l.requests, "aggregate_tok_s": l.aggregate_tok_s,
+            json!({"concurrency": l.concurrency, "json_schema": l.constrained,
+                   "vs_unconstrained": l.vs_unconstrained, "requests": l.requests, "aggregate_tok_s": l.aggregate_tok_s,
                    "per_stream_tok_s": l.per_stream_tok_s, "ttft_p50_s": l.ttft_p50,
                    "latency_p50_s": l.latency_p50, "latency_p95_s": l.latency_p95,
                    "rounds": l.rounds, "aggregate_min_tok_s": l.aggregate_range.0,

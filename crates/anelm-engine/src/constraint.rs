@@ -193,15 +193,33 @@ impl Constraint {
             .compute_mask_or_eos()
             .map_err(|e| ConstraintError::Failed(e.to_string()))?;
         let eos_ok = self.stop_ids.iter().any(|&s| mask.is_allowed(s));
-        for (id, l) in (0u32..).zip(logits.iter_mut()) {
-            let ok = if self.stop_ids.contains(&id) {
-                eos_ok
-            } else {
-                (id as usize) < self.vocab && mask.is_allowed(id)
-            };
-            if !ok {
-                *l = f32::NEG_INFINITY;
+        // Every end-of-generation token follows the grammar's end-of-sequence bit.
+        let stops: Vec<(usize, f32)> = self
+            .stop_ids
+            .iter()
+            .filter_map(|&s| logits.get(s as usize).map(|&l| (s as usize, l)))
+            .collect();
+        // Word by word over the bitset: whole words of 32 allowed or refused tokens at once.
+        let words = mask.as_slice();
+        for (chunk, &word) in logits.chunks_mut(32).zip(words.iter().chain(std::iter::repeat(&0))) {
+            match word {
+                u32::MAX => {}
+                0 => chunk.fill(f32::NEG_INFINITY),
+                w => {
+                    for (bit, l) in chunk.iter_mut().enumerate() {
+                        if w & (1 << bit) == 0 {
+                            *l = f32::NEG_INFINITY;
+                        }
+                    }
+                }
             }
+        }
+        for (s, l) in stops {
+            logits[s] = if eos_ok { l } else { f32::NEG_INFINITY };
+        }
+        // Entries past the vocabulary (padded logit rows) are never allowed.
+        if let Some(tail) = logits.get_mut(self.vocab..) {
+            tail.fill(f32::NEG_INFINITY);
         }
         Ok(())
     }

@@ -13,7 +13,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anelm_engine::{
-    CancelToken, Completion, ConstraintError, EngineError, Event, FinishReason, Grammar, LoadedModel, Scheduler,
+    CancelToken, Completion, ConstraintError, EngineError, Event, FinishReason, LoadedModel, Scheduler,
     SchedulerConfig, SubmitError, TokenLogprob,
 };
 use axum::body::Bytes;
@@ -346,7 +346,7 @@ async fn handle(
             let compiled = tokio::task::spawn_blocking(move || model.constraint(&g))
                 .await
                 .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.to_string()))?;
-            let param = if matches!(parsed.grammar, Some(Grammar::Lark(_) | Grammar::Regex(_))) {
+            let param = if parsed.grammar_field {
                 "grammar"
             } else {
                 "response_format"

@@ -35,8 +35,11 @@ pub struct Parsed {
     /// `top_logprobs`; completions: the integer `logprobs`).
     pub logprobs: Option<usize>,
     /// What the output must match: `response_format` (`json_object`, `json_schema`) or the
-    /// non-standard `grammar` (a Lark grammar string, or `{"lark": ...}` / `{"regex": ...}`).
+    /// non-standard `grammar` (a Lark grammar string, or `{"lark": ...}`, `{"regex": ...}`,
+    /// `{"json_schema": {...}}`).
     pub grammar: Option<Grammar>,
+    /// The grammar came from the `grammar` field (not `response_format`): where errors point.
+    pub grammar_field: bool,
 }
 
 /// The prompt part of a request.
@@ -228,6 +231,9 @@ fn logprobs(obj: &Map<String, Value>, chat: bool) -> Result<Option<usize>, ApiEr
     }
 }
 
+const GRAMMAR_FORMS: &str =
+    "must be a Lark grammar string, {\"lark\": ...}, {\"regex\": ...} or {\"json_schema\": {...}}";
+
 /// The output grammar a request asks for, if any: OpenAI's `response_format` (chat) or the
 /// non-standard `grammar` (both endpoints), never both.
 fn grammar(obj: &Map<String, Value>) -> Result<Option<Grammar>, ApiError> {
@@ -275,22 +281,13 @@ fn grammar(obj: &Map<String, Value>) -> Result<Option<Grammar>, ApiError> {
     let from_grammar = match obj.get("grammar") {
         None | Some(Value::Null) => None,
         Some(Value::String(lark)) => Some(Grammar::Lark(lark.clone())),
-        Some(Value::Object(g)) => match (g.get("lark"), g.get("regex"), g.len()) {
-            (Some(Value::String(l)), None, 1) => Some(Grammar::Lark(l.clone())),
-            (None, Some(Value::String(r)), 1) => Some(Grammar::Regex(r.clone())),
-            _ => {
-                return Err(bad(
-                    "grammar",
-                    "must be a Lark grammar string, {\"lark\": ...} or {\"regex\": ...}",
-                ));
-            }
+        Some(Value::Object(g)) if g.len() == 1 => match g.iter().next() {
+            Some((k, Value::String(l))) if k == "lark" => Some(Grammar::Lark(l.clone())),
+            Some((k, Value::String(r))) if k == "regex" => Some(Grammar::Regex(r.clone())),
+            Some((k, s @ Value::Object(_))) if k == "json_schema" => Some(Grammar::JsonSchema(s.clone())),
+            _ => return Err(bad("grammar", GRAMMAR_FORMS)),
         },
-        Some(_) => {
-            return Err(bad(
-                "grammar",
-                "must be a Lark grammar string, {\"lark\": ...} or {\"regex\": ...}",
-            ));
-        }
+        Some(_) => return Err(bad("grammar", GRAMMAR_FORMS)),
     };
     match (from_format, from_grammar) {
         (Some(_), Some(_)) => Err(bad("grammar", "cannot be combined with a JSON response_format")),
@@ -426,6 +423,7 @@ pub fn parse(body: &[u8], chat: bool, max_context: usize) -> Result<Parsed, ApiE
         ));
     }
     Ok(Parsed {
+        grammar_field: obj.get("grammar").is_some_and(|v| !v.is_null()),
         grammar,
         logprobs,
         ignore_eos,
@@ -586,6 +584,17 @@ mod tests {
         );
         let p = parse(br#"{"prompt":"x","grammar":{"regex":"[0-9]+"}}"#, false, 100).expect("accepted");
         assert_eq!(p.grammar, Some(Grammar::Regex("[0-9]+".into())));
+        assert!(p.grammar_field);
+        let p = parse(
+            br#"{"prompt":"x","grammar":{"json_schema":{"type":"object"}}}"#,
+            false,
+            100,
+        )
+        .expect("ok");
+        assert_eq!(
+            p.grammar,
+            Some(Grammar::JsonSchema(serde_json::json!({"type": "object"})))
+        );
         assert!(parse(b"[]", false, 100).is_err());
         assert!(parse(br#"{"prompt":"a","temperature":-1}"#, false, 100).is_err());
     }
