@@ -36,10 +36,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
     let mut session = lm.model.new_session(a.model.ctx_size);
     let mut messages: Vec<ChatMessage> = Vec::new();
     if let Some(s) = &a.system {
-        messages.push(ChatMessage {
-            role: "system".into(),
-            content: s.clone(),
-        });
+        messages.push(ChatMessage::new("system", s.clone()));
     }
     let mut opts = GenerateOptions {
         stream: StreamOptions {
@@ -73,10 +70,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
             }
             _ => {}
         }
-        messages.push(ChatMessage {
-            role: "user".into(),
-            content: input.to_string(),
-        });
+        messages.push(ChatMessage::new("user", input.to_string()));
         let prompt = lm.template.render(&messages, true, &template_kwargs(a.think))?;
         let ids = lm.tokenizer.encode(&prompt)?;
         let mut reply = String::new();
@@ -104,10 +98,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
                     stats.generated_tokens,
                     stats.generation_tok_per_s()
                 );
-                messages.push(ChatMessage {
-                    role: "assistant".into(),
-                    content: reply.trim().to_string(),
-                });
+                messages.push(ChatMessage::new("assistant", reply.trim().to_string()));
             }
             Err(e) => {
                 // Keep the REPL alive: drop the failed turn and say why.

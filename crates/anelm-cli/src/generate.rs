@@ -68,15 +68,9 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     } else {
         let mut msgs = Vec::new();
         if let Some(s) = a.system {
-            msgs.push(ChatMessage {
-                role: "system".into(),
-                content: s,
-            });
+            msgs.push(ChatMessage::new("system", s));
         }
-        msgs.push(ChatMessage {
-            role: "user".into(),
-            content: text,
-        });
+        msgs.push(ChatMessage::new("user", text));
         lm.template.render(&msgs, true, &template_kwargs(a.think))?
     };
     let ids = lm.tokenizer.encode(&prompt)?;

@@ -21,6 +21,7 @@ pub mod session;
 pub mod stop;
 pub mod stored_matrix;
 pub mod stream;
+pub mod tools;
 mod wide;
 
 pub use ane_backend::{AneBackend, AneMonitor, AneOptions, AneStats};
@@ -36,3 +37,4 @@ pub use sampler::{Sampler, SamplerParams};
 pub use scheduler::{CancelToken, Completion, Event, Metrics, Request, Scheduler, SchedulerConfig, Sink, SubmitError};
 pub use session::{RecurrentLayer, Session};
 pub use stream::{Stream, StreamError, StreamOptions, StreamStep, TokenLogprob};
+pub use tools::{ForcedCall, ToolCall, ToolFormat, ToolSpec};

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-use anelm_model::chat_template::{ChatTemplate, load_hf_chat_template};
+use anelm_model::chat_template::{ChatMessage, ChatTemplate, load_hf_chat_template};
 use anelm_model::error::ModelError;
 use anelm_model::gguf::GgufFile;
 use anelm_model::hf_config::HfConfig;
@@ -19,6 +19,7 @@ use crate::backend::Backend;
 use crate::constraint::{Constraint, ConstraintError, ConstraintFactory, Grammar};
 use crate::error::{EngineError, Result};
 use crate::model::LanguageModel;
+use crate::tools::{self, ToolSpec};
 
 /// What kind of file a model came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -53,6 +54,38 @@ impl LoadedModel {
             .get_or_init(|| ConstraintFactory::new(&self.tokenizer).map_err(|e| e.to_string()))
             .as_ref()
             .map_err(|e| EngineError::Constraint(ConstraintError::Tokenizer(e.clone())))
+    }
+
+    /// The prompt for a conversation (ending in the assistant's turn): the chat template with
+    /// `kwargs` (e.g. `enable_thinking`), and `tools` laid out by the template where it takes
+    /// them, otherwise by anelm's generic tool prompt (see [`crate::tools`]). The one place
+    /// every front end assembles a chat prompt.
+    pub fn render_chat(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[ToolSpec],
+        kwargs: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String> {
+        if !tools.is_empty() && !self.template.takes_tools() {
+            return Ok(self
+                .template
+                .render(&tools::with_generic_tool_prompt(messages, tools), true, kwargs)?);
+        }
+        let list: Vec<serde_json::Value> = tools.iter().map(ToolSpec::to_openai).collect();
+        let listed = (!list.is_empty()).then_some(list.as_slice());
+        Ok(self
+            .template
+            .render_with_tools(&tools::with_argument_objects(messages), listed, true, kwargs)?)
+    }
+
+    /// [`Self::render_chat`], tokenized.
+    pub fn encode_chat(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[ToolSpec],
+        kwargs: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<Vec<u32>> {
+        Ok(self.tokenizer.encode(&self.render_chat(messages, tools, kwargs)?)?)
     }
 
     /// A fresh constraint for one stream that must match `grammar`.

@@ -23,6 +23,13 @@ pub struct ChatMessage {
     pub role: String,
     /// The message text.
     pub content: String,
+    /// The tool calls an assistant message made, in OpenAI's form (`{"id", "type": "function",
+    /// "function": {"name", "arguments"}}`); templates that know tools render them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// The call a `tool` message answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl ChatMessage {
@@ -31,6 +38,8 @@ impl ChatMessage {
         Self {
             role: role.into(),
             content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
         }
     }
 }
@@ -151,8 +160,25 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         extra: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<String, TemplateError> {
+        self.render_with_tools(messages, None, add_generation_prompt, extra)
+    }
+
+    /// Whether the template lays out tool definitions itself (it reads a `tools` variable).
+    pub fn takes_tools(&self) -> bool {
+        self.source.contains("tools")
+    }
+
+    /// [`Self::render`] with the tool definitions (OpenAI's `tools` list) in the template's
+    /// `tools` variable.
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+        extra: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String, TemplateError> {
         let mut ctx = std::collections::BTreeMap::<String, Value>::new();
-        ctx.insert("tools".into(), Value::from(()));
+        ctx.insert("tools".into(), tools.map_or(Value::from(()), Value::from_serialize));
         for (k, v) in extra {
             ctx.insert(k.clone(), Value::from_serialize(v));
         }
