@@ -127,7 +127,8 @@ pub enum Rule {
 }
 
 impl Rule {
-    /// Every rule, in check order.
+    /// Every rule: the program rules in the validator's check order, then the device rules
+    /// (compile budget, load budgets, surface size).
     pub const ALL: [Rule; 19] = [
         Rule::Dialect,
         Rule::IoFp16,
@@ -135,6 +136,7 @@ impl Rule {
         Rule::IoLanes,
         Rule::OutputCount,
         Rule::M5Alignment,
+        Rule::ProgramWeights,
         Rule::NoTile,
         Rule::OpWhitelist,
         Rule::ConvConstWeight,
@@ -142,7 +144,6 @@ impl Rule {
         Rule::Fp16Compute,
         Rule::DimCap,
         Rule::KernelSize,
-        Rule::ProgramWeights,
         Rule::BlobHeader,
         Rule::CompileBudget,
         Rule::LoadBudget,
