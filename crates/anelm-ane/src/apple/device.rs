@@ -48,7 +48,8 @@ pub struct AppleConfig {
     /// Lock/unlock every surface around each write and read on the hot path (the reference skips
     /// this by default: the synchronous evaluate provides coherency).
     pub lock_surfaces: bool,
-    /// Root of the model directories (default: `NSTemporaryDirectory()`).
+    /// Root of the model directories when the model does not answer `localModelPath` (default:
+    /// `NSTemporaryDirectory()`, which is what `localModelPath` uses).
     pub temp_dir: Option<PathBuf>,
 }
 
@@ -412,7 +413,11 @@ impl<R: Runtime> Device<R> {
         if compile {
             self.reserve_compile(&k.label)?;
             k.dir = dir;
-            write_model_dir_with(&k.dir, mil_text, weights, |p, b| self.rt.write_file(p, b))?;
+            if let Err(e) = write_model_dir_with(&k.dir, mil_text, weights, |p, b| self.rt.write_file(p, b)) {
+                // The compiler was never called: give the reserved compile back.
+                self.compile_attempts.fetch_sub(1, Ordering::Relaxed);
+                return Err(e);
+            }
             self.compile_model(k)?;
         } else {
             match self.rt.compiled_model_exists(k.model) {
