@@ -85,6 +85,12 @@ impl ChipProfile {
         CHIPS.iter().map(|c| c.name).collect::<Vec<_>>().join(", ")
     }
 
+    /// Whether this chip needs every runtime input and output tensor to be a multiple of 128 bytes
+    /// (the M5 family; [`crate::Rule::M5Alignment`]).
+    pub fn aligns_io_to_128(&self) -> bool {
+        self.name.starts_with("m5")
+    }
+
     /// Modelled time of one dispatch moving `bytes` (weights + input and output surfaces), seconds.
     pub fn dispatch_seconds(&self, bytes: u64) -> f64 {
         self.fixed_us * 1e-6 + bytes as f64 / (self.bandwidth_gb_s * 1e9)

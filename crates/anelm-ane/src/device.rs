@@ -82,6 +82,65 @@ pub trait AneDevice: Send + Sync {
     /// Unload a loaded program (frees its share of the per-process budget; it can be reloaded).
     fn unload(&self, program: ProgramHandle) -> Result<(), AneError>;
 
+    /// Free a program for good: unload it if it is loaded, then drop everything the device holds
+    /// for it (on a Mac: request, surfaces, model). The handle is unknown afterwards. Every owner
+    /// of a handle calls this on every path, errors included; unloading alone keeps the rest.
+    fn release(&self, program: ProgramHandle) -> Result<(), AneError>;
+
     /// The surface shapes a compiled program expects.
     fn signature(&self, program: ProgramHandle) -> Result<Signature, AneError>;
+}
+
+/// Compile and load a program; when the load fails the compiled program is released before the
+/// error is returned, so a failure leaves nothing behind.
+pub fn compile_and_load<D: AneDevice + ?Sized>(
+    device: &D,
+    mil_text: &str,
+    weights: &WeightFiles,
+) -> Result<ProgramHandle, AneError> {
+    let h = device.compile(mil_text, weights)?;
+    if let Err(e) = device.load(h) {
+        // The load error is the one to report; the release of a program that never loaded only
+        // frees host objects.
+        let _ = device.release(h);
+        return Err(e);
+    }
+    Ok(h)
+}
+
+/// The programs of one kernel while it is being built: if the guard is dropped before
+/// [`Releasing::keep`] (an error returned early with `?`), every program added so far is
+/// released, last first.
+pub struct Releasing<'a, D: AneDevice + ?Sized> {
+    device: &'a D,
+    handles: Vec<ProgramHandle>,
+}
+
+impl<'a, D: AneDevice + ?Sized> Releasing<'a, D> {
+    /// An empty guard over `device`.
+    pub fn new(device: &'a D) -> Self {
+        Releasing {
+            device,
+            handles: Vec::new(),
+        }
+    }
+
+    /// Take charge of a program that is now built.
+    pub fn add(&mut self, program: ProgramHandle) {
+        self.handles.push(program);
+    }
+
+    /// The kernel is complete: hand the programs back to the caller, who releases them later.
+    pub fn keep(mut self) -> Vec<ProgramHandle> {
+        std::mem::take(&mut self.handles)
+    }
+}
+
+impl<D: AneDevice + ?Sized> Drop for Releasing<'_, D> {
+    fn drop(&mut self) {
+        for h in self.handles.drain(..).rev() {
+            // Nothing more to do on a failed release while unwinding an error path.
+            let _ = self.device.release(h);
+        }
+    }
 }

@@ -11,12 +11,13 @@ use crate::chip::ChipProfile;
 use crate::device::{AneDevice, DispatchTime, ProgramHandle, Signature};
 use crate::error::AneError;
 use crate::exec::{Executable, Tensor, round_fp16};
-use crate::rules::Rule;
+use crate::rules::{DEFAULT_MAX_COMPILES, MAX_AXIS, MAX_PROGRAM_WEIGHT_BYTES, Rule};
 use crate::surface::Surface;
 use crate::validate::{load_validated, validate};
 
-/// Largest tensor dimension the emulator accepts (the per-op cap; DESIGN.md: LM-head chunks ≤ 65,536 rows).
-pub const DEFAULT_MAX_DIM: usize = 65_536;
+/// Largest tensor dimension the emulator accepts: the per-op cap of 65,536 per axis
+/// ([`Rule::DimCap`] gives the evidence).
+pub const DEFAULT_MAX_DIM: usize = MAX_AXIS;
 
 /// Largest conv input width: 9216 is known to work (Qwen3.5-4B down projection, ane-runtime.md §3.4)
 /// and 32,000 is rejected (ane-hardware.md §3.6); nothing is known in between, so 16,384.
@@ -40,9 +41,15 @@ pub struct EmuConfig {
     pub chip: ChipProfile,
     /// Per-process budget of simultaneously loaded programs ([`Rule::LoadBudget`]).
     pub max_loaded_programs: usize,
-    /// Optional budget of loaded constant bytes (FG measured ~3.5 GB on M3 Max / macOS 26, which
-    /// contradicts models that ran; off by default).
+    /// Optional budget of loaded constant bytes ([`Rule::LoadedBytes`]; FG measured ~3.5 GB on
+    /// M3 Max / macOS 26, [`crate::FG_MAX_LOADED_BYTES`], which contradicts models that ran; off
+    /// by default).
     pub max_loaded_bytes: Option<u64>,
+    /// Per-process compile budget ([`Rule::CompileBudget`]; default 119, `None`: unlimited).
+    /// Loads from the compile cache do not count.
+    pub max_compiles: Option<usize>,
+    /// Most weight-file bytes one program may hand the compiler ([`Rule::ProgramWeights`]).
+    pub max_program_weight_bytes: u64,
     /// Per-op dimension cap ([`Rule::DimCap`]).
     pub max_dim: usize,
     /// Conv input-channel cap ([`Rule::DimCap`]).
@@ -61,6 +68,8 @@ impl Default for EmuConfig {
             chip: ChipProfile::m3_max(),
             max_loaded_programs: DEFAULT_MAX_LOADED,
             max_loaded_bytes: None,
+            max_compiles: Some(DEFAULT_MAX_COMPILES),
+            max_program_weight_bytes: MAX_PROGRAM_WEIGHT_BYTES,
             max_dim: DEFAULT_MAX_DIM,
             max_conv_input_channels: DEFAULT_MAX_CONV_INPUT_CHANNELS,
             max_tensor_elements: DEFAULT_MAX_TENSOR_ELEMENTS,
@@ -73,6 +82,8 @@ impl Default for EmuConfig {
 /// Counters and clocks of an emulated device.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct EmuStats {
+    /// Compiles attempted (successful or refused by a program rule; what the compile budget counts).
+    pub compile_attempts: u64,
     /// Successful compiles.
     pub compiles: u64,
     /// Successful loads.
@@ -221,6 +232,23 @@ impl AneDevice for EmuAne {
 
     fn compile(&self, mil_text: &str, weights: &WeightFiles) -> Result<ProgramHandle, AneError> {
         let program = parse_program(mil_text)?;
+        {
+            // The compiler's leak is per call, so every attempt that reaches it counts.
+            let mut g = self.lock();
+            if let Some(max) = self.cfg.max_compiles {
+                if g.stats.compile_attempts >= max as u64 {
+                    return Err(AneError::rule_err(
+                        Rule::CompileBudget,
+                        format!(
+                            "this process has made {} compiles, the per-process budget of {max}; another would \
+                             exceed it",
+                            g.stats.compile_attempts
+                        ),
+                    ));
+                }
+            }
+            g.stats.compile_attempts += 1;
+        }
         let exe = validate(&program, weights, &self.cfg)?;
         Ok(self.insert(exe, State::Compiled, true))
     }
@@ -241,12 +269,14 @@ impl AneDevice for EmuAne {
         // Everything but the chip profile decides acceptance.
         let c = &self.cfg;
         format!(
-            "ane-emu {} dim {} conv {} elems {} const {} flush {}",
+            "ane-emu {} dim {} conv {} elems {} const {} weights {} align128 {} flush {}",
             env!("CARGO_PKG_VERSION"),
             c.max_dim,
             c.max_conv_input_channels,
             c.max_tensor_elements,
             c.max_kernel_const_bytes,
+            c.max_program_weight_bytes,
+            c.chip.aligns_io_to_128(),
             c.flush_subnormals
         )
     }
@@ -276,7 +306,7 @@ impl AneDevice for EmuAne {
         if let Some(max) = cfg.max_loaded_bytes {
             if loaded_bytes.saturating_add(bytes) > max {
                 return Err(AneError::rule_err(
-                    Rule::LoadBudget,
+                    Rule::LoadedBytes,
                     format!("{loaded_bytes} constant bytes are loaded, this program adds {bytes}, the budget is {max}"),
                 ));
             }
@@ -343,6 +373,10 @@ impl AneDevice for EmuAne {
         g.stats.host_time += host;
         g.stats.ane_time += ane;
         Ok(DispatchTime { host, ane, bytes })
+    }
+
+    fn release(&self, program: ProgramHandle) -> Result<(), AneError> {
+        EmuAne::release(self, program)
     }
 
     fn unload(&self, program: ProgramHandle) -> Result<(), AneError> {

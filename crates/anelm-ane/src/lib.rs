@@ -48,7 +48,7 @@ mod validate;
 pub use apple::{AppleAne, AppleConfig, AppleError};
 pub use cache::{CACHE_DIR_ENV, CacheOutcome, CompileCache, compile_or_load, content_id};
 pub use chip::{CHIPS, ChipProfile, FIT_TO_ANEMLL_RATIO};
-pub use device::{AneDevice, DispatchTime, ProgramHandle, Signature};
+pub use device::{AneDevice, DispatchTime, ProgramHandle, Releasing, Signature, compile_and_load};
 pub use emu::{
     DEFAULT_MAX_CONV_INPUT_CHANNELS, DEFAULT_MAX_DIM, DEFAULT_MAX_KERNEL_CONST_BYTES, DEFAULT_MAX_LOADED,
     DEFAULT_MAX_TENSOR_ELEMENTS, EmuAne, EmuConfig, EmuStats,
@@ -61,6 +61,9 @@ pub use plan::{
     PlanOptions, PlannedKernel, linear_chunk_rows, plan, plan_ffn,
 };
 pub use quant::{QuantizedMatrix, quantize_int8};
-pub use rules::Rule;
+pub use rules::{
+    DEFAULT_MAX_COMPILES, FG_MAX_LOADED_BYTES, MAX_AXIS, MAX_PROGRAM_OUTPUTS, MAX_PROGRAM_WEIGHT_BYTES,
+    MIN_SURFACE_BYTES, Rule, SURFACE_ALIGN_BYTES, surface_alloc_size,
+};
 pub use surface::{LANES, Surface, f32_to_fp16, fp16_to_f32};
 pub use validate::WHITELIST;

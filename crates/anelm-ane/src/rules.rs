@@ -7,6 +7,38 @@
 
 use std::fmt;
 
+/// Most outputs one program may return ([`Rule::OutputCount`]).
+pub const MAX_PROGRAM_OUTPUTS: usize = 2;
+
+/// Smallest IOSurface allocation an evaluation accepts ([`Rule::SurfaceMinBytes`]): 49,152 bytes.
+pub const MIN_SURFACE_BYTES: usize = 49_152;
+
+/// Alignment of every IOSurface allocation, and on M5 of every I/O tensor's size
+/// ([`Rule::M5Alignment`]): 128 bytes.
+pub const SURFACE_ALIGN_BYTES: usize = 128;
+
+/// Most weight-file bytes one program may hand the compiler ([`Rule::ProgramWeights`]): ~2 GB,
+/// taken as 2 × 10⁹ (the lower reading of "about 2 GB").
+pub const MAX_PROGRAM_WEIGHT_BYTES: u64 = 2_000_000_000;
+
+/// Largest size of any one tensor axis ([`Rule::DimCap`]): 65,536.
+pub const MAX_AXIS: usize = 65_536;
+
+/// Compiles one process may make before the ANE compiler's leak breaks it ([`Rule::CompileBudget`]).
+pub const DEFAULT_MAX_COMPILES: usize = 119;
+
+/// Constant bytes one process may keep loaded on an M3 Max / macOS 26.3.1 ([`Rule::LoadedBytes`]),
+/// ~3.5 GB.
+pub const FG_MAX_LOADED_BYTES: u64 = 3_500_000_000;
+
+/// The bytes to allocate for an IOSurface carrying `tensor_bytes`: at least
+/// [`MIN_SURFACE_BYTES`], rounded up to a multiple of [`SURFACE_ALIGN_BYTES`]. `None` on overflow.
+pub fn surface_alloc_size(tensor_bytes: usize) -> Option<usize> {
+    tensor_bytes
+        .max(MIN_SURFACE_BYTES)
+        .checked_next_multiple_of(SURFACE_ALIGN_BYTES)
+}
+
 /// One rule of the emulated ANE.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Rule {
@@ -33,21 +65,78 @@ pub enum Rule {
     /// Every BLOBFILE names a provided one-tensor file at offset 64 whose headers validate and
     /// whose payload holds exactly the declared tensor.
     BlobHeader,
-    /// No tensor dimension above the per-op cap; no conv input width above the conv cap.
+    /// No tensor axis above the per-op cap (65,536); no conv input width above the conv cap.
+    ///
+    /// Evidence: landscape.md §2 ("per-op dimension cap of 65,536"; maderix/ANE#26 split a
+    /// 151,936-row vocabulary into 16 chunks); ane-runtime.md §3.4 (ane.cpp's 65,536-row LM-head
+    /// chunks run on M3 Max); ane-hardware.md §3.6 (a conv with 32,000 input channels is rejected).
     DimCap,
     /// The program's constants fit the per-kernel size limit.
     KernelSize,
     /// No more simultaneously loaded programs than the per-process budget.
     LoadBudget,
+    /// At most [`MAX_PROGRAM_OUTPUTS`] (2) outputs per program.
+    ///
+    /// Evidence: issue 27's desk review of the public runtimes: with 3 or more outputs every
+    /// output but the last comes back silently corrupted. Every verified anelm kernel returns one
+    /// output. (Orion's docs/ane_constraints.md §2–3 adds that the outputs of a multi-output
+    /// program need equal allocation sizes and arrive in alphabetical order of their names.)
+    OutputCount,
+    /// Every IOSurface an evaluation uses is at least [`MIN_SURFACE_BYTES`] (49,152) bytes.
+    ///
+    /// Evidence: Orion (arXiv 2603.06728; mechramc/Orion docs/ane_constraints.md §4, M4 Max):
+    /// smaller allocations compile but fail at evaluation with status 0x1d; the smallest working
+    /// one was [768, 16] fp16 = 49,152 bytes. The ANE reads the declared tensor packed from the
+    /// start of a larger surface (same document, §14), so the fix is only to allocate more. This
+    /// is a device rule: the Apple device allocates at least this much and refuses a smaller
+    /// surface; the emulator has no IOSurfaces.
+    SurfaceMinBytes,
+    /// On M5, every runtime input and output tensor is a multiple of 128 bytes (and every
+    /// IOSurface allocation is, on every chip).
+    ///
+    /// Evidence: maderix/ANE README, "Hardware Characterization: Apple M5" (macOS 26.3): "All
+    /// input, output, and weight surfaces must be 128-byte aligned. Failure results in silent
+    /// evaluation errors or compiler rejection"; landscape.md §2 ("M5 needs 128-byte IOSurface
+    /// alignment"). The README's allocation helper aligns on every chip ("backward compatible
+    /// with M3/M4"), so the Apple device always does.
+    M5Alignment,
+    /// The weight files of one program total at most [`MAX_PROGRAM_WEIGHT_BYTES`] (~2 GB).
+    ///
+    /// Evidence: landscape.md §2 ("about 2 GB of baked-constant weights per compiled ANE program",
+    /// sbryngelson/ANEForge#45, which segments 8B decode because of it); ANEMLL splits Core ML
+    /// models at about 2 GB per file on macOS (landscape.md §2, ANEMLL docs/convert.md).
+    ProgramWeights,
+    /// No more compiles in one process than the compiler's budget (default
+    /// [`DEFAULT_MAX_COMPILES`], 119); refused *before* the compile that would exceed it.
+    ///
+    /// Evidence: maderix/ANE README ("~119 compile limit — ANE compiler leaks resources; worked
+    /// around via exec() restart"), ane-hardware.md §4.7 (MX budgets 100 and exec()s itself; M4,
+    /// macOS 15), Orion docs/ane_constraints.md §5 (confirmed on M4 Max). Contradicted on M3 Max /
+    /// macOS 26.3.1, where ane.cpp compiled Qwen3-4B's 226 kernels in one process
+    /// (ane-hardware.md §4.7): the budget is configurable. Programs loaded from the compile
+    /// cache do not count, so a new process resumes where the last one stopped.
+    CompileBudget,
+    /// No more loaded constant bytes per process than the configured budget (FG: ~3.5 GB,
+    /// [`FG_MAX_LOADED_BYTES`]).
+    ///
+    /// Evidence: ane-hardware.md §4.7 and §8.6 (FG, M3 Max / macOS 26.3.1: ~50 kernels of ~70 MB
+    /// or 15 FFNs of 135 MB hit the limit; unload reclaims it). Contradicted by the same system
+    /// running Qwen3.5-4B fp16 (~8 GB of kernels) at 9.21 tok/s (ane-runtime.md §11), so the
+    /// emulator leaves it off unless configured.
+    LoadedBytes,
 }
 
 impl Rule {
-    /// Every rule, in check order.
-    pub const ALL: [Rule; 13] = [
+    /// Every rule: the program rules in the validator's check order, then the device rules
+    /// (compile budget, load budgets, surface size).
+    pub const ALL: [Rule; 19] = [
         Rule::Dialect,
         Rule::IoFp16,
         Rule::IoShape,
         Rule::IoLanes,
+        Rule::OutputCount,
+        Rule::M5Alignment,
+        Rule::ProgramWeights,
         Rule::NoTile,
         Rule::OpWhitelist,
         Rule::ConvConstWeight,
@@ -56,7 +145,10 @@ impl Rule {
         Rule::DimCap,
         Rule::KernelSize,
         Rule::BlobHeader,
+        Rule::CompileBudget,
         Rule::LoadBudget,
+        Rule::LoadedBytes,
+        Rule::SurfaceMinBytes,
     ];
 
     /// Stable kebab-case name, as errors and the field guide cite it.
@@ -75,6 +167,12 @@ impl Rule {
             Rule::DimCap => "dim-cap",
             Rule::KernelSize => "kernel-size",
             Rule::LoadBudget => "load-budget",
+            Rule::OutputCount => "io-outputs-2",
+            Rule::SurfaceMinBytes => "surface-min-bytes",
+            Rule::M5Alignment => "m5-align-128",
+            Rule::ProgramWeights => "program-weights-2gb",
+            Rule::CompileBudget => "compile-budget",
+            Rule::LoadedBytes => "loaded-bytes",
         }
     }
 
@@ -118,6 +216,26 @@ impl Rule {
             }
             Rule::KernelSize => "split the kernel (FFN chunks with the accumulator, LM head row chunks)",
             Rule::LoadBudget => "unload programs that are not needed, or split the model over processes",
+            Rule::OutputCount => {
+                "return at most 2 outputs (concatenate along channels and slice on the host): with 3 or more, \
+                 all but the last come back corrupted without an error"
+            }
+            Rule::SurfaceMinBytes => {
+                "allocate every IOSurface with at least 49,152 bytes (the tensor packed at its start): smaller \
+                 ones fail at evaluation with status 0x1d"
+            }
+            Rule::M5Alignment => {
+                "make every input and output tensor a multiple of 128 bytes (an even channel count at 32 lanes) \
+                 and allocate surfaces in multiples of 128 bytes"
+            }
+            Rule::ProgramWeights => {
+                "split the program's weights over several programs (FFN chunks, LM-head row chunks)"
+            }
+            Rule::CompileBudget => {
+                "run anelm again: compiled programs stay in the OS compile cache, so a new process loads them \
+                 without compiling and compiles only the rest (or raise the budget where the OS allows it)"
+            }
+            Rule::LoadedBytes => "unload programs that are not needed, or keep fewer weights on the Neural Engine",
         }
     }
 
@@ -138,14 +256,25 @@ impl Rule {
             Rule::Fp16Compute => "ane-hardware.md §8.4",
             Rule::BlobHeader => "ane-runtime.md §4; ane-hardware.md §2.1, §8.2 (strict mode)",
             Rule::DimCap => {
-                "DESIGN.md (65,536-row LM-head chunks: the per-op cap); ane-hardware.md §3.6 (conv with \
-                 IC = 32000 rejected)"
+                "landscape.md §2 (per-op cap 65,536; maderix/ANE#26); DESIGN.md (65,536-row LM-head chunks); \
+                 ane-hardware.md §3.6 (conv with IC = 32000 rejected)"
             }
             Rule::KernelSize => {
                 "ane-hardware.md §8.3 (no recorded hard limit; configurable maximum); default = the largest \
                  kernel known to run, a 65,536 × 4096 fp16 LM-head chunk (ane-runtime.md §3.4)"
             }
             Rule::LoadBudget => "ane-runtime.md §2.5; ane-hardware.md §4.7, §8.6",
+            Rule::OutputCount => "issue 27 desk review of the public runtimes (3+ outputs: all but the last corrupted)",
+            Rule::SurfaceMinBytes => {
+                "Orion (arXiv 2603.06728) docs/ane_constraints.md §4: 49,152 bytes minimum, M4 Max"
+            }
+            Rule::M5Alignment => "maderix/ANE README, M5 constraints table (macOS 26.3); landscape.md §2",
+            Rule::ProgramWeights => "landscape.md §2 (sbryngelson/ANEForge#45: ~2 GB per program)",
+            Rule::CompileBudget => {
+                "maderix/ANE README (~119 compiles, compiler leak); ane-hardware.md §4.7; Orion \
+                 docs/ane_constraints.md §5"
+            }
+            Rule::LoadedBytes => "ane-hardware.md §4.7, §8.6 (FG: ~3.5 GB on M3 Max / macOS 26.3.1)",
         }
     }
 }

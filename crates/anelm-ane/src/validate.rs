@@ -12,7 +12,7 @@ use anelm_mil::{
 use crate::emu::EmuConfig;
 use crate::error::AneError;
 use crate::exec::{Executable, Tensor, literal_tensor, round_fp16};
-use crate::rules::Rule;
+use crate::rules::{MAX_PROGRAM_OUTPUTS, Rule, SURFACE_ALIGN_BYTES};
 
 /// Ops the emulator accepts and executes (see [`Rule::OpWhitelist`] for the evidence).
 pub const WHITELIST: [OpKind; 17] = [
@@ -53,7 +53,21 @@ pub(crate) fn validate(
     // The signature rules come first: a wrongly typed surface is a hardware rule even when it
     // also makes the body ill-typed.
     io_rules(f)?;
+    io_limits(f, cfg)?;
     program.check().map_err(AneError::Invalid)?;
+    let weight_bytes = weights
+        .iter()
+        .map(|(_, b)| b.len() as u64)
+        .fold(0u64, u64::saturating_add);
+    if weight_bytes > cfg.max_program_weight_bytes {
+        return Err(rule(
+            Rule::ProgramWeights,
+            format!(
+                "the program's weight files hold {weight_bytes} bytes, over the per-program limit of {} bytes",
+                cfg.max_program_weight_bytes
+            ),
+        ));
+    }
 
     let stmts: HashMap<&str, &Statement> = f.body.iter().map(|s| (s.output.name.as_str(), s)).collect();
     let is_compile_time = |name: &str| {
@@ -176,6 +190,44 @@ fn io_rules(f: &Function) -> Result<(), AneError> {
             Rule::IoShape,
             "a program needs at least one input and one output surface",
         ));
+    }
+    Ok(())
+}
+
+/// The output count and, on M5, the 128-byte size of every runtime input and output.
+fn io_limits(f: &Function, cfg: &EmuConfig) -> Result<(), AneError> {
+    if f.outputs.len() > MAX_PROGRAM_OUTPUTS {
+        return Err(rule(
+            Rule::OutputCount,
+            format!(
+                "the program returns {} outputs ({}); at most {MAX_PROGRAM_OUTPUTS} come back intact",
+                f.outputs.len(),
+                f.outputs.join(", ")
+            ),
+        ));
+    }
+    if cfg.chip.aligns_io_to_128() {
+        let outs = f.output_values();
+        let all = f
+            .inputs
+            .iter()
+            .map(|v| ("input", v))
+            .chain(outs.iter().map(|v| ("output", v)));
+        for (what, v) in all {
+            let bytes = v.ty.num_elements().and_then(|n| n.checked_mul(2));
+            if bytes.is_none_or(|b| b % SURFACE_ALIGN_BYTES != 0) {
+                return Err(rule(
+                    Rule::M5Alignment,
+                    format!(
+                        "{what} `{}` is {} ({} bytes), not a multiple of {SURFACE_ALIGN_BYTES} bytes, on {}",
+                        v.name,
+                        v.ty,
+                        bytes.map_or_else(|| "too many".to_string(), |b| b.to_string()),
+                        cfg.chip.name
+                    ),
+                ));
+            }
+        }
     }
     Ok(())
 }

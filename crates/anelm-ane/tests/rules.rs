@@ -2,7 +2,9 @@
 
 use std::collections::HashSet;
 
-use anelm_ane::{AneDevice, AneError, AneKernel, EmuAne, EmuConfig, Rule, Surface, WeightMode, lower};
+use anelm_ane::{
+    AneDevice, AneError, AneKernel, ChipProfile, EmuAne, EmuConfig, MAX_AXIS, Rule, Surface, WeightMode, lower,
+};
 use anelm_mil::{WeightFiles, write_fp16_blob};
 
 const HEAD: &str = "program(1.0)\n[buildInfo = dict<tensor<string, []>, tensor<string, []>>({{\"coremlc-version\", \"3505.4.1\"}})]\n{\n";
@@ -235,7 +237,51 @@ fn cases() -> Vec<(Rule, EmuConfig, String, WeightFiles)> {
         ..d()
     };
     v.push((Rule::KernelSize, tiny_limit, text.clone(), weights.clone()));
+
+    // io-outputs-2: three outputs.
+    v.push((Rule::OutputCount, d(), outputs(3), none.clone()));
+
+    // m5-align-128: a 3-channel surface (192 bytes) on M5.
+    v.push((Rule::M5Alignment, m5(), three_channels(), none.clone()));
+
+    // program-weights-2gb: 8 KiB of weight files against a 1000-byte limit.
+    let small_weights = EmuConfig {
+        max_program_weight_bytes: 1000,
+        ..d()
+    };
+    v.push((Rule::ProgramWeights, small_weights, text.clone(), weights.clone()));
     v
+}
+
+/// A program returning `n` outputs, each `x + x`.
+fn outputs(n: usize) -> String {
+    let body: String = (0..n)
+        .map(|i| {
+            format!(
+                "        tensor<fp16, [1, 64, 1, 32]> y{i} = add(x = x, y = x){};\n",
+                s(&format!("y{i}"))
+            )
+        })
+        .collect();
+    let outs: Vec<String> = (0..n).map(|i| format!("y{i}")).collect();
+    program("ios16", "tensor<fp16, [1, 64, 1, 32]> x", &body, &outs.join(", "))
+}
+
+/// `x + x` over a `[1, 3, 1, 32]` surface (192 bytes: not a multiple of 128).
+fn three_channels() -> String {
+    program(
+        "ios16",
+        "tensor<fp16, [1, 3, 1, 32]> x",
+        &format!("        tensor<fp16, [1, 3, 1, 32]> y = add(x = x, y = x){};\n", s("y")),
+        "y",
+    )
+}
+
+fn m5() -> EmuConfig {
+    EmuConfig {
+        chip: ChipProfile::by_name("m5").unwrap(),
+        ..EmuConfig::default()
+    }
 }
 
 #[test]
@@ -246,7 +292,16 @@ fn every_rule_has_a_refused_program() {
         assert_eq!(refused(&ane, &text, &weights), rule, "{text}");
         covered.insert(rule);
     }
-    covered.insert(Rule::LoadBudget); // tested below: it is a load-time rule
+    // Tested below or elsewhere: process-level rules, and the Apple device's surface rule
+    // (src/apple/tests.rs, `every_error_path_releases_what_it_made`).
+    for r in [
+        Rule::LoadBudget,
+        Rule::LoadedBytes,
+        Rule::CompileBudget,
+        Rule::SurfaceMinBytes,
+    ] {
+        covered.insert(r);
+    }
     for r in Rule::ALL {
         assert!(covered.contains(&r), "no test program for rule {r}");
     }
@@ -283,7 +338,102 @@ fn load_budget_is_per_process_and_reclaimed_by_unload() {
     let a = ane.compile(&text, &weights).unwrap();
     let b = ane.compile(&text, &weights).unwrap();
     ane.load(a).unwrap();
-    assert_eq!(ane.load(b).unwrap_err().rule(), Some(Rule::LoadBudget));
+    let e = ane.load(b).unwrap_err();
+    assert_eq!(e.rule(), Some(Rule::LoadedBytes), "{e}");
+    assert!(e.to_string().contains("the budget is 10000"), "{e}");
+    // Unloading reclaims it.
+    ane.unload(a).unwrap();
+    ane.load(b).unwrap();
+    assert_eq!(ane.stats().loaded_bytes, 8192);
+}
+
+#[test]
+fn two_outputs_are_accepted_three_are_not() {
+    let ane = EmuAne::default();
+    let h = ane.compile(&outputs(2), &WeightFiles::new()).unwrap();
+    assert_eq!(ane.signature(h).unwrap().outputs.len(), 2);
+    ane.compile(&outputs(1), &WeightFiles::new()).unwrap();
+    let e = ane.compile(&outputs(3), &WeightFiles::new()).unwrap_err();
+    assert!(e.to_string().contains("returns 3 outputs (y0, y1, y2)"), "{e}");
+}
+
+#[test]
+fn m5_alignment_applies_to_m5_only() {
+    // The same 192-byte surface is fine on M3 Max; on M5 128-byte multiples pass.
+    EmuAne::default()
+        .compile(&three_channels(), &WeightFiles::new())
+        .unwrap();
+    let (text, weights) = linear(64, 64);
+    EmuAne::new(m5()).compile(&text, &weights).unwrap();
+    let e = EmuAne::new(m5())
+        .compile(&three_channels(), &WeightFiles::new())
+        .unwrap_err();
+    assert!(e.to_string().contains("192 bytes"), "{e}");
+    assert!(ChipProfile::by_name("m5-max").unwrap().aligns_io_to_128());
+    assert!(!ChipProfile::m3_max().aligns_io_to_128());
+}
+
+#[test]
+fn the_axis_cap_is_65536_inclusive() {
+    assert_eq!(MAX_AXIS, 65_536);
+    let ane = EmuAne::default();
+    let (text, weights) = linear(MAX_AXIS, 1);
+    ane.compile(&text, &weights).unwrap();
+    let (text, weights) = linear(MAX_AXIS + 1, 1);
+    let e = ane.compile(&text, &weights).unwrap_err();
+    assert_eq!(e.rule(), Some(Rule::DimCap), "{e}");
+    assert!(e.to_string().contains("65537"), "{e}");
+}
+
+#[test]
+fn program_weights_count_the_files_handed_to_the_compiler() {
+    let (text, weights) = linear(64, 64);
+    let bytes: usize = weights.iter().map(|(_, b)| b.len()).sum();
+    let at = |max: usize| {
+        EmuAne::new(EmuConfig {
+            max_program_weight_bytes: max as u64,
+            ..EmuConfig::default()
+        })
+        .compile(&text, &weights)
+    };
+    at(bytes).unwrap();
+    let e = at(bytes - 1).unwrap_err();
+    assert_eq!(e.rule(), Some(Rule::ProgramWeights), "{e}");
+    assert_eq!(EmuConfig::default().max_program_weight_bytes, 2_000_000_000);
+}
+
+#[test]
+fn the_compile_budget_refuses_the_next_compile_and_cache_loads_do_not_count() {
+    let (text, weights) = linear(64, 64);
+    assert_eq!(EmuConfig::default().max_compiles, Some(119));
+    let ane = EmuAne::new(EmuConfig {
+        max_compiles: Some(2),
+        ..EmuConfig::default()
+    });
+    ane.compile(&text, &weights).unwrap();
+    // Text that does not parse never reaches the compiler; a program refused by a rule did, and
+    // counts.
+    assert!(matches!(ane.compile("program(", &weights), Err(AneError::Parse(_))));
+    let refused = ane.compile(&outputs(3), &WeightFiles::new()).unwrap_err();
+    assert_eq!(refused.rule(), Some(Rule::OutputCount));
+    let e = ane.compile(&text, &weights).unwrap_err();
+    assert_eq!(e.rule(), Some(Rule::CompileBudget), "{e}");
+    let msg = e.to_string();
+    assert!(msg.contains("2 compiles") && msg.contains("run anelm again"), "{msg}");
+    assert!(msg.contains("compile cache"), "{msg}");
+    assert_eq!(ane.stats().compiles, 1);
+    // A new "process" resumes from the cache: loads without compiling are not counted.
+    let h = ane.load_without_compile(&text, &weights).unwrap();
+    ane.evaluate(h, &[&Surface::new(64)], &mut [Surface::new(64)]).unwrap();
+    assert_eq!(ane.stats().compile_attempts, 2);
+    // No budget: no limit.
+    let free = EmuAne::new(EmuConfig {
+        max_compiles: None,
+        ..EmuConfig::default()
+    });
+    for _ in 0..3 {
+        free.compile(&text, &weights).unwrap();
+    }
 }
 
 #[test]

@@ -506,6 +506,9 @@ mod tests {
         fn unload(&self, h: anelm_ane::ProgramHandle) -> Result<(), anelm_ane::AneError> {
             self.0.unload(h)
         }
+        fn release(&self, h: anelm_ane::ProgramHandle) -> Result<(), anelm_ane::AneError> {
+            self.0.release(h)
+        }
         fn signature(&self, h: anelm_ane::ProgramHandle) -> Result<anelm_ane::Signature, anelm_ane::AneError> {
             self.0.signature(h)
         }

@@ -129,13 +129,10 @@ pub fn ane_options(a: &AneArgs) -> AneOptions {
     }
 }
 
-/// The real Neural Engine's settings for these arguments: model directories are kept while the
-/// compile cache is on (a later load-without-compile may need them), removed with `--no-ane-cache`.
-pub fn apple_config(a: &AneArgs) -> AppleConfig {
-    AppleConfig {
-        keep_model_dirs: !a.no_ane_cache,
-        ..AppleConfig::from_env()
-    }
+/// The real Neural Engine's settings (the environment's; a model directory is removed once its
+/// program has loaded, with or without `--no-ane-cache`).
+pub fn apple_config(_a: &AneArgs) -> AppleConfig {
+    AppleConfig::from_env()
 }
 
 fn apple_backend(dev: AppleAne, a: &AneArgs) -> (Box<dyn Backend>, DeviceReport) {

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anelm_ane::{
-    AneDevice, AneError, AneKernel, CacheOutcome, CompileCache, LANES, PlanOptions, ProgramHandle, Surface, WeightMode,
-    compile_or_load, content_id, ffn_chunk_weights, linear_chunk_rows, lower, plan_ffn,
+    AneDevice, AneKernel, CacheOutcome, CompileCache, LANES, PlanOptions, ProgramHandle, Releasing, Surface,
+    WeightMode, compile_and_load, compile_or_load, content_id, ffn_chunk_weights, linear_chunk_rows, lower, plan_ffn,
 };
 use anelm_model::tensor_store::TensorStore;
 
@@ -166,16 +166,12 @@ impl<D: AneDevice + 'static> AneBackend<D> {
             Some(_) => content_id(&dev.cache_salt(), &text, low.weights.iter()),
             None => String::new(),
         };
-        let compile = || -> Result<ProgramHandle, AneError> {
-            let h = dev.compile(&text, &low.weights)?;
-            dev.load(h)?;
-            Ok(h)
-        };
+        // A program whose load fails is released by compile_and_load.
         let (handle, outcome) = compile_or_load(
             self.opts.cache.as_ref(),
             &id,
             || dev.load_without_compile(&text, &low.weights),
-            compile,
+            || compile_and_load(dev, &text, &low.weights),
         )
         .map_err(|e| self.err(format!("{kernel}: {e}")))?;
         let c = &self.counters;
@@ -249,6 +245,8 @@ impl<D: AneDevice + 'static> Backend for AneBackend<D> {
                 let m = dense(weights, w)?;
                 let per = linear_chunk_rows(m.cols, &self.opts.limits).map_err(|e| self.err(e.to_string()))?;
                 let mut programs = Vec::with_capacity(m.rows.div_ceil(per));
+                // Releases the chunks already loaded if a later one fails.
+                let mut guard = Releasing::new(&*self.device);
                 for start in (0..m.rows).step_by(per) {
                     let rows = per.min(m.rows - start);
                     let kernel = if rows == m.rows {
@@ -257,8 +255,11 @@ impl<D: AneDevice + 'static> Backend for AneBackend<D> {
                         AneKernel::LmHeadChunk { rows, cols: m.cols }
                     };
                     let part = &m.data[start * m.cols..(start + rows) * m.cols];
-                    programs.push(self.program(kernel, &[part])?);
+                    let p = self.program(kernel, &[part])?;
+                    guard.add(p.handle);
+                    programs.push(p);
                 }
+                guard.keep();
                 let shape = KernelShape {
                     input: m.cols,
                     output: m.rows,
@@ -310,14 +311,18 @@ impl<D: AneDevice + 'static> Backend for AneBackend<D> {
                     return Ok(self.kernel(shape, Layout::Residual(p)));
                 }
                 let mut programs = Vec::with_capacity(planned.len());
+                let mut guard = Releasing::new(&*self.device);
                 for (index, k) in planned.into_iter().enumerate() {
                     let AneKernel::FfnChunk { chunk, .. } = k.kernel else {
                         return Err(self.err(format!("the FFN plan gave {}, expected chunks", k.kernel)));
                     };
                     let c = ffn_chunk_weights(&g.data, &u.data, &d.data, hidden, inter, index, chunk)
                         .map_err(|e| self.err(e.to_string()))?;
-                    programs.push(self.program(k.kernel, &[&c.gate, &c.up, &c.down])?);
+                    let p = self.program(k.kernel, &[&c.gate, &c.up, &c.down])?;
+                    guard.add(p.handle);
+                    programs.push(p);
                 }
+                guard.keep();
                 Ok(self.kernel(shape, Layout::Chunks(programs)))
             }
             KernelSpec::SwiGluAccumulate { gate, up, down } => {
@@ -375,8 +380,9 @@ struct AneRun<D: AneDevice> {
 impl<D: AneDevice> Drop for AneRun<D> {
     fn drop(&mut self) {
         for p in self.layout.programs() {
-            // Frees the program's share of the load budget; nothing to do if it fails.
-            let _ = self.device.unload(p.handle);
+            // Unloads the program and frees its request, surfaces and model; nothing to do if it
+            // fails.
+            let _ = self.device.release(p.handle);
         }
     }
 }

@@ -14,38 +14,49 @@ use super::foundation::{
     fp16_tensor_bytes, index_array, relative_weight_path, surface_alloc_bytes, surface_property_dictionary,
     weights_dictionary,
 };
-use super::modeldir::{remove_model_dir, usable_identifier, write_model_dir};
+use super::modeldir::{model_dir, remove_model_dir, write_model_dir_with};
 use super::objc::Id;
 use super::runtime::{QOS, Runtime, SurfaceRef};
 use crate::device::{DispatchTime, ProgramHandle, Signature};
 use crate::error::AneError;
+use crate::rules::{DEFAULT_MAX_COMPILES, MIN_SURFACE_BYTES, Rule, SURFACE_ALIGN_BYTES};
 use crate::surface::Surface;
 
-/// How long to wait before the one retry of a failed load ("ANE slot reclamation",
-/// ane-hardware.md §1.2).
+/// How long to wait before the one retry of a failed load after a compile ("ANE slot
+/// reclamation", ane-hardware.md §1.2). The cache probe ([`Device::load_without_compile`]) never
+/// retries: a failure there only means "compile it".
 pub const LOAD_RETRY_DELAY: Duration = Duration::from_millis(100);
 
+/// Environment variable that sets the per-process compile budget (`0`: no budget).
+pub const MAX_COMPILES_ENV: &str = "ANELM_ANE_MAX_COMPILES";
+
 /// Settings of the Apple device.
+///
+/// A kernel's model directory (`<tmp>/<hexId>/`) is written only to compile, and removed once the
+/// program has loaded (the framework removes it on unload anyway): the OS ANE service keeps the
+/// compiled program under the identifier, and a cache load asks `compiledModelExists` instead of
+/// reading the directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AppleConfig {
-    /// Keep each kernel's model directory (`<tmp>/<hexId>/`) after the kernel is freed, as the
-    /// reference does while its compile cache is on: a later load-without-compile may need it.
-    /// Off (`--no-ane-cache`): the directory is removed with the kernel.
-    pub keep_model_dirs: bool,
+    /// Per-process compile budget ([`crate::Rule::CompileBudget`]; `None`: none). Compile number
+    /// budget + 1 is refused before it reaches the compiler, with advice to run again (the new
+    /// process loads the compiled programs from the cache).
+    pub max_compiles: Option<u64>,
     /// Evaluate through `_ANEClient doEvaluateDirectWithModel:…` when it exists (falls back to
     /// the daemon path `evaluateWithQoS:…` when the client cannot be made or a direct call fails).
     pub direct_eval: bool,
     /// Lock/unlock every surface around each write and read on the hot path (the reference skips
     /// this by default: the synchronous evaluate provides coherency).
     pub lock_surfaces: bool,
-    /// Root of the model directories (default: `NSTemporaryDirectory()`).
+    /// Root of the model directories when the model does not answer `localModelPath` (default:
+    /// `NSTemporaryDirectory()`, which is what `localModelPath` uses).
     pub temp_dir: Option<PathBuf>,
 }
 
 impl Default for AppleConfig {
     fn default() -> Self {
         AppleConfig {
-            keep_model_dirs: true,
+            max_compiles: Some(DEFAULT_MAX_COMPILES as u64),
             direct_eval: false,
             lock_surfaces: false,
             temp_dir: None,
@@ -54,21 +65,36 @@ impl Default for AppleConfig {
 }
 
 impl AppleConfig {
-    /// The defaults, changed by `ANELM_ANE_DIRECT_EVAL=1` (direct evaluation) and
-    /// `ANELM_ANE_LOCKS=1` (lock surfaces on the hot path).
+    /// The defaults, changed by `ANELM_ANE_DIRECT_EVAL=1` (direct evaluation),
+    /// `ANELM_ANE_LOCKS=1` (lock surfaces on the hot path) and `ANELM_ANE_MAX_COMPILES=N` (the
+    /// compile budget; `0`: none; anything but a number keeps the default).
     pub fn from_env() -> Self {
         let on = |k: &str| std::env::var(k).is_ok_and(|v| !v.is_empty() && v != "0");
+        let d = AppleConfig::default();
         AppleConfig {
             direct_eval: on("ANELM_ANE_DIRECT_EVAL"),
             lock_surfaces: on("ANELM_ANE_LOCKS"),
-            ..AppleConfig::default()
+            max_compiles: parse_max_compiles(std::env::var(MAX_COMPILES_ENV).ok().as_deref(), d.max_compiles),
+            ..d
         }
+    }
+}
+
+/// The compile budget an `ANELM_ANE_MAX_COMPILES` value asks for: `0` → none, `N` → `N`,
+/// unset or not a number → `default`.
+pub(crate) fn parse_max_compiles(v: Option<&str>, default: Option<u64>) -> Option<u64> {
+    match v.map(|v| v.trim().parse::<u64>()) {
+        Some(Ok(0)) => None,
+        Some(Ok(n)) => Some(n),
+        _ => default,
     }
 }
 
 /// Counters of a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct AppleStats {
+    /// `compileWithQoS:` calls made (what the compile budget counts).
+    pub compile_attempts: u64,
     /// `compileWithQoS:` calls that succeeded.
     pub compiles: u64,
     /// Successful loads without a compile in this process (`load_without_compile`).
@@ -77,6 +103,8 @@ pub struct AppleStats {
     pub loads: u64,
     /// Kernels loaded now.
     pub loaded: usize,
+    /// Constant bytes of the kernels loaded now.
+    pub loaded_bytes: u64,
     /// Evaluations.
     pub dispatches: u64,
     /// True while direct evaluation through `_ANEClient` is in use.
@@ -142,7 +170,7 @@ impl<R: Runtime> Drop for Pool<'_, R> {
 /// The device logic over a runtime (the real framework, or a fake in tests).
 pub(crate) struct Device<R: Runtime> {
     rt: R,
-    keep_model_dirs: bool,
+    max_compiles: Option<u64>,
     lock_surfaces: bool,
     temp_root: PathBuf,
     /// `@{}`, retained once and passed as every `options:`.
@@ -153,6 +181,8 @@ pub(crate) struct Device<R: Runtime> {
     kernels: Mutex<BTreeMap<u64, Arc<Mutex<Kernel>>>>,
     next: AtomicU64,
     loaded: AtomicUsize,
+    loaded_bytes: AtomicU64,
+    compile_attempts: AtomicU64,
     compiles: AtomicU64,
     cache_loads: AtomicU64,
     loads: AtomicU64,
@@ -259,7 +289,7 @@ impl<R: Runtime> Device<R> {
             rt.temp_dir()
         });
         Ok(Device {
-            keep_model_dirs: cfg.keep_model_dirs,
+            max_compiles: cfg.max_compiles,
             lock_surfaces: cfg.lock_surfaces,
             temp_root,
             options,
@@ -269,6 +299,8 @@ impl<R: Runtime> Device<R> {
             kernels: Mutex::new(BTreeMap::new()),
             next: AtomicU64::new(1),
             loaded: AtomicUsize::new(0),
+            loaded_bytes: AtomicU64::new(0),
+            compile_attempts: AtomicU64::new(0),
             compiles: AtomicU64::new(0),
             cache_loads: AtomicU64::new(0),
             loads: AtomicU64::new(0),
@@ -285,10 +317,12 @@ impl<R: Runtime> Device<R> {
     /// Counters.
     pub(crate) fn stats(&self) -> AppleStats {
         AppleStats {
+            compile_attempts: self.compile_attempts.load(Ordering::Relaxed),
             compiles: self.compiles.load(Ordering::Relaxed),
             cache_loads: self.cache_loads.load(Ordering::Relaxed),
             loads: self.loads.load(Ordering::Relaxed),
             loaded: self.loaded.load(Ordering::Relaxed),
+            loaded_bytes: self.loaded_bytes.load(Ordering::Relaxed),
             dispatches: self.dispatches.load(Ordering::Relaxed),
             direct_eval: self.direct.load(Ordering::Relaxed),
         }
@@ -308,10 +342,12 @@ impl<R: Runtime> Device<R> {
         Ok(self.insert(k))
     }
 
-    /// The cache-hit path (ane-runtime.md §2.2 step 6): the same as [`Device::compile`] but
-    /// without `compileWithQoS:`, then `loadWithQoS:` — the OS ANE service keeps programs it
-    /// compiled before under the model's identifier. A failure frees the kernel (the caller,
-    /// [`crate::compile_or_load`], then removes its marker and compiles).
+    /// The cache-hit path: descriptor → model → identifier, then `compiledModelExists`. Only when
+    /// the OS ANE service says it holds the compiled program: surfaces → request → one
+    /// `loadWithQoS:` (no retry). Nothing is written to disk: the framework's `loadWithQoS:`
+    /// loads a cached program by identifier without the model directory (iOS 18.2 framework).
+    /// Any failure frees the kernel (the caller, [`crate::compile_or_load`], then removes its
+    /// marker and compiles).
     pub(crate) fn load_without_compile(
         &self,
         mil_text: &str,
@@ -347,6 +383,7 @@ impl<R: Runtime> Device<R> {
         let model = self.rt.retain(model);
         let mut k = Kernel {
             label: kernel_label("", &sig, weights),
+            // Filled by `build`.
             id: String::new(),
             model,
             request: Id::NIL,
@@ -368,19 +405,35 @@ impl<R: Runtime> Device<R> {
     }
 
     fn build(&self, k: &mut Kernel, mil_text: &str, weights: &WeightFiles, compile: bool) -> Result<(), AppleError> {
-        let id = match usable_identifier(self.rt.hex_string_identifier(k.model)) {
-            Some(id) => id,
-            None => usable_identifier(Some(self.rt.uuid_string()?)).ok_or(AppleError::Nil {
-                call: "-[_ANEInMemoryModel hexStringIdentifier] and -[NSUUID UUIDString]",
-                hint: " (no usable identifier for the model directory)".into(),
-            })?,
-        };
+        let id = self.rt.hex_string_identifier(k.model);
+        let dir = model_dir(id.as_deref(), self.rt.local_model_path(k.model), &self.temp_root)?;
+        let id = id.unwrap_or_default();
         k.label = kernel_label(&id, &k.sig, weights);
-        k.dir = self.temp_root.join(&id);
         k.id = id;
-        write_model_dir(&k.dir, mil_text, weights)?;
         if compile {
+            self.reserve_compile(&k.label)?;
+            k.dir = dir;
+            if let Err(e) = write_model_dir_with(&k.dir, mil_text, weights, |p, b| self.rt.write_file(p, b)) {
+                // The compiler was never called: give the reserved compile back.
+                self.compile_attempts.fetch_sub(1, Ordering::Relaxed);
+                return Err(e);
+            }
             self.compile_model(k)?;
+        } else {
+            match self.rt.compiled_model_exists(k.model) {
+                Some(true) => {}
+                Some(false) => {
+                    return Err(AppleError::NotCached(format!(
+                        "the ANE service holds no compiled program for {}",
+                        k.label
+                    )));
+                }
+                None => {
+                    return Err(AppleError::NotCached(
+                        "this macOS's _ANEInMemoryModel has no compiledModelExists to ask".into(),
+                    ));
+                }
+            }
         }
         for (channels, lanes) in k.sig.inputs.clone() {
             let slot = self.new_surface(channels, lanes)?;
@@ -409,6 +462,25 @@ impl<R: Runtime> Device<R> {
         Ok(())
     }
 
+    /// Count one compile against the per-process budget, or refuse it when the budget is spent.
+    fn reserve_compile(&self, kernel: &str) -> Result<(), AppleError> {
+        let budget = self.max_compiles;
+        self.compile_attempts
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                budget.is_none_or(|b| n < b).then_some(n + 1)
+            })
+            .map(|_| ())
+            .map_err(|n| AppleError::Rule {
+                rule: Rule::CompileBudget,
+                detail: format!(
+                    "this process has made {n} compiles, the budget of {} (the ANE compiler leaks resources per \
+                     process; maderix/ANE measured ~119), so {kernel} was not compiled; {MAX_COMPILES_ENV} changes \
+                     the budget, 0 turns it off",
+                    budget.unwrap_or(n)
+                ),
+            })
+    }
+
     /// `compileWithQoS:21 options:@{} error:`; on failure remove the model directory
     /// (ane-runtime.md §2.2 step 7).
     fn compile_model(&self, k: &mut Kernel) -> Result<(), AppleError> {
@@ -419,7 +491,7 @@ impl<R: Runtime> Device<R> {
             }
             Err(description) => {
                 // The compile error is what matters; a directory left behind is only disk space.
-                let _ = remove_model_dir(&k.dir);
+                self.remove_dir(k);
                 Err(AppleError::Call {
                     call: "-[_ANEInMemoryModel compileWithQoS:options:error:]",
                     kernel: k.label.clone(),
@@ -429,10 +501,13 @@ impl<R: Runtime> Device<R> {
         }
     }
 
+    /// One IOSurface for a `[1, channels, 1, lanes]` fp16 tensor, allocated with
+    /// [`surface_alloc_bytes`] (≥ 49,152 bytes, a multiple of 128) and zeroed.
     fn new_surface(&self, channels: usize, lanes: usize) -> Result<Slot, AppleError> {
-        let bytes = fp16_tensor_bytes(channels, lanes)
-            .ok_or_else(|| AppleError::Signature(format!("surface [1, {channels}, 1, {lanes}] is too large")))?;
-        let props = surface_property_dictionary(&self.rt, bytes)?;
+        let too_large = || AppleError::Signature(format!("surface [1, {channels}, 1, {lanes}] is too large"));
+        let bytes = fp16_tensor_bytes(channels, lanes).ok_or_else(too_large)?;
+        let alloc = surface_alloc_bytes(bytes).ok_or_else(too_large)?;
+        let props = surface_property_dictionary(&self.rt, alloc)?;
         let surface = self.rt.create_surface(props)?;
         let slot = Slot {
             surface,
@@ -441,10 +516,14 @@ impl<R: Runtime> Device<R> {
             bytes,
         };
         let size = self.rt.surface_alloc_size(surface);
-        let zeroed = if size < surface_alloc_bytes(bytes) {
-            Err(AppleError::Surface(format!(
-                "IOSurfaceCreate gave {size} bytes for a {bytes}-byte tensor"
-            )))
+        let zeroed = if size < alloc || size < MIN_SURFACE_BYTES {
+            Err(AppleError::Rule {
+                rule: Rule::SurfaceMinBytes,
+                detail: format!(
+                    "IOSurfaceCreate gave {size} bytes for a {bytes}-byte tensor; {alloc} were asked for (at least \
+                     {MIN_SURFACE_BYTES}, a multiple of {SURFACE_ALIGN_BYTES})"
+                ),
+            })
         } else {
             // Zeroed once at creation, locked (ane-runtime.md §2.4).
             self.rt.write_surface(surface, &[], true, true)
@@ -457,8 +536,8 @@ impl<R: Runtime> Device<R> {
     }
 
     /// `loadWithQoS:21 options:@{} error:`, retried once after [`LOAD_RETRY_DELAY`]. A failure
-    /// names the kernel and how many kernels this process has loaded (the per-process budget,
-    /// ane-runtime.md §2.5).
+    /// names the kernel and how many kernels (and bytes) this process has loaded (the per-process
+    /// budget, ane-runtime.md §2.5). A successful load removes the model directory.
     pub(crate) fn load(&self, h: ProgramHandle) -> Result<(), AneError> {
         self.load_inner(h, false)
     }
@@ -474,20 +553,26 @@ impl<R: Runtime> Device<R> {
             });
         }
         let _pool = Pool::new(&self.rt);
-        let result = self.rt.load(k.model, QOS, self.options).or_else(|_| {
+        let mut result = self.rt.load(k.model, QOS, self.options);
+        if result.is_err() && !without_compile {
             std::thread::sleep(LOAD_RETRY_DELAY);
-            self.rt.load(k.model, QOS, self.options)
-        });
+            result = self.rt.load(k.model, QOS, self.options);
+        }
         if let Err(description) = result {
             return Err(AppleError::Load {
                 kernel: k.label.clone(),
                 loaded: self.loaded.load(Ordering::Relaxed),
+                loaded_mb: self.loaded_bytes.load(Ordering::Relaxed) / 1_000_000,
                 description,
             }
             .into());
         }
         k.state = KState::Loaded;
         self.loaded.fetch_add(1, Ordering::Relaxed);
+        self.loaded_bytes.fetch_add(k.const_bytes, Ordering::Relaxed);
+        // The compiled program now lives in the ANE service; the directory is only disk space
+        // (the framework removes it on unload too).
+        self.remove_dir(&mut k);
         self.loads.fetch_add(1, Ordering::Relaxed);
         if without_compile {
             self.cache_loads.fetch_add(1, Ordering::Relaxed);
@@ -582,6 +667,7 @@ impl<R: Runtime> Device<R> {
         let r = self.rt.unload(k.model, QOS);
         k.state = KState::Unloaded;
         self.loaded.fetch_sub(1, Ordering::Relaxed);
+        self.loaded_bytes.fetch_sub(k.const_bytes, Ordering::Relaxed);
         r.map_err(|description| {
             AppleError::Call {
                 call: "-[_ANEInMemoryModel unloadWithQoS:error:]",
@@ -607,23 +693,30 @@ impl<R: Runtime> Device<R> {
         Ok(())
     }
 
+    /// Remove a kernel's model directory if it wrote one (a failure is only disk space).
+    fn remove_dir(&self, k: &mut Kernel) {
+        if !k.dir.as_os_str().is_empty() {
+            let _ = remove_model_dir(&k.dir);
+            k.dir = PathBuf::new();
+        }
+    }
+
     /// Unload (if loaded) → release the request (it holds the surface objects) → `CFRelease`
-    /// each surface → release the model → remove the model directory unless it is kept.
+    /// each surface → release the model → remove the model directory if one is left.
     fn free(&self, k: &mut Kernel) {
         let _pool = Pool::new(&self.rt);
         if k.state == KState::Loaded {
             let _ = self.rt.unload(k.model, QOS);
             k.state = KState::Unloaded;
             self.loaded.fetch_sub(1, Ordering::Relaxed);
+            self.loaded_bytes.fetch_sub(k.const_bytes, Ordering::Relaxed);
         }
         self.rt.release(std::mem::replace(&mut k.request, Id::NIL));
         for s in k.inputs.drain(..).chain(k.outputs.drain(..)) {
             self.rt.cf_release(s.surface);
         }
         self.rt.release(std::mem::replace(&mut k.model, Id::NIL));
-        if !self.keep_model_dirs && !k.dir.as_os_str().is_empty() {
-            let _ = remove_model_dir(&k.dir);
-        }
+        self.remove_dir(k);
     }
 }
 

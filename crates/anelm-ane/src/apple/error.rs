@@ -39,18 +39,40 @@ pub enum AppleError {
     },
     /// Loading a kernel failed: most often the per-process budget of loaded kernels.
     #[error(
-        "loading {kernel} failed with {loaded} kernel(s) already loaded in this process: {description}. \
-         The Neural Engine limits what one process keeps loaded (bigger kernels leave room for fewer); \
-         unload kernels, or let the planner fall back (FFN: resadd → plain → chunked; LM head: CPU)"
+        "loading {kernel} failed with {loaded} kernel(s) ({loaded_mb} MB of weights) already loaded in this \
+         process: {description}. The Neural Engine limits what one process keeps loaded (~3.5 GB on M3 Max / \
+         macOS 26; bigger kernels leave room for fewer); unload kernels, or let the planner fall back (FFN: \
+         resadd → plain → chunked; LM head: CPU)"
     )]
     Load {
         /// The kernel that did not load.
         kernel: String,
         /// Kernels loaded in this process when it failed.
         loaded: usize,
+        /// Megabytes (10⁶ bytes) of constants those kernels hold.
+        loaded_mb: u64,
         /// The NSError's `description`.
         description: String,
     },
+    /// The model's `hexStringIdentifier` cannot name its model directory.
+    #[error(
+        "-[_ANEInMemoryModel hexStringIdentifier] gave {0}, which cannot name the model directory (a single path \
+         component of at most 255 bytes); the compiler reads <NSTemporaryDirectory()>/<identifier>/model.mil, so \
+         there is no other name to use. Run `anelm doctor` and report the macOS version"
+    )]
+    Identifier(String),
+    /// A Neural Engine limit the device enforces itself (compile budget, surface size); becomes
+    /// [`AneError::Rule`].
+    #[error("ANE rule `{rule}` broken: {detail}. Fix: {advice}", advice = rule.advice())]
+    Rule {
+        /// The rule.
+        rule: crate::rules::Rule,
+        /// What exactly broke it.
+        detail: String,
+    },
+    /// The cache path declined: the ANE service does not hold this program (the caller compiles).
+    #[error("not loaded from the compile cache ({0}); compile it")]
+    NotCached(String),
     /// A weights-dictionary key the on-disk model directory cannot hold.
     #[error("weight file key `{0}` must start with `@model_path/` and name a relative path without `..`")]
     BadWeightKey(String),
@@ -122,6 +144,7 @@ impl From<AppleError> for AneError {
     fn from(e: AppleError) -> AneError {
         match e {
             AppleError::Unavailable { .. } => AneError::Unavailable(e.to_string()),
+            AppleError::Rule { rule, detail } => AneError::Rule { rule, detail },
             other => AneError::Framework(other.to_string()),
         }
     }
@@ -185,11 +208,15 @@ mod tests {
         let e = AppleError::Load {
             kernel: "kernel 9f00 (weights/w_gate.bin)".into(),
             loaded: 113,
+            loaded_mb: 3400,
             description: "no slot".into(),
         };
         let msg = e.to_string();
         assert!(msg.contains("kernel 9f00"), "{msg}");
-        assert!(msg.contains("113 kernel(s) already loaded"), "{msg}");
+        assert!(
+            msg.contains("113 kernel(s) (3400 MB of weights) already loaded"),
+            "{msg}"
+        );
         assert!(msg.contains("LM head: CPU"), "{msg}");
     }
 }

@@ -1,8 +1,8 @@
 //! A fake [`Runtime`] for tests: objects live in a table (an `Id` is its index + 1), every call
 //! is recorded, reference counts are tracked, and failures can be injected.
 
-use std::collections::HashMap;
-use std::path::PathBuf;
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::error::AppleError;
@@ -56,6 +56,16 @@ pub(crate) struct Script {
     pub has_client: bool,
     /// `modelWithMILText:` returns nil.
     pub nil_descriptor: bool,
+    /// `localModelPath` answers `<this>/<hexStringIdentifier>` (`None`: the model lacks it).
+    pub local_root: Option<PathBuf>,
+    /// The model lacks `compiledModelExists`.
+    pub no_compiled_model_exists: bool,
+    /// Identifiers the ANE service holds compiled programs for at start (an earlier process).
+    pub os_cache: Vec<String>,
+    /// `IOSurfaceCreate` gives 4096-byte surfaces whatever was asked.
+    pub small_surfaces: bool,
+    /// `requestWithInputs:…` returns nil.
+    pub nil_request: bool,
 }
 
 #[derive(Debug, Default)]
@@ -68,6 +78,10 @@ struct State {
     pools: Vec<usize>,
     next_pool: usize,
     released_surfaces: Vec<SurfaceRef>,
+    /// Identifiers of compiled programs the "ANE service" holds.
+    os_cache: HashSet<String>,
+    /// Files written through `write_file`.
+    writes: Vec<PathBuf>,
     script: Script,
 }
 
@@ -87,6 +101,7 @@ impl Fake {
 
     pub(crate) fn with(script: Script, temp: PathBuf) -> Fake {
         let mut st = State {
+            os_cache: script.os_cache.iter().cloned().collect(),
             script,
             ..State::default()
         };
@@ -170,6 +185,24 @@ impl Fake {
 
     pub(crate) fn open_pools(&self) -> usize {
         self.st().pools.len()
+    }
+
+    /// Files written through the runtime's `write_file`, in order.
+    pub(crate) fn writes(&self) -> Vec<PathBuf> {
+        self.st().writes.clone()
+    }
+
+    /// Models still holding a reference the device took (retained and not released).
+    pub(crate) fn live_models(&self) -> usize {
+        let st = self.st();
+        st.refs
+            .iter()
+            .filter(|(id, n)| **n > 0 && matches!(st.objects[id.0 as usize - 1], Obj::Model { .. }))
+            .count()
+    }
+
+    fn hex(&self) -> Option<String> {
+        self.st().script.hex.clone().unwrap_or(Some("feedc0de".into()))
     }
 
     fn surface_bytes(&self, s: SurfaceRef) -> Vec<u8> {
@@ -266,8 +299,9 @@ impl Runtime for Fake {
     fn temp_dir(&self) -> PathBuf {
         self.temp.clone()
     }
-    fn uuid_string(&self) -> Result<String, AppleError> {
-        Ok("E621E1F8-C36C-495A-93FC-0C247A3E6E5F".into())
+    fn write_file(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+        self.st().writes.push(path.to_path_buf());
+        std::fs::write(path, bytes)
     }
 
     fn descriptor(&self, mil: Id, weights: Id) -> Result<Id, AppleError> {
@@ -286,14 +320,32 @@ impl Runtime for Fake {
         Ok(self.add(Obj::Model { desc }))
     }
     fn hex_string_identifier(&self, _model: Id) -> Option<String> {
-        self.st().script.hex.clone().unwrap_or(Some("feedc0de".into()))
+        self.hex()
+    }
+    fn local_model_path(&self, _model: Id) -> Option<PathBuf> {
+        let root = self.st().script.local_root.clone()?;
+        Some(root.join(self.hex()?))
+    }
+    fn compiled_model_exists(&self, _model: Id) -> Option<bool> {
+        self.call("compiledModelExists");
+        if self.st().script.no_compiled_model_exists {
+            return None;
+        }
+        let hex = self.hex()?;
+        Some(self.st().os_cache.contains(&hex))
     }
     fn compile(&self, _model: Id, qos: u32, options: Id) -> Result<(), String> {
         self.call(format!("compile qos={qos}"));
         assert_eq!(self.obj(options), Obj::Dict(vec![]), "options must be @{{}}");
-        match self.st().script.compile_error.clone() {
+        let error = self.st().script.compile_error.clone();
+        match error {
             Some(e) => Err(e),
-            None => Ok(()),
+            None => {
+                if let Some(hex) = self.hex() {
+                    self.st().os_cache.insert(hex);
+                }
+                Ok(())
+            }
         }
     }
     fn load(&self, model: Id, qos: u32, options: Id) -> Result<(), String> {
@@ -336,6 +388,12 @@ impl Runtime for Fake {
         procedure: Id,
     ) -> Result<Id, AppleError> {
         self.call("request");
+        if self.st().script.nil_request {
+            return Err(AppleError::Nil {
+                call: "+[_ANERequest requestWithInputs:inputIndices:outputs:outputIndices:weightsBuffer:perfStats:procedureIndex:]",
+                hint: String::new(),
+            });
+        }
         Ok(self.add(Obj::Request {
             inputs,
             input_indices,
@@ -375,6 +433,7 @@ impl Runtime for Fake {
             })
             .expect("kIOSurfaceAllocSize missing");
         self.call(format!("IOSurfaceCreate {alloc}"));
+        let alloc = if self.st().script.small_surfaces { 4096 } else { alloc };
         // Filled with a pattern so that the zeroing at creation is observable.
         let s = SurfaceRef(self.add(Obj::Surface(vec![0xAB; alloc])));
         Ok(s)

@@ -67,10 +67,12 @@ pub(crate) fn index_array<R: Runtime + ?Sized>(rt: &R, n: usize) -> Result<Id, A
     rt.array(&items)
 }
 
-/// Bytes of the IOSurface for `bytes` of tensor data: the tensor size itself, with 0 → 4 as the
-/// reference does (ane-runtime.md §2.4).
-pub fn surface_alloc_bytes(bytes: usize) -> usize {
-    if bytes == 0 { 4 } else { bytes }
+/// Bytes of the IOSurface for `bytes` of tensor data: at least 49,152 (smaller surfaces fail at
+/// evaluation, [`crate::Rule::SurfaceMinBytes`]), rounded up to a multiple of 128 (M5,
+/// [`crate::Rule::M5Alignment`]). The tensor is packed at the start and the rest stays zero.
+/// `None` on overflow.
+pub fn surface_alloc_bytes(bytes: usize) -> Option<usize> {
+    crate::rules::surface_alloc_size(bytes)
 }
 
 /// Bytes of a fp16 `[1, channels, 1, lanes]` tensor: `channels × lanes × 2` (no row padding).
@@ -78,10 +80,11 @@ pub fn fp16_tensor_bytes(channels: usize, lanes: usize) -> Option<usize> {
     channels.checked_mul(lanes)?.checked_mul(2)
 }
 
-/// The six IOSurface properties for a flat buffer of `bytes`: Width = bytes, Height = 1,
-/// BytesPerElement = 1, BytesPerRow = bytes, AllocSize = bytes, PixelFormat = 0.
-pub fn surface_properties(bytes: usize) -> [(SurfaceKey, u64); 6] {
-    let b = surface_alloc_bytes(bytes) as u64;
+/// The six IOSurface properties for a flat buffer of `alloc` bytes (from [`surface_alloc_bytes`]):
+/// Width = alloc, Height = 1, BytesPerElement = 1, BytesPerRow = alloc, AllocSize = alloc,
+/// PixelFormat = 0.
+pub fn surface_properties(alloc: usize) -> [(SurfaceKey, u64); 6] {
+    let b = alloc as u64;
     [
         (SurfaceKey::Width, b),
         (SurfaceKey::Height, 1),
@@ -94,10 +97,10 @@ pub fn surface_properties(bytes: usize) -> [(SurfaceKey, u64); 6] {
 
 /// The property dictionary handed to `IOSurfaceCreate` (an NSDictionary of NSNumber
 /// `numberWithUnsignedLong:` values, toll-free bridged to `CFDictionaryRef`).
-pub(crate) fn surface_property_dictionary<R: Runtime + ?Sized>(rt: &R, bytes: usize) -> Result<Id, AppleError> {
+pub(crate) fn surface_property_dictionary<R: Runtime + ?Sized>(rt: &R, alloc: usize) -> Result<Id, AppleError> {
     let mut keys = Vec::with_capacity(6);
     let mut values = Vec::with_capacity(6);
-    for (k, v) in surface_properties(bytes) {
+    for (k, v) in surface_properties(alloc) {
         keys.push(rt.surface_key(k));
         values.push(rt.number_ulong(v)?);
     }
@@ -176,12 +179,17 @@ mod tests {
         assert_eq!(fp16_tensor_bytes(2560, 32), Some(163_840));
         assert_eq!(fp16_tensor_bytes(64, 32), Some(4096));
         assert_eq!(fp16_tensor_bytes(usize::MAX, 32), None);
-        assert_eq!(surface_alloc_bytes(0), 4);
-        assert_eq!(surface_alloc_bytes(4096), 4096);
-        let p = surface_properties(4096);
+        // Never below 49,152 bytes; always a multiple of 128.
+        assert_eq!(surface_alloc_bytes(0), Some(49_152));
+        assert_eq!(surface_alloc_bytes(4096), Some(49_152));
+        assert_eq!(surface_alloc_bytes(49_152), Some(49_152));
+        assert_eq!(surface_alloc_bytes(49_153), Some(49_280));
+        assert_eq!(surface_alloc_bytes(163_840), Some(163_840));
+        assert_eq!(surface_alloc_bytes(163_842), Some(163_968));
+        assert_eq!(surface_alloc_bytes(usize::MAX), None);
+        let p = surface_properties(49_152);
         assert_eq!(p.map(|(k, _)| k), SurfaceKey::ALL);
-        assert_eq!(p.map(|(_, v)| v), [4096, 1, 1, 4096, 4096, 0]);
-        assert_eq!(surface_properties(0)[0].1, 4);
+        assert_eq!(p.map(|(_, v)| v), [49_152, 1, 1, 49_152, 49_152, 0]);
     }
 
     #[test]

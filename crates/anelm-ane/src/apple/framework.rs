@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use super::error::{AppleError, ns_error_text};
 use super::objc::{
-    ANE_FRAMEWORK, COREFOUNDATION, FOUNDATION, IOSURFACE, Id, Lib, MsgBoolDirect, MsgBoolId, MsgBoolQosErr,
+    ANE_FRAMEWORK, COREFOUNDATION, FOUNDATION, IOSURFACE, Id, Lib, MsgBool, MsgBoolDirect, MsgBoolId, MsgBoolQosErr,
     MsgBoolQosOptsErr, MsgBoolQosOptsReqErr, MsgBoolSel, MsgCStr, MsgId, MsgIdBool, MsgIdBytes, MsgIdCStr, MsgIdDict,
     MsgIdI32, MsgIdId, MsgIdId3, MsgIdId7, MsgIdU64, MsgIdUsize, MsgVoid, MsgVoidId, Objc, Sel, YES, c_string,
 };
@@ -48,6 +48,10 @@ pub const REQUIRED_METHODS: [(&str, &CStr, bool); 8] = [
     ),
 ];
 
+/// Optional `_ANEInMemoryModel` methods, used only when the class implements them (checked at
+/// open): `localModelPath` (the model directory) and `compiledModelExists` (the cache probe).
+pub const OPTIONAL_MODEL_METHODS: [&CStr; 2] = [c"localModelPath", c"compiledModelExists"];
+
 /// `+[_ANEIOSurfaceObject objectWithIOSurface:]`, checked like [`REQUIRED_METHODS`].
 const SURFACE_OBJECT_METHOD: (&str, &CStr, bool) = ("_ANEIOSurfaceObject", c"objectWithIOSurface:", true);
 
@@ -77,6 +81,14 @@ fn missing_methods(objc: &Objc) -> Vec<String> {
         .collect()
 }
 
+/// `+[cls instancesRespondToSelector:name]`.
+fn instances_respond(objc: &Objc, cls: Id, name: &CStr) -> bool {
+    let check = objc.sel(c"instancesRespondToSelector:");
+    let s = objc.sel(name);
+    // SAFETY: `+[NSObject instancesRespondToSelector:(SEL)]` returns BOOL; `cls` is a class object.
+    (unsafe { objc.msg::<MsgBoolSel>()(cls, check, s) }) != 0
+}
+
 /// `kIOSurfaceLockReadOnly`.
 const IOSURFACE_LOCK_READ_ONLY: u32 = 1;
 
@@ -93,7 +105,6 @@ struct Classes {
     ns_number: Id,
     ns_dictionary: Id,
     ns_mutable_array: Id,
-    ns_uuid: Id,
     descriptor: Id,
     model: Id,
     request: Id,
@@ -117,11 +128,11 @@ struct Sels {
     dictionary: Sel,
     array_with_capacity: Sel,
     add_object: Sel,
-    uuid: Sel,
-    uuid_string: Sel,
     model_with_mil: Sel,
     in_memory_model: Sel,
     hex_id: Sel,
+    local_model_path: Sel,
+    compiled_model_exists: Sel,
     compile: Sel,
     load: Sel,
     evaluate: Sel,
@@ -150,11 +161,11 @@ impl Sels {
             dictionary: o.sel(c"dictionary"),
             array_with_capacity: o.sel(c"arrayWithCapacity:"),
             add_object: o.sel(c"addObject:"),
-            uuid: o.sel(c"UUID"),
-            uuid_string: o.sel(c"UUIDString"),
             model_with_mil: o.sel(c"modelWithMILText:weights:optionsPlist:"),
             in_memory_model: o.sel(c"inMemoryModelWithDescriptor:"),
             hex_id: o.sel(c"hexStringIdentifier"),
+            local_model_path: o.sel(OPTIONAL_MODEL_METHODS[0]),
+            compiled_model_exists: o.sel(OPTIONAL_MODEL_METHODS[1]),
             compile: o.sel(c"compileWithQoS:options:error:"),
             load: o.sel(c"loadWithQoS:options:error:"),
             evaluate: o.sel(c"evaluateWithQoS:options:request:error:"),
@@ -183,6 +194,10 @@ pub(crate) struct Framework {
     cls: Classes,
     sel: Sels,
     keys: [Id; 6],
+    /// `_ANEInMemoryModel` implements `localModelPath`.
+    has_local_model_path: bool,
+    /// `_ANEInMemoryModel` implements `compiledModelExists`.
+    has_compiled_model_exists: bool,
     surface_create: IoSurfaceCreateFn,
     surface_base: IoSurfaceBaseFn,
     surface_size: IoSurfaceSizeFn,
@@ -207,7 +222,6 @@ impl Framework {
             ns_number: objc.require_class("NSNumber")?,
             ns_dictionary: objc.require_class("NSDictionary")?,
             ns_mutable_array: objc.require_class("NSMutableArray")?,
-            ns_uuid: objc.require_class("NSUUID")?,
             descriptor: objc.require_class(REQUIRED_CLASSES[0])?,
             model: objc.require_class(REQUIRED_CLASSES[1])?,
             request: objc.require_class(REQUIRED_CLASSES[2])?,
@@ -222,6 +236,8 @@ impl Framework {
             )));
         }
         let sel = Sels::register(&objc);
+        let [has_local_model_path, has_compiled_model_exists] =
+            OPTIONAL_MODEL_METHODS.map(|m| instances_respond(&objc, cls.model, m));
         let mut keys = [Id::NIL; 6];
         for (slot, k) in keys.iter_mut().zip(SurfaceKey::ALL) {
             *slot = io.object_global(k.symbol())?;
@@ -256,6 +272,8 @@ impl Framework {
                 cls,
                 sel,
                 keys,
+                has_local_model_path,
+                has_compiled_model_exists,
                 _libs: vec![foundation, cf, io, ane],
             }
         };
@@ -318,6 +336,16 @@ impl Framework {
                 Err(AppleError::unavailable(format!("missing: {}", missing.join(", "))))
             };
             steps.push(step("methods found", methods));
+            if let Some(model) = objc.class(REQUIRED_CLASSES[1]) {
+                let found: Vec<String> = OPTIONAL_MODEL_METHODS
+                    .iter()
+                    .map(|m| {
+                        let yes = instances_respond(&objc, model, m);
+                        format!("{} {}", m.to_string_lossy(), if yes { "present" } else { "absent" })
+                    })
+                    .collect();
+                steps.push(step("optional model methods", Ok(found.join(", "))));
+            }
         }
         let client = match objc.class(CLIENT_CLASS) {
             None => Ok(format!("{CLIENT_CLASS} absent (direct evaluation off; not needed)")),
@@ -525,19 +553,6 @@ impl Runtime for Framework {
             .unwrap_or_else(std::env::temp_dir)
     }
 
-    fn uuid_string(&self) -> Result<String, AppleError> {
-        // SAFETY: `+[NSUUID UUID]` returns a new UUID, `-[NSUUID UUIDString]` an NSString.
-        let s = unsafe {
-            let u = self.objc.msg::<MsgId>()(self.cls.ns_uuid, self.sel.uuid);
-            let u = Self::non_nil("+[NSUUID UUID]", u)?;
-            self.objc.msg::<MsgId>()(u, self.sel.uuid_string)
-        };
-        self.ns_string_text(s).ok_or(AppleError::Nil {
-            call: "-[NSUUID UUIDString]",
-            hint: String::new(),
-        })
-    }
-
     fn descriptor(&self, mil: Id, weights: Id) -> Result<Id, AppleError> {
         // SAFETY: `+[_ANEInMemoryModelDescriptor modelWithMILText:(NSData *)weights:(NSDictionary *)optionsPlist:(id)]`
         // with two live objects and nil (ane-hardware.md §1.2).
@@ -564,6 +579,25 @@ impl Runtime for Framework {
         // SAFETY: `-[_ANEInMemoryModel hexStringIdentifier]` returns an NSString (checked).
         let s = unsafe { self.objc.msg::<MsgId>()(model, self.sel.hex_id) };
         self.ns_string_text(s).filter(|s| !s.is_empty())
+    }
+
+    fn local_model_path(&self, model: Id) -> Option<PathBuf> {
+        if !self.has_local_model_path {
+            return None;
+        }
+        // SAFETY: `-[_ANEInMemoryModel localModelPath]` (implemented: checked at open) returns an
+        // NSString (checked by `ns_string_text`).
+        let s = unsafe { self.objc.msg::<MsgId>()(model, self.sel.local_model_path) };
+        self.ns_string_text(s).filter(|s| !s.is_empty()).map(PathBuf::from)
+    }
+
+    fn compiled_model_exists(&self, model: Id) -> Option<bool> {
+        if !self.has_compiled_model_exists {
+            return None;
+        }
+        // SAFETY: `-[_ANEInMemoryModel compiledModelExists]` (implemented: checked at open) takes
+        // no arguments and returns BOOL.
+        Some(unsafe { self.objc.msg::<MsgBool>()(model, self.sel.compiled_model_exists) } != 0)
     }
 
     fn compile(&self, model: Id, qos: u32, options: Id) -> Result<(), String> {
@@ -650,19 +684,8 @@ impl Runtime for Framework {
 
     fn evaluate_direct(&self, client: Id, model: Id, options: Id, request: Id, qos: u32) -> Result<(), String> {
         self.bool_call(|err| {
-            // SAFETY: `-[_ANEClient doEvaluateDirectWithModel:(id)options:(NSDictionary *)request:(id)qos:(?)error:(NSError **)]`;
-            // the QoS goes in a 64-bit register slot, right for either integer width (see MsgBoolDirect).
-            unsafe {
-                self.objc.msg::<MsgBoolDirect>()(
-                    client,
-                    self.sel.direct_eval,
-                    model,
-                    options,
-                    request,
-                    u64::from(qos),
-                    err,
-                )
-            }
+            // SAFETY: `-[_ANEClient doEvaluateDirectWithModel:(id)options:(NSDictionary *)request:(id)qos:(unsigned int)error:(NSError **)]`.
+            unsafe { self.objc.msg::<MsgBoolDirect>()(client, self.sel.direct_eval, model, options, request, qos, err) }
         })
     }
 

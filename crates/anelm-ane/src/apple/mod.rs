@@ -9,7 +9,8 @@
 //! * `foundation` — the weights dictionary, index arrays, IOSurface properties (over any runtime).
 //! * `framework` — the real runtime: every Foundation / ANE / IOSurface / CoreFoundation call.
 //! * `modeldir` — the on-disk model directory (`<tmp>/<hexId>/model.mil`, `weights/…`).
-//! * `device` — compile → load → evaluate → unload, the per-process budget, resource release.
+//! * `device` — compile → load → evaluate → unload → release, the compile budget, the cache
+//!   probe (`compiledModelExists`), resource release on every path.
 //! * `fallback` — what the planner does when a kernel fails (FFN: resadd → plain → chunked;
 //!   LM head: CPU).
 //!
@@ -32,15 +33,19 @@ mod tests;
 
 use anelm_mil::WeightFiles;
 
-pub use device::{AppleConfig, AppleStats, LOAD_RETRY_DELAY};
+pub use device::{AppleConfig, AppleStats, LOAD_RETRY_DELAY, MAX_COMPILES_ENV};
 pub use error::{AppleError, NO_ANE, ns_error_text};
 pub use fallback::{Fallback, FfnForm, fallback};
 pub use foundation::{
     MODEL_PATH_PREFIX, WEIGHT_ENTRY_OFFSET, fp16_tensor_bytes, relative_weight_path, surface_alloc_bytes,
     surface_properties,
 };
-pub use framework::{CLIENT_CLASS, DIRECT_EVAL_SELECTOR, ProbeStep, REQUIRED_CLASSES, REQUIRED_METHODS};
-pub use modeldir::{MODEL_MIL, model_dir_files, remove_model_dir, usable_identifier, write_model_dir};
+pub use framework::{
+    CLIENT_CLASS, DIRECT_EVAL_SELECTOR, OPTIONAL_MODEL_METHODS, ProbeStep, REQUIRED_CLASSES, REQUIRED_METHODS,
+};
+pub use modeldir::{
+    MAX_IDENTIFIER_BYTES, MODEL_MIL, model_dir, model_dir_files, remove_model_dir, usable_identifier, write_model_dir,
+};
 pub use objc::{ANE_FRAMEWORK, COREFOUNDATION, FOUNDATION, IOSURFACE, LIBOBJC};
 pub use runtime::{QOS, SurfaceKey};
 
@@ -109,10 +114,46 @@ impl AppleAne {
     pub fn stats(&self) -> AppleStats {
         self.dev.stats()
     }
+}
 
-    /// Free a compiled program: unload it if loaded, release its request, surfaces and model.
-    pub fn release(&self, program: ProgramHandle) -> Result<(), AneError> {
-        self.dev.release(program)
+/// The device logic is itself a Neural Engine (tests drive it over the fake runtime through the
+/// same trait the engine uses).
+impl<R: runtime::Runtime> AneDevice for device::Device<R> {
+    fn name(&self) -> &str {
+        "ane"
+    }
+
+    fn compile(&self, mil_text: &str, weights: &WeightFiles) -> Result<ProgramHandle, AneError> {
+        device::Device::compile(self, mil_text, weights)
+    }
+
+    fn load_without_compile(&self, mil_text: &str, weights: &WeightFiles) -> Result<ProgramHandle, AneError> {
+        device::Device::load_without_compile(self, mil_text, weights)
+    }
+
+    fn load(&self, program: ProgramHandle) -> Result<(), AneError> {
+        device::Device::load(self, program)
+    }
+
+    fn evaluate(
+        &self,
+        program: ProgramHandle,
+        inputs: &[&Surface],
+        outputs: &mut [Surface],
+    ) -> Result<DispatchTime, AneError> {
+        device::Device::evaluate(self, program, inputs, outputs)
+    }
+
+    fn unload(&self, program: ProgramHandle) -> Result<(), AneError> {
+        device::Device::unload(self, program)
+    }
+
+    fn release(&self, program: ProgramHandle) -> Result<(), AneError> {
+        device::Device::release(self, program)
+    }
+
+    fn signature(&self, program: ProgramHandle) -> Result<Signature, AneError> {
+        device::Device::signature(self, program)
     }
 }
 
@@ -148,6 +189,10 @@ impl AneDevice for AppleAne {
 
     fn unload(&self, program: ProgramHandle) -> Result<(), AneError> {
         self.dev.unload(program)
+    }
+
+    fn release(&self, program: ProgramHandle) -> Result<(), AneError> {
+        self.dev.release(program)
     }
 
     fn signature(&self, program: ProgramHandle) -> Result<Signature, AneError> {

@@ -3,7 +3,11 @@
 //!
 //! `<tmp>/<hexId>/model.mil` holds the MIL text, and every weight file is written to
 //! `<tmp>/<hexId>/<key without @model_path/>` (e.g. `weights/wq.bin`), `weights/` included even
-//! when there are none. The compile-cache markers are [`crate::CompileCache`]'s.
+//! when there are none. `<tmp>/<hexId>` is the model's own `localModelPath` where it answers
+//! (`NSTemporaryDirectory()` + `hexStringIdentifier` in the iOS 18.2 framework). The identifier is
+//! three SHA-256 hex digests joined by `_` (MIL text, weights, options: 194 characters), so it is
+//! accepted as any safe single path component up to [`MAX_IDENTIFIER_BYTES`]. The compile-cache
+//! markers are [`crate::CompileCache`]'s.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -32,6 +36,16 @@ pub fn model_dir_files<'a>(
 /// Write (or rewrite) the model directory `dir` for a program: `weights/`, `model.mil`, each
 /// weight file.
 pub fn write_model_dir(dir: &Path, mil_text: &str, weights: &WeightFiles) -> Result<(), AppleError> {
+    write_model_dir_with(dir, mil_text, weights, |p, b| fs::write(p, b))
+}
+
+/// [`write_model_dir`] with each file written by `write` (the device passes its runtime's).
+pub(crate) fn write_model_dir_with(
+    dir: &Path,
+    mil_text: &str,
+    weights: &WeightFiles,
+    mut write: impl FnMut(&Path, &[u8]) -> std::io::Result<()>,
+) -> Result<(), AppleError> {
     let files = model_dir_files(mil_text, weights)?;
     let wdir = dir.join("weights");
     fs::create_dir_all(&wdir).map_err(|e| AppleError::io("create", &wdir, &e))?;
@@ -40,7 +54,7 @@ pub fn write_model_dir(dir: &Path, mil_text: &str, weights: &WeightFiles) -> Res
         if let Some(parent) = path.parent() {
             fs::create_dir_all(parent).map_err(|e| AppleError::io("create", parent, &e))?;
         }
-        fs::write(&path, bytes).map_err(|e| AppleError::io("write", &path, &e))?;
+        write(&path, bytes).map_err(|e| AppleError::io("write", &path, &e))?;
     }
     Ok(())
 }
@@ -54,13 +68,38 @@ pub fn remove_model_dir(dir: &Path) -> Result<(), AppleError> {
     }
 }
 
-/// An identifier usable as a directory and marker name: non-empty, at most 128 characters of
-/// `[0-9A-Za-z_-]`. The framework's `hexStringIdentifier` is hex; a UUID string qualifies too.
-pub fn usable_identifier(id: Option<String>) -> Option<String> {
-    let id = id?;
-    let ok =
-        !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-    ok.then_some(id)
+/// Longest identifier accepted as a directory name: 255 bytes, the file-name limit of APFS and
+/// most file systems.
+pub const MAX_IDENTIFIER_BYTES: usize = 255;
+
+/// Whether `id` can name the model directory: a safe single path component — non-empty, at most
+/// [`MAX_IDENTIFIER_BYTES`] bytes, not `.` or `..`, no `/`, `\`, NUL or control character. The
+/// framework's `hexStringIdentifier` (`<sha256>_<sha256>_<sha256>`, 194 bytes) qualifies.
+pub fn usable_identifier(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_IDENTIFIER_BYTES
+        && id != "."
+        && id != ".."
+        && !id.chars().any(|c| c == '/' || c == '\\' || c.is_control())
+}
+
+/// The model directory of a model whose identifier is `id`: the model's own `localModelPath` when
+/// it answers with an absolute path whose last component is `id` (what the framework reads and
+/// removes), else `<temp_root>/<id>`. Fails with advice when `id` cannot name a directory; there
+/// is no substitute name, because the compiler reads the directory named by the identifier.
+pub fn model_dir(id: Option<&str>, local_model_path: Option<PathBuf>, temp_root: &Path) -> Result<PathBuf, AppleError> {
+    let id = match id {
+        Some(id) if usable_identifier(id) => id,
+        other => {
+            let got = match other {
+                None => "no identifier".to_string(),
+                Some(id) => format!("{:?} ({} bytes)", id.chars().take(80).collect::<String>(), id.len()),
+            };
+            return Err(AppleError::Identifier(got));
+        }
+    };
+    let own = local_model_path.filter(|p| p.is_absolute() && p.file_name().is_some_and(|n| n == id));
+    Ok(own.unwrap_or_else(|| temp_root.join(id)))
 }
 
 #[cfg(test)]
@@ -77,7 +116,7 @@ pub(crate) fn test_dir(tag: &str) -> PathBuf {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn weights() -> WeightFiles {
@@ -128,17 +167,44 @@ mod tests {
         let _ = fs::remove_dir_all(root);
     }
 
+    /// The framework's identifier: three SHA-256 hex digests joined by `_`.
+    pub(crate) fn hex_identifier() -> String {
+        format!("{}_{}_{}", "a1".repeat(32), "b2".repeat(32), "c3".repeat(32))
+    }
+
     #[test]
     fn identifiers() {
-        assert_eq!(usable_identifier(Some("9f3A".into())).as_deref(), Some("9f3A"));
-        assert_eq!(
-            usable_identifier(Some("E621E1F8-C36C-495A-93FC-0C247A3E6E5F".into())).as_deref(),
-            Some("E621E1F8-C36C-495A-93FC-0C247A3E6E5F")
-        );
-        assert_eq!(usable_identifier(None), None);
-        assert_eq!(usable_identifier(Some(String::new())), None);
-        assert_eq!(usable_identifier(Some("../x".into())), None);
-        assert_eq!(usable_identifier(Some("a b".into())), None);
-        assert_eq!(usable_identifier(Some("a".repeat(129))), None);
+        assert_eq!(hex_identifier().len(), 194);
+        assert!(usable_identifier(&hex_identifier()));
+        assert!(usable_identifier("9f3A"));
+        assert!(usable_identifier(&"a".repeat(255)));
+        assert!(!usable_identifier(&"a".repeat(256)));
+        assert!(!usable_identifier(""));
+        assert!(!usable_identifier("."));
+        assert!(!usable_identifier(".."));
+        assert!(!usable_identifier("../x"));
+        assert!(!usable_identifier("a/b"));
+        assert!(!usable_identifier("a\\b"));
+        assert!(!usable_identifier("a\nb"));
+        assert!(!usable_identifier("a\0b"));
+    }
+
+    #[test]
+    fn the_directory_is_the_models_own_path_when_it_answers() {
+        let id = hex_identifier();
+        let root = Path::new("/tmp/anelm-root");
+        assert_eq!(model_dir(Some(&id), None, root).unwrap(), root.join(&id));
+        let own = PathBuf::from("/private/var/folders/xy/T").join(&id);
+        assert_eq!(model_dir(Some(&id), Some(own.clone()), root).unwrap(), own);
+        // A path that is not the model's directory is ignored.
+        for odd in ["relative/x", "/elsewhere/other-name"] {
+            let odd = PathBuf::from(odd.replace('x', &id));
+            assert_eq!(model_dir(Some(&id), Some(odd), root).unwrap(), root.join(&id));
+        }
+        let e = model_dir(None, None, root).unwrap_err().to_string();
+        assert!(e.contains("hexStringIdentifier") && e.contains("no identifier"), "{e}");
+        let e = model_dir(Some("../../etc"), None, root).unwrap_err().to_string();
+        assert!(e.contains("\"../../etc\""), "{e}");
+        assert!(model_dir(Some(&"f".repeat(300)), None, root).is_err());
     }
 }

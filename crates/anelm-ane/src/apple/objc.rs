@@ -13,7 +13,7 @@ use super::error::AppleError;
 
 /// `libobjc`.
 pub const LIBOBJC: &str = "/usr/lib/libobjc.A.dylib";
-/// Foundation (NSString, NSData, NSNumber, NSDictionary, NSArray, NSUUID, NSTemporaryDirectory).
+/// Foundation (NSString, NSData, NSNumber, NSDictionary, NSArray, NSTemporaryDirectory).
 pub const FOUNDATION: &str = "/System/Library/Frameworks/Foundation.framework/Foundation";
 /// CoreFoundation (`CFRelease`).
 pub const COREFOUNDATION: &str = "/System/Library/Frameworks/CoreFoundation.framework/CoreFoundation";
@@ -62,8 +62,8 @@ pub const YES: ObjcBool = 1;
 
 // ---- Typed `objc_msgSend` signatures: (receiver, selector, arguments…) -> result. ----
 
-/// `- (id)m` / `+ (id)m`: `alloc`, `retain`, `description`, `hexStringIdentifier`, `UUID`,
-/// `UUIDString`, `dictionary`.
+/// `- (id)m` / `+ (id)m`: `alloc`, `retain`, `description`, `hexStringIdentifier`,
+/// `localModelPath`, `dictionary`.
 pub type MsgId = unsafe extern "C" fn(Id, Sel) -> Id;
 /// `- (oneway void)release`.
 pub type MsgVoid = unsafe extern "C" fn(Id, Sel);
@@ -104,10 +104,12 @@ pub type MsgBoolQosOptsReqErr = unsafe extern "C" fn(Id, Sel, u32, Id, Id, *mut 
 pub type MsgBoolQosErr = unsafe extern "C" fn(Id, Sel, u32, *mut Id) -> ObjcBool;
 /// `- (id)initWithRestrictedAccessAllowed:(BOOL)b` on `_ANEClient`.
 pub type MsgIdBool = unsafe extern "C" fn(Id, Sel, ObjcBool) -> Id;
-/// `- (BOOL)doEvaluateDirectWithModel:(id)m options:(NSDictionary *)o request:(id)r qos:(?)q error:(NSError **)e`.
-/// The references do not give the QoS type; it is passed as 64 bits, which is correct for both
-/// `unsigned int` (the callee reads the low half of the register) and `NSUInteger`.
-pub type MsgBoolDirect = unsafe extern "C" fn(Id, Sel, Id, Id, Id, u64, *mut Id) -> ObjcBool;
+/// `- (BOOL)doEvaluateDirectWithModel:(id)m options:(NSDictionary *)o request:(id)r qos:(unsigned int)q error:(NSError **)e`
+/// on `_ANEClient` (the QoS is `unsigned int` in the iOS 18.2 restore image's class dump, as in
+/// every in-memory model method).
+pub type MsgBoolDirect = unsafe extern "C" fn(Id, Sel, Id, Id, Id, u32, *mut Id) -> ObjcBool;
+/// `- (BOOL)compiledModelExists` on `_ANEInMemoryModel`.
+pub type MsgBool = unsafe extern "C" fn(Id, Sel) -> ObjcBool;
 
 type GetClassFn = unsafe extern "C" fn(*const c_char) -> Id;
 type RegisterSelFn = unsafe extern "C" fn(*const c_char) -> Sel;

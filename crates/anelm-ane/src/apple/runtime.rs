@@ -6,7 +6,7 @@
 //! keeps objects in a table, so everything around the calls (the weights dictionary, the model
 //! directory, the marker cache, the lifecycle, the budget, error mapping) is tested off Apple.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::error::AppleError;
 use super::objc::Id;
@@ -88,8 +88,10 @@ pub(crate) trait Runtime: Send + Sync {
     fn pool_pop(&self, token: usize);
     /// `NSTemporaryDirectory()` (the per-user temporary directory).
     fn temp_dir(&self) -> PathBuf;
-    /// `[[NSUUID UUID] UUIDString]`.
-    fn uuid_string(&self) -> Result<String, AppleError>;
+    /// Write one file of a model directory (`std::fs::write`; a seam so tests can count writes).
+    fn write_file(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+        std::fs::write(path, bytes)
+    }
 
     // ---- AppleNeuralEngine ----
 
@@ -99,6 +101,13 @@ pub(crate) trait Runtime: Send + Sync {
     fn in_memory_model(&self, desc: Id) -> Result<Id, AppleError>;
     /// `[model hexStringIdentifier]`, when it is a non-empty NSString.
     fn hex_string_identifier(&self, model: Id) -> Option<String>;
+    /// `[model localModelPath]` (`NSTemporaryDirectory()/<hexStringIdentifier>`, where the
+    /// framework itself writes and removes the model directory), when the model implements it
+    /// and it is a non-empty NSString.
+    fn local_model_path(&self, model: Id) -> Option<PathBuf>;
+    /// `[model compiledModelExists]` (asks the ANE service whether it holds a compiled program for
+    /// the model's identifier); `None` when the model does not implement it.
+    fn compiled_model_exists(&self, model: Id) -> Option<bool>;
     /// `[model compileWithQoS:qos options:options error:&e]`; `Err` carries the NSError text.
     fn compile(&self, model: Id, qos: u32, options: Id) -> Result<(), String>;
     /// `[model loadWithQoS:qos options:options error:&e]`.

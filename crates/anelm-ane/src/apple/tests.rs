@@ -1,17 +1,21 @@
-//! The device's logic against the fake runtime: lifecycle, marker cache, model directory,
-//! budget errors, request reuse, direct-evaluation fallback, release order.
+//! The device's logic against the fake runtime: lifecycle, marker cache and the cache probe,
+//! model directory, budget errors, request reuse, direct-evaluation fallback, release order and
+//! release on every error path.
 
 use std::fs;
 use std::path::PathBuf;
 
-use super::device::{AppleConfig, Device, program_signature};
+use std::time::{Duration, Instant};
+
+use super::device::{AppleConfig, Device, parse_max_compiles, program_signature};
 use super::fake::{Fake, Obj, Script};
 use super::modeldir::test_dir;
 use crate::cache::{CacheOutcome, CompileCache, compile_or_load};
-use crate::device::ProgramHandle;
+use crate::device::{AneDevice, ProgramHandle, Releasing, compile_and_load};
 use crate::error::AneError;
 use crate::kernel::{AneKernel, WeightMode};
 use crate::lower::{Lowered, lower};
+use crate::rules::Rule;
 use crate::surface::Surface;
 
 fn linear(rows: usize, cols: usize, mode: WeightMode) -> Lowered {
@@ -35,18 +39,22 @@ impl Setup {
         }
     }
 
-    fn device(&self, script: Script, cache: bool) -> Device<Fake> {
-        self.device_with(script, cache, false)
+    fn device(&self, script: Script) -> Device<Fake> {
+        self.device_with(script, false)
     }
 
-    fn device_with(&self, script: Script, cache: bool, direct: bool) -> Device<Fake> {
-        let cfg = AppleConfig {
-            keep_model_dirs: cache,
-            direct_eval: direct,
-            lock_surfaces: false,
-            temp_dir: None,
-        };
-        Device::new(Fake::with(script, self.temp.clone()), direct, &cfg).unwrap()
+    fn device_with(&self, script: Script, direct: bool) -> Device<Fake> {
+        self.device_cfg(
+            script,
+            AppleConfig {
+                direct_eval: direct,
+                ..AppleConfig::default()
+            },
+        )
+    }
+
+    fn device_cfg(&self, script: Script, cfg: AppleConfig) -> Device<Fake> {
+        Device::new(Fake::with(script, self.temp.clone()), cfg.direct_eval, &cfg).unwrap()
     }
 }
 
@@ -85,7 +93,7 @@ fn first_run_compiles_and_marks_then_a_second_process_loads_without_compiling() 
     let cache = CompileCache::new(&s.markers);
     let k = linear(64, 64, WeightMode::Fp16);
     {
-        let dev = s.device(Script::default(), true);
+        let dev = s.device(Script::default());
         let (_, outcome) = through_cache(&dev, &cache, &k);
         assert_eq!(outcome, CacheOutcome::Compiled);
         assert_eq!(dev.runtime().count("compile qos=21"), 1);
@@ -94,39 +102,73 @@ fn first_run_compiles_and_marks_then_a_second_process_loads_without_compiling() 
         let st = dev.stats();
         assert_eq!((st.compiles, st.cache_loads, st.loads, st.loaded), (1, 0, 1, 1));
     }
-    // "Next process": the marker is there, so load runs without compile, and the kernel works.
-    let dev = s.device(Script::default(), true);
+    // "Next process": the marker is there and the ANE service holds the program, so it loads
+    // without a compile, with nothing written to disk, and the kernel works.
+    let dev = s.device(Script {
+        os_cache: vec!["feedc0de".into()],
+        ..Script::default()
+    });
     let (h, outcome) = through_cache(&dev, &cache, &k);
     assert_eq!(outcome, CacheOutcome::Loaded);
-    assert_eq!(dev.runtime().count("compile"), 0, "{:?}", dev.runtime().calls());
+    assert_eq!(dev.runtime().count("compile qos"), 0, "{:?}", dev.runtime().calls());
+    assert_eq!(dev.runtime().count("compiledModelExists"), 1);
+    assert_eq!(dev.runtime().count("load qos=21"), 1);
+    assert_eq!(
+        dev.runtime().writes(),
+        Vec::<PathBuf>::new(),
+        "a cache hit writes nothing"
+    );
+    assert!(!s.temp.join("feedc0de").exists());
     assert_eq!(dev.stats().cache_loads, 1);
     let x = vec![1.5f32; 64];
     assert_eq!(run(&dev, h, &x), x);
 }
 
 #[test]
-fn a_stale_marker_costs_one_failed_load_then_a_compile() {
+fn the_compile_path_writes_the_directory_and_removes_it_once_loaded() {
+    let s = Setup::new("writes");
+    let dev = s.device(Script::default());
+    let k = linear(64, 64, WeightMode::Int8 { block: None });
+    let h = dev.compile(&k.mil_text(), &k.weights).unwrap();
+    let dir = s.temp.join("feedc0de");
+    let mut want = vec![dir.join("model.mil")];
+    want.extend(
+        k.weights
+            .iter()
+            .map(|(key, _)| dir.join(key.strip_prefix("@model_path/").unwrap())),
+    );
+    assert_eq!(dev.runtime().writes(), want, "model.mil, then every weight file, once");
+    assert!(dir.join("model.mil").is_file());
+    dev.load(h).unwrap();
+    assert!(!dir.exists(), "the directory is removed after a successful load");
+    // Reloading after an unload needs no directory (the service holds the program).
+    dev.unload(h).unwrap();
+    dev.load(h).unwrap();
+    assert_eq!(dev.runtime().writes().len(), want.len());
+}
+
+/// The load and compile calls of a fake, in order.
+fn lifecycle_calls(rt: &Fake) -> Vec<String> {
+    rt.calls()
+        .into_iter()
+        .filter(|c| c.starts_with("load ") || c.starts_with("compile ") || c == "compiledModelExists")
+        .collect()
+}
+
+#[test]
+fn a_stale_marker_costs_one_question_and_no_load_then_a_compile() {
     let s = Setup::new("stale");
     let cache = CompileCache::new(&s.markers);
     cache.write_marker("prog1").unwrap();
-    // The OS service lost the program: the first load fails (and its one retry).
-    let dev = s.device(
-        Script {
-            load_failures: 2,
-            ..Script::default()
-        },
-        true,
-    );
+    // The OS service lost the program: compiledModelExists says no, so nothing is loaded or written.
+    let dev = s.device(Script::default());
     let k = linear(64, 64, WeightMode::Fp16);
     let (h, outcome) = through_cache(&dev, &cache, &k);
     assert_eq!(outcome, CacheOutcome::Recompiled);
-    let calls: Vec<String> = dev
-        .runtime()
-        .calls()
-        .into_iter()
-        .filter(|c| c.starts_with("load") || c.starts_with("compile"))
-        .collect();
-    assert_eq!(calls, ["load qos=21", "load qos=21", "compile qos=21", "load qos=21"]);
+    assert_eq!(
+        lifecycle_calls(dev.runtime()),
+        ["compiledModelExists", "compile qos=21", "load qos=21"]
+    );
     assert!(cache.has_marker("prog1"), "re-marked after the compile");
     assert_eq!(dev.stats().loaded, 1, "the failed cache attempt was freed");
     assert_eq!(
@@ -134,13 +176,56 @@ fn a_stale_marker_costs_one_failed_load_then_a_compile() {
         2,
         "only the working kernel's surfaces remain"
     );
+    assert_eq!(dev.runtime().live_models(), 1);
     dev.signature(h).unwrap();
+}
+
+#[test]
+fn a_failed_cache_load_is_not_retried_and_nothing_sleeps() {
+    let s = Setup::new("noretry");
+    let cache = CompileCache::new(&s.markers);
+    cache.write_marker("prog1").unwrap();
+    // The service says it holds the program but the load fails once: no 100 ms retry on the
+    // probe, straight to the compile (whose load succeeds).
+    let dev = s.device(Script {
+        os_cache: vec!["feedc0de".into()],
+        load_failures: 1,
+        ..Script::default()
+    });
+    let k = linear(64, 64, WeightMode::Fp16);
+    let start = Instant::now();
+    let (_, outcome) = through_cache(&dev, &cache, &k);
+    assert!(start.elapsed() < Duration::from_millis(100), "{:?}", start.elapsed());
+    assert_eq!(outcome, CacheOutcome::Recompiled);
+    assert_eq!(
+        lifecycle_calls(dev.runtime()),
+        ["compiledModelExists", "load qos=21", "compile qos=21", "load qos=21"]
+    );
+    assert_eq!(dev.stats().loaded, 1);
+    assert_eq!(dev.runtime().live_models(), 1, "the probe's model was released");
+}
+
+#[test]
+fn without_compiled_model_exists_the_cache_path_declines_without_loading() {
+    let s = Setup::new("noprobe");
+    let dev = s.device(Script {
+        os_cache: vec!["feedc0de".into()],
+        no_compiled_model_exists: true,
+        ..Script::default()
+    });
+    let k = linear(64, 64, WeightMode::Fp16);
+    let e = dev.load_without_compile(&k.mil_text(), &k.weights).unwrap_err();
+    assert!(e.to_string().contains("compiledModelExists"), "{e}");
+    assert_eq!(dev.runtime().count("load"), 0);
+    assert!(dev.runtime().writes().is_empty());
+    assert_eq!(dev.runtime().live_models(), 0);
+    assert_eq!(dev.runtime().live_surfaces(), 0);
 }
 
 #[test]
 fn model_directory_holds_the_mil_and_every_weight_file() {
     let s = Setup::new("dir");
-    let dev = s.device(Script::default(), true);
+    let dev = s.device(Script::default());
     let k = linear(64, 64, WeightMode::Int8 { block: None });
     let mil = k.mil_text();
     dev.compile(&mil, &k.weights).unwrap();
@@ -167,15 +252,10 @@ fn model_directory_holds_the_mil_and_every_weight_file() {
 #[test]
 fn compile_failure_carries_the_ns_error_and_cleans_up() {
     let s = Setup::new("cfail");
-    let dev = s.device(
-        Script {
-            compile_error: Some(
-                "Error Domain=com.apple.appleneuralengine.compiler Code=1 \"ANECCompile() FAILED\"".into(),
-            ),
-            ..Script::default()
-        },
-        true,
-    );
+    let dev = s.device(Script {
+        compile_error: Some("Error Domain=com.apple.appleneuralengine.compiler Code=1 \"ANECCompile() FAILED\"".into()),
+        ..Script::default()
+    });
     let k = linear(64, 64, WeightMode::Fp16);
     let e = dev.compile(&k.mil_text(), &k.weights).unwrap_err();
     let msg = e.to_string();
@@ -195,13 +275,10 @@ fn compile_failure_carries_the_ns_error_and_cleans_up() {
 #[test]
 fn nil_descriptor_is_a_clear_error() {
     let s = Setup::new("nil");
-    let dev = s.device(
-        Script {
-            nil_descriptor: true,
-            ..Script::default()
-        },
-        true,
-    );
+    let dev = s.device(Script {
+        nil_descriptor: true,
+        ..Script::default()
+    });
     let k = linear(64, 64, WeightMode::Fp16);
     let msg = dev.compile(&k.mil_text(), &k.weights).unwrap_err().to_string();
     assert!(
@@ -211,30 +288,70 @@ fn nil_descriptor_is_a_clear_error() {
 }
 
 #[test]
-fn missing_identifier_falls_back_to_a_uuid() {
-    let s = Setup::new("uuid");
-    let dev = s.device(
-        Script {
-            hex: Some(None),
-            ..Script::default()
-        },
-        true,
-    );
+fn the_frameworks_194_character_identifier_names_the_directory() {
+    let s = Setup::new("hex194");
+    let id = super::modeldir::tests::hex_identifier();
+    assert_eq!(id.len(), 194);
+    let dev = s.device(Script {
+        hex: Some(Some(id.clone())),
+        ..Script::default()
+    });
+    let k = linear(64, 64, WeightMode::Fp16);
+    let mil = k.mil_text();
+    let h = dev.compile(&mil, &k.weights).unwrap();
+    let dir = s.temp.join(&id);
+    assert_eq!(fs::read_to_string(dir.join("model.mil")).unwrap(), mil);
+    assert!(dir.join("weights/weight.bin").is_file());
+    dev.load(h).unwrap();
+    let x = vec![0.25f32; 64];
+    assert_eq!(run(&dev, h, &x), x);
+    assert!(!dir.exists(), "removed once loaded");
+}
+
+#[test]
+fn the_models_own_local_model_path_is_preferred() {
+    let s = Setup::new("localpath");
+    let own = s.root.join("nstmp");
+    let dev = s.device(Script {
+        local_root: Some(own.clone()),
+        ..Script::default()
+    });
     let k = linear(64, 64, WeightMode::Fp16);
     dev.compile(&k.mil_text(), &k.weights).unwrap();
-    assert!(s.temp.join("E621E1F8-C36C-495A-93FC-0C247A3E6E5F/model.mil").is_file());
+    assert!(own.join("feedc0de/model.mil").is_file());
+    assert!(!s.temp.join("feedc0de").exists());
+}
+
+#[test]
+fn an_unusable_identifier_is_a_clear_error_and_leaves_nothing() {
+    let s = Setup::new("noid");
+    let k = linear(64, 64, WeightMode::Fp16);
+    for hex in [None, Some("../../escape".to_string()), Some("f".repeat(256))] {
+        let dev = s.device(Script {
+            hex: Some(hex.clone()),
+            ..Script::default()
+        });
+        let e = dev.compile(&k.mil_text(), &k.weights).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("hexStringIdentifier") && msg.contains("anelm doctor"),
+            "{hex:?}: {msg}"
+        );
+        assert!(dev.runtime().writes().is_empty(), "{hex:?}");
+        assert_eq!(dev.runtime().count("compile qos"), 0);
+        assert_eq!(dev.runtime().live_models(), 0, "{hex:?}");
+        assert_eq!(dev.runtime().live_surfaces(), 0, "{hex:?}");
+    }
+    assert!(!s.root.join("escape").exists());
 }
 
 #[test]
 fn load_failure_names_the_kernel_and_how_many_are_loaded() {
     let s = Setup::new("budget");
-    let dev = s.device(
-        Script {
-            budget: Some(2),
-            ..Script::default()
-        },
-        false,
-    );
+    let dev = s.device(Script {
+        budget: Some(2),
+        ..Script::default()
+    });
     let k = linear(64, 64, WeightMode::Fp16);
     let hs: Vec<_> = (0..3)
         .map(|_| dev.compile(&k.mil_text(), &k.weights).unwrap())
@@ -247,7 +364,7 @@ fn load_failure_names_the_kernel_and_how_many_are_loaded() {
         msg.contains("kernel feedc0de ([1,64,1,32] → [1,64,1,32], weights "),
         "{msg}"
     );
-    assert!(msg.contains("2 kernel(s) already loaded"), "{msg}");
+    assert!(msg.contains("2 kernel(s) (0 MB of weights) already loaded"), "{msg}");
     assert!(msg.contains("out of program slots"), "{msg}");
     // One retry after the documented delay, then the error.
     assert_eq!(dev.runtime().count("load"), 4);
@@ -260,11 +377,12 @@ fn load_failure_names_the_kernel_and_how_many_are_loaded() {
 #[test]
 fn evaluate_moves_bytes_through_surfaces_and_reuses_one_request() {
     let s = Setup::new("eval");
-    let dev = s.device(Script::default(), true);
+    let dev = s.device(Script::default());
     let k = linear(64, 64, WeightMode::Fp16);
     let h = dev.compile(&k.mil_text(), &k.weights).unwrap();
-    // Surfaces: one input and one output of 64 × 32 × 2 bytes.
-    assert_eq!(dev.runtime().count("IOSurfaceCreate 4096"), 2);
+    // Surfaces: one input and one output of 64 × 32 × 2 = 4096 bytes, allocated at the
+    // 49,152-byte minimum.
+    assert_eq!(dev.runtime().count("IOSurfaceCreate 49152"), 2);
     assert!(matches!(
         dev.evaluate(h, &[&Surface::new(64)], &mut [Surface::new(64)]),
         Err(AneError::State { call: "evaluate", .. })
@@ -295,7 +413,7 @@ fn evaluate_moves_bytes_through_surfaces_and_reuses_one_request() {
 #[test]
 fn dispatch_bytes_count_constants_and_surfaces() {
     let s = Setup::new("bytes");
-    let dev = s.device(Script::default(), false);
+    let dev = s.device(Script::default());
     let k = linear(64, 64, WeightMode::Fp16);
     let h = dev.compile(&k.mil_text(), &k.weights).unwrap();
     dev.load(h).unwrap();
@@ -307,13 +425,10 @@ fn dispatch_bytes_count_constants_and_surfaces() {
 #[test]
 fn evaluation_errors_carry_the_description() {
     let s = Setup::new("efail");
-    let dev = s.device(
-        Script {
-            eval_error: Some("Program Inference error status=0x1d".into()),
-            ..Script::default()
-        },
-        false,
-    );
+    let dev = s.device(Script {
+        eval_error: Some("Program Inference error status=0x1d".into()),
+        ..Script::default()
+    });
     let k = linear(64, 64, WeightMode::Fp16);
     let h = dev.compile(&k.mil_text(), &k.weights).unwrap();
     dev.load(h).unwrap();
@@ -337,7 +452,6 @@ fn direct_evaluation_is_used_when_asked_and_falls_back_to_the_daemon() {
             ..Script::default()
         },
         true,
-        true,
     );
     let h = dev.compile(&k.mil_text(), &k.weights).unwrap();
     dev.load(h).unwrap();
@@ -354,7 +468,7 @@ fn direct_evaluation_is_used_when_asked_and_falls_back_to_the_daemon() {
     assert_eq!(dev.runtime().count("evaluate qos=21"), 2);
     drop(dev);
     // Asked for but no client: daemon path from the start.
-    let dev = s.device_with(Script::default(), true, true);
+    let dev = s.device_with(Script::default(), true);
     assert!(!dev.stats().direct_eval);
 }
 
@@ -363,7 +477,7 @@ fn drop_unloads_then_releases_request_surfaces_and_model_and_leaks_nothing() {
     let s = Setup::new("drop");
     let k = linear(64, 64, WeightMode::Fp16);
     // `release` of one kernel: the order of the calls.
-    let dev = s.device(Script::default(), false);
+    let dev = s.device(Script::default());
     let h = dev.compile(&k.mil_text(), &k.weights).unwrap();
     dev.load(h).unwrap();
     let n = dev.runtime().calls().len();
@@ -374,16 +488,15 @@ fn drop_unloads_then_releases_request_surfaces_and_model_and_leaks_nothing() {
         ["unload qos=21", "release", "CFRelease", "CFRelease", "release"],
         "unload → request → surfaces → model"
     );
-    assert!(!s.temp.join("feedc0de").exists(), "cache off: model directory removed");
+    assert!(!s.temp.join("feedc0de").exists(), "model directory removed");
     assert!(matches!(dev.load(h), Err(AneError::UnknownHandle(_))));
     assert_eq!(dev.stats().loaded, 0);
     drop(dev);
     // Dropping the device frees every kernel (loaded or not) and its own objects.
     let cfg = AppleConfig {
-        keep_model_dirs: false,
         direct_eval: true,
-        lock_surfaces: false,
         temp_dir: Some(s.temp.clone()),
+        ..AppleConfig::default()
     };
     let fake = Fake::with(
         Script {
@@ -414,19 +527,163 @@ fn drop_unloads_then_releases_request_surfaces_and_model_and_leaks_nothing() {
 }
 
 #[test]
-fn with_cache_on_the_model_directory_stays() {
+fn releasing_a_compiled_kernel_removes_its_directory() {
     let s = Setup::new("keep");
-    let dev = s.device(Script::default(), true);
+    let dev = s.device(Script::default());
     let k = linear(64, 64, WeightMode::Fp16);
     let h = dev.compile(&k.mil_text(), &k.weights).unwrap();
-    dev.release(h).unwrap();
     assert!(s.temp.join("feedc0de/model.mil").is_file());
+    dev.release(h).unwrap();
+    assert!(!s.temp.join("feedc0de").exists());
+}
+
+/// Nothing the device took is held any more: no model or request retained, no surface, no
+/// kernel loaded (only the device's own options dictionary stays retained).
+fn assert_all_released(dev: &Device<Fake>, what: &str) {
+    let rt = dev.runtime();
+    assert_eq!(rt.live_models(), 0, "{what}: models");
+    assert_eq!(rt.live_surfaces(), 0, "{what}: surfaces");
+    assert_eq!(rt.leaks().len(), 1, "{what}: only the options dictionary is retained");
+    assert_eq!(dev.stats().loaded, 0, "{what}: loaded");
+    assert_eq!(dev.stats().loaded_bytes, 0, "{what}: loaded bytes");
+    assert_eq!(rt.open_pools(), 0, "{what}: pools");
+}
+
+#[test]
+fn every_error_path_releases_what_it_made() {
+    let s = Setup::new("errpaths");
+    let k = linear(64, 64, WeightMode::Fp16);
+    let (mil, w) = (k.mil_text(), &k.weights);
+
+    // Surfaces smaller than the 49,152-byte minimum: refused by rule, model and surfaces freed.
+    let dev = s.device(Script {
+        small_surfaces: true,
+        ..Script::default()
+    });
+    let e = dev.compile(&mil, w).unwrap_err();
+    assert_eq!(e.rule(), Some(Rule::SurfaceMinBytes), "{e}");
+    assert!(dev.runtime().count("CFRelease") >= 1);
+    assert_all_released(&dev, "small surface");
+
+    // A nil request after both surfaces exist.
+    let dev = s.device(Script {
+        nil_request: true,
+        ..Script::default()
+    });
+    assert!(dev.compile(&mil, w).is_err());
+    assert_eq!(dev.runtime().count("CFRelease"), 2);
+    assert_all_released(&dev, "nil request");
+
+    // A compile whose load fails (and its retry): compile_and_load releases the program.
+    let dev = s.device(Script {
+        load_failures: 2,
+        ..Script::default()
+    });
+    let e = compile_and_load(&dev, &mil, w).unwrap_err();
+    assert!(e.to_string().contains("load failed"), "{e}");
+    assert_eq!(dev.runtime().count("load qos=21"), 2);
+    assert_eq!(dev.runtime().count("release"), 2, "request and model");
+    assert!(matches!(
+        dev.signature(ProgramHandle(1)),
+        Err(AneError::UnknownHandle(1))
+    ));
+    assert_all_released(&dev, "failed load");
+
+    // A cache probe whose load fails.
+    let dev = s.device(Script {
+        os_cache: vec!["feedc0de".into()],
+        load_failures: 1,
+        ..Script::default()
+    });
+    assert!(dev.load_without_compile(&mil, w).is_err());
+    assert_all_released(&dev, "failed cache load");
+
+    // Chunks already loaded when a later chunk fails: the guard releases them all.
+    let dev = s.device(Script {
+        budget: Some(2),
+        ..Script::default()
+    });
+    let built = (|| -> Result<Vec<ProgramHandle>, AneError> {
+        let mut guard = Releasing::new(&dev);
+        for _ in 0..3 {
+            guard.add(compile_and_load(&dev, &mil, w)?);
+        }
+        Ok(guard.keep())
+    })();
+    assert!(built.is_err());
+    assert_eq!(dev.runtime().count("unload qos=21"), 2, "both loaded chunks unloaded");
+    assert_all_released(&dev, "third chunk refused");
+
+    // The same guard kept: the programs stay until released through the trait.
+    let dev = s.device(Script::default());
+    let mut guard = Releasing::new(&dev);
+    for _ in 0..2 {
+        guard.add(compile_and_load(&dev, &mil, w).unwrap());
+    }
+    let hs = guard.keep();
+    assert_eq!(dev.stats().loaded, 2);
+    for h in hs {
+        AneDevice::release(&dev, h).unwrap();
+    }
+    assert_all_released(&dev, "kept then released");
+}
+
+#[test]
+fn the_compile_budget_stops_before_the_compiler_and_the_cache_resumes() {
+    let s = Setup::new("cbudget");
+    let k = linear(64, 64, WeightMode::Fp16);
+    let (mil, w) = (k.mil_text(), &k.weights);
+    let cfg = AppleConfig {
+        max_compiles: Some(2),
+        ..AppleConfig::default()
+    };
+    let dev = s.device_cfg(Script::default(), cfg.clone());
+    dev.compile(&mil, w).unwrap();
+    dev.compile(&mil, w).unwrap();
+    let writes = dev.runtime().writes().len();
+    let e = dev.compile(&mil, w).unwrap_err();
+    assert_eq!(e.rule(), Some(Rule::CompileBudget), "{e}");
+    let msg = e.to_string();
+    assert!(msg.contains("2 compiles") && msg.contains("run anelm again"), "{msg}");
+    assert!(msg.contains("ANELM_ANE_MAX_COMPILES"), "{msg}");
+    assert_eq!(
+        dev.runtime().count("compile qos"),
+        2,
+        "the third never reached the compiler"
+    );
+    assert_eq!(dev.runtime().writes().len(), writes, "nothing written for it");
+    assert_eq!(dev.runtime().live_models(), 2);
+    // A program the service already holds still loads: cache loads do not count.
+    let h = dev.load_without_compile(&mil, w).unwrap();
+    assert_eq!(dev.stats().compile_attempts, 2);
+    dev.signature(h).unwrap();
+    // A failed compile counts too (the leak is per call).
+    let dev = s.device_cfg(
+        Script {
+            compile_error: Some("bad".into()),
+            ..Script::default()
+        },
+        cfg,
+    );
+    assert!(dev.compile(&mil, w).is_err());
+    assert!(dev.compile(&mil, w).is_err());
+    assert_eq!(dev.compile(&mil, w).unwrap_err().rule(), Some(Rule::CompileBudget));
+    assert_all_released(&dev, "budget");
+}
+
+#[test]
+fn the_compile_budget_comes_from_the_environment_value() {
+    assert_eq!(parse_max_compiles(None, Some(119)), Some(119));
+    assert_eq!(parse_max_compiles(Some("0"), Some(119)), None);
+    assert_eq!(parse_max_compiles(Some(" 300 "), Some(119)), Some(300));
+    assert_eq!(parse_max_compiles(Some("lots"), Some(119)), Some(119));
+    assert_eq!(AppleConfig::default().max_compiles, Some(119));
 }
 
 #[test]
 fn lifecycle_errors_match_the_emulator() {
     let s = Setup::new("life");
-    let dev = s.device(Script::default(), false);
+    let dev = s.device(Script::default());
     let k = linear(64, 64, WeightMode::Fp16);
     let h = dev.compile(&k.mil_text(), &k.weights).unwrap();
     assert!(matches!(dev.unload(h), Err(AneError::State { call: "unload", .. })));
