@@ -71,7 +71,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
             _ => {}
         }
         messages.push(ChatMessage::new("user", input.to_string()));
-        let prompt = lm.template.render(&messages, true, &template_kwargs(a.think))?;
+        let prompt = lm.render_chat(&messages, &[], &template_kwargs(a.think))?;
         let ids = lm.tokenizer.encode(&prompt)?;
         let mut reply = String::new();
         let stdout = std::io::stdout();

@@ -71,7 +71,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             msgs.push(ChatMessage::new("system", s));
         }
         msgs.push(ChatMessage::new("user", text));
-        lm.template.render(&msgs, true, &template_kwargs(a.think))?
+        lm.render_chat(&msgs, &[], &template_kwargs(a.think))?
     };
     let ids = lm.tokenizer.encode(&prompt)?;
     let mut session = lm.model.new_session(a.model.ctx_size);

@@ -1,4 +1,4 @@
-"""Structured outputs through the official openai client (called by tests/server.rs).
+"""Structured outputs and tool calls through the official openai client (called by tests/server.rs).
 
 Usage: python structured_outputs.py BASE_URL API_KEY
 Exits non-zero with a message on the first failed check. Checks:
@@ -8,7 +8,10 @@ Exits non-zero with a message on the first failed check. Checks:
   (`jsonschema`);
 - `json_object` gives an object; streaming gives the same text as non-streaming at temperature 0;
 - the non-standard `grammar` field (Lark and regex);
-- invalid and unsatisfiable schemas and grammars are 400s that say why.
+- invalid and unsatisfiable schemas and grammars are 400s that say why;
+- tools: `tool_choice="required"` and a named function give one call whose arguments validate,
+  streamed (delta.tool_calls) and not; a follow-up with the tool's result is answered;
+  `tool_choice="none"` gives text; a malformed tool schema is a 400.
 """
 import json
 import random
@@ -154,4 +157,80 @@ for kwargs, param in [
     else:
         raise AssertionError(f"accepted {kwargs}")
 
-print("ok: structured outputs")
+# Tools. SmolLM2's template does not lay out tools, so anelm's generic tool prompt does.
+weather = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 30},
+                           "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+clock = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"type": "string", "maxLength": 20}}, "required": ["zone"],
+    "additionalProperties": False}}}
+ask_weather = [{"role": "user", "content": "What is the weather in Paris?"}]
+for choice, want in [("required", None), ({"type": "function", "function": {"name": "get_time"}}, "get_time")]:
+    r = client.chat.completions.create(model=model, messages=ask_weather, tools=[weather, clock], tool_choice=choice,
+                                       max_tokens=120, temperature=1, seed=3)
+    msg = r.choices[0].message
+    assert r.choices[0].finish_reason == "tool_calls", r
+    assert msg.tool_calls and len(msg.tool_calls) == 1, msg
+    call = msg.tool_calls[0]
+    assert call.type == "function" and call.id, call
+    if want:
+        assert call.function.name == want, call
+    schema = {"get_weather": weather, "get_time": clock}[call.function.name]["function"]["parameters"]
+    jsonschema.validate(json.loads(call.function.arguments), schema)
+    # Streamed: the same call arrives as delta.tool_calls chunks.
+    name, args, ids, finish = "", "", set(), None
+    for chunk in client.chat.completions.create(model=model, messages=ask_weather, tools=[weather, clock],
+                                                tool_choice=choice, max_tokens=120, temperature=1, seed=3, stream=True):
+        for c in chunk.choices:
+            for tc in c.delta.tool_calls or []:
+                assert tc.index == 0, tc
+                if tc.id:
+                    ids.add(tc.id)
+                if tc.function and tc.function.name:
+                    name += tc.function.name
+                if tc.function and tc.function.arguments:
+                    args += tc.function.arguments
+            if c.finish_reason:
+                finish = c.finish_reason
+    assert finish == "tool_calls" and len(ids) == 1, (finish, ids)
+    assert name == call.function.name and json.loads(args) == json.loads(call.function.arguments), (name, args, call)
+
+# The tool's result goes back as a tool message and is answered.
+call = r.choices[0].message.tool_calls[0]
+follow = client.chat.completions.create(
+    model=model,
+    messages=ask_weather + [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"zone": "CET", "time": "14:05"})},
+    ],
+    tools=[weather, clock], tool_choice="none", max_tokens=40, temperature=0,
+)
+assert follow.choices[0].message.content and not follow.choices[0].message.tool_calls, follow
+none = client.chat.completions.create(model=model, messages=ask_weather, tools=[weather], tool_choice="none",
+                                      max_tokens=20, temperature=0)
+assert none.choices[0].message.tool_calls is None and none.choices[0].finish_reason in ("stop", "length"), none
+auto = client.chat.completions.create(model=model, messages=ask_weather, tools=[weather], max_tokens=60, temperature=0)
+assert auto.choices[0].finish_reason in ("stop", "length", "tool_calls"), auto
+
+# A tool whose schema is malformed, forced: a 400 naming tools.
+bad_tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}
+try:
+    client.chat.completions.create(model=model, messages=ask_weather, tools=[bad_tool], tool_choice="required",
+                                   max_tokens=8)
+except BadRequestError as e:
+    assert e.body.get("param") == "tools", e.body
+else:
+    raise AssertionError("a malformed tool schema was accepted")
+
+print("ok: structured outputs and tools")

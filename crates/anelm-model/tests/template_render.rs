@@ -340,3 +340,38 @@ fn bos_eos_are_visible() {
         "<s>x</s>"
     );
 }
+
+/// A template that lays out tools (in the style of Qwen3's, written for this test) gets the
+/// request's tool list and the assistant's calls; one without tools says so.
+#[test]
+fn tools_and_tool_calls_reach_a_template_that_takes_them() {
+    const WITH_TOOLS: &str = "{%- if tools %}<tools>{% for t in tools %}{{ t.function.name }};{% endfor %}</tools>\n{% endif %}\
+{%- for m in messages %}<|{{ m.role }}|>{{ m.content }}\
+{%- if m.tool_calls %}{% for c in m.tool_calls %}<call>{{ c.function.name }} {{ c.function.arguments | tojson }}</call>{% endfor %}{% endif %}\
+{%- if m.tool_call_id %}[{{ m.tool_call_id }}]{% endif %}\n{% endfor %}";
+    let t = ChatTemplate::new(WITH_TOOLS, None, None).unwrap();
+    assert!(t.takes_tools());
+    assert!(!ChatTemplate::new(SMOLLM2, None, None).unwrap().takes_tools());
+    let tools = [json!({"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}})];
+    let mut call = ChatMessage::new("assistant", "");
+    call.tool_calls = Some(vec![
+        json!({"id": "c1", "type": "function", "function": {"name": "weather", "arguments": {"city": "Oslo"}}}),
+    ]);
+    let mut result = ChatMessage::new("tool", "3 C");
+    result.tool_call_id = Some("c1".into());
+    let out = t
+        .render_with_tools(
+            &[ChatMessage::new("user", "Weather?"), call, result],
+            Some(&tools),
+            false,
+            &Map::new(),
+        )
+        .unwrap();
+    assert_eq!(
+        out,
+        "<tools>weather;</tools>\n<|user|>Weather?<|assistant|><call>weather {\"city\": \"Oslo\"}</call><|tool|>3 C[c1]"
+    );
+    // Without tools the variable is undefined-like (falsy), as transformers passes None.
+    let plain = t.render(&[ChatMessage::new("user", "Hi")], false, &Map::new()).unwrap();
+    assert_eq!(plain, "<|user|>Hi");
+}

@@ -14,7 +14,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use anelm_engine::{
     CancelToken, Completion, ConstraintError, EngineError, Event, FinishReason, LoadedModel, Scheduler,
-    SchedulerConfig, SubmitError, TokenLogprob,
+    SchedulerConfig, SubmitError, TokenLogprob, ToolFormat, ToolSpec, tools,
 };
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -29,7 +29,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use crate::api_error::ApiError;
-use crate::openai::{Input, Parsed};
+use crate::openai::{Input, Parsed, ToolChoice};
 
 /// Server settings.
 #[derive(Clone, Debug)]
@@ -311,10 +311,16 @@ async fn handle(
     let lm = &ready.model;
     let ctx = ready.scheduler.config().ctx_size;
     let parsed: Parsed = openai::parse(&body, chat, ctx)?;
+    // The tools the model sees: none with tool_choice "none".
+    let tools: &[ToolSpec] = if parsed.tool_choice == ToolChoice::None {
+        &[]
+    } else {
+        &parsed.tools
+    };
+    let tool_format = ToolFormat::of(&lm.template);
     let prompt_text = match &parsed.input {
         Input::Chat(msgs) => lm
-            .template
-            .render(msgs, true, &parsed.template_kwargs)
+            .render_chat(msgs, tools, &parsed.template_kwargs)
             .map_err(|e| ApiError::bad_request(format!("chat template: {e}"), Some("messages")))?,
         Input::Text(t) => t.clone(),
     };
@@ -338,7 +344,11 @@ async fn handle(
             Some("max_tokens"),
         ));
     }
-    let constraint = match parsed.grammar.clone() {
+    let forced = match &parsed.tool_choice {
+        ToolChoice::Forced(which) => Some(tools::forced_call_grammar(tool_format, tools, which)),
+        _ => None,
+    };
+    let constraint = match forced.or_else(|| parsed.grammar.clone()) {
         None => None,
         Some(g) => {
             // Compiling a grammar (and, the first time, indexing the vocabulary) is CPU work.
@@ -346,7 +356,9 @@ async fn handle(
             let compiled = tokio::task::spawn_blocking(move || model.constraint(&g))
                 .await
                 .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.to_string()))?;
-            let param = if parsed.grammar_field {
+            let param = if parsed.tool_choice != ToolChoice::None && parsed.grammar.is_none() {
+                "tools"
+            } else if parsed.grammar_field {
                 "grammar"
             } else {
                 "response_format"
@@ -383,6 +395,8 @@ async fn handle(
         model: parsed.model.clone().unwrap_or_else(|| st.config.model_id.clone()),
         chat,
         lm: lm.clone(),
+        tools: (!tools.is_empty()).then_some(tool_format),
+        parallel_tool_calls: parsed.parallel_tool_calls,
     };
     if parsed.stream {
         Ok(stream_response(rx, guard, reply, parsed.include_usage).into_response())
@@ -399,9 +413,60 @@ struct Reply {
     model: String,
     chat: bool,
     lm: Arc<LoadedModel>,
+    /// The request offered tools, which the model writes in this format: the answer is read
+    /// for calls (and, streaming, held back until it is complete).
+    tools: Option<ToolFormat>,
+    parallel_tool_calls: bool,
+}
+
+/// An answer read for tool calls: the text outside them and the calls in OpenAI's form.
+struct Answer {
+    content: Option<String>,
+    tool_calls: Vec<Value>,
 }
 
 impl Reply {
+    /// `text` read for tool calls when the request offered tools.
+    fn answer(&self, text: String) -> Answer {
+        let Some(format) = self.tools else {
+            return Answer {
+                content: Some(text),
+                tool_calls: Vec::new(),
+            };
+        };
+        let (content, mut calls) = tools::parse_tool_calls(format, &text);
+        if !self.parallel_tool_calls {
+            calls.truncate(1);
+        }
+        if calls.is_empty() {
+            return Answer {
+                content: Some(text),
+                tool_calls: Vec::new(),
+            };
+        }
+        let tool_calls = calls
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                json!({"id": format!("call_{}_{i}", self.id), "type": "function",
+                       "function": {"name": c.name, "arguments": c.arguments.to_string()}})
+            })
+            .collect();
+        Answer {
+            content: (!content.is_empty()).then_some(content),
+            tool_calls,
+        }
+    }
+
+    /// `finish_reason` for a finished answer: `tool_calls` when it made calls.
+    fn finish(&self, answer: &Answer, f: FinishReason) -> &'static str {
+        if !answer.tool_calls.is_empty() && f == FinishReason::Stop {
+            "tool_calls"
+        } else {
+            finish_reason(f)
+        }
+    }
+
     /// The `logprobs` value of a choice for `tokens`, whose text starts at byte `offset`.
     fn logprobs(&self, tokens: &[TokenLogprob], offset: usize) -> Value {
         if self.chat {
@@ -430,8 +495,13 @@ async fn collect_response(
                 drop(guard);
                 let logprobs = lps.as_deref().map_or(Value::Null, |l| reply.logprobs(l, 0));
                 let choice = if reply.chat {
-                    json!({"index": 0, "message": {"role": "assistant", "content": text},
-                           "logprobs": logprobs, "finish_reason": finish_reason(c.finish)})
+                    let answer = reply.answer(text);
+                    let finish = reply.finish(&answer, c.finish);
+                    let mut message = json!({"role": "assistant", "content": answer.content});
+                    if !answer.tool_calls.is_empty() {
+                        message["tool_calls"] = Value::Array(answer.tool_calls);
+                    }
+                    json!({"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish})
                 } else {
                     json!({"index": 0, "text": text, "logprobs": logprobs,
                            "finish_reason": finish_reason(c.finish)})
@@ -464,6 +534,9 @@ struct StreamState {
     pending: Vec<TokenLogprob>,
     /// Bytes of completion text sent so far (the completions form's `text_offset`).
     offset: usize,
+    /// With tools offered, the text is held here until the answer is complete and read for
+    /// calls (a call cannot be told from text while it is being written).
+    held: Option<String>,
     done: bool,
 }
 
@@ -503,6 +576,7 @@ fn stream_response(
         queue,
         pending: Vec::new(),
         offset: 0,
+        held: reply.tools.map(|_| String::new()),
         done: false,
     };
     let stream = futures_util::stream::unfold(init, move |mut st| {
@@ -535,19 +609,40 @@ fn stream_response(
                 };
                 match st.rx.recv().await {
                     Some(Event::Logprob(lp)) => st.pending.push(lp),
-                    Some(Event::Text(t)) => {
-                        let lps = take_logprobs(&mut st);
-                        st.queue.push_back(chunk(&reply, json!({"content": t}), lps, None));
-                    }
+                    Some(Event::Text(t)) => match &mut st.held {
+                        Some(held) => held.push_str(&t),
+                        None => {
+                            let lps = take_logprobs(&mut st);
+                            st.queue.push_back(chunk(&reply, json!({"content": t}), lps, None));
+                        }
+                    },
                     Some(Event::Done(c)) => {
                         st.guard.take(); // finished: cancelling a finished request is a no-op
+                        let mut finish = finish_reason(c.finish);
+                        if let Some(text) = st.held.take() {
+                            let answer = reply.answer(text);
+                            finish = reply.finish(&answer, c.finish);
+                            if let Some(content) = answer.content {
+                                let lps = take_logprobs(&mut st);
+                                st.queue
+                                    .push_back(chunk(&reply, json!({"content": content}), lps, None));
+                            }
+                            for (i, call) in answer.tool_calls.into_iter().enumerate() {
+                                // As OpenAI streams a call: id, type and name first, then the arguments.
+                                let head = json!({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
+                                                  "function": {"name": call["function"]["name"], "arguments": ""}}]});
+                                st.queue.push_back(chunk(&reply, head, Value::Null, None));
+                                let args = json!({"tool_calls": [{"index": i,
+                                                  "function": {"arguments": call["function"]["arguments"]}}]});
+                                st.queue.push_back(chunk(&reply, args, Value::Null, None));
+                            }
+                        }
                         if !st.pending.is_empty() {
                             // Tokens whose text was held back and never sent (a stop string).
                             let lps = take_logprobs(&mut st);
                             st.queue.push_back(chunk(&reply, json!({"content": ""}), lps, None));
                         }
-                        st.queue
-                            .push_back(chunk(&reply, json!({}), Value::Null, Some(finish_reason(c.finish))));
+                        st.queue.push_back(chunk(&reply, json!({}), Value::Null, Some(finish)));
                         if include_usage {
                             let mut u = chunk(&reply, json!({}), Value::Null, None);
                             if let Some(o) = u.as_object_mut() {

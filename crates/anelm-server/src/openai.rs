@@ -1,7 +1,7 @@
 //! The OpenAI request fields anelm understands, parsed from raw JSON with errors that name the
 //! field, and turned into a scheduler [`Request`].
 
-use anelm_engine::{Constraint, Grammar, Request, SamplerParams, StreamOptions};
+use anelm_engine::{Constraint, ForcedCall, Grammar, Request, SamplerParams, StreamOptions, ToolSpec};
 use anelm_model::chat_template::ChatMessage;
 use serde_json::{Map, Value};
 
@@ -40,6 +40,12 @@ pub struct Parsed {
     pub grammar: Option<Grammar>,
     /// The grammar came from the `grammar` field (not `response_format`): where errors point.
     pub grammar_field: bool,
+    /// Functions the model may call (`tools`).
+    pub tools: Vec<ToolSpec>,
+    /// What it may do with them (`tool_choice`).
+    pub tool_choice: ToolChoice,
+    /// More than one call per answer allowed (`parallel_tool_calls`, default true).
+    pub parallel_tool_calls: bool,
 }
 
 /// The prompt part of a request.
@@ -145,7 +151,7 @@ pub const IGNORED_FIELDS: &[&str] = &[
     "prompt_cache_key",
 ];
 /// Keys a chat message may have (`name` is accepted and not shown to the model).
-const MESSAGE_FIELDS: &[&str] = &["role", "content", "name"];
+const MESSAGE_FIELDS: &[&str] = &["role", "content", "name", "tool_calls", "tool_call_id"];
 
 /// Refuse every field anelm does not implement, and every value of an implemented field that
 /// asks for something not built yet, with a 400 naming it: a constraint the caller cannot know
@@ -174,17 +180,6 @@ fn refuse_unsupported(obj: &Map<String, Value>, chat: bool) -> Result<(), ApiErr
     let absent_or = |key: &str, ok: &dyn Fn(&Value) -> bool| obj.get(key).is_none_or(|v| v.is_null() || ok(v));
     if !absent_or("n", &|v| v.as_u64() == Some(1)) {
         return Err(bad("n", "other than 1 is not supported yet"));
-    }
-    if !absent_or("tools", &|v| v.as_array().is_some_and(Vec::is_empty)) {
-        return Err(bad("tools", "is not supported yet (no tool calling)"));
-    }
-    if !absent_or("tool_choice", &|v| {
-        v.as_str() == Some("none") || v.as_str() == Some("auto")
-    }) {
-        return Err(bad(
-            "tool_choice",
-            "other than \"none\" or \"auto\" is not supported yet",
-        ));
     }
     if !absent_or("parallel_tool_calls", &Value::is_boolean) {
         return Err(bad("parallel_tool_calls", "must be a boolean"));
@@ -295,6 +290,134 @@ fn grammar(obj: &Map<String, Value>) -> Result<Option<Grammar>, ApiError> {
     }
 }
 
+/// An assistant message's `tool_calls`, checked: each `{"id", "type": "function", "function":
+/// {"name", "arguments"}}`.
+fn message_tool_calls(m: &Value, i: usize) -> Result<Option<Vec<Value>>, ApiError> {
+    let param = format!("messages[{i}].tool_calls");
+    match m.get("tool_calls") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Array(calls)) if m.get("role").and_then(Value::as_str) == Some("assistant") => {
+            for (j, c) in calls.iter().enumerate() {
+                let f = &c["function"];
+                if !f["name"].is_string() || !(f["arguments"].is_string() || f["arguments"].is_object()) {
+                    return Err(bad(
+                        &format!("{param}[{j}]"),
+                        "must be {\"type\": \"function\", \"function\": {\"name\": string, \"arguments\": string}}",
+                    ));
+                }
+            }
+            Ok(Some(calls.clone()))
+        }
+        Some(_) => Err(bad(&param, "must be an array, on an assistant message")),
+    }
+}
+
+/// What a request lets the model do with its tools.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// No tools, or `tool_choice: "none"`: plain text.
+    None,
+    /// The model decides (`"auto"`, the default with tools).
+    Auto,
+    /// A call is forced (`"required"` or a named function).
+    Forced(ForcedCall),
+}
+
+/// `tools`, `tool_choice` and `parallel_tool_calls`, checked: every function has a name and an
+/// object schema, the chosen function exists.
+fn tools(obj: &Map<String, Value>) -> Result<(Vec<ToolSpec>, ToolChoice, bool), ApiError> {
+    let mut specs = Vec::new();
+    match obj.get("tools") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(list)) => {
+            for (i, t) in list.iter().enumerate() {
+                let param = format!("tools[{i}]");
+                if t.get("type").and_then(Value::as_str) != Some("function") {
+                    return Err(bad(&format!("{param}.type"), "must be \"function\""));
+                }
+                let f = &t["function"];
+                let Some(name) = f.get("name").and_then(Value::as_str).filter(|n| !n.is_empty()) else {
+                    return Err(bad(
+                        &format!("{param}.function.name"),
+                        "is required and must be a non-empty string",
+                    ));
+                };
+                if specs.iter().any(|s: &ToolSpec| s.name == name) {
+                    return Err(bad(&format!("{param}.function.name"), "repeats another tool's name"));
+                }
+                let description = match f.get("description") {
+                    None | Some(Value::Null) => None,
+                    Some(Value::String(d)) => Some(d.clone()),
+                    Some(_) => return Err(bad(&format!("{param}.function.description"), "must be a string")),
+                };
+                let parameters = match f.get("parameters") {
+                    None | Some(Value::Null) => serde_json::json!({"type": "object", "properties": {}}),
+                    Some(p @ Value::Object(_)) => p.clone(),
+                    Some(_) => {
+                        return Err(bad(
+                            &format!("{param}.function.parameters"),
+                            "must be a JSON schema object",
+                        ));
+                    }
+                };
+                specs.push(ToolSpec {
+                    name: name.to_string(),
+                    description,
+                    parameters,
+                });
+            }
+        }
+        Some(_) => {
+            return Err(bad(
+                "tools",
+                "must be an array of {\"type\": \"function\", \"function\": {...}}",
+            ));
+        }
+    }
+    let choice = match obj.get("tool_choice") {
+        None | Some(Value::Null) => {
+            if specs.is_empty() {
+                ToolChoice::None
+            } else {
+                ToolChoice::Auto
+            }
+        }
+        Some(Value::String(s)) => match s.as_str() {
+            "none" => ToolChoice::None,
+            "auto" => {
+                if specs.is_empty() {
+                    ToolChoice::None
+                } else {
+                    ToolChoice::Auto
+                }
+            }
+            "required" if specs.is_empty() => return Err(bad("tool_choice", "is \"required\" but no tools are given")),
+            "required" => ToolChoice::Forced(ForcedCall::Any),
+            _ => {
+                return Err(bad(
+                    "tool_choice",
+                    "must be \"none\", \"auto\", \"required\" or a named function",
+                ));
+            }
+        },
+        Some(v @ Value::Object(_)) => {
+            let Some(name) = v["function"]["name"].as_str().filter(|_| v["type"] == "function") else {
+                return Err(bad(
+                    "tool_choice",
+                    "must be {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                ));
+            };
+            if !specs.iter().any(|s| s.name == name) {
+                return Err(bad("tool_choice", &format!("names '{name}', which is not in tools")));
+            }
+            ToolChoice::Forced(ForcedCall::Named(name.to_string()))
+        }
+        Some(_) => return Err(bad("tool_choice", "must be a string or an object")),
+    };
+    let parallel = obj.get("parallel_tool_calls").and_then(Value::as_bool).unwrap_or(true);
+    Ok((specs, choice, parallel))
+}
+
 /// Parse a request body for `chat` (messages) or completions (prompt).
 pub fn parse(body: &[u8], chat: bool, max_context: usize) -> Result<Parsed, ApiError> {
     let v: Value = serde_json::from_slice(body)
@@ -323,7 +446,19 @@ pub fn parse(body: &[u8], chat: bool, max_context: usize) -> Result<Parsed, ApiE
                 .and_then(Value::as_str)
                 .ok_or_else(|| bad(&format!("messages[{i}].role"), "is required and must be a string"))?;
             let content = content_text(m.get("content").unwrap_or(&Value::Null), i)?;
-            out.push(ChatMessage::new(role, content));
+            let mut msg = ChatMessage::new(role, content);
+            msg.tool_calls = message_tool_calls(m, i)?;
+            msg.tool_call_id = match m.get("tool_call_id") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(s)) if role == "tool" => Some(s.clone()),
+                Some(_) => {
+                    return Err(bad(
+                        &format!("messages[{i}].tool_call_id"),
+                        "must be a string, on a tool message",
+                    ));
+                }
+            };
+            out.push(msg);
         }
         Input::Chat(out)
     } else {
@@ -411,6 +546,13 @@ pub fn parse(body: &[u8], chat: bool, max_context: usize) -> Result<Parsed, ApiE
     let model = obj.get("model").and_then(Value::as_str).map(str::to_string);
     let logprobs = logprobs(&obj, chat)?;
     let grammar = grammar(&obj)?;
+    let (tools, tool_choice, parallel_tool_calls) = tools(&obj)?;
+    if grammar.is_some() && matches!(tool_choice, ToolChoice::Forced(_)) {
+        return Err(bad(
+            "tool_choice",
+            "cannot force a tool call together with a response_format or grammar",
+        ));
+    }
     let ignore_eos = match obj.get("ignore_eos") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
@@ -423,6 +565,9 @@ pub fn parse(body: &[u8], chat: bool, max_context: usize) -> Result<Parsed, ApiE
         ));
     }
     Ok(Parsed {
+        tools,
+        tool_choice,
+        parallel_tool_calls,
         grammar_field: obj.get("grammar").is_some_and(|v| !v.is_null()),
         grammar,
         logprobs,
@@ -527,12 +672,23 @@ mod tests {
             (br#"{"prompt":"x","grammar":{"lark":"a","regex":"b"}}"#, false, "grammar"),
             (br#"{"prompt":"x","response_format":{"type":"json_object"}}"#, false, "response_format"),
             (
-                br#"{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}]}"#,
+                br#"{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{}}]}"#,
                 true,
-                "tools",
+                "tools[0].function.name",
+            ),
+            (
+                br#"{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f","parameters":[]}}]}"#,
+                true,
+                "tools[0].function.parameters",
+            ),
+            (
+                br#"{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"g"}}}"#,
+                true,
+                "tool_choice",
             ),
             (br#"{"messages":[{"role":"user","content":"x"}],"tool_choice":"required"}"#, true, "tool_choice"),
             (br#"{"messages":[{"role":"user","content":"x","tool_call_id":"a"}]}"#, true, "messages[0].tool_call_id"),
+            (br#"{"messages":[{"role":"user","content":"x","frob":"a"}]}"#, true, "messages[0].frob"),
             (br#"{"messages":[{"role":"user","content":"x"}],"prompt":"x"}"#, true, "prompt"),
             (br#"{"prompt":"x","messages":[]}"#, false, "messages"),
             (br#"{"prompt":"x","echo":true}"#, false, "echo"),
@@ -595,6 +751,17 @@ mod tests {
             p.grammar,
             Some(Grammar::JsonSchema(serde_json::json!({"type": "object"})))
         );
+        let p = parse(
+            br#"{"messages":[{"role":"user","content":"x"},{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":"1"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"required","parallel_tool_calls":false}"#,
+            true,
+            100,
+        )
+        .expect("accepted");
+        assert_eq!(p.tool_choice, ToolChoice::Forced(ForcedCall::Any));
+        assert!(!p.parallel_tool_calls);
+        assert_eq!(p.tools[0].name, "f");
+        let Input::Chat(m) = &p.input else { panic!("chat") };
+        assert!(m[1].tool_calls.is_some() && m[2].tool_call_id.as_deref() == Some("c"));
         assert!(parse(b"[]", false, 100).is_err());
         assert!(parse(br#"{"prompt":"a","temperature":-1}"#, false, 100).is_err());
     }
