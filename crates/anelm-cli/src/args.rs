@@ -82,6 +82,9 @@ pub struct ModelArgs {
     /// Context size of a session in tokens (capped at the model's training context).
     #[arg(long, default_value_t = 4096)]
     pub ctx_size: usize,
+    /// Lay out chat prompts with the Jinja template in FILE instead of the model's own.
+    #[arg(long, value_name = "FILE")]
+    pub chat_template: Option<PathBuf>,
     #[command(flatten)]
     pub ane: AneArgs,
 }

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anelm_model::chat_template::ChatTemplate;
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -147,13 +148,33 @@ fn apple_backend(dev: AppleAne, a: &AneArgs) -> (Box<dyn Backend>, DeviceReport)
 
 /// [`load`], also returning what the device can report.
 pub fn load_reporting(args: &ModelArgs) -> Result<(LoadedModel, DeviceReport)> {
-    load_with(args, |path, backend, progress| Ok(load_model(path, backend, progress)?))
+    // Read the template first: a bad file fails before the model loads.
+    let template = match &args.chat_template {
+        Some(p) => Some(
+            std::fs::read_to_string(p).with_context(|| format!("could not read the chat template {}", p.display()))?,
+        ),
+        None => None,
+    };
+    let (mut lm, report) = load_with(args, |path, backend, progress| Ok(load_model(path, backend, progress)?))?;
+    if let Some(source) = template {
+        lm.template = ChatTemplate::new(&source, lm.tokenizer.bos_token(), lm.tokenizer.eos_token()).with_context(
+            || match &args.chat_template {
+                Some(p) => format!("the chat template in {}", p.display()),
+                None => "the chat template".into(),
+            },
+        )?;
+        lm.has_own_template = true;
+    }
+    Ok((lm, report))
 }
 
 /// Load only the forward pass of the model the arguments name (no tokenizer or chat template):
 /// for token-id-level commands, and for safetensors directories without `tokenizer.json`. Also
 /// returns what the device can report.
 pub fn load_weights_reporting(args: &ModelArgs) -> Result<(Box<dyn LanguageModel>, DeviceReport)> {
+    if args.chat_template.is_some() {
+        anyhow::bail!("--chat-template has no effect here: this command works on token ids, without chat prompts");
+    }
     load_with(args, |path, backend, progress| {
         Ok(load_model_weights(path, backend, progress)?)
     })

@@ -37,10 +37,15 @@ fn free_port() -> u16 {
 }
 
 fn start(sessions: usize, queue: usize) -> Server {
+    start_with(sessions, queue, &[])
+}
+
+fn start_with(sessions: usize, queue: usize, extra: &[&str]) -> Server {
     let port = free_port();
     let child = Command::new(env!("CARGO_BIN_EXE_anelm"))
         .args(["serve", "--port", &port.to_string(), "--api-key", KEY, "-t", "2"])
         .args(["--sessions", &sessions.to_string(), "--queue", &queue.to_string()])
+        .args(extra)
         .args(["--max-body-bytes", &BODY_LIMIT.to_string(), "--ctx-size", "1024"])
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
@@ -474,4 +479,82 @@ fn errors_are_openai_shaped() {
     drop(a); // the streaming client leaves; the waiting request gets the session
     let w = waiting.join().expect("waiting thread");
     assert_eq!(w.status, 200, "{}", w.body);
+}
+
+/// A thinking model's `<think>` text goes to `reasoning_content`, streamed and not; with
+/// `enable_thinking: false` everything is content. The default model is made to "think" by a
+/// Qwen3-style template (`--chat-template`) and a grammar that shapes its answer.
+#[test]
+fn think_blocks_become_reasoning_content() {
+    let template = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/thinking-template.jinja");
+    let server = start_with(2, 8, &["--chat-template", template.to_str().expect("utf-8 path")]);
+    let grammar = r#"start: "<think>" /[a-z]{1,12}/ "</think>" "\n\n" /[A-Z][a-z]{1,12}/"#;
+    let body = serde_json::json!({
+        "messages": [{"role": "user", "content": "Say a word."}],
+        "max_tokens": 40, "temperature": 0, "grammar": grammar,
+    });
+    let r = http(
+        server.port,
+        "POST",
+        "/v1/chat/completions",
+        body.to_string().as_bytes(),
+        Some(KEY),
+    )
+    .expect("reply");
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v: serde_json::Value = serde_json::from_str(&r.body).expect("json");
+    let msg = &v["choices"][0]["message"];
+    let reasoning = msg["reasoning_content"]
+        .as_str()
+        .expect("reasoning_content")
+        .to_string();
+    let content = msg["content"].as_str().expect("content").to_string();
+    assert!(
+        !reasoning.is_empty() && reasoning.chars().all(|c| c.is_ascii_lowercase()),
+        "{msg}"
+    );
+    assert!(
+        content.starts_with(|c: char| c.is_ascii_uppercase()) && !content.contains("think"),
+        "{msg}"
+    );
+    // Streamed: the same split, as delta.reasoning_content then delta.content.
+    let mut sbody = body.clone();
+    sbody["stream"] = serde_json::json!(true);
+    let r = http(
+        server.port,
+        "POST",
+        "/v1/chat/completions",
+        sbody.to_string().as_bytes(),
+        Some(KEY),
+    )
+    .expect("reply");
+    let (mut sr, mut sc) = (String::new(), String::new());
+    for line in r.body.lines() {
+        let Some(data) = line.strip_prefix("data: ").filter(|d| *d != "[DONE]") else {
+            continue;
+        };
+        let v: serde_json::Value = serde_json::from_str(data).expect("chunk json");
+        let d = &v["choices"][0]["delta"];
+        sr.push_str(d["reasoning_content"].as_str().unwrap_or(""));
+        sc.push_str(d["content"].as_str().unwrap_or(""));
+    }
+    assert_eq!((sr.as_str(), sc.as_str()), (reasoning.as_str(), content.as_str()));
+    // Thinking off: the template closes the block in the prompt, the answer is all content.
+    let off = serde_json::json!({
+        "messages": [{"role": "user", "content": "Say a word."}],
+        "max_tokens": 10, "temperature": 0, "grammar": {"regex": "[A-Z][a-z]{1,8}"},
+        "chat_template_kwargs": {"enable_thinking": false},
+    });
+    let r = http(
+        server.port,
+        "POST",
+        "/v1/chat/completions",
+        off.to_string().as_bytes(),
+        Some(KEY),
+    )
+    .expect("reply");
+    let v: serde_json::Value = serde_json::from_str(&r.body).expect("json");
+    let msg = &v["choices"][0]["message"];
+    assert!(msg.get("reasoning_content").is_none(), "{msg}");
+    assert!(msg["content"].as_str().is_some_and(|c| !c.is_empty()), "{msg}");
 }

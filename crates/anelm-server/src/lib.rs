@@ -13,8 +13,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anelm_engine::{
-    CancelToken, Completion, ConstraintError, EngineError, Event, FinishReason, LoadedModel, Scheduler,
-    SchedulerConfig, SubmitError, TokenLogprob, ToolFormat, ToolSpec, tools,
+    CancelToken, Completion, ConstraintError, EngineError, Event, FinishReason, LoadedModel, Part, ReasoningSplitter,
+    Scheduler, SchedulerConfig, SubmitError, TokenLogprob, ToolFormat, ToolSpec, reasoning, tools,
 };
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -397,6 +397,8 @@ async fn handle(
         lm: lm.clone(),
         tools: (!tools.is_empty()).then_some(tool_format),
         parallel_tool_calls: parsed.parallel_tool_calls,
+        thinking_prompt: (chat && reasoning::template_thinks(lm.template.source()))
+            .then(|| Arc::from(prompt_text.as_str())),
     };
     if parsed.stream {
         Ok(stream_response(rx, guard, reply, parsed.include_usage).into_response())
@@ -417,6 +419,8 @@ struct Reply {
     /// for calls (and, streaming, held back until it is complete).
     tools: Option<ToolFormat>,
     parallel_tool_calls: bool,
+    /// A thinking model's chat prompt: its `<think>` text goes to `reasoning_content`.
+    thinking_prompt: Option<Arc<str>>,
 }
 
 /// An answer read for tool calls: the text outside them and the calls in OpenAI's form.
@@ -495,9 +499,16 @@ async fn collect_response(
                 drop(guard);
                 let logprobs = lps.as_deref().map_or(Value::Null, |l| reply.logprobs(l, 0));
                 let choice = if reply.chat {
+                    let (reasoning, text) = match &reply.thinking_prompt {
+                        Some(prompt) => ReasoningSplitter::split(prompt, &text),
+                        None => (None, text),
+                    };
                     let answer = reply.answer(text);
                     let finish = reply.finish(&answer, c.finish);
                     let mut message = json!({"role": "assistant", "content": answer.content});
+                    if let Some(r) = reasoning {
+                        message["reasoning_content"] = json!(r);
+                    }
                     if !answer.tool_calls.is_empty() {
                         message["tool_calls"] = Value::Array(answer.tool_calls);
                     }
@@ -537,6 +548,8 @@ struct StreamState {
     /// With tools offered, the text is held here until the answer is complete and read for
     /// calls (a call cannot be told from text while it is being written).
     held: Option<String>,
+    /// A thinking model's output is split into reasoning and answer as it streams.
+    splitter: Option<ReasoningSplitter>,
     done: bool,
 }
 
@@ -577,6 +590,7 @@ fn stream_response(
         pending: Vec::new(),
         offset: 0,
         held: reply.tools.map(|_| String::new()),
+        splitter: reply.thinking_prompt.as_deref().map(ReasoningSplitter::new),
         done: false,
     };
     let stream = futures_util::stream::unfold(init, move |mut st| {
@@ -607,17 +621,38 @@ fn stream_response(
                     st.pending.clear();
                     v
                 };
+                // Text pieces out as chunks: reasoning at once, the answer at once or (with
+                // tools) held until complete.
+                let send_pieces = |st: &mut StreamState, pieces: Vec<(Part, String)>| {
+                    for (part, text) in pieces {
+                        match (part, &mut st.held) {
+                            (Part::Content, Some(held)) => held.push_str(&text),
+                            (part, _) => {
+                                let key = if part == Part::Reasoning {
+                                    "reasoning_content"
+                                } else {
+                                    "content"
+                                };
+                                let lps = take_logprobs(st);
+                                st.queue.push_back(chunk(&reply, json!({ key: text }), lps, None));
+                            }
+                        }
+                    }
+                };
                 match st.rx.recv().await {
                     Some(Event::Logprob(lp)) => st.pending.push(lp),
-                    Some(Event::Text(t)) => match &mut st.held {
-                        Some(held) => held.push_str(&t),
-                        None => {
-                            let lps = take_logprobs(&mut st);
-                            st.queue.push_back(chunk(&reply, json!({"content": t}), lps, None));
-                        }
-                    },
+                    Some(Event::Text(t)) => {
+                        let pieces = match &mut st.splitter {
+                            Some(s) => s.push(&t),
+                            None => vec![(Part::Content, t)],
+                        };
+                        send_pieces(&mut st, pieces);
+                    }
                     Some(Event::Done(c)) => {
                         st.guard.take(); // finished: cancelling a finished request is a no-op
+                        if let Some(mut s) = st.splitter.take() {
+                            send_pieces(&mut st, s.finish());
+                        }
                         let mut finish = finish_reason(c.finish);
                         if let Some(text) = st.held.take() {
                             let answer = reply.answer(text);
