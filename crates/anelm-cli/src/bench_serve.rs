@@ -67,6 +67,7 @@ pub fn start_server(lm: Arc<LoadedModel>, sessions: usize, threads: usize) -> Re
             prefill_chunk: 128,
             max_step_tokens: 128 + sessions,
             threads,
+            share_prefixes: true,
         },
     )?;
     let (tx, rx) = std::sync::mpsc::channel();

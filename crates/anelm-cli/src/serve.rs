@@ -42,6 +42,10 @@ pub struct ServeArgs {
     /// Name reported by /v1/models (default: the model file's name).
     #[arg(long)]
     pub model_id: Option<String>,
+    /// Do not share prompt prefixes between concurrent requests (each prefills its whole
+    /// prompt; for comparisons).
+    #[arg(long)]
+    pub no_prefix_sharing: bool,
 }
 
 /// Run `anelm serve` until SIGINT/SIGTERM.
@@ -71,6 +75,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         prefill_chunk: a.prefill_chunk.max(1),
         max_step_tokens: (a.prefill_chunk.max(1) + a.sessions).max(64),
         threads,
+        share_prefixes: !a.no_prefix_sharing,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -41,6 +41,10 @@ pub struct SchedulerConfig {
     pub max_step_tokens: usize,
     /// CPU threads of the scheduler's pool.
     pub threads: usize,
+    /// Concurrent requests whose prompts share a prefix prefill it once: a request copies
+    /// another session's cache up to the shared length instead of computing it, and waits for
+    /// an earlier request that is still prefilling it (see `share_prefixes`).
+    pub share_prefixes: bool,
 }
 
 impl Default for SchedulerConfig {
@@ -52,6 +56,7 @@ impl Default for SchedulerConfig {
             prefill_chunk: 128,
             max_step_tokens: 256,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            share_prefixes: true,
         }
     }
 }
@@ -150,6 +155,10 @@ pub struct Metrics {
     pub prompt_tokens_total: AtomicU64,
     /// Prompt tokens reused from session caches.
     pub reused_tokens_total: AtomicU64,
+    /// Requests that copied a shared prompt prefix from another session's cache.
+    pub prefix_hits_total: AtomicU64,
+    /// Prompt tokens those copies saved from prefilling.
+    pub prefix_tokens_saved_total: AtomicU64,
     /// Tokens generated.
     pub generated_tokens_total: AtomicU64,
     /// Places held in the queue by requests waiting for a session (a request is counted once its
@@ -325,6 +334,8 @@ struct Active<'t> {
     stream: Stream<'t>,
     /// Prompt tokens not yet prefilled.
     pending: VecDeque<u32>,
+    /// Admission order (earlier requests never wait for later ones).
+    seq: u64,
     /// The token to feed next step once prefill is done.
     next: Option<u32>,
     reused: usize,
@@ -433,6 +444,7 @@ fn admit<'t>(slots: &mut [Slot<'t>], mut job: Job, tok: &'t Tokenizer, metrics: 
     metrics.reused_tokens_total.fetch_add(common as u64, Ordering::Relaxed);
     slot.active = Some(Active {
         pending: job.req.prompt[common..].iter().copied().collect(),
+        seq: clock,
         next: None,
         reused: common,
         admitted: Instant::now(),
@@ -440,6 +452,95 @@ fn admit<'t>(slots: &mut [Slot<'t>], mut job: Job, tok: &'t Tokenizer, metrics: 
         stream,
         job,
     });
+}
+
+/// Shortest shared prefix worth copying or waiting for (below it, prefilling is as cheap).
+const MIN_SHARED_PREFIX: usize = 32;
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// What a prefilling request does about a prefix another session shares with it.
+enum Sharing {
+    /// Copy that session's cache up to this many positions.
+    Copy { from: usize, len: usize },
+    /// An earlier request is still prefilling the shared prefix: wait for it this step.
+    Wait,
+}
+
+/// Concurrent requests with a common prompt prefix (a long system prompt, the choices of one
+/// request) prefill it once. A prefilling request whose prompt agrees with another session's
+/// cache for more positions than its own copies that cache up to the agreement (a memory copy
+/// instead of a forward; bit for bit the same rows, as every row is computed alone), and one
+/// whose shared prefix an earlier-admitted request is still prefilling waits until that
+/// request has passed it. Returns which slots wait this step.
+fn share_prefixes(slots: &mut [Slot<'_>], metrics: &Metrics) -> Vec<bool> {
+    let mut decisions: Vec<(usize, Sharing)> = Vec::new();
+    for (x, sx) in slots.iter().enumerate() {
+        let Some(ax) = &sx.active else { continue };
+        if ax.next.is_some() || ax.pending.is_empty() {
+            continue;
+        }
+        let prompt = &ax.job.req.prompt;
+        let limit = prompt.len() - 1; // the last prompt token always runs, for its logits
+        let have = sx.session.len();
+        let mut best: Option<(usize, usize)> = None;
+        let mut wait = false;
+        for (y, sy) in slots.iter().enumerate() {
+            if y == x {
+                continue;
+            }
+            let cached = common_prefix(sy.session.tokens(), prompt).min(limit);
+            if cached >= have + MIN_SHARED_PREFIX && best.is_none_or(|(_, b)| cached > b) {
+                best = Some((y, cached));
+            }
+            if let Some(ay) = &sy.active
+                && ay.seq < ax.seq
+                && ay.next.is_none()
+                && !ay.pending.is_empty()
+            {
+                // Wait for the whole shared prefix rather than copy it piece by piece.
+                let shared = common_prefix(&ay.job.req.prompt, prompt).min(limit);
+                if shared >= have + MIN_SHARED_PREFIX && sy.session.len() < shared {
+                    wait = true;
+                }
+            }
+        }
+        match best {
+            _ if wait => decisions.push((x, Sharing::Wait)),
+            Some((from, len)) => decisions.push((x, Sharing::Copy { from, len })),
+            None => {}
+        }
+    }
+    let mut waiting = vec![false; slots.len()];
+    for (x, d) in decisions {
+        match d {
+            Sharing::Wait => waiting[x] = true,
+            Sharing::Copy { from, len } => {
+                let mut copy = slots[from].session.clone();
+                // A recurrent session can only go back to a checkpoint: it may keep less.
+                let kept = copy.truncate(len);
+                let slot = &mut slots[x];
+                let have = slot.session.len();
+                let Some(a) = slot.active.as_mut() else { continue };
+                if kept <= have {
+                    continue;
+                }
+                slot.session = copy;
+                a.pending = a.job.req.prompt[kept..].iter().copied().collect();
+                a.reused = kept;
+                metrics.prefix_hits_total.fetch_add(1, Ordering::Relaxed);
+                metrics
+                    .prefix_tokens_saved_total
+                    .fetch_add((kept - have) as u64, Ordering::Relaxed);
+                metrics
+                    .reused_tokens_total
+                    .fetch_add((kept - have) as u64, Ordering::Relaxed);
+            }
+        }
+    }
+    waiting
 }
 
 /// End the slot's request (the session keeps its cache for reuse). Its stream has finished,
@@ -482,6 +583,11 @@ fn fail(slot: &mut Slot<'_>, msg: String, metrics: &Metrics) {
 /// One batched forward for every active session, then sampling and streaming.
 fn step(model: &dyn crate::model::LanguageModel, slots: &mut [Slot<'_>], cfg: &SchedulerConfig, metrics: &Metrics) {
     let t0 = Instant::now();
+    let waiting = if cfg.share_prefixes {
+        share_prefixes(slots, metrics)
+    } else {
+        vec![false; slots.len()]
+    };
     // Decide each slot's tokens: decoders first (one each), then prefill chunks within budget.
     let mut budget = cfg.max_step_tokens;
     let mut feed: Vec<(usize, Vec<u32>, bool)> = Vec::new(); // (slot, tokens, wants logits)
@@ -497,6 +603,7 @@ fn step(model: &dyn crate::model::LanguageModel, slots: &mut [Slot<'_>], cfg: &S
         if let Some(a) = &slot.active
             && a.next.is_none()
             && !a.pending.is_empty()
+            && !waiting[i]
         {
             // Always let a prefilling stream move, even when decoders used the budget.
             let n = a.pending.len().min(cfg.prefill_chunk).min(budget.max(16));

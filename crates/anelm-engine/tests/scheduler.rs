@@ -33,6 +33,7 @@ fn config(sessions: usize, queue: usize) -> SchedulerConfig {
         prefill_chunk: 16,
         max_step_tokens: 64,
         threads: 2,
+        share_prefixes: true,
     }
 }
 
@@ -328,4 +329,76 @@ fn recorded_logprobs_are_the_log_softmax_of_the_models_logits() {
     }
     println!("largest |recorded - teacher-forced log p|: {worst:.2e}");
     assert!(worst < 1e-4, "recorded log-probabilities differ by up to {worst}");
+}
+
+/// Four concurrent requests sharing a ~1,000-token prefix: with prefix sharing the prefix is
+/// prefilled once (three copies, counted in the metrics) and every answer — tokens and their
+/// log-probabilities, bit for bit — is what it is without sharing.
+#[test]
+fn concurrent_requests_sharing_a_long_prefix_prefill_it_once_and_answer_the_same() {
+    let lm = model();
+    let prefix = "You are a careful assistant for a library. Follow the house rules: be brief, cite the shelf, \
+                  never invent a title, prefer paper books to e-books, and answer in English. "
+        .repeat(28);
+    let questions = [
+        "Where are the atlases?",
+        "Who wrote Emma?",
+        "Is there a café?",
+        "When do you close?",
+    ];
+    let run = |share: bool| {
+        let cfg = SchedulerConfig {
+            ctx_size: 2048,
+            prefill_chunk: 128,
+            max_step_tokens: 256,
+            share_prefixes: share,
+            ..config(4, 8)
+        };
+        let sched = Scheduler::start(lm.clone(), cfg).expect("start");
+        let rxs: Vec<_> = questions
+            .iter()
+            .map(|q| {
+                let mut req = request(&lm, &format!("{prefix}\nQuestion: {q}\nAnswer:"), 12);
+                req.stream.logprobs = Some(0);
+                submit(&sched, req)
+            })
+            .collect();
+        let answers: Vec<(Vec<u32>, Vec<u32>)> = rxs
+            .iter()
+            .map(|rx| {
+                let mut lps = Vec::new();
+                loop {
+                    match rx.recv_timeout(Duration::from_secs(300)).expect("event") {
+                        Event::Logprob(l) => lps.push(l.logprob.to_bits()),
+                        Event::Text(_) => {}
+                        Event::Done(c) => break (c.tokens, lps),
+                        Event::Failed(e) => panic!("failed: {e}"),
+                    }
+                }
+            })
+            .collect();
+        let m = sched.metrics();
+        (
+            answers,
+            m.prompt_tokens_total.load(Ordering::Relaxed),
+            m.prefix_hits_total.load(Ordering::Relaxed),
+            m.prefix_tokens_saved_total.load(Ordering::Relaxed),
+        )
+    };
+    let prefix_len = lm.tokenizer.encode(&prefix).expect("encode").len() as u64;
+    assert!(prefix_len > 900, "the shared prefix has {prefix_len} tokens");
+    let (alone, prefilled_alone, hits_alone, _) = run(false);
+    let (shared, prefilled_shared, hits, saved) = run(true);
+    assert_eq!(hits_alone, 0);
+    assert_eq!(
+        shared, alone,
+        "answers and log-probabilities with and without prefix sharing"
+    );
+    assert_eq!(hits, 3, "three requests copy the first one's prefix");
+    assert!(saved >= 3 * (prefix_len - 64), "saved {saved} of 3 × {prefix_len}");
+    assert_eq!(
+        prefilled_shared + saved,
+        prefilled_alone,
+        "every saved token is one not prefilled"
+    );
 }

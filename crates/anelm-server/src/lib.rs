@@ -196,6 +196,18 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
             g(&m.reused_tokens_total),
         );
         put(
+            "prefix_hits_total",
+            "counter",
+            "requests that copied a shared prompt prefix from another session",
+            g(&m.prefix_hits_total),
+        );
+        put(
+            "prefix_tokens_saved_total",
+            "counter",
+            "prompt tokens those copies saved from prefilling",
+            g(&m.prefix_tokens_saved_total),
+        );
+        put(
             "generated_tokens_total",
             "counter",
             "tokens generated",
