@@ -96,7 +96,7 @@ assert l.text_offset == sorted(l.text_offset) and l.text_offset[0] == 0, l
 for kwargs, param in [
     ({"extra_body": {"frobnicate": 1}}, "frobnicate"),
     ({"logit_bias": {"1": 5}}, "logit_bias"),
-    ({"n": 2}, "n"),
+    ({"n": 17}, "n"),
 ]:
     try:
         client.chat.completions.create(model=model, messages=messages, max_tokens=2, **kwargs)
@@ -105,6 +105,37 @@ for kwargs, param in [
         assert e.body.get("param") == param, e.body
     else:
         raise AssertionError(f"{param} was accepted")
+# n choices: each its own stream (seed + index), sharing the prompt's prefill.
+import urllib.request
+
+
+def metric(name):
+    text = urllib.request.urlopen(base.rsplit("/v1", 1)[0] + "/metrics", timeout=30).read().decode()
+    return float(next(l.split()[-1] for l in text.splitlines() if l.startswith("anelm_" + name + " ")))
+
+
+system = "You are a helpful assistant. " * 20
+many = [{"role": "system", "content": system}, {"role": "user", "content": "Name a fruit."}]
+hits = metric("prefix_hits_total")
+three = client.chat.completions.create(model=model, messages=many, n=3, max_tokens=8, temperature=1, seed=11)
+assert [c.index for c in three.choices] == [0, 1, 2], three
+assert metric("prefix_hits_total") - hits >= 2, "the choices share the prompt's prefill"
+# Choice i samples with seed + i: the same text as a single request with that seed; the prompt
+# counts once in usage.
+completion_tokens = 0
+for i, c in enumerate(three.choices):
+    alone = client.chat.completions.create(model=model, messages=many, max_tokens=8, temperature=1, seed=11 + i)
+    assert alone.choices[0].message.content == c.message.content, (i, alone, c)
+    completion_tokens += alone.usage.completion_tokens
+    assert alone.usage.prompt_tokens == three.usage.prompt_tokens, (alone.usage, three.usage)
+assert three.usage.completion_tokens == completion_tokens, (three.usage, completion_tokens)
+texts = {0: "", 1: ""}
+for chunk in client.chat.completions.create(model=model, messages=many, n=2, max_tokens=8, temperature=1, seed=11,
+                                            stream=True):
+    for c in chunk.choices:
+        texts[c.index] += c.delta.content or ""
+assert [texts[0], texts[1]] == [c.message.content for c in three.choices[:2]], (texts, three)
+
 # Bookkeeping fields are accepted.
 client.chat.completions.create(model=model, messages=messages, max_tokens=2, user="u", metadata={"a": "b"}, store=False)
 

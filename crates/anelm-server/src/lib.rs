@@ -6,30 +6,29 @@
 pub mod api_error;
 pub mod logprobs;
 pub mod openai;
+pub mod respond;
 
-use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anelm_engine::{
-    CancelToken, Completion, ConstraintError, EngineError, Event, FinishReason, LoadedModel, Part, ReasoningSplitter,
-    Scheduler, SchedulerConfig, SubmitError, TokenLogprob, ToolFormat, ToolSpec, reasoning, tools,
+    CancelToken, ConstraintError, EngineError, Event, LoadedModel, Scheduler, SchedulerConfig, SubmitError, ToolFormat,
+    ToolSpec, reasoning, tools,
 };
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use futures_util::Stream;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use crate::api_error::ApiError;
 use crate::openai::{Input, Parsed, ToolChoice};
+use crate::respond::{CancelOnDrop, Reply};
 
 /// Server settings.
 #[derive(Clone, Debug)]
@@ -254,7 +253,8 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
 
-fn now() -> u64 {
+/// Seconds since the Unix epoch (`created` fields).
+pub(crate) fn now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
@@ -278,27 +278,6 @@ async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     handle(st, headers, body, false).await
-}
-
-/// Cancels the scheduler request when the response (or its stream) is dropped early.
-struct CancelOnDrop(CancelToken);
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        self.0.cancel();
-    }
-}
-
-fn finish_reason(f: FinishReason) -> &'static str {
-    match f {
-        FinishReason::Stop => "stop",
-        FinishReason::Length => "length",
-        FinishReason::Cancelled => "cancelled",
-    }
-}
-
-fn usage(c: &Completion) -> Value {
-    json!({"prompt_tokens": c.prompt_tokens, "completion_tokens": c.tokens.len(),
-           "total_tokens": c.prompt_tokens + c.tokens.len()})
 }
 
 async fn handle(
@@ -383,25 +362,34 @@ async fn handle(
             })?)
         }
     };
-    let (tx, rx) = mpsc::unbounded_channel::<Event>();
-    let cancel = CancelToken::new();
-    ready
-        .scheduler
-        .submit(
-            parsed.request(prompt, constraint),
-            Box::new(move |e| tx.send(e).is_ok()),
-            cancel.clone(),
-        )
-        .map_err(|e| match e {
-            SubmitError::QueueFull(_) => {
-                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "server_error", e.to_string()).retry_after(1)
-            }
-            SubmitError::ShuttingDown => {
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", e.to_string()).retry_after(5)
-            }
-            SubmitError::Invalid(m) => ApiError::bad_request(m, None),
-        })?;
-    let guard = CancelOnDrop(cancel);
+    // `n` choices: `n` streams over the same prompt (they share its prefill: the scheduler's
+    // prefix sharing copies the first one's cache), choice `i` sampling with seed + i.
+    let (tx, rx) = mpsc::unbounded_channel::<(usize, Event)>();
+    let mut cancels = Vec::with_capacity(parsed.n);
+    for i in 0..parsed.n {
+        let mut req = parsed.request(prompt.clone(), constraint.clone());
+        req.stream.sampler.seed = req.stream.sampler.seed.wrapping_add(i as u64);
+        let cancel = CancelToken::new();
+        let tx = tx.clone();
+        let submitted = ready
+            .scheduler
+            .submit(req, Box::new(move |e| tx.send((i, e)).is_ok()), cancel.clone());
+        if let Err(e) = submitted {
+            cancels.iter().for_each(CancelToken::cancel);
+            return Err(match e {
+                SubmitError::QueueFull(_) => {
+                    ApiError::new(StatusCode::TOO_MANY_REQUESTS, "server_error", e.to_string()).retry_after(1)
+                }
+                SubmitError::ShuttingDown => {
+                    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", e.to_string()).retry_after(5)
+                }
+                SubmitError::Invalid(m) => ApiError::bad_request(m, None),
+            });
+        }
+        cancels.push(cancel);
+    }
+    drop(tx);
+    let guard = CancelOnDrop(cancels);
     let reply = Reply {
         id: request_id(if chat { "chatcmpl" } else { "cmpl" }),
         model: parsed.model.clone().unwrap_or_else(|| st.config.model_id.clone()),
@@ -411,311 +399,13 @@ async fn handle(
         parallel_tool_calls: parsed.parallel_tool_calls,
         thinking_prompt: (chat && reasoning::template_thinks(lm.template.source()))
             .then(|| Arc::from(prompt_text.as_str())),
+        choices: parsed.n,
     };
     if parsed.stream {
-        Ok(stream_response(rx, guard, reply, parsed.include_usage).into_response())
+        Ok(respond::stream(rx, guard, reply, parsed.include_usage).into_response())
     } else {
-        collect_response(rx, guard, reply).await
+        respond::collect(rx, guard, reply).await
     }
-}
-
-/// What every response of one request names: its id, the model, the endpoint's shape, and the
-/// tokenizer that spells log-probabilities' tokens.
-#[derive(Clone)]
-struct Reply {
-    id: String,
-    model: String,
-    chat: bool,
-    lm: Arc<LoadedModel>,
-    /// The request offered tools, which the model writes in this format: the answer is read
-    /// for calls (and, streaming, held back until it is complete).
-    tools: Option<ToolFormat>,
-    parallel_tool_calls: bool,
-    /// A thinking model's chat prompt: its `<think>` text goes to `reasoning_content`.
-    thinking_prompt: Option<Arc<str>>,
-}
-
-/// An answer read for tool calls: the text outside them and the calls in OpenAI's form.
-struct Answer {
-    content: Option<String>,
-    tool_calls: Vec<Value>,
-}
-
-impl Reply {
-    /// `text` read for tool calls when the request offered tools.
-    fn answer(&self, text: String) -> Answer {
-        let Some(format) = self.tools else {
-            return Answer {
-                content: Some(text),
-                tool_calls: Vec::new(),
-            };
-        };
-        let (content, mut calls) = tools::parse_tool_calls(format, &text);
-        if !self.parallel_tool_calls {
-            calls.truncate(1);
-        }
-        if calls.is_empty() {
-            return Answer {
-                content: Some(text),
-                tool_calls: Vec::new(),
-            };
-        }
-        let tool_calls = calls
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                json!({"id": format!("call_{}_{i}", self.id), "type": "function",
-                       "function": {"name": c.name, "arguments": c.arguments.to_string()}})
-            })
-            .collect();
-        Answer {
-            content: (!content.is_empty()).then_some(content),
-            tool_calls,
-        }
-    }
-
-    /// `finish_reason` for a finished answer: `tool_calls` when it made calls.
-    fn finish(&self, answer: &Answer, f: FinishReason) -> &'static str {
-        if !answer.tool_calls.is_empty() && f == FinishReason::Stop {
-            "tool_calls"
-        } else {
-            finish_reason(f)
-        }
-    }
-
-    /// The `logprobs` value of a choice for `tokens`, whose text starts at byte `offset`.
-    fn logprobs(&self, tokens: &[TokenLogprob], offset: usize) -> Value {
-        if self.chat {
-            logprobs::chat(&self.lm.tokenizer, tokens)
-        } else {
-            logprobs::completions(&self.lm.tokenizer, tokens, offset)
-        }
-    }
-}
-
-async fn collect_response(
-    mut rx: mpsc::UnboundedReceiver<Event>,
-    guard: CancelOnDrop,
-    reply: Reply,
-) -> Result<Response, ApiError> {
-    let mut text = String::new();
-    let mut lps: Option<Vec<TokenLogprob>> = None;
-    while let Some(ev) = rx.recv().await {
-        match ev {
-            Event::Text(t) => text.push_str(&t),
-            Event::Logprob(lp) => lps.get_or_insert_with(Vec::new).push(lp),
-            Event::Failed(m) => {
-                return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", m));
-            }
-            Event::Done(c) => {
-                drop(guard);
-                let logprobs = lps.as_deref().map_or(Value::Null, |l| reply.logprobs(l, 0));
-                let choice = if reply.chat {
-                    let (reasoning, text) = match &reply.thinking_prompt {
-                        Some(prompt) => ReasoningSplitter::split(prompt, &text),
-                        None => (None, text),
-                    };
-                    let answer = reply.answer(text);
-                    let finish = reply.finish(&answer, c.finish);
-                    let mut message = json!({"role": "assistant", "content": answer.content});
-                    if let Some(r) = reasoning {
-                        message["reasoning_content"] = json!(r);
-                    }
-                    if !answer.tool_calls.is_empty() {
-                        message["tool_calls"] = Value::Array(answer.tool_calls);
-                    }
-                    json!({"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish})
-                } else {
-                    json!({"index": 0, "text": text, "logprobs": logprobs,
-                           "finish_reason": finish_reason(c.finish)})
-                };
-                let obj = if reply.chat {
-                    "chat.completion"
-                } else {
-                    "text_completion"
-                };
-                let body = json!({"id": reply.id, "object": obj, "created": now(), "model": reply.model,
-                                  "choices": [choice], "usage": usage(&c)});
-                return Ok(Json(body).into_response());
-            }
-        }
-    }
-    Err(ApiError::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "server_error",
-        "generation ended without a result",
-    ))
-}
-
-/// A streamed response's state between events.
-struct StreamState {
-    rx: mpsc::UnboundedReceiver<Event>,
-    guard: Option<CancelOnDrop>,
-    /// Frames ready to send.
-    queue: std::collections::VecDeque<Value>,
-    /// Log-probabilities of tokens whose text has not been sent yet.
-    pending: Vec<TokenLogprob>,
-    /// Bytes of completion text sent so far (the completions form's `text_offset`).
-    offset: usize,
-    /// With tools offered, the text is held here until the answer is complete and read for
-    /// calls (a call cannot be told from text while it is being written).
-    held: Option<String>,
-    /// A thinking model's output is split into reasoning and answer as it streams.
-    splitter: Option<ReasoningSplitter>,
-    done: bool,
-}
-
-fn stream_response(
-    rx: mpsc::UnboundedReceiver<Event>,
-    guard: CancelOnDrop,
-    reply: Reply,
-    include_usage: bool,
-) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
-    let created = now();
-    let obj = if reply.chat {
-        "chat.completion.chunk"
-    } else {
-        "text_completion"
-    };
-    let chunk = move |reply: &Reply, delta: Value, logprobs: Value, finish: Option<&str>| -> Value {
-        let choice = if reply.chat {
-            json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
-        } else {
-            json!({"index": 0, "text": delta.get("content").cloned().unwrap_or(json!("")),
-                   "logprobs": logprobs, "finish_reason": finish})
-        };
-        json!({"id": reply.id, "object": obj, "created": created, "model": reply.model, "choices": [choice]})
-    };
-    let mut queue = std::collections::VecDeque::new();
-    if reply.chat {
-        queue.push_back(chunk(
-            &reply,
-            json!({"role": "assistant", "content": ""}),
-            Value::Null,
-            None,
-        ));
-    }
-    let init = StreamState {
-        rx,
-        guard: Some(guard),
-        queue,
-        pending: Vec::new(),
-        offset: 0,
-        held: reply.tools.map(|_| String::new()),
-        splitter: reply.thinking_prompt.as_deref().map(ReasoningSplitter::new),
-        done: false,
-    };
-    let stream = futures_util::stream::unfold(init, move |mut st| {
-        let reply = reply.clone();
-        async move {
-            loop {
-                if let Some(v) = st.queue.pop_front() {
-                    let ev = match v {
-                        Value::String(s) => SseEvent::default().data(s),
-                        v => SseEvent::default().data(v.to_string()),
-                    };
-                    return Some((Ok(ev), st));
-                }
-                if st.done {
-                    return None;
-                }
-                // The log-probabilities of the tokens whose text goes out in this chunk.
-                let take_logprobs = |st: &mut StreamState| {
-                    if st.pending.is_empty() {
-                        return Value::Null;
-                    }
-                    let v = reply.logprobs(&st.pending, st.offset);
-                    st.offset += st
-                        .pending
-                        .iter()
-                        .map(|t| reply.lm.tokenizer.token_bytes(t.token).len())
-                        .sum::<usize>();
-                    st.pending.clear();
-                    v
-                };
-                // Text pieces out as chunks: reasoning at once, the answer at once or (with
-                // tools) held until complete.
-                let send_pieces = |st: &mut StreamState, pieces: Vec<(Part, String)>| {
-                    for (part, text) in pieces {
-                        match (part, &mut st.held) {
-                            (Part::Content, Some(held)) => held.push_str(&text),
-                            (part, _) => {
-                                let key = if part == Part::Reasoning {
-                                    "reasoning_content"
-                                } else {
-                                    "content"
-                                };
-                                let lps = take_logprobs(st);
-                                st.queue.push_back(chunk(&reply, json!({ key: text }), lps, None));
-                            }
-                        }
-                    }
-                };
-                match st.rx.recv().await {
-                    Some(Event::Logprob(lp)) => st.pending.push(lp),
-                    Some(Event::Text(t)) => {
-                        let pieces = match &mut st.splitter {
-                            Some(s) => s.push(&t),
-                            None => vec![(Part::Content, t)],
-                        };
-                        send_pieces(&mut st, pieces);
-                    }
-                    Some(Event::Done(c)) => {
-                        st.guard.take(); // finished: cancelling a finished request is a no-op
-                        if let Some(mut s) = st.splitter.take() {
-                            send_pieces(&mut st, s.finish());
-                        }
-                        let mut finish = finish_reason(c.finish);
-                        if let Some(text) = st.held.take() {
-                            let answer = reply.answer(text);
-                            finish = reply.finish(&answer, c.finish);
-                            if let Some(content) = answer.content {
-                                let lps = take_logprobs(&mut st);
-                                st.queue
-                                    .push_back(chunk(&reply, json!({"content": content}), lps, None));
-                            }
-                            for (i, call) in answer.tool_calls.into_iter().enumerate() {
-                                // As OpenAI streams a call: id, type and name first, then the arguments.
-                                let head = json!({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
-                                                  "function": {"name": call["function"]["name"], "arguments": ""}}]});
-                                st.queue.push_back(chunk(&reply, head, Value::Null, None));
-                                let args = json!({"tool_calls": [{"index": i,
-                                                  "function": {"arguments": call["function"]["arguments"]}}]});
-                                st.queue.push_back(chunk(&reply, args, Value::Null, None));
-                            }
-                        }
-                        if !st.pending.is_empty() {
-                            // Tokens whose text was held back and never sent (a stop string).
-                            let lps = take_logprobs(&mut st);
-                            st.queue.push_back(chunk(&reply, json!({"content": ""}), lps, None));
-                        }
-                        st.queue.push_back(chunk(&reply, json!({}), Value::Null, Some(finish)));
-                        if include_usage {
-                            let mut u = chunk(&reply, json!({}), Value::Null, None);
-                            if let Some(o) = u.as_object_mut() {
-                                o.insert("choices".into(), json!([]));
-                                o.insert("usage".into(), usage(&c));
-                            }
-                            st.queue.push_back(u);
-                        }
-                        st.queue.push_back(Value::String("[DONE]".into()));
-                        st.done = true;
-                    }
-                    Some(Event::Failed(m)) => {
-                        st.queue
-                            .push_back(json!({"error": {"message": m, "type": "server_error"}}));
-                        st.queue.push_back(Value::String("[DONE]".into()));
-                        st.done = true;
-                    }
-                    None => {
-                        st.queue.push_back(Value::String("[DONE]".into()));
-                        st.done = true;
-                    }
-                }
-            }
-        }
-    });
-    Sse::new(stream).keep_alive(KeepAlive::default())
 }
 
 /// Resolves when the process gets SIGINT (Ctrl-C) or SIGTERM.

@@ -46,6 +46,8 @@ pub struct Parsed {
     pub tool_choice: ToolChoice,
     /// More than one call per answer allowed (`parallel_tool_calls`, default true).
     pub parallel_tool_calls: bool,
+    /// Choices to generate (`n`, 1–16).
+    pub n: usize,
 }
 
 /// The prompt part of a request.
@@ -106,6 +108,9 @@ fn content_text(v: &Value, at: usize) -> Result<String, ApiError> {
         _ => Err(bad(&param, "must be a string or an array of text parts")),
     }
 }
+
+/// Most choices (`n`) one request may ask for.
+pub const MAX_CHOICES: usize = 16;
 
 /// Request fields both endpoints implement.
 const COMMON_FIELDS: &[&str] = &[
@@ -178,9 +183,6 @@ fn refuse_unsupported(obj: &Map<String, Value>, chat: bool) -> Result<(), ApiErr
         }
     }
     let absent_or = |key: &str, ok: &dyn Fn(&Value) -> bool| obj.get(key).is_none_or(|v| v.is_null() || ok(v));
-    if !absent_or("n", &|v| v.as_u64() == Some(1)) {
-        return Err(bad("n", "other than 1 is not supported yet"));
-    }
     if !absent_or("parallel_tool_calls", &Value::is_boolean) {
         return Err(bad("parallel_tool_calls", "must be a boolean"));
     }
@@ -564,7 +566,13 @@ pub fn parse(body: &[u8], chat: bool, max_context: usize) -> Result<Parsed, ApiE
             "cannot be combined with a grammar or JSON response_format (the grammar decides where the output ends)",
         ));
     }
+    let n = match count(&obj, "n").map_err(|_| bad("n", "must be an integer from 1 to 16"))? {
+        None => 1,
+        Some(n) if (1..=MAX_CHOICES).contains(&n) => n,
+        Some(_) => return Err(bad("n", "must be an integer from 1 to 16")),
+    };
     Ok(Parsed {
+        n,
         tools,
         tool_choice,
         parallel_tool_calls,
@@ -641,7 +649,8 @@ mod tests {
         for (body, chat, param) in [
             (&br#"{"messages":[{"role":"user","content":"x"}],"frobnicate":1}"#[..], true, "frobnicate"),
             (br#"{"messages":[{"role":"user","content":"x"}],"logit_bias":{"1":5}}"#, true, "logit_bias"),
-            (br#"{"messages":[{"role":"user","content":"x"}],"n":2}"#, true, "n"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"n":17}"#, true, "n"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"n":0}"#, true, "n"),
             (br#"{"messages":[{"role":"user","content":"x"}],"logprobs":1}"#, true, "logprobs"),
             (br#"{"messages":[{"role":"user","content":"x"}],"top_logprobs":2}"#, true, "top_logprobs"),
             (
