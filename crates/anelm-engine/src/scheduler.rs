@@ -474,8 +474,12 @@ enum Sharing {
 /// cache for more positions than its own copies that cache up to the agreement (a memory copy
 /// instead of a forward; bit for bit the same rows, as every row is computed alone), and one
 /// whose shared prefix an earlier-admitted request is still prefilling waits until that
-/// request has passed it. Returns which slots wait this step.
-fn share_prefixes(slots: &mut [Slot<'_>], metrics: &Metrics) -> Vec<bool> {
+/// request has passed it. A hybrid model's recurrent state can only be copied where it was
+/// saved, so the request being waited for ends a prefill chunk exactly at the shared length and
+/// checkpoints there. Returns which slots wait this step and where each slot's next prefill
+/// chunk must end.
+fn share_prefixes(slots: &mut [Slot<'_>], metrics: &Metrics) -> (Vec<bool>, Vec<Option<usize>>) {
+    let mut cuts: Vec<Option<usize>> = vec![None; slots.len()];
     let mut decisions: Vec<(usize, Sharing)> = Vec::new();
     for (x, sx) in slots.iter().enumerate() {
         let Some(ax) = &sx.active else { continue };
@@ -487,6 +491,7 @@ fn share_prefixes(slots: &mut [Slot<'_>], metrics: &Metrics) -> Vec<bool> {
         let have = sx.session.len();
         let mut best: Option<(usize, usize)> = None;
         let mut wait = false;
+        let mut wait_on: Option<(usize, usize)> = None;
         for (y, sy) in slots.iter().enumerate() {
             if y == x {
                 continue;
@@ -504,10 +509,22 @@ fn share_prefixes(slots: &mut [Slot<'_>], metrics: &Metrics) -> Vec<bool> {
                 let shared = common_prefix(&ay.job.req.prompt, prompt).min(limit);
                 if shared >= have + MIN_SHARED_PREFIX && sy.session.len() < shared {
                     wait = true;
+                    if wait_on.is_none_or(|(_, w)| shared > w) {
+                        wait_on = Some((y, shared));
+                    }
                 }
             }
         }
+        if let Some((y, shared)) = wait_on
+            && slots[y].session.is_recurrent()
+        {
+            cuts[y] = Some(cuts[y].map_or(shared, |c| c.min(shared)));
+        }
+        // Copy when some cache already holds everything shared; wait rather than copy part of
+        // a prefix an earlier request is still prefilling.
+        let awaited = wait_on.map_or(0, |(_, shared)| shared);
         match best {
+            Some((from, len)) if len >= awaited => decisions.push((x, Sharing::Copy { from, len })),
             _ if wait => decisions.push((x, Sharing::Wait)),
             Some((from, len)) => decisions.push((x, Sharing::Copy { from, len })),
             None => {}
@@ -540,7 +557,7 @@ fn share_prefixes(slots: &mut [Slot<'_>], metrics: &Metrics) -> Vec<bool> {
             }
         }
     }
-    waiting
+    (waiting, cuts)
 }
 
 /// End the slot's request (the session keeps its cache for reuse). Its stream has finished,
@@ -583,10 +600,10 @@ fn fail(slot: &mut Slot<'_>, msg: String, metrics: &Metrics) {
 /// One batched forward for every active session, then sampling and streaming.
 fn step(model: &dyn crate::model::LanguageModel, slots: &mut [Slot<'_>], cfg: &SchedulerConfig, metrics: &Metrics) {
     let t0 = Instant::now();
-    let waiting = if cfg.share_prefixes {
+    let (waiting, cuts) = if cfg.share_prefixes {
         share_prefixes(slots, metrics)
     } else {
-        vec![false; slots.len()]
+        (vec![false; slots.len()], vec![None; slots.len()])
     };
     // Decide each slot's tokens: decoders first (one each), then prefill chunks within budget.
     let mut budget = cfg.max_step_tokens;
@@ -606,7 +623,13 @@ fn step(model: &dyn crate::model::LanguageModel, slots: &mut [Slot<'_>], cfg: &S
             && !waiting[i]
         {
             // Always let a prefilling stream move, even when decoders used the budget.
-            let n = a.pending.len().min(cfg.prefill_chunk).min(budget.max(16));
+            let mut n = a.pending.len().min(cfg.prefill_chunk).min(budget.max(16));
+            // End the chunk where a waiting request needs a recurrent checkpoint.
+            if let Some(cut) = cuts[i]
+                && cut > slot.session.len()
+            {
+                n = n.min(cut - slot.session.len());
+            }
             budget = budget.saturating_sub(n);
             let chunk: Vec<u32> = a.pending.iter().take(n).copied().collect();
             let last = n == a.pending.len();
@@ -655,9 +678,10 @@ fn step(model: &dyn crate::model::LanguageModel, slots: &mut [Slot<'_>], cfg: &S
             metrics
                 .prompt_tokens_total
                 .fetch_add(tokens.len() as u64, Ordering::Relaxed);
-            if a.pending.is_empty() {
+            if a.pending.is_empty() || cuts[i] == Some(slot.session.len()) {
                 // Hybrid models: save the recurrent state at the end of the prompt, so the next
-                // turn of this conversation can rewind here rather than to position 0.
+                // turn of this conversation can rewind here rather than to position 0, and
+                // where a waiting request shares this prefix, so it can copy it.
                 slot.session.checkpoint();
             }
         }

@@ -402,3 +402,73 @@ fn concurrent_requests_sharing_a_long_prefix_prefill_it_once_and_answer_the_same
         "every saved token is one not prefilled"
     );
 }
+
+/// The same on a hybrid model (the tiny random-weight Qwen3.5 fixture in llama.cpp's GGUF
+/// layout): the recurrent state can only be copied where it was saved, so the first request
+/// checkpoints at the shared length for the others. Its GGUF carries no BPE merges, so the
+/// streams decode with SmolLM2's tokenizer: prompts are token ids, and only ids matter here.
+#[test]
+fn a_hybrid_model_shares_a_prefix_through_a_checkpoint_and_answers_the_same() {
+    let fixture = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf/qwen3_5_text.gguf");
+    let smollm2 = anelm_model::gguf::GgufFile::open(&default_model_location().expect("home")).expect("SmolLM2 GGUF");
+    let lm = Arc::new(LoadedModel {
+        model: anelm_engine::load_model_weights(&fixture, &CpuBackend::new(), &mut |_, _| {}).expect("Qwen3.5 fixture"),
+        tokenizer: anelm_engine::loader::gguf_tokenizer(&smollm2).expect("tokenizer"),
+        template: anelm_model::chat_template::ChatTemplate::fallback(),
+        has_own_template: false,
+        source: anelm_engine::ModelSource::Gguf(fixture.clone()),
+        constraint_factory: Default::default(),
+    });
+    let vocab = lm.model.info().vocab_size as u32;
+    let prefix: Vec<u32> = (0..150u32).map(|i| 3 + (i * 7) % (vocab - 3)).collect();
+    let run = |share: bool| {
+        let cfg = SchedulerConfig {
+            ctx_size: 256,
+            prefill_chunk: 64,
+            max_step_tokens: 128,
+            share_prefixes: share,
+            ..config(4, 8)
+        };
+        let sched = Scheduler::start(lm.clone(), cfg).expect("start");
+        let rxs: Vec<_> = (0..4u32)
+            .map(|q| {
+                let mut prompt = prefix.clone();
+                prompt.extend((0..6).map(|j| 3 + (q * 11 + j * 5) % (vocab - 3)));
+                let mut stream = StreamOptions {
+                    ignore_eos: true,
+                    ..StreamOptions::greedy(8)
+                };
+                stream.logprobs = Some(0);
+                submit(&sched, Request { prompt, stream })
+            })
+            .collect();
+        let answers: Vec<(Vec<u32>, Vec<u32>)> = rxs
+            .iter()
+            .map(|rx| {
+                let mut lps = Vec::new();
+                loop {
+                    match rx.recv_timeout(Duration::from_secs(120)).expect("event") {
+                        Event::Logprob(l) => lps.push(l.logprob.to_bits()),
+                        Event::Text(_) => {}
+                        Event::Done(c) => break (c.tokens, lps),
+                        Event::Failed(e) => panic!("failed: {e}"),
+                    }
+                }
+            })
+            .collect();
+        let m = sched.metrics();
+        (
+            answers,
+            m.prefix_hits_total.load(Ordering::Relaxed),
+            m.prefix_tokens_saved_total.load(Ordering::Relaxed),
+        )
+    };
+    let (alone, _, _) = run(false);
+    let (shared, hits, saved) = run(true);
+    assert_eq!(
+        shared, alone,
+        "answers and log-probabilities with and without prefix sharing"
+    );
+    assert_eq!(hits, 3, "three requests copy the first one's checkpointed prefix");
+    assert_eq!(saved, 3 * 150, "each copies exactly the 150 shared positions");
+}
