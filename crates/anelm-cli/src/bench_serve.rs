@@ -68,6 +68,7 @@ pub fn start_server(lm: Arc<LoadedModel>, sessions: usize, threads: usize) -> Re
             max_step_tokens: 128 + sessions,
             threads,
             share_prefixes: true,
+            cache_mem: None,
         },
     )?;
     let (tx, rx) = std::sync::mpsc::channel();

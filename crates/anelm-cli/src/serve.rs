@@ -46,6 +46,10 @@ pub struct ServeArgs {
     /// prompt; for comparisons).
     #[arg(long)]
     pub no_prefix_sharing: bool,
+    /// Most MiB the sessions' caches may keep between requests (default: no limit); beyond it
+    /// the least recently used idle sessions forget their cache.
+    #[arg(long, value_name = "MIB")]
+    pub cache_mem: Option<usize>,
 }
 
 /// Run `anelm serve` until SIGINT/SIGTERM.
@@ -76,6 +80,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         max_step_tokens: (a.prefill_chunk.max(1) + a.sessions).max(64),
         threads,
         share_prefixes: !a.no_prefix_sharing,
+        cache_mem: a.cache_mem.map(|mib| mib.saturating_mul(1 << 20)),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -438,6 +438,13 @@ impl KvLayer {
         self.len = len;
     }
 
+    /// Forget every position and free the buffers.
+    fn release(&mut self) {
+        let storage = self.storage();
+        (self.k, self.v) = (Buf::empty(storage), Buf::empty(storage));
+        (self.slots, self.first, self.len) = (0, 0, 0);
+    }
+
     /// Bytes of the positions held (a ring: all its slots).
     fn bytes(&self) -> usize {
         let rows = match self.window {
@@ -515,6 +522,11 @@ impl KvCache {
     /// Bytes held.
     pub fn bytes(&self) -> usize {
         self.layers.iter().map(KvLayer::bytes).sum()
+    }
+
+    /// Forget every position and give the buffers' memory back.
+    pub fn release(&mut self) {
+        self.layers.iter_mut().for_each(KvLayer::release);
     }
 
     /// Bytes allocated, spare capacity included (what the cache costs in memory).

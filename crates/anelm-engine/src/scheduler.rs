@@ -45,6 +45,9 @@ pub struct SchedulerConfig {
     /// another session's cache up to the shared length instead of computing it, and waits for
     /// an earlier request that is still prefilling it (see `share_prefixes`).
     pub share_prefixes: bool,
+    /// Most bytes the sessions' caches may keep (`None`: no limit). Idle sessions keep their
+    /// cache for prompt reuse; beyond this, the least recently used idle ones are released.
+    pub cache_mem: Option<usize>,
 }
 
 impl Default for SchedulerConfig {
@@ -57,6 +60,7 @@ impl Default for SchedulerConfig {
             max_step_tokens: 256,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             share_prefixes: true,
+            cache_mem: None,
         }
     }
 }
@@ -159,6 +163,8 @@ pub struct Metrics {
     pub prefix_hits_total: AtomicU64,
     /// Prompt tokens those copies saved from prefilling.
     pub prefix_tokens_saved_total: AtomicU64,
+    /// Idle sessions whose cache was released to stay within the memory budget.
+    pub cache_evictions_total: AtomicU64,
     /// Tokens generated.
     pub generated_tokens_total: AtomicU64,
     /// Places held in the queue by requests waiting for a session (a request is counted once its
@@ -454,6 +460,25 @@ fn admit<'t>(slots: &mut [Slot<'t>], mut job: Job, tok: &'t Tokenizer, metrics: 
     });
 }
 
+/// Release idle sessions' caches, least recently used first, until all sessions together keep
+/// at most `budget` bytes (sessions serving a request are never touched).
+fn evict_idle(slots: &mut [Slot<'_>], budget: usize, metrics: &Metrics) {
+    let mut total: usize = slots.iter().map(|s| s.session.reserved_bytes()).sum();
+    while total > budget {
+        let Some(lru) = slots
+            .iter_mut()
+            .filter(|s| s.active.is_none() && s.session.reserved_bytes() > 0 && !s.session.is_empty())
+            .min_by_key(|s| s.last_used)
+        else {
+            return;
+        };
+        let before = lru.session.reserved_bytes();
+        lru.session.release();
+        total = total - before + lru.session.reserved_bytes();
+        metrics.cache_evictions_total.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// Shortest shared prefix worth copying or waiting for (below it, prefilling is as cheap).
 const MIN_SHARED_PREFIX: usize = 32;
 
@@ -717,6 +742,9 @@ fn step(model: &dyn crate::model::LanguageModel, slots: &mut [Slot<'_>], cfg: &S
         } else {
             a.next = s.token;
         }
+    }
+    if let Some(budget) = cfg.cache_mem {
+        evict_idle(slots, budget, metrics);
     }
     let dt = t0.elapsed();
     let cache_bytes: usize = slots.iter().map(|s| s.session.reserved_bytes()).sum();

@@ -151,6 +151,14 @@ impl Session {
         self.truncate(0);
     }
 
+    /// Forget everything and give the caches' memory back (the KV buffers and the checkpoint;
+    /// the fixed-size recurrent state stays allocated).
+    pub fn release(&mut self) {
+        self.truncate(0);
+        self.kv.release();
+        self.checkpoint = None;
+    }
+
     /// Bytes of cached state (the checkpoint included).
     pub fn state_bytes(&self) -> usize {
         let recurrent = |r: &[RecurrentLayer]| r.iter().map(|r| 4 * (r.conv.len() + r.state.len())).sum::<usize>();

@@ -34,6 +34,7 @@ fn config(sessions: usize, queue: usize) -> SchedulerConfig {
         max_step_tokens: 64,
         threads: 2,
         share_prefixes: true,
+        cache_mem: None,
     }
 }
 
@@ -471,4 +472,52 @@ fn a_hybrid_model_shares_a_prefix_through_a_checkpoint_and_answers_the_same() {
     );
     assert_eq!(hits, 3, "three requests copy the first one's checkpointed prefix");
     assert_eq!(saved, 3 * 150, "each copies exactly the 150 shared positions");
+}
+
+/// Under a memory budget idle sessions give their cache back, least recently used first, and a
+/// later request then prefills what it would otherwise have reused.
+#[test]
+fn a_cache_budget_releases_idle_sessions() {
+    let lm = model();
+    let conversation = "The capital of France is Paris. The capital of Italy is Rome. The capital of Spain is";
+    let run = |budget: Option<usize>| {
+        let sched = Scheduler::start(
+            lm.clone(),
+            SchedulerConfig {
+                cache_mem: budget,
+                ..config(2, 4)
+            },
+        )
+        .expect("start");
+        let (_, first) = collect(&submit(&sched, request(&lm, conversation, 4)));
+        let mut again = lm.tokenizer.encode(conversation).expect("encode");
+        again.extend(&first.tokens);
+        again.extend(lm.tokenizer.encode(" and of Portugal").expect("encode"));
+        let req = Request {
+            prompt: again,
+            stream: StreamOptions::greedy(2),
+        };
+        let (_, second) = collect(&submit(&sched, req));
+        let m = sched.metrics();
+        // The step that finished the request stores its figures just after sending `Done`.
+        let t = std::time::Instant::now();
+        while budget.is_some()
+            && m.session_cache_bytes.load(Ordering::Relaxed) >= 64 * 1024
+            && t.elapsed() < Duration::from_secs(10)
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        (
+            second.reused_tokens,
+            m.cache_evictions_total.load(Ordering::Relaxed),
+            m.session_cache_bytes.load(Ordering::Relaxed),
+        )
+    };
+    let (reused, evictions, _) = run(None);
+    assert!(reused > 10, "without a budget the conversation is reused ({reused})");
+    assert_eq!(evictions, 0);
+    let (reused, evictions, kept) = run(Some(1));
+    assert_eq!(reused, 0, "with a 1-byte budget nothing idle is kept");
+    assert!(evictions >= 1);
+    assert!(kept < 64 * 1024, "idle caches released: {kept} bytes kept");
 }

@@ -207,6 +207,12 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
             g(&m.prefix_tokens_saved_total),
         );
         put(
+            "cache_evictions_total",
+            "counter",
+            "idle session caches released to stay within --cache-mem",
+            g(&m.cache_evictions_total),
+        );
+        put(
             "generated_tokens_total",
             "counter",
             "tokens generated",
