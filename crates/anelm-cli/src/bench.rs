@@ -64,6 +64,11 @@ pub struct BenchArgs {
     /// cost. A schema that cannot complete within `--tokens` keeps the lengths equal.
     #[arg(long, value_name = "FILE")]
     pub json_schema: Option<std::path::PathBuf>,
+    /// Serving benchmark: time to first token of `--concurrency` requests whose prompts share a
+    /// prefix of this many tokens, with prefix sharing on and off (two in-process servers,
+    /// alternating per round, a fresh prefix each round).
+    #[arg(long, value_name = "TOKENS")]
+    pub shared_prefix: Option<usize>,
     /// Measure energy instead: average CPU/GPU/ANE watts and tokens per joule of one generation
     /// of the first -n length, idle baseline subtracted (macOS, root: powermetrics).
     #[arg(long)]
@@ -94,6 +99,28 @@ fn run_energy(a: &BenchArgs) -> Result<()> {
         decode_batch(model, &[first], n).map(|_| n)
     })?;
     print!("{report}");
+    Ok(())
+}
+
+/// `--shared-prefix TOKENS`: TTFT of a burst sharing a prefix, prefix sharing on and off.
+fn run_shared_prefix(a: &BenchArgs, tokens: usize) -> Result<()> {
+    if a.url.is_some() || a.json_schema.is_some() {
+        bail!("--shared-prefix runs its own two in-process servers: drop --url and --json-schema");
+    }
+    let [c] = a.concurrency[..] else {
+        bail!("--shared-prefix needs exactly one --concurrency level (e.g. --concurrency 4)");
+    };
+    if c == 0 || tokens == 0 || a.rounds == 0 {
+        bail!("--shared-prefix, --concurrency and --rounds must be at least 1");
+    }
+    let lm = std::sync::Arc::new(load(&a.model)?);
+    let threads = rayon::current_num_threads();
+    let rows = crate::bench_prefix::run(lm, tokens, c, a.rounds, threads)?;
+    println!(
+        "anelm: {c} concurrent requests sharing a {tokens}-token prefix, medians of {} rounds ({threads} threads)\n",
+        a.rounds
+    );
+    print!("{}", crate::bench_prefix::markdown(&rows));
     Ok(())
 }
 
@@ -269,6 +296,9 @@ const MAX_PARALLEL: usize = 256;
 pub fn run(a: BenchArgs) -> Result<()> {
     if a.energy {
         return run_energy(&a);
+    }
+    if let Some(tokens) = a.shared_prefix {
+        return run_shared_prefix(&a, tokens);
     }
     if a.json_schema.is_some() && a.concurrency.is_empty() {
         bail!("--json-schema applies to the serving benchmark: give --concurrency too");

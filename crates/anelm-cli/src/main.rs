@@ -2,6 +2,7 @@
 
 mod args;
 mod bench;
+mod bench_prefix;
 mod bench_serve;
 mod chat;
 mod compile;
