@@ -150,6 +150,7 @@ impl ConstraintFactory {
             matcher,
             stop_ids: self.stop_ids.clone(),
             vocab: self.vocab,
+            ready: None,
         })
     }
 }
@@ -164,6 +165,8 @@ pub struct Constraint {
     matcher: Matcher,
     stop_ids: Vec<u32>,
     vocab: usize,
+    /// The next step's mask, when computed ahead ([`Constraint::prepare`]).
+    ready: Option<llguidance::toktrie::SimpleVob>,
 }
 
 impl Clone for Constraint {
@@ -172,6 +175,7 @@ impl Clone for Constraint {
             matcher: self.matcher.deep_clone(),
             stop_ids: self.stop_ids.clone(),
             vocab: self.vocab,
+            ready: self.ready.clone(),
         }
     }
 }
@@ -188,10 +192,10 @@ impl Constraint {
     /// Set every logit the grammar does not allow next to −∞. End-of-generation tokens are
     /// allowed exactly where the grammar is complete.
     pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), ConstraintError> {
-        let mask = self
-            .matcher
-            .compute_mask_or_eos()
-            .map_err(|e| ConstraintError::Failed(e.to_string()))?;
+        self.prepare()?;
+        let Some(mask) = self.ready.take() else {
+            return Err(ConstraintError::Failed("no mask was computed".into()));
+        };
         let eos_ok = self.stop_ids.iter().any(|&s| mask.is_allowed(s));
         // Every end-of-generation token follows the grammar's end-of-sequence bit.
         let stops: Vec<(usize, f32)> = self
@@ -220,6 +224,19 @@ impl Constraint {
         // Entries past the vocabulary (padded logit rows) are never allowed.
         if let Some(tail) = logits.get_mut(self.vocab..) {
             tail.fill(f32::NEG_INFINITY);
+        }
+        Ok(())
+    }
+
+    /// Compute the next step's mask now (the costly part of [`Constraint::mask`]), so a
+    /// scheduler can compute several streams' masks in parallel; a no-op when it is ready.
+    pub fn prepare(&mut self) -> Result<(), ConstraintError> {
+        if self.ready.is_none() {
+            let mask = self
+                .matcher
+                .compute_mask_or_eos()
+                .map_err(|e| ConstraintError::Failed(e.to_string()))?;
+            self.ready = Some(mask);
         }
         Ok(())
     }

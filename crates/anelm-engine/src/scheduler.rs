@@ -689,6 +689,20 @@ fn step(model: &dyn crate::model::LanguageModel, slots: &mut [Slot<'_>], cfg: &S
             return;
         }
     };
+    // Constrained streams' masks, computed across the pool's threads before the serial loop.
+    {
+        use rayon::prelude::*;
+        let mut constrained: Vec<&mut Stream<'_>> = slots
+            .iter_mut()
+            .zip(0..)
+            .filter(|(_, i)| feed.iter().any(|(f, _, wants)| f == i && *wants))
+            .filter_map(|(s, _)| s.active.as_mut().map(|a| &mut a.stream))
+            .filter(|s| s.is_constrained())
+            .collect();
+        if constrained.len() > 1 {
+            constrained.par_iter_mut().for_each(|s| s.prepare());
+        }
+    }
     let mut row = 0;
     let mut generated_now = 0u64;
     for (i, tokens, wants) in feed {

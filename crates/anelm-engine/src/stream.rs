@@ -196,6 +196,22 @@ impl<'t> Stream<'t> {
         })
     }
 
+    /// Do the costly part of the next [`Stream::advance`] that does not need the logits (the
+    /// constraint's mask), so several streams can do it in parallel. Errors surface in
+    /// `advance`.
+    pub fn prepare(&mut self) {
+        if self.finished.is_none()
+            && let Some(c) = &mut self.constraint
+        {
+            let _ = c.prepare();
+        }
+    }
+
+    /// Whether the stream has work for [`Stream::prepare`].
+    pub fn is_constrained(&self) -> bool {
+        self.constraint.is_some()
+    }
+
     /// End the stream because its client went away: nothing held back is released.
     pub fn cancel(&mut self) {
         self.finished.get_or_insert(FinishReason::Cancelled);
