@@ -8,6 +8,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 
 use anelm_engine::SchedulerConfig;
+use anelm_server::upstream::{Upstream, Upstreams};
 use anelm_server::{AppState, ServerConfig, router, shutdown_signal};
 
 use crate::args::ModelArgs;
@@ -50,6 +51,58 @@ pub struct ServeArgs {
     /// the least recently used idle sessions forget their cache.
     #[arg(long, value_name = "MIB")]
     pub cache_mem: Option<usize>,
+    /// Forward requests whose `model` is NAME (or NAME/ID) to the OpenAI-compatible engine at
+    /// URL (its `/v1` base, http://); repeatable.
+    #[arg(long, value_name = "NAME=URL")]
+    pub upstream: Vec<String>,
+    /// Send upstream NAME the API key held in environment variable ENV_VAR (never the key
+    /// itself on the command line); repeatable.
+    #[arg(long, value_name = "NAME=ENV_VAR")]
+    pub upstream_key: Vec<String>,
+    /// Every request stays on this machine unless it says `X-Anelm-Privacy: allow-upstream`.
+    #[arg(long)]
+    pub private_by_default: bool,
+    /// A request that may leave the machine and finds the local queue full goes to upstream
+    /// NAME instead of getting 429.
+    #[arg(long, value_name = "NAME")]
+    pub fallback: Option<String>,
+}
+
+/// The `--upstream`, `--upstream-key`, `--private-by-default` and `--fallback` settings.
+fn upstreams(a: &ServeArgs) -> Result<Upstreams> {
+    let mut keys = std::collections::HashMap::new();
+    for k in &a.upstream_key {
+        let (name, var) = k
+            .split_once('=')
+            .with_context(|| format!("--upstream-key {k}: expected NAME=ENV_VAR"))?;
+        let key =
+            std::env::var(var).with_context(|| format!("--upstream-key {k}: environment variable {var} is not set"))?;
+        keys.insert(name.to_string(), key);
+    }
+    let mut list: Vec<Arc<Upstream>> = Vec::new();
+    for u in &a.upstream {
+        let (name, url) = u
+            .split_once('=')
+            .with_context(|| format!("--upstream {u}: expected NAME=URL"))?;
+        if list.iter().any(|x| x.name == name) {
+            anyhow::bail!("--upstream {name} is given twice");
+        }
+        list.push(Arc::new(Upstream::new(name, url, keys.remove(name))?));
+    }
+    if let Some(name) = keys.keys().next() {
+        anyhow::bail!("--upstream-key names '{name}', which is not an --upstream");
+    }
+    if let Some(f) = &a.fallback
+        && !list.iter().any(|u| &u.name == f)
+    {
+        anyhow::bail!("--fallback names '{f}', which is not an --upstream");
+    }
+    Ok(Upstreams {
+        list,
+        private_by_default: a.private_by_default,
+        fallback: a.fallback.clone(),
+        ..Upstreams::default()
+    })
 }
 
 /// Run `anelm serve` until SIGINT/SIGTERM.
@@ -63,11 +116,14 @@ pub fn run(a: ServeArgs) -> Result<()> {
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "anelm".into())
     });
-    let state = AppState::new(ServerConfig {
-        model_id,
-        api_key: a.api_key.clone(),
-        max_body_bytes: a.max_body_bytes,
-    });
+    let state = AppState::with_upstreams(
+        ServerConfig {
+            model_id,
+            api_key: a.api_key.clone(),
+            max_body_bytes: a.max_body_bytes,
+        },
+        upstreams(&a)?,
+    );
     let threads = a
         .model
         .threads

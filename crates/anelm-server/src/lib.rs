@@ -7,6 +7,7 @@ pub mod api_error;
 pub mod logprobs;
 pub mod openai;
 pub mod respond;
+pub mod upstream;
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
@@ -29,6 +30,7 @@ use tokio::sync::mpsc;
 use crate::api_error::ApiError;
 use crate::openai::{Input, Parsed, ToolChoice};
 use crate::respond::{CancelOnDrop, Reply};
+use crate::upstream::{Privacy, Upstreams};
 
 /// Server settings.
 #[derive(Clone, Debug)]
@@ -57,15 +59,23 @@ pub struct AppState {
     pub ready: OnceLock<Ready>,
     /// Set if loading failed (health reports it).
     pub load_error: OnceLock<String>,
+    /// Engines requests may be forwarded to, and the privacy rules.
+    pub upstreams: Upstreams,
 }
 
 impl AppState {
-    /// A state that is still loading.
+    /// A state that is still loading, with no upstreams.
     pub fn new(config: ServerConfig) -> Arc<Self> {
+        Self::with_upstreams(config, Upstreams::default())
+    }
+
+    /// A state that is still loading, forwarding to `upstreams`.
+    pub fn with_upstreams(config: ServerConfig, upstreams: Upstreams) -> Arc<Self> {
         Arc::new(Self {
             config,
             ready: OnceLock::new(),
             load_error: OnceLock::new(),
+            upstreams,
         })
     }
 
@@ -141,10 +151,21 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
 
 async fn models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
     st.check_key(&headers)?;
-    Ok(Json(json!({
-        "object": "list",
-        "data": [{"id": st.config.model_id, "object": "model", "created": now(), "owned_by": "anelm"}],
-    })))
+    let mut data = vec![json!({"id": st.config.model_id, "object": "model", "created": now(), "owned_by": "anelm"})];
+    // Each upstream's own models as NAME/ID (its list cached), or the upstream alone with why
+    // it cannot be listed.
+    for up in &st.upstreams.list {
+        match up.models().await {
+            Ok(ids) => data.extend(ids.iter().map(|id| {
+                json!({"id": format!("{}/{id}", up.name), "object": "model", "created": now(),
+                       "owned_by": format!("upstream:{}", up.name), "anelm_health": "ok"})
+            })),
+            Err(why) => data.push(json!({"id": up.name, "object": "model", "created": now(),
+                                         "owned_by": format!("upstream:{}", up.name),
+                                         "anelm_health": format!("unreachable: {why}")})),
+        }
+    }
+    Ok(Json(json!({"object": "list", "data": data})))
 }
 
 async fn metrics(State(st): State<Arc<AppState>>) -> Response {
@@ -256,6 +277,30 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
             g(&m.last_step_gen_tok_s_milli) / 1000.0,
         );
     }
+    put(
+        "refused_private_total",
+        "counter",
+        "private requests refused instead of forwarded to an upstream",
+        st.upstreams.refused_private.load(Ordering::Relaxed) as f64,
+    );
+    if !st.upstreams.list.is_empty() {
+        out.push_str("# HELP anelm_upstream_requests_total requests forwarded to each upstream\n# TYPE anelm_upstream_requests_total counter\n");
+        for u in &st.upstreams.list {
+            out.push_str(&format!(
+                "anelm_upstream_requests_total{{upstream=\"{}\"}} {}\n",
+                u.name,
+                u.forwarded.load(Ordering::Relaxed)
+            ));
+        }
+        out.push_str("# HELP anelm_upstream_failures_total requests an upstream could not serve (502/504)\n# TYPE anelm_upstream_failures_total counter\n");
+        for u in &st.upstreams.list {
+            out.push_str(&format!(
+                "anelm_upstream_failures_total{{upstream=\"{}\"}} {}\n",
+                u.name,
+                u.failed.load(Ordering::Relaxed)
+            ));
+        }
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
 
@@ -304,6 +349,21 @@ async fn handle(
             ApiError::bad_request(format!("could not read the body: {e}"), None)
         }
     })?;
+    let privacy = Privacy::of(&headers, st.upstreams.private_by_default)?;
+    let path = if chat { "/chat/completions" } else { "/completions" };
+    if !st.upstreams.list.is_empty()
+        && let Ok(v) = serde_json::from_slice::<Value>(&body)
+        && let Some(requested) = v.get("model").and_then(Value::as_str)
+        && let Some(up) = st.upstreams.named(requested)
+    {
+        if privacy == Privacy::Local {
+            return Err(st
+                .upstreams
+                .refuse_private(&format!("names the upstream model '{requested}'")));
+        }
+        let model = up.model_for(requested).await;
+        return up.forward(path, v, &model).await;
+    }
     let ready = st.get_ready()?;
     let lm = &ready.model;
     let ctx = ready.scheduler.config().ctx_size;
@@ -382,6 +442,18 @@ async fn handle(
             .submit(req, Box::new(move |e| tx.send((i, e)).is_ok()), cancel.clone());
         if let Err(e) = submitted {
             cancels.iter().for_each(CancelToken::cancel);
+            if matches!(e, SubmitError::QueueFull(_))
+                && let Some(fb) = st.upstreams.fallback()
+            {
+                // The local queue is full: a request that may leave goes to the fallback.
+                if privacy == Privacy::Local {
+                    return Err(st.upstreams.refuse_private_fallback());
+                }
+                let v: Value = serde_json::from_slice(&body)
+                    .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}"), None))?;
+                let model = fb.model_for(&fb.name).await;
+                return fb.forward(path, v, &model).await;
+            }
             return Err(match e {
                 SubmitError::QueueFull(_) => {
                     ApiError::new(StatusCode::TOO_MANY_REQUESTS, "server_error", e.to_string()).retry_after(1)

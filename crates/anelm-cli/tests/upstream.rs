@@ -1,0 +1,236 @@
+//! `anelm serve --upstream`: a second `anelm serve` plays the user's bigger engine on loopback.
+//! Requests that name it are forwarded (streaming passed through), private ones never reach it,
+//! a dead upstream is a 502 that names it while local requests go on, and `--fallback` takes
+//! what the full local queue cannot.
+//!
+//! Needs the default model and the Python virtualenv (`scripts/test.sh` sets both up).
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+mod serving;
+use serving::*;
+
+const UPSTREAM_KEY_VAR: &str = "ANELM_TEST_UPSTREAM_KEY";
+
+fn chat_body(model: &str, stream: bool) -> String {
+    serde_json::json!({
+        "model": model, "messages": [{"role": "user", "content": "Name three rivers."}],
+        "max_tokens": 12, "temperature": 0, "stream": stream,
+    })
+    .to_string()
+}
+
+fn content(r: &Reply) -> String {
+    let v: serde_json::Value = serde_json::from_str(&r.body).unwrap_or_else(|e| panic!("{e}: {}", r.body));
+    v["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content")
+        .to_string()
+}
+
+/// The upstream, and a front server forwarding model `big` to it with `extra` flags.
+fn pair(front_sessions: usize, front_queue: usize, extra: &[&str]) -> (Server, Server) {
+    let upstream = start_with(2, 16, &["--model-id", "smol-up"]);
+    let url = format!("big=http://127.0.0.1:{}/v1", upstream.port);
+    let mut args = vec![
+        "--upstream",
+        url.as_str(),
+        "--upstream-key",
+        "big=ANELM_TEST_UPSTREAM_KEY",
+    ];
+    args.extend_from_slice(extra);
+    let front = start_env(front_sessions, front_queue, &args, &[(UPSTREAM_KEY_VAR, KEY)]);
+    (upstream, front)
+}
+
+#[test]
+fn requests_naming_an_upstream_are_forwarded_and_private_ones_never_leave() {
+    let (mut upstream, front) = pair(2, 8, &[]);
+    let direct = http(
+        upstream.port,
+        "POST",
+        "/v1/chat/completions",
+        chat_body("smol-up", false).as_bytes(),
+        Some(KEY),
+    )
+    .expect("direct");
+    assert_eq!(direct.status, 200, "{}", direct.body);
+    let expected = content(&direct);
+    // Named by NAME (rewritten to the upstream's only model) and by NAME/ID.
+    for model in ["big", "big/smol-up"] {
+        let r = http(
+            front.port,
+            "POST",
+            "/v1/chat/completions",
+            chat_body(model, false).as_bytes(),
+            Some(KEY),
+        )
+        .expect("forwarded");
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(content(&r), expected, "{model}: the upstream's own answer");
+        assert!(
+            r.headers.to_ascii_lowercase().contains("x-anelm-route: big"),
+            "{}",
+            r.headers
+        );
+    }
+    // Streamed through anelm with the official client.
+    let out = Command::new(python())
+        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/upstream_client.py"))
+        .arg(format!("http://127.0.0.1:{}/v1", front.port))
+        .arg(KEY)
+        .arg("big")
+        .arg(&expected)
+        .output()
+        .expect("run python");
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Private: refused before anything is sent; the upstream sees no request.
+    let seen = metric(upstream.port, "requests_total");
+    let r = http_with(
+        front.port,
+        "POST",
+        "/v1/chat/completions",
+        chat_body("big", false).as_bytes(),
+        Some(KEY),
+        &[("X-Anelm-Privacy", "local")],
+    )
+    .expect("refused");
+    assert_eq!(r.status, 403, "{}", r.body);
+    assert!(r.body.contains("private"), "{}", r.body);
+    assert_eq!(
+        metric(upstream.port, "requests_total"),
+        seen,
+        "a private request reached the upstream"
+    );
+    assert_eq!(metric(front.port, "refused_private_total"), 1.0);
+    assert_eq!(metric(front.port, "upstream_requests_total{upstream=\"big\"}"), 3.0);
+    // The model list has the local model and the upstream's.
+    let models = http(front.port, "GET", "/v1/models", b"", Some(KEY)).expect("models");
+    assert!(models.body.contains("\"big/smol-up\""), "{}", models.body);
+    // A dead upstream: 502 naming it, and local requests go on.
+    let _ = upstream.child.kill();
+    let _ = upstream.child.wait();
+    let t = Instant::now();
+    let r = http(
+        front.port,
+        "POST",
+        "/v1/chat/completions",
+        chat_body("big", false).as_bytes(),
+        Some(KEY),
+    )
+    .expect("answer");
+    assert_eq!(r.status, 502, "{}", r.body);
+    assert!(r.body.contains("upstream 'big'"), "{}", r.body);
+    assert!(
+        t.elapsed() < Duration::from_secs(30),
+        "a dead upstream took {:?}",
+        t.elapsed()
+    );
+    let local = http(
+        front.port,
+        "POST",
+        "/v1/chat/completions",
+        chat_body("", false).as_bytes(),
+        Some(KEY),
+    )
+    .expect("local");
+    assert_eq!(local.status, 200, "{}", local.body);
+    assert!(metric(front.port, "upstream_failures_total{upstream=\"big\"}") >= 1.0);
+}
+
+#[test]
+fn private_by_default_keeps_requests_home_and_the_fallback_takes_overflow() {
+    let (_upstream, front) = pair(1, 1, &["--private-by-default", "--fallback", "big"]);
+    let allow = [("X-Anelm-Privacy", "allow-upstream")];
+    let r = http(
+        front.port,
+        "POST",
+        "/v1/chat/completions",
+        chat_body("big", false).as_bytes(),
+        Some(KEY),
+    )
+    .expect("answer");
+    assert_eq!(r.status, 403, "private by default: {}", r.body);
+    let r = http_with(
+        front.port,
+        "POST",
+        "/v1/chat/completions",
+        chat_body("big", false).as_bytes(),
+        Some(KEY),
+        &allow,
+    )
+    .expect("answer");
+    assert_eq!(r.status, 200, "{}", r.body);
+    // Fill the one local session and the one queue place.
+    let port = front.port;
+    let mut busy = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    let body = r#"{"messages":[{"role":"user","content":"Tell a long story"}],"max_tokens":600,"stream":true,"ignore_eos":true}"#;
+    write!(
+        busy,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send");
+    let mut buf = [0u8; 1024];
+    let _ = busy.read(&mut buf).expect("stream starts");
+    let t = Instant::now();
+    while metric(port, "busy_sessions") < 1.0 || metric(port, "queue_depth") > 0.0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the streaming request never got the session"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let waiting = std::thread::spawn(move || {
+        http(
+            port,
+            "POST",
+            "/v1/chat/completions",
+            chat_body("", false).as_bytes(),
+            Some(KEY),
+        )
+        .expect("queued")
+    });
+    while metric(port, "queue_depth") < 1.0 {
+        assert!(t.elapsed() < Duration::from_secs(30), "the second request never queued");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Queue full: a request that may leave goes to the fallback; a private one gets 429.
+    let r = http_with(
+        port,
+        "POST",
+        "/v1/chat/completions",
+        chat_body("", false).as_bytes(),
+        Some(KEY),
+        &allow,
+    )
+    .expect("answer");
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(
+        r.headers.to_ascii_lowercase().contains("x-anelm-route: big"),
+        "{}",
+        r.headers
+    );
+    let r = http(
+        port,
+        "POST",
+        "/v1/chat/completions",
+        chat_body("", false).as_bytes(),
+        Some(KEY),
+    )
+    .expect("answer");
+    assert_eq!(r.status, 429, "{}", r.body);
+    assert!(r.body.contains("private"), "{}", r.body);
+    drop(busy);
+    assert_eq!(waiting.join().expect("thread").status, 200);
+    assert_eq!(metric(port, "refused_private_total"), 2.0);
+}
