@@ -13,6 +13,7 @@ mod generate;
 mod inspect;
 mod logits;
 mod plan;
+mod priority;
 mod runtime;
 mod serve;
 
@@ -74,6 +75,18 @@ impl Command {
 fn main() {
     let cli = Cli::parse();
     let threads = cli.command.threads();
+    // `serve --background`: before any thread starts, so every one inherits it.
+    if let Command::Serve(a) = &cli.command
+        && a.background
+    {
+        match priority::enter_background() {
+            Ok(what) => eprintln!("anelm serve: background priority ({what})"),
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                std::process::exit(1);
+            }
+        }
+    }
     // The whole command runs on a pool worker, so each parallel kernel starts without waking a
     // thread to hand it over (and with --threads 1 nothing is handed over at all).
     let result: Result<()> = runtime::in_pool(threads, || match cli.command {

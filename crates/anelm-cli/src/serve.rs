@@ -66,6 +66,10 @@ pub struct ServeArgs {
     /// NAME instead of getting 429.
     #[arg(long, value_name = "NAME")]
     pub fallback: Option<String>,
+    /// Run at the operating system's background priority (Linux: nice 19 and SCHED_IDLE;
+    /// macOS: the utility QoS class), yielding the CPU to the user's foreground work.
+    #[arg(long)]
+    pub background: bool,
 }
 
 /// The `--upstream`, `--upstream-key`, `--private-by-default` and `--fallback` settings.
@@ -110,6 +114,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     if a.sessions == 0 {
         anyhow::bail!("--sessions must be at least 1");
     }
+
     let path = model_path(&a.model)?;
     let model_id = a.model_id.clone().unwrap_or_else(|| {
         path.file_stem()

@@ -110,7 +110,8 @@ import urllib.request
 
 
 def metric(name):
-    text = urllib.request.urlopen(base.rsplit("/v1", 1)[0] + "/metrics", timeout=30).read().decode()
+    req = urllib.request.Request(base.rsplit("/v1", 1)[0] + "/metrics", headers={"Authorization": f"Bearer {key}"})
+    text = urllib.request.urlopen(req, timeout=30).read().decode()
     return float(next(l.split()[-1] for l in text.splitlines() if l.startswith("anelm_" + name + " ")))
 
 

@@ -36,6 +36,15 @@ fn the_official_openai_client_works_against_the_server() {
     let r = http(server.port, "GET", "/v1/models", b"", None).expect("request");
     assert_eq!(r.status, 401);
     assert!(r.body.contains("\"error\""), "{}", r.body);
+    // /metrics too, when the server has a key; /health stays open for probes.
+    assert_eq!(
+        http(server.port, "GET", "/metrics", b"", None).expect("request").status,
+        401
+    );
+    assert_eq!(
+        http(server.port, "GET", "/health", b"", None).expect("request").status,
+        200
+    );
 }
 
 /// Structured outputs (`response_format`, `grammar`) through the official client: 30 generated
@@ -393,4 +402,42 @@ fn think_blocks_become_reasoning_content() {
     let msg = &v["choices"][0]["message"];
     assert!(msg.get("reasoning_content").is_none(), "{msg}");
     assert!(msg["content"].as_str().is_some_and(|c| !c.is_empty()), "{msg}");
+}
+
+/// `--background`: every thread of the server (runtime, scheduler, kernel pool) runs at nice 19
+/// under SCHED_IDLE, and it still answers.
+#[cfg(target_os = "linux")]
+#[test]
+fn background_priority_reaches_every_thread() {
+    let server = start_with(1, 4, &["--background"]);
+    let r = http(
+        server.port,
+        "POST",
+        "/v1/completions",
+        br#"{"prompt":"Hi","max_tokens":2}"#,
+        Some(KEY),
+    )
+    .expect("answer");
+    assert_eq!(r.status, 200, "{}", r.body);
+    let pid = server.child.id();
+    let tasks: Vec<_> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("threads")
+        .filter_map(|e| e.ok())
+        .collect();
+    assert!(tasks.len() >= 4, "the server runs several threads ({})", tasks.len());
+    for t in tasks {
+        let stat = std::fs::read_to_string(t.path().join("stat")).expect("stat");
+        // Fields after the command name (which may hold spaces): state is field 3, nice 19.
+        let after = &stat[stat.rfind(')').expect("comm") + 2..];
+        let nice: i32 = after
+            .split_whitespace()
+            .nth(16)
+            .and_then(|n| n.parse().ok())
+            .expect("nice");
+        assert_eq!(nice, 19, "thread {:?}", t.file_name());
+        let sched = std::fs::read_to_string(t.path().join("sched")).unwrap_or_default();
+        if let Some(policy) = sched.lines().find(|l| l.starts_with("policy")) {
+            assert!(policy.trim_end().ends_with('5'), "SCHED_IDLE is policy 5: {policy}");
+        }
+    }
 }

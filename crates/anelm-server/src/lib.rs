@@ -168,7 +168,11 @@ async fn models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Result<J
     Ok(Json(json!({"object": "list", "data": data})))
 }
 
-async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+async fn metrics(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    // With --api-key, the metrics (request counts, upstream names) need it too.
+    if let Err(e) = st.check_key(&headers) {
+        return e.into_response();
+    }
     let mut out = String::new();
     let mut put = |name: &str, kind: &str, help: &str, v: f64| {
         out.push_str(&format!(

@@ -166,7 +166,7 @@ pub fn disconnect_mid_stream(port: u16, body: &str) -> std::io::Result<()> {
 }
 
 pub fn metric(port: u16, name: &str) -> f64 {
-    let r = http(port, "GET", "/metrics", b"", None).expect("metrics");
+    let r = http(port, "GET", "/metrics", b"", Some(KEY)).expect("metrics");
     r.body
         .lines()
         .find_map(|l| l.strip_prefix(&format!("anelm_{name} ")))
