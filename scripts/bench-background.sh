@@ -60,7 +60,14 @@ start_loaded() {
   echo "$server $load"
 }
 
-stop() { kill "$@" 2>/dev/null || true; pkill -P "$2" 2>/dev/null || true; wait "$@" 2>/dev/null || true; }
+# Stop the load generator, then the server, and wait until the server is gone (at most 30 s).
+stop() {
+  kill "$2" 2>/dev/null || true
+  pkill -P "$2" 2>/dev/null || true
+  kill "$1" 2>/dev/null || true
+  for _ in $(seq 1 150); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.2; done
+  kill -9 "$1" 2>/dev/null || true
+}
 
 declare -a alone normal background
 for r in $(seq 1 "$ROUNDS"); do
