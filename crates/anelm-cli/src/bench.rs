@@ -69,6 +69,10 @@ pub struct BenchArgs {
     /// alternating per round, a fresh prefix each round).
     #[arg(long, value_name = "TOKENS")]
     pub shared_prefix: Option<usize>,
+    /// Serving benchmark: the `model` every request names (e.g. an upstream of the server
+    /// given by --url); default: none, the server's own model.
+    #[arg(long, value_name = "NAME")]
+    pub request_model: Option<String>,
     /// Measure energy instead: average CPU/GPU/ANE watts and tokens per joule of one generation
     /// of the first -n length, idle baseline subtracted (macOS, root: powermetrics).
     #[arg(long)]
@@ -169,7 +173,11 @@ fn run_serving(a: &BenchArgs) -> Result<()> {
         }
         None => None,
     };
-    let levels = run_levels(&addr, &a.concurrency, requests, a.tokens, a.rounds, schema.as_ref())?;
+    let workload = Workload {
+        tokens: a.tokens,
+        model: a.request_model.clone(),
+    };
+    let levels = run_levels(&addr, &a.concurrency, requests, &workload, a.rounds, schema.as_ref())?;
     let title = format!("anelm: {requests} requests × {} tokens per level ({what})", a.tokens);
     println!("{title}\n");
     print!("{}", markdown(&levels));
@@ -296,6 +304,9 @@ const MAX_PARALLEL: usize = 256;
 pub fn run(a: BenchArgs) -> Result<()> {
     if a.energy {
         return run_energy(&a);
+    }
+    if a.request_model.is_some() && (a.concurrency.is_empty() || a.shared_prefix.is_some()) {
+        bail!("--request-model applies to the serving benchmark: give --concurrency (without --shared-prefix)");
     }
     if let Some(tokens) = a.shared_prefix {
         return run_shared_prefix(&a, tokens);

@@ -105,14 +105,27 @@ pub fn start_server(lm: Arc<LoadedModel>, sessions: usize, threads: usize) -> Re
         .map_err(|e| anyhow::anyhow!("the bench server could not listen: {e}"))
 }
 
+/// What every request of a serving benchmark asks for.
+#[derive(Clone, Debug, Default)]
+pub struct Workload {
+    /// Tokens generated per request.
+    pub tokens: usize,
+    /// The `model` requests name (e.g. an upstream behind anelm); none: the server's own.
+    pub model: Option<String>,
+}
+
 /// One streaming completion, constrained by `schema` when given (which then decides where the
 /// output may end, so `ignore_eos` is left off); returns its timings.
-fn one_request(addr: &str, tokens: usize, salt: usize, schema: Option<&Value>) -> Result<One> {
+fn one_request(addr: &str, w: &Workload, salt: usize, schema: Option<&Value>) -> Result<One> {
+    let tokens = w.tokens;
     let mut body = json!({
         "prompt": format!("Request {salt}. Write a long story about a lighthouse keeper and the sea."),
         "max_tokens": tokens, "temperature": 0, "stream": true,
         "stream_options": {"include_usage": true},
     });
+    if let Some(m) = &w.model {
+        body["model"] = json!(m);
+    }
     match schema {
         Some(s) => body["grammar"] = json!({"json_schema": s}),
         None => body["ignore_eos"] = json!(true),
@@ -184,14 +197,16 @@ pub fn run_levels(
     addr: &str,
     levels: &[usize],
     requests: usize,
-    tokens: usize,
+    w: &Workload,
     rounds: usize,
     schema: Option<&Value>,
 ) -> Result<Vec<Level>> {
+    let tokens = w.tokens;
     // Warm-up: one request (and one constrained) so no level pays for first-touch costs.
-    one_request(addr, 4, 0, None)?;
+    let warm = Workload { tokens: 4, ..w.clone() };
+    one_request(addr, &warm, 0, None)?;
     if schema.is_some() {
-        one_request(addr, 4, 0, schema)?;
+        one_request(addr, &warm, 0, schema)?;
     }
     let rounds = rounds.max(1);
     let variants: Vec<Option<&Value>> = if schema.is_some() {
@@ -211,7 +226,7 @@ pub fn run_levels(
                 round + 1,
                 if v.is_some() { ", JSON schema" } else { "" }
             );
-            runs[i].push(measure_level(addr, c, requests, tokens, v)?);
+            runs[i].push(measure_level(addr, c, requests, w, v)?);
         }
     }
     let first: Vec<f64> = runs
@@ -256,13 +271,13 @@ pub fn run_levels(
 }
 
 /// One level once: `requests` requests of `tokens` tokens, `c` in flight at a time.
-fn measure_level(addr: &str, c: usize, requests: usize, tokens: usize, schema: Option<&Value>) -> Result<Level> {
+fn measure_level(addr: &str, c: usize, requests: usize, w: &Workload, schema: Option<&Value>) -> Result<Level> {
     let schema = schema.cloned();
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let t0 = Instant::now();
     let handles: Vec<_> = (0..c)
         .map(|_| {
-            let (next, addr, schema) = (next.clone(), addr.to_string(), schema.clone());
+            let (next, addr, schema, w) = (next.clone(), addr.to_string(), schema.clone(), w.clone());
             std::thread::spawn(move || -> Result<Vec<One>> {
                 let mut mine = Vec::new();
                 loop {
@@ -270,7 +285,7 @@ fn measure_level(addr: &str, c: usize, requests: usize, tokens: usize, schema: O
                     if i >= requests {
                         return Ok(mine);
                     }
-                    mine.push(one_request(&addr, tokens, i + 1, schema.as_ref())?);
+                    mine.push(one_request(&addr, &w, i + 1, schema.as_ref())?);
                 }
             })
         })
