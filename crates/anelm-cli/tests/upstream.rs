@@ -234,3 +234,139 @@ fn private_by_default_keeps_requests_home_and_the_fallback_takes_overflow() {
     assert_eq!(waiting.join().expect("thread").status, 200);
     assert_eq!(metric(port, "refused_private_total"), 2.0);
 }
+
+/// 100 mixed requests — local, forwarded, private naming the upstream — with 30 % of the local
+/// ones abandoned mid-stream, and the upstream killed and restarted between phases: every
+/// request ends in an answer or a clean error, no private request reaches the upstream, no
+/// session stays busy and memory comes back near where it was.
+#[test]
+fn chaos_with_disconnects_and_a_dying_upstream_ends_clean() {
+    let up_port = free_port();
+    let up_args = ["--model-id", "smol-up"];
+    let mut upstream = start_on(up_port, 2, 64, &up_args, &[]);
+    let url = format!("big=http://127.0.0.1:{up_port}/v1");
+    let front = start_env(
+        2,
+        64,
+        &["--upstream", &url, "--upstream-key", "big=ANELM_TEST_UPSTREAM_KEY"],
+        &[(UPSTREAM_KEY_VAR, KEY)],
+    );
+    let port = front.port;
+    let pid = front.child.id();
+    // Warm up, then note the memory.
+    let _ = http(
+        port,
+        "POST",
+        "/v1/chat/completions",
+        chat_body("", false).as_bytes(),
+        Some(KEY),
+    );
+    let rss_start = status_kib(pid, "VmRSS");
+    let local_stream = |i: usize| {
+        serde_json::json!({"messages": [{"role": "user", "content": format!("Story {i}")}],
+                           "max_tokens": 48, "stream": true, "temperature": 0.7, "seed": i})
+        .to_string()
+    };
+    // Runs requests `from..to` on 4 threads; returns (forwarded OK, upstream errors, private refused).
+    let phase = |from: usize, to: usize, upstream_alive: bool| -> (usize, usize, usize) {
+        let handles: Vec<_> = (0..4)
+            .map(|t| {
+                let local_stream = local_stream;
+                std::thread::spawn(move || {
+                    let (mut ok, mut errs, mut refused) = (0, 0, 0);
+                    for i in (from + t..to).step_by(4) {
+                        match i % 3 {
+                            0 if i % 10 < 3 => {
+                                disconnect_mid_stream(port, &local_stream(i)).expect("local stream");
+                            }
+                            0 => {
+                                let r = http(
+                                    port,
+                                    "POST",
+                                    "/v1/chat/completions",
+                                    local_stream(i).as_bytes(),
+                                    Some(KEY),
+                                )
+                                .expect("local");
+                                assert_eq!(r.status, 200, "local {i}: {}", r.body);
+                                assert!(r.body.contains("[DONE]"), "local {i} ended cleanly");
+                            }
+                            1 => {
+                                let r = http(
+                                    port,
+                                    "POST",
+                                    "/v1/chat/completions",
+                                    chat_body("big", false).as_bytes(),
+                                    Some(KEY),
+                                )
+                                .expect("forwarded");
+                                match r.status {
+                                    200 if upstream_alive => ok += 1,
+                                    502 | 504 if !upstream_alive => errs += 1,
+                                    s => panic!("forwarded {i}: {s} {}", r.body),
+                                }
+                                assert!(
+                                    r.body.contains("choices") || r.body.contains("upstream 'big'"),
+                                    "{}",
+                                    r.body
+                                );
+                            }
+                            _ => {
+                                let r = http_with(
+                                    port,
+                                    "POST",
+                                    "/v1/chat/completions",
+                                    chat_body("big", false).as_bytes(),
+                                    Some(KEY),
+                                    &[("X-Anelm-Privacy", "local")],
+                                )
+                                .expect("private");
+                                assert_eq!(r.status, 403, "private {i}: {}", r.body);
+                                refused += 1;
+                            }
+                        }
+                    }
+                    (ok, errs, refused)
+                })
+            })
+            .collect();
+        handles.into_iter().fold((0, 0, 0), |acc, h| {
+            let (a, b, c) = h.join().expect("client thread");
+            (acc.0 + a, acc.1 + b, acc.2 + c)
+        })
+    };
+    let (ok_a, _, refused_a) = phase(0, 50, true);
+    let seen_first = metric(up_port, "requests_total");
+    assert_eq!(
+        seen_first as usize, ok_a,
+        "the upstream saw exactly the forwarded requests"
+    );
+    let _ = upstream.child.kill();
+    let _ = upstream.child.wait();
+    let (_, errs_b, refused_b) = phase(50, 70, false);
+    assert!(errs_b > 0, "requests to a dead upstream got 502/504");
+    upstream = start_on(up_port, 2, 64, &up_args, &[]);
+    let (ok_c, _, refused_c) = phase(70, 100, true);
+    assert_eq!(
+        metric(up_port, "requests_total") as usize,
+        ok_c,
+        "the restarted upstream saw exactly the forwarded ones"
+    );
+    assert_eq!(
+        metric(port, "refused_private_total") as usize,
+        refused_a + refused_b + refused_c
+    );
+    // No session stays busy; memory comes back near its start.
+    let t = Instant::now();
+    while metric(port, "busy_sessions") > 0.0 || metric(port, "queue_depth") > 0.0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "sessions still busy after the chaos"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if let (Some(a), Some(b)) = (rss_start, status_kib(pid, "VmRSS")) {
+        assert!(b < a + 64 * 1024, "front server memory grew from {a} KiB to {b} KiB");
+    }
+    drop(upstream);
+}

@@ -42,7 +42,11 @@ pub fn start_with(sessions: usize, queue: usize, extra: &[&str]) -> Server {
 
 /// [`start_with`] with environment variables for the server process.
 pub fn start_env(sessions: usize, queue: usize, extra: &[&str], env: &[(&str, &str)]) -> Server {
-    let port = free_port();
+    start_on(free_port(), sessions, queue, extra, env)
+}
+
+/// [`start_env`] on a given port (to restart a server where clients expect it).
+pub fn start_on(port: u16, sessions: usize, queue: usize, extra: &[&str], env: &[(&str, &str)]) -> Server {
     let child = Command::new(env!("CARGO_BIN_EXE_anelm"))
         .envs(env.iter().copied())
         .args(["serve", "--port", &port.to_string(), "--api-key", KEY, "-t", "2"])
