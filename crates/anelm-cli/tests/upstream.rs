@@ -271,7 +271,6 @@ fn chaos_with_disconnects_and_a_dying_upstream_ends_clean() {
     let phase = |from: usize, to: usize, upstream_alive: bool| -> (usize, usize, usize) {
         let handles: Vec<_> = (0..4)
             .map(|t| {
-                let local_stream = local_stream;
                 std::thread::spawn(move || {
                     let (mut ok, mut errs, mut refused) = (0, 0, 0);
                     for i in (from + t..to).step_by(4) {
