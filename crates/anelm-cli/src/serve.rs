@@ -70,6 +70,11 @@ pub struct ServeArgs {
     /// macOS: the utility QoS class), yielding the CPU to the user's foreground work.
     #[arg(long)]
     pub background: bool,
+    /// Release the model, its caches and (on a Mac) its Neural Engine programs after this many
+    /// seconds without requests; the next request loads them again and waits (`/health` says
+    /// "sleeping" meanwhile).
+    #[arg(long, value_name = "SECS")]
+    pub idle_unload: Option<u64>,
 }
 
 /// The `--upstream`, `--upstream-key`, `--private-by-default` and `--fallback` settings.
@@ -156,6 +161,15 @@ pub fn run(a: ServeArgs) -> Result<()> {
             .await
             .with_context(|| format!("could not listen on {addr} (is another server using the port?)"))?;
         eprintln!("anelm serve: listening on http://{addr} (loading the model; /health is 503 until ready)");
+        if let Some(secs) = a.idle_unload {
+            let (args, cfg) = (a.model.clone(), sched_cfg.clone());
+            let loader: anelm_server::idle::Loader = Arc::new(move || {
+                load(&args)
+                    .map(|lm| (Arc::new(lm), cfg.clone()))
+                    .map_err(|e| format!("{e:#}"))
+            });
+            state.enable_idle_unload(std::time::Duration::from_secs(secs.max(1)), loader);
+        }
         let loader_state = state.clone();
         let model_args = a.model.clone();
         std::thread::spawn(move || match load(&model_args) {

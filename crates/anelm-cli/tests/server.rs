@@ -441,3 +441,50 @@ fn background_priority_reaches_every_thread() {
         }
     }
 }
+
+/// `--idle-unload`: after a second without requests the model is released (`/health` says
+/// sleeping, the process gives memory back), and the next request reloads it and is answered.
+#[test]
+fn an_idle_server_releases_its_model_and_the_next_request_reloads_it() {
+    let server = start_with(1, 4, &["--idle-unload", "1"]);
+    let ask = || {
+        http(
+            server.port,
+            "POST",
+            "/v1/completions",
+            br#"{"prompt":"The capital of France is","max_tokens":4,"temperature":0}"#,
+            Some(KEY),
+        )
+        .expect("answer")
+    };
+    let first = ask();
+    assert_eq!(first.status, 200, "{}", first.body);
+    let awake = metric(server.port, "resident_bytes");
+    let t = Instant::now();
+    loop {
+        let h = http(server.port, "GET", "/health", b"", None).expect("health");
+        if h.body.contains("sleeping") {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "never slept: {}", h.body);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(metric(server.port, "sleeping"), 1.0);
+    let asleep = metric(server.port, "resident_bytes");
+    assert!(
+        asleep < awake - 40.0 * 1024.0 * 1024.0,
+        "sleeping gives the model's memory back: {awake} -> {asleep} bytes"
+    );
+    let again = ask();
+    assert_eq!(again.status, 200, "{}", again.body);
+    // The same greedy answer as before the sleep.
+    let text = |r: &Reply| {
+        let v: serde_json::Value = serde_json::from_str(&r.body).expect("json");
+        v["choices"][0]["text"].as_str().unwrap_or_default().to_string()
+    };
+    assert_eq!(text(&again), text(&first));
+    assert_eq!(metric(server.port, "reloads_total"), 1.0);
+    assert!(metric(server.port, "last_reload_seconds") > 0.0);
+    let h = http(server.port, "GET", "/health", b"", None).expect("health");
+    assert!(h.body.contains("\"ok\""), "{}", h.body);
+}

@@ -4,6 +4,7 @@
 //! steps; a client that disconnects frees its session at the next step.
 
 pub mod api_error;
+pub mod idle;
 pub mod logprobs;
 pub mod openai;
 pub mod respond;
@@ -11,7 +12,7 @@ pub mod upstream;
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anelm_engine::{
     CancelToken, ConstraintError, EngineError, Event, LoadedModel, Scheduler, SchedulerConfig, SubmitError, ToolFormat,
@@ -28,6 +29,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use crate::api_error::ApiError;
+use crate::idle::{Live, Loader};
 use crate::openai::{Input, Parsed, ToolChoice};
 use crate::respond::{CancelOnDrop, Reply};
 use crate::upstream::{Privacy, Upstreams};
@@ -55,8 +57,10 @@ pub struct Ready {
 pub struct AppState {
     /// Settings.
     pub config: ServerConfig,
-    /// Filled when loading is done.
-    pub ready: OnceLock<Ready>,
+    /// The model being served, once loaded (empty again while it sleeps).
+    pub ready: Live,
+    /// How to load the model again after an idle sleep (`--idle-unload`).
+    loader: OnceLock<Loader>,
     /// Set if loading failed (health reports it).
     pub load_error: OnceLock<String>,
     /// Engines requests may be forwarded to, and the privacy rules.
@@ -73,7 +77,8 @@ impl AppState {
     pub fn with_upstreams(config: ServerConfig, upstreams: Upstreams) -> Arc<Self> {
         Arc::new(Self {
             config,
-            ready: OnceLock::new(),
+            ready: Live::default(),
+            loader: OnceLock::new(),
             load_error: OnceLock::new(),
             upstreams,
         })
@@ -82,17 +87,58 @@ impl AppState {
     /// Make the model live; returns false if it already was.
     pub fn set_ready(&self, model: Arc<LoadedModel>, cfg: SchedulerConfig) -> anelm_engine::Result<bool> {
         let scheduler = Scheduler::start(model.clone(), cfg)?;
-        Ok(self.ready.set(Ready { model, scheduler }).is_ok())
+        Ok(self.ready.set(Ready { model, scheduler }))
     }
 
-    fn get_ready(&self) -> Result<&Ready, ApiError> {
-        self.ready.get().ok_or_else(|| {
-            let msg = match self.load_error.get() {
-                Some(e) => format!("the model failed to load: {e}"),
-                None => "the model is still loading: retry shortly".to_string(),
-            };
-            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", msg).retry_after(2)
-        })
+    /// Release the model after `after` without requests, and load it again with `loader` when
+    /// the next one comes (`--idle-unload`). Call from within the server's async runtime.
+    pub fn enable_idle_unload(self: &Arc<Self>, after: Duration, loader: Loader) {
+        if self.loader.set(loader).is_err() {
+            return;
+        }
+        let st = self.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                if st.ready.get().is_none() {
+                    continue;
+                }
+                let s = st.clone();
+                if tokio::task::spawn_blocking(move || s.ready.sleep_if_idle(after))
+                    .await
+                    .unwrap_or(false)
+                {
+                    eprintln!(
+                        "anelm serve: idle for {} s, model released (the next request reloads it)",
+                        after.as_secs()
+                    );
+                }
+            }
+        });
+    }
+
+    /// The live model, reloading it first if it sleeps.
+    async fn live(&self) -> Result<Arc<Ready>, ApiError> {
+        if let Some(r) = self.ready.get() {
+            return Ok(r);
+        }
+        if self.ready.is_sleeping()
+            && let Some(loader) = self.loader.get()
+        {
+            return self.ready.wake(loader).await.map_err(|e| {
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "server_error",
+                    format!("could not reload the model: {e}"),
+                )
+                .retry_after(2)
+            });
+        }
+        let msg = match self.load_error.get() {
+            Some(e) => format!("the model failed to load: {e}"),
+            None => "the model is still loading: retry shortly".to_string(),
+        };
+        Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", msg).retry_after(2))
     }
 
     fn check_key(&self, headers: &HeaderMap) -> Result<(), ApiError> {
@@ -138,6 +184,9 @@ async fn not_found() -> ApiError {
 }
 
 async fn health(State(st): State<Arc<AppState>>) -> Response {
+    if st.ready.is_sleeping() && st.ready.get().is_none() {
+        return (StatusCode::OK, Json(json!({"status": "sleeping"}))).into_response();
+    }
     match (st.ready.get(), st.load_error.get()) {
         (Some(_), _) => (StatusCode::OK, Json(json!({"status": "ok"}))).into_response(),
         (None, Some(e)) => (
@@ -282,6 +331,33 @@ async fn metrics(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Respons
         );
     }
     put(
+        "sleeping",
+        "gauge",
+        "1 while the model is released for idleness (--idle-unload)",
+        f64::from(u8::from(st.ready.is_sleeping() && st.ready.get().is_none())),
+    );
+    put(
+        "sleeps_total",
+        "counter",
+        "idle releases of the model",
+        st.ready.sleeps.load(Ordering::Relaxed) as f64,
+    );
+    put(
+        "reloads_total",
+        "counter",
+        "reloads after an idle release",
+        st.ready.reloads.load(Ordering::Relaxed) as f64,
+    );
+    put(
+        "last_reload_seconds",
+        "gauge",
+        "how long the last reload took",
+        st.ready.last_reload_ms.load(Ordering::Relaxed) as f64 / 1e3,
+    );
+    if let Some(b) = idle::resident_bytes() {
+        put("resident_bytes", "gauge", "resident memory of the process", b as f64);
+    }
+    put(
         "refused_private_total",
         "counter",
         "private requests refused instead of forwarded to an upstream",
@@ -353,6 +429,7 @@ async fn handle(
             ApiError::bad_request(format!("could not read the body: {e}"), None)
         }
     })?;
+    st.ready.touch();
     let privacy = Privacy::of(&headers, st.upstreams.private_by_default)?;
     let path = if chat { "/chat/completions" } else { "/completions" };
     if !st.upstreams.list.is_empty()
@@ -368,7 +445,7 @@ async fn handle(
         let model = up.model_for(requested).await;
         return up.forward(path, v, &model).await;
     }
-    let ready = st.get_ready()?;
+    let ready = st.live().await?;
     let lm = &ready.model;
     let ctx = ready.scheduler.config().ctx_size;
     let parsed: Parsed = openai::parse(&body, chat, ctx)?;
