@@ -16,6 +16,7 @@ mod plan;
 mod priority;
 mod runtime;
 mod serve;
+mod service;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -50,6 +51,8 @@ enum Command {
     Compile(compile::CompileArgs),
     /// Print this machine, the devices that open, and a Neural Engine self-test (for bug reports).
     Doctor(doctor::DoctorArgs),
+    /// Run `anelm serve` as a per-user service (systemd on Linux, launchd on macOS).
+    Service(service::ServiceArgs),
 }
 
 impl Command {
@@ -59,7 +62,7 @@ impl Command {
 
     fn model_args(&self) -> Option<&args::ModelArgs> {
         Some(match self {
-            Command::Plan(_) | Command::Doctor(_) => return None,
+            Command::Plan(_) | Command::Doctor(_) | Command::Service(_) => return None,
             Command::Compile(a) => &a.model,
             Command::Generate(a) => &a.model,
             Command::Chat(a) => &a.model,
@@ -100,6 +103,7 @@ fn main() {
         Command::Plan(a) => plan::run(a),
         Command::Compile(a) => compile::run(a),
         Command::Doctor(a) => doctor::run(a),
+        Command::Service(a) => service::run(a),
     });
     if let Err(e) = result {
         let msg = format!("{e:#}").replace('\n', " ");

@@ -221,3 +221,46 @@ fn missing_default_model_says_how_to_fetch_it() {
     assert_one_line_error(&o, "scripts/fetch-default-model.sh");
     std::fs::remove_dir_all(&empty).ok();
 }
+
+/// `anelm service install` writes a definition that runs this binary's `serve` with the given
+/// arguments (checked first), and `uninstall` removes it; `--no-start` leaves the service
+/// manager alone, and `ANELM_SERVICE_DIR` points at a scratch directory.
+#[test]
+fn service_install_writes_a_definition_and_uninstall_removes_it() {
+    let dir = std::env::temp_dir().join(format!("anelm-service-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_anelm"))
+            .args(args)
+            .env("ANELM_SERVICE_DIR", &dir)
+            .output()
+            .expect("run anelm")
+    };
+    let o = run(&[
+        "service",
+        "install",
+        "--no-start",
+        "--",
+        "--background",
+        "--idle-unload",
+        "600",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let file = std::fs::read_dir(&dir)
+        .expect("dir")
+        .next()
+        .expect("a definition")
+        .expect("entry")
+        .path();
+    let text = std::fs::read_to_string(&file).expect("definition");
+    assert!(
+        text.contains("serve") && text.contains("--idle-unload") && text.contains("600"),
+        "{text}"
+    );
+    let bad = run(&["service", "install", "--no-start", "--", "--no-such-flag"]);
+    assert_one_line_error(&bad, "serve arguments are invalid");
+    let o = run(&["service", "uninstall", "--no-start"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(!file.exists(), "uninstall removes {}", file.display());
+    let _ = std::fs::remove_dir_all(&dir);
+}
