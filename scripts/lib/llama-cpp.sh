@@ -28,11 +28,12 @@ llama_cpp_build() {
     echo "installing cmake from Debian's packages" >&2
     if [[ $(id -u) -eq 0 ]]; then apt-get install -y -q cmake >&2; else sudo apt-get install -y -q cmake >&2; fi
   fi
-  if [[ ! -f "$LLAMA_CPP_BUILD/CMakeCache.txt" ]]; then
-    echo "configuring llama.cpp (CPU, Release) in $LLAMA_CPP_BUILD" >&2
-    cmake -S "$LLAMA_CPP_SRC" -B "$LLAMA_CPP_BUILD" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
-      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF >&2
-  fi
+  # Configuring again with the same options is quick and changes nothing; the server target is
+  # configured (without TLS, and without fetching a prebuilt web UI) but only built when asked.
+  echo "configuring llama.cpp (CPU, Release) in $LLAMA_CPP_BUILD" >&2
+  cmake -S "$LLAMA_CPP_SRC" -B "$LLAMA_CPP_BUILD" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_OPENSSL=OFF \
+    -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DBUILD_SHARED_LIBS=OFF >/dev/null
   echo "building llama.cpp targets: $*" >&2
   cmake --build "$LLAMA_CPP_BUILD" --target "$@" -j "$(nproc)" >&2
 }
