@@ -113,6 +113,19 @@ fn requests_naming_an_upstream_are_forwarded_and_private_ones_never_leave() {
     );
     assert_eq!(metric(front.port, "refused_private_total"), 1.0);
     assert_eq!(metric(front.port, "upstream_requests_total{upstream=\"big\"}"), 3.0);
+    // A client that goes away mid-stream cancels the request upstream too.
+    let long = serde_json::json!({"model": "big", "messages": [{"role": "user", "content": "Tell a long story"}],
+                                  "max_tokens": 900, "ignore_eos": true, "stream": true})
+    .to_string();
+    disconnect_mid_stream(front.port, &long).expect("stream through anelm");
+    let t = Instant::now();
+    while metric(upstream.port, "requests_cancelled_total") < 1.0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the upstream kept generating for a client that left"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     // The model list has the local model and the upstream's.
     let models = http(front.port, "GET", "/v1/models", b"", Some(KEY)).expect("models");
     assert!(models.body.contains("\"big/smol-up\""), "{}", models.body);
