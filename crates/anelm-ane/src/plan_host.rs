@@ -9,7 +9,8 @@
 //! - the ANE dispatches, `fixed + bytes / bandwidth` each, int8 weights at the chip's int8
 //!   efficiency ([`ChipProfile::weights_dispatch_seconds`]);
 //! - a fixed host cost per dispatch ([`HostProfile::dispatch_us`](crate::chip::HostProfile));
-//! - surface packing and unpacking, which depends on the runtime ([`HostRuntime`]);
+//! - surface packing and unpacking, which depends on the runtime ([`HostRuntime`]), as does which
+//!   kernels a runtime batches across streams and prompt tokens;
 //! - per stream, the f32 work between dispatches: norms, RoPE, attention over the context, the
 //!   DeltaNet recurrence and conv, GeGLU and residual adds where the block needs them, and
 //!   sampling over the vocabulary, each `flops / GFLOP/s + bytes / GB/s` on one core.
@@ -48,7 +49,8 @@ pub enum HostRuntime {
     /// conversion, no memset) and reads lane 0; two or more build a dense fp32 staging array, memset
     /// the surface, convert all 32 lanes in software (truncating) and read all 32 back. Prefill
     /// runs 4 tokens per chunk (`ANE_PREFILL_BATCH`), with the Qwen3.5 input projection dispatched
-    /// per token; the DeltaNet gates `in_proj_a/b` are CPU mat-vecs.
+    /// per token; a chunked FFN runs per stream and per prompt token (it is not W-lane batched);
+    /// the DeltaNet gates `in_proj_a/b` are CPU mat-vecs.
     AneCpp,
 }
 
@@ -82,8 +84,21 @@ impl HostRuntime {
     fn prefill_batches(self, role: KernelRole, dims: &ModelDims) -> bool {
         match self {
             HostRuntime::Anelm => true,
-            // ane-runtime.md §7.1: Qwen3.5 dispatches first_proj per token, oproj/ffn batched.
-            HostRuntime::AneCpp => !(role == KernelRole::InputProj && dims.linear_attention.is_some()),
+            // ane-runtime.md §7.1: Qwen3.5 dispatches first_proj per token, oproj/ffn batched; a
+            // chunked FFN runs per token.
+            HostRuntime::AneCpp => {
+                !(role == KernelRole::InputProj && dims.linear_attention.is_some()) && self.decode_batches(role)
+            }
+        }
+    }
+
+    /// Whether a multi-stream decode step runs a kernel once for all streams (else once per stream).
+    fn decode_batches(self, role: KernelRole) -> bool {
+        match self {
+            HostRuntime::Anelm => true,
+            // ane-runtime.md §3.5 and §7.2: the chunked FFN is not W-lane batched; forward_batch runs
+            // it per session.
+            HostRuntime::AneCpp => !matches!(role, KernelRole::FfnChunk { .. }),
         }
     }
 
@@ -414,7 +429,13 @@ impl Plan {
             let lanes = left.min(LANES);
             let mut group = StepCost::default();
             for k in self.kernels() {
-                dispatch(&mut group, &k.kernel, mode, lanes, chip, host.runtime);
+                if lanes > 1 && !host.runtime.decode_batches(k.role) {
+                    for _ in 0..lanes {
+                        dispatch(&mut group, &k.kernel, mode, 1, chip, host.runtime);
+                    }
+                } else {
+                    dispatch(&mut group, &k.kernel, mode, lanes, chip, host.runtime);
+                }
             }
             cost.add(&group);
             left -= lanes;
@@ -510,6 +531,17 @@ mod tests {
         let ours = p.prefill_cost(&chip, &HostOptions::default());
         assert_eq!((ours.tokens, ours.dispatches), (32, 32 * 3));
         assert!(ours.tok_s() > cpp.tok_s());
+        // A chunked FFN (9B shape) is dispatched per stream by the C++ runtime, once by anelm.
+        let nine = ModelDims {
+            hidden: 4096,
+            intermediate: 12288,
+            ..qwen35_4b()
+        };
+        let p9 = plan(&nine, &PlanOptions::default()).unwrap();
+        let cpp = HostOptions { runtime: HostRuntime::AneCpp, context: 256 };
+        assert_eq!(p9.decode_cost(&chip, &cpp, 1).dispatches, 132);
+        assert_eq!(p9.decode_cost(&chip, &cpp, 4).dispatches, 132 + 3 * 64);
+        assert_eq!(p9.decode_cost(&chip, &HostOptions::default(), 4).dispatches, 132);
         assert_eq!(HostRuntime::by_name("ANE_CPP"), Some(HostRuntime::AneCpp));
         assert_eq!(HostRuntime::by_name("gpu"), None);
     }

@@ -245,7 +245,7 @@ fn plan_with_host_matches_the_cpp_table() {
         ..HostOptions::default()
     };
     let mut failed = Vec::new();
-    eprintln!("| row | modelled tok/s | measured tok/s | error | ANE-only tok/s |\n| --- | ---: | ---: | ---: | ---: |");
+    eprintln!("| row | modelled tok/s | measured tok/s | error | ANE alone, emulator clock |\n| --- | ---: | ---: | ---: | ---: |");
     for r in &ROWS {
         let p = plan(&(r.dims)(), &PlanOptions::with_weights(r.mode)).unwrap();
         let (modelled, ane_only) = match r.streams {
@@ -267,6 +267,31 @@ fn plan_with_host_matches_the_cpp_table() {
         } else if off.abs() > r.tolerance {
             failed.push(format!("{}: {modelled:.2} vs {} ({:+.1} %, tolerance ±{:.0} %)", r.what, r.measured, off * 100.0, r.tolerance * 100.0));
         }
+    }
+    // The rest of the published table, printed for context and not asserted (the task's targets
+    // are the rows above; see the field guide, 2026-12-06, for why these err as they do).
+    let context: [(&str, fn() -> ModelDims, WeightMode, Option<usize>, f64); 9] = [
+        // ane-runtime.md §11 serve table, Qwen3.5-4B fp16 c1 / c2 / c4.
+        ("4B fp16 serve c1", qwen35_4b, WeightMode::Fp16, Some(1), 8.62),
+        ("4B fp16 serve c2", qwen35_4b, WeightMode::Fp16, Some(2), 12.59),
+        ("4B fp16 serve c4", qwen35_4b, WeightMode::Fp16, Some(4), 20.75),
+        // ane-runtime.md §11 serve table, Qwen3.5-9B int8 c1 / c2 / c4.
+        ("9B int8 serve c1", qwen35_9b, INT8, Some(1), 5.76),
+        ("9B int8 serve c2", qwen35_9b, INT8, Some(2), 5.81),
+        ("9B int8 serve c4", qwen35_9b, INT8, Some(4), 6.57),
+        // ane-runtime.md §11 serve table, Qwen3.5-9B fp16 c4.
+        ("9B fp16 serve c4", qwen35_9b, WeightMode::Fp16, Some(4), 4.89),
+        // ane-runtime.md §11 README table, Qwen3.5-9B prompt tok/s.
+        ("9B fp16 prefill", qwen35_9b, WeightMode::Fp16, None, 6.49),
+        ("9B int8 prefill", qwen35_9b, INT8, None, 7.39),
+    ];
+    for (what, dims, mode, streams, measured) in context {
+        let p = plan(&dims(), &PlanOptions::with_weights(mode)).unwrap();
+        let modelled = match streams {
+            Some(n) => p.decode_tok_s(&chip, &host, n),
+            None => p.prefill_tok_s(&chip, &host),
+        };
+        eprintln!("| {what} (not asserted) | {modelled:.2} | {measured:.2} | {:+.1} % | |", (modelled / measured - 1.0) * 100.0);
     }
     for (what, dims, n) in [("4B int8 c1", qwen35_4b as fn() -> ModelDims, 1), ("4B int8 c4", qwen35_4b, 4)] {
         let p = plan(&dims(), &PlanOptions::with_weights(INT8)).unwrap();
