@@ -260,7 +260,10 @@ pub fn stream_work(dims: &ModelDims, opts: &HostOptions, sample: bool) -> Stream
                     d.add(Work::new(4.0 * hv * h, 8.0 * hv * h));
                 }
                 // causal conv over `taps` positions + SiLU; ring state read and written.
-                d.add(Work::new(conv_dim * (2.0 * taps + 5.0), conv_dim * 4.0 * (2.0 * (taps - 1.0) + 2.0)));
+                d.add(Work::new(
+                    conv_dim * (2.0 * taps + 5.0),
+                    conv_dim * 4.0 * (2.0 * (taps - 1.0) + 2.0),
+                ));
                 d.add(Work::new(2.0 * k * 4.0, 0.0)); // l2-norm of q and k
                 d.add(Work::new(hv * 30.0, 0.0)); // β, g
                 // S ← g·S; u = Sᵀk; S += βk(v − u)ᵀ; y = Sᵀq: ~7 flops per state element, the state
@@ -270,7 +273,9 @@ pub fn stream_work(dims: &ModelDims, opts: &HostOptions, sample: bool) -> Stream
             }
             _ => {
                 let ctx = match kind {
-                    LayerKind::SlidingAttention => opts.context.min(dims.sliding_window.map_or(usize::MAX, |s| s.window)),
+                    LayerKind::SlidingAttention => {
+                        opts.context.min(dims.sliding_window.map_or(usize::MAX, |s| s.window))
+                    }
                     _ => opts.context,
                 };
                 let l = f(ctx.max(1));
@@ -283,7 +288,10 @@ pub fn stream_work(dims: &ModelDims, opts: &HostOptions, sample: bool) -> Stream
                 let a = &mut w.attention;
                 a.add(Work::new(0.0, 2.0 * nkv * hd * 4.0)); // KV append
                 // q·k and p·v per head over the context, softmax; K and V read once per KV head.
-                a.add(Work::new(nh * l * (4.0 * hd + 5.0), 2.0 * nkv * l * hd * 4.0 + nh * l * 8.0));
+                a.add(Work::new(
+                    nh * l * (4.0 * hd + 5.0),
+                    2.0 * nkv * l * hd * 4.0 + nh * l * 8.0,
+                ));
             }
         }
     }
@@ -403,7 +411,9 @@ fn dispatch(cost: &mut StepCost, k: &AneKernel, mode: WeightMode, lanes: usize, 
     cost.ane_fixed += chip.fixed_us * 1e-6;
     cost.ane_stream += ane - chip.fixed_us * 1e-6;
     cost.host_dispatch += chip.host.dispatch_us * 1e-6;
-    cost.surfaces += rt.surfaces(&k.input_channels(), k.output_channels(), lanes).seconds(chip);
+    cost.surfaces += rt
+        .surfaces(&k.input_channels(), k.output_channels(), lanes)
+        .seconds(chip);
 }
 
 fn add_streams(cost: &mut StepCost, w: &StreamWork, n: usize, chip: &ChipProfile) {
@@ -502,7 +512,10 @@ mod tests {
         let p = plan(&qwen35_4b(), &PlanOptions::default()).unwrap();
         let chip = ChipProfile::m3_max();
         for rt in HostRuntime::ALL {
-            let opts = HostOptions { runtime: rt, context: 256 };
+            let opts = HostOptions {
+                runtime: rt,
+                context: 256,
+            };
             let one = p.decode_cost(&chip, &opts, 1);
             let four = p.decode_cost(&chip, &opts, 4);
             // The ANE part is shared; the host's per-stream part is not.
@@ -510,7 +523,14 @@ mod tests {
             assert!(four.deltanet > 3.9 * one.deltanet, "{rt}");
             assert!(four.tok_s() < 4.0 * one.tok_s(), "{rt}");
             assert!(four.tok_s() > one.tok_s(), "{rt}");
-            let long = p.decode_cost(&chip, &HostOptions { runtime: rt, context: 8192 }, 1);
+            let long = p.decode_cost(
+                &chip,
+                &HostOptions {
+                    runtime: rt,
+                    context: 8192,
+                },
+                1,
+            );
             assert!(long.attention > 10.0 * one.attention, "{rt}");
             assert_eq!(one.dispatches, 100);
             let sum: f64 = one.terms().iter().map(|(_, t)| t).sum();
@@ -525,7 +545,13 @@ mod tests {
     fn ane_cpp_dispatches_the_qwen35_input_projection_per_prefill_token() {
         let p = plan(&qwen35_4b(), &PlanOptions::default()).unwrap();
         let chip = ChipProfile::m3_max();
-        let cpp = p.prefill_cost(&chip, &HostOptions { runtime: HostRuntime::AneCpp, context: 256 });
+        let cpp = p.prefill_cost(
+            &chip,
+            &HostOptions {
+                runtime: HostRuntime::AneCpp,
+                context: 256,
+            },
+        );
         // 32 layers × (4 input projections + 1 output + 1 FFN).
         assert_eq!((cpp.tokens, cpp.dispatches), (4, 32 * 6));
         let ours = p.prefill_cost(&chip, &HostOptions::default());
@@ -538,7 +564,10 @@ mod tests {
             ..qwen35_4b()
         };
         let p9 = plan(&nine, &PlanOptions::default()).unwrap();
-        let cpp = HostOptions { runtime: HostRuntime::AneCpp, context: 256 };
+        let cpp = HostOptions {
+            runtime: HostRuntime::AneCpp,
+            context: 256,
+        };
         assert_eq!(p9.decode_cost(&chip, &cpp, 1).dispatches, 132);
         assert_eq!(p9.decode_cost(&chip, &cpp, 4).dispatches, 132 + 3 * 64);
         assert_eq!(p9.decode_cost(&chip, &HostOptions::default(), 4).dispatches, 132);

@@ -211,28 +211,105 @@ struct Row {
 
 const INT8: WeightMode = WeightMode::INT8_PER_ROW;
 
+/// A measured figure printed for context: what, shapes, weights, streams (None: prefill), tok/s.
+type ContextRow = (&'static str, fn() -> ModelDims, WeightMode, Option<usize>, f64);
+
 const ROWS: [Row; 9] = [
     // ane-runtime.md §11, README table: Qwen3.5-4B fp16 gen 9.21 tok/s.
-    Row { what: "4B fp16 single stream", dims: qwen35_4b, mode: WeightMode::Fp16, streams: Some(1), measured: 9.21, tolerance: 0.15, miss: None },
+    Row {
+        what: "4B fp16 single stream",
+        dims: qwen35_4b,
+        mode: WeightMode::Fp16,
+        streams: Some(1),
+        measured: 9.21,
+        tolerance: 0.15,
+        miss: None,
+    },
     // ane-runtime.md §11, README table: Qwen3.5-4B int8 gen 11.66 tok/s.
-    Row { what: "4B int8 single stream", dims: qwen35_4b, mode: INT8, streams: Some(1), measured: 11.66, tolerance: 0.15, miss: None },
+    Row {
+        what: "4B int8 single stream",
+        dims: qwen35_4b,
+        mode: INT8,
+        streams: Some(1),
+        measured: 11.66,
+        tolerance: 0.15,
+        miss: None,
+    },
     // ane-runtime.md §11, README table: Qwen3.5-9B fp16 gen 4.27 tok/s.
-    Row { what: "9B fp16 single stream", dims: qwen35_9b, mode: WeightMode::Fp16, streams: Some(1), measured: 4.27, tolerance: 0.15,
-        miss: Some(("4B → 9B fp16 adds 7.46 GB and 32 dispatches per token and the measured time grows by 125.6 ms: \
+    Row {
+        what: "9B fp16 single stream",
+        dims: qwen35_9b,
+        mode: WeightMode::Fp16,
+        streams: Some(1),
+        measured: 4.27,
+        tolerance: 0.15,
+        miss: Some((
+            "4B → 9B fp16 adds 7.46 GB and 32 dispatches per token and the measured time grows by 125.6 ms: \
                      ≤ 59 GB/s even with no fixed cost, while 4B fp16 alone needs ≥ 77 GB/s; no model linear in bytes \
-                     and dispatches fits both", 0.35)) },
+                     and dispatches fits both",
+            0.35,
+        )),
+    },
     // ane-runtime.md §11, README table: Qwen3.5-9B int8 gen 7.01 tok/s.
-    Row { what: "9B int8 single stream", dims: qwen35_9b, mode: INT8, streams: Some(1), measured: 7.01, tolerance: 0.15, miss: None },
+    Row {
+        what: "9B int8 single stream",
+        dims: qwen35_9b,
+        mode: INT8,
+        streams: Some(1),
+        measured: 7.01,
+        tolerance: 0.15,
+        miss: None,
+    },
     // ane-runtime.md §11, serve table: Qwen3.5-4B int8 c1 10.53 tok/s.
-    Row { what: "4B int8 serve c1", dims: qwen35_4b, mode: INT8, streams: Some(1), measured: 10.53, tolerance: 0.15, miss: None },
+    Row {
+        what: "4B int8 serve c1",
+        dims: qwen35_4b,
+        mode: INT8,
+        streams: Some(1),
+        measured: 10.53,
+        tolerance: 0.15,
+        miss: None,
+    },
     // ane-runtime.md §11, serve table: Qwen3.5-4B int8 c2 15.95 tok/s.
-    Row { what: "4B int8 serve c2", dims: qwen35_4b, mode: INT8, streams: Some(2), measured: 15.95, tolerance: 0.20, miss: None },
+    Row {
+        what: "4B int8 serve c2",
+        dims: qwen35_4b,
+        mode: INT8,
+        streams: Some(2),
+        measured: 15.95,
+        tolerance: 0.20,
+        miss: None,
+    },
     // ane-runtime.md §11, serve table: Qwen3.5-4B int8 c4 28.62 tok/s.
-    Row { what: "4B int8 serve c4", dims: qwen35_4b, mode: INT8, streams: Some(4), measured: 28.62, tolerance: 0.20, miss: None },
+    Row {
+        what: "4B int8 serve c4",
+        dims: qwen35_4b,
+        mode: INT8,
+        streams: Some(4),
+        measured: 28.62,
+        tolerance: 0.20,
+        miss: None,
+    },
     // ane-runtime.md §11, README table: Qwen3.5-4B int8 prompt 30.08 tok/s.
-    Row { what: "4B int8 prefill", dims: qwen35_4b, mode: INT8, streams: None, measured: 30.08, tolerance: 0.25, miss: None },
+    Row {
+        what: "4B int8 prefill",
+        dims: qwen35_4b,
+        mode: INT8,
+        streams: None,
+        measured: 30.08,
+        tolerance: 0.25,
+        miss: None,
+    },
     // ane-runtime.md §11, README table: Qwen3.5-4B fp16 prompt 18.93 tok/s.
-    Row { what: "4B fp16 prefill", dims: qwen35_4b, mode: WeightMode::Fp16, streams: None, measured: 18.93, tolerance: 0.25, miss: None },
+    Row {
+        what: "4B fp16 prefill",
+        dims: qwen35_4b,
+        mode: WeightMode::Fp16,
+        streams: None,
+        measured: 18.93,
+        tolerance: 0.25,
+        miss: None,
+    },
 ];
 
 /// The plan with host work, modelling the C++ runtime on the m3-max profile, against every row
@@ -245,7 +322,9 @@ fn plan_with_host_matches_the_cpp_table() {
         ..HostOptions::default()
     };
     let mut failed = Vec::new();
-    eprintln!("| row | modelled tok/s | measured tok/s | error | ANE alone, emulator clock |\n| --- | ---: | ---: | ---: | ---: |");
+    eprintln!(
+        "| row | modelled tok/s | measured tok/s | error | ANE alone, emulator clock |\n| --- | ---: | ---: | ---: | ---: |"
+    );
     for r in &ROWS {
         let p = plan(&(r.dims)(), &PlanOptions::with_weights(r.mode)).unwrap();
         let (modelled, ane_only) = match r.streams {
@@ -262,15 +341,27 @@ fn plan_with_host_matches_the_cpp_table() {
         if let Some((why, bound)) = r.miss {
             eprintln!("    known miss ({why})");
             if !(off > r.tolerance && off < bound) {
-                failed.push(format!("{}: {modelled:.2} vs {}: expected a miss in (+{:.0} %, +{:.0} %)", r.what, r.measured, r.tolerance * 100.0, bound * 100.0));
+                failed.push(format!(
+                    "{}: {modelled:.2} vs {}: expected a miss in (+{:.0} %, +{:.0} %)",
+                    r.what,
+                    r.measured,
+                    r.tolerance * 100.0,
+                    bound * 100.0
+                ));
             }
         } else if off.abs() > r.tolerance {
-            failed.push(format!("{}: {modelled:.2} vs {} ({:+.1} %, tolerance ±{:.0} %)", r.what, r.measured, off * 100.0, r.tolerance * 100.0));
+            failed.push(format!(
+                "{}: {modelled:.2} vs {} ({:+.1} %, tolerance ±{:.0} %)",
+                r.what,
+                r.measured,
+                off * 100.0,
+                r.tolerance * 100.0
+            ));
         }
     }
     // The rest of the published table, printed for context and not asserted (the task's targets
     // are the rows above; see the field guide, 2026-12-06, for why these err as they do).
-    let context: [(&str, fn() -> ModelDims, WeightMode, Option<usize>, f64); 9] = [
+    let context: [ContextRow; 9] = [
         // ane-runtime.md §11 serve table, Qwen3.5-4B fp16 c1 / c2 / c4.
         ("4B fp16 serve c1", qwen35_4b, WeightMode::Fp16, Some(1), 8.62),
         ("4B fp16 serve c2", qwen35_4b, WeightMode::Fp16, Some(2), 12.59),
@@ -291,9 +382,15 @@ fn plan_with_host_matches_the_cpp_table() {
             Some(n) => p.decode_tok_s(&chip, &host, n),
             None => p.prefill_tok_s(&chip, &host),
         };
-        eprintln!("| {what} (not asserted) | {modelled:.2} | {measured:.2} | {:+.1} % | |", (modelled / measured - 1.0) * 100.0);
+        eprintln!(
+            "| {what} (not asserted) | {modelled:.2} | {measured:.2} | {:+.1} % | |",
+            (modelled / measured - 1.0) * 100.0
+        );
     }
-    for (what, dims, n) in [("4B int8 c1", qwen35_4b as fn() -> ModelDims, 1), ("4B int8 c4", qwen35_4b, 4)] {
+    for (what, dims, n) in [
+        ("4B int8 c1", qwen35_4b as fn() -> ModelDims, 1),
+        ("4B int8 c4", qwen35_4b, 4),
+    ] {
         let p = plan(&dims(), &PlanOptions::with_weights(INT8)).unwrap();
         eprintln!("{what}:\n{}", p.decode_cost(&chip, &host, n).explain());
     }

@@ -197,10 +197,7 @@ fn explain(p: &Plan, chip: &ChipProfile, host: &HostOptions) {
         host.runtime, chip.name, host.context
     );
     for n in [1, 2, 4] {
-        println!(
-            "  decode, {n} stream{}:",
-            if n == 1 { "" } else { "s" }
-        );
+        println!("  decode, {n} stream{}:", if n == 1 { "" } else { "s" });
         print!("{}", p.decode_cost(chip, host, n).explain());
     }
     println!(

@@ -68,7 +68,13 @@ struct Row {
     tolerance: f64,
 }
 
-const fn row(model: &'static str, weights: &'static str, streams: Option<&'static str>, measured: f64, tolerance: f64) -> Row {
+const fn row(
+    model: &'static str,
+    weights: &'static str,
+    streams: Option<&'static str>,
+    measured: f64,
+    tolerance: f64,
+) -> Row {
     Row {
         model,
         weights,
@@ -111,7 +117,16 @@ fn known_miss(r: &Row) -> bool {
 fn plan_json(model: &str, weights: &str, extra: &[&str]) -> Value {
     let path = fixture(model);
     let args = [
-        &["plan", "--model", &path, "--chip", "m3-max", "--weights", weights, "--json"][..],
+        &[
+            "plan",
+            "--model",
+            &path,
+            "--chip",
+            "m3-max",
+            "--weights",
+            weights,
+            "--json",
+        ][..],
         extra,
     ]
     .concat();
@@ -133,7 +148,9 @@ fn plan_with_host_work_matches_the_cpp_table() {
         }
         .expect("rate");
         let off = modelled / r.measured - 1.0;
-        let figure = r.streams.map_or("prefill".to_string(), |n| format!("decode, {n} stream(s)"));
+        let figure = r
+            .streams
+            .map_or("prefill".to_string(), |n| format!("decode, {n} stream(s)"));
         println!(
             "| {} | {} | {figure} | {modelled:.2} | {:.2} | {:+.1} % |",
             r.model,
@@ -147,7 +164,13 @@ fn plan_with_host_work_matches_the_cpp_table() {
             off.abs() <= r.tolerance
         };
         if !ok {
-            failures.push(format!("{} {} {figure}: {modelled:.2} vs {} ({:+.1} %)", r.model, r.weights, r.measured, off * 100.0));
+            failures.push(format!(
+                "{} {} {figure}: {modelled:.2} vs {} ({:+.1} %)",
+                r.model,
+                r.weights,
+                r.measured,
+                off * 100.0
+            ));
         }
     }
     assert!(failures.is_empty(), "outside tolerance: {failures:#?}");
@@ -156,7 +179,10 @@ fn plan_with_host_work_matches_the_cpp_table() {
     assert_eq!(json["measured_cpp"]["serve_tok_s"]["4"].as_f64(), Some(28.62));
     assert_eq!(json["dispatches_per_token"].as_u64(), Some(100));
     assert_eq!(json["runtime"], "anelm");
-    assert_eq!(plan_json("qwen3_5_9b", "fp16", &[])["dispatches_per_token"].as_u64(), Some(32 * 4 + 4));
+    assert_eq!(
+        plan_json("qwen3_5_9b", "fp16", &[])["dispatches_per_token"].as_u64(),
+        Some(32 * 4 + 4)
+    );
     // Host work grows with every stream: four streams are not four times one.
     let (one, four) = (
         json["decode_tok_s"]["1"].as_f64().expect("1"),
@@ -172,7 +198,18 @@ fn plan_with_host_work_matches_the_cpp_table() {
 fn plan_explain_shows_which_terms_dominate() {
     let path = fixture("qwen3_5_4b");
     let text = stdout(&anelm(
-        &["plan", "--model", &path, "--chip", "m3-max", "--weights", "int8", "--explain", "--runtime", "ane-cpp"],
+        &[
+            "plan",
+            "--model",
+            &path,
+            "--chip",
+            "m3-max",
+            "--weights",
+            "int8",
+            "--explain",
+            "--runtime",
+            "ane-cpp",
+        ],
         None,
     ));
     for needle in [
@@ -212,7 +249,13 @@ fn plan_works_for_every_architecture() {
             .display()
             .to_string()
     };
-    for (name, per_layer, layers) in [("llama", 3, 2), ("qwen3", 3, 2), ("qwen3_5", 3, 4), ("qwen3_5_text", 3, 4), ("gemma3", 4, 4)] {
+    for (name, per_layer, layers) in [
+        ("llama", 3, 2),
+        ("qwen3", 3, 2),
+        ("qwen3_5", 3, 4),
+        ("qwen3_5_text", 3, 4),
+        ("gemma3", 4, 4),
+    ] {
         let v: Value =
             serde_json::from_str(stdout(&anelm(&["plan", "--model", &hf(name), "--json"], None)).trim()).expect("json");
         let n = v["dispatches_per_token"].as_u64().expect("count");
@@ -221,7 +264,10 @@ fn plan_works_for_every_architecture() {
         assert!(v["prefill_tok_s"].as_f64().expect("rate") > 0.0, "{name}");
     }
     let text = stdout(&anelm(&["plan", "--model", &hf("gemma3"), "--chip", "m3-max"], None));
-    assert!(text.contains("sliding-attention layer") && text.contains("ffn_gate_up"), "{text}");
+    assert!(
+        text.contains("sliding-attention layer") && text.contains("ffn_gate_up"),
+        "{text}"
+    );
 }
 
 #[test]

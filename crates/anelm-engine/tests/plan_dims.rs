@@ -24,7 +24,6 @@ impl Drop for TempFile {
 enum Val {
     U32(u32),
     F32(f32),
-    Str(&'static str),
     Bools(Vec<bool>),
 }
 
@@ -53,10 +52,6 @@ fn gguf(tag: &str, arch: &str, kv: &[(&str, Val)], hidden: usize, vocab: usize) 
             Val::F32(x) => {
                 b.extend(6u32.to_le_bytes());
                 b.extend(x.to_le_bytes());
-            }
-            Val::Str(s) => {
-                b.extend(8u32.to_le_bytes());
-                put_str(&mut b, s);
             }
             Val::Bools(v) => {
                 b.extend(9u32.to_le_bytes());
@@ -208,11 +203,17 @@ fn every_gguf_architecture_plans_from_its_metadata() {
     let f = gguf("qwen35", "qwen35", &qwen35, 64, 300);
     let d = model_dims(&f.0).expect("qwen35");
     let la = d.linear_attention.expect("hybrid");
-    assert_eq!((la.value_heads, la.key_heads, la.key_head_dim, la.value_head_dim), (4, 2, 16, 16));
+    assert_eq!(
+        (la.value_heads, la.key_heads, la.key_head_dim, la.value_head_dim),
+        (4, 2, 16, 16)
+    );
     assert_eq!(la.full_attention_interval, 4);
     assert_eq!(d.vocab, 300);
     assert!(d.attn_output_gate);
-    assert_eq!(kernels_of_layer(&f.0, 3)[0].1.output_channels(), 2 * 4 * 32 + 2 * 2 * 32);
+    assert_eq!(
+        kernels_of_layer(&f.0, 3)[0].1.output_channels(),
+        2 * 4 * 32 + 2 * 2 * 32
+    );
 
     let mut gemma = common(64, 96, 6, 4, 1, 16);
     gemma.extend([
