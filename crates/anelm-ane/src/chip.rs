@@ -9,12 +9,82 @@
 //! in-process eval-only dispatch). The fixed cost is the M3 Max figure except on M5, where the
 //! MX QoS sweep implies 60–100 µs (`ane-hardware.md` §4.5; 80 µs is the midpoint). None of
 //! these constants was fitted to the tok/s figures the plan is checked against.
+//!
+//! Each profile also carries the host side of a step ([`HostProfile`]: the CPU work between
+//! dispatches, `plan_host.rs`) and the efficiency of int8 weight streams. Those few constants are
+//! the ones calibrated against the C++ system's tok/s table (`ane-runtime.md` §11); their sources
+//! are on [`HostProfile::M3_MAX`] and [`INT8_STREAM_EFFICIENCY`]. Only the M3 Max has
+//! measurements; every other chip reuses them.
 
 use std::time::Duration;
 
 /// The ratio of the field guide's dispatch-fit bandwidth to ANEMLL-Bench's CoreML figure on
 /// the one chip that has both (M3 Max: 78 / 120).
 pub const FIT_TO_ANEMLL_RATIO: f64 = 78.0 / 120.0;
+
+/// The ratio of the in-decode streaming rate (109 GB/s, [`ChipProfile::stream_gb_s`]) to
+/// ANEMLL-Bench's CoreML figure on the M3 Max (120 GB/s); both measure large weight streams.
+pub const STREAM_TO_ANEMLL_RATIO: f64 = 109.0 / 120.0;
+
+/// The fraction of the fp16 byte rate at which int8 weights stream through a dispatch.
+///
+/// Calibrated: the C++ system measured int8 decode only 27 % faster than fp16 on Qwen3.5-4B
+/// (9.21 → 11.66 tok/s, `ane-runtime.md` §11), 27 % in commit `c7da175` and 35 % in `1a2a04e`
+/// (§3.6), where halving the bytes at the fp16 rate would give ~80 %. The ANE expands
+/// `constexpr_blockwise_shift_scale` weights on the fly; this says it does so at about this
+/// fraction of the fp16 streaming rate (int8 still wins: 1 byte at 0.66 of the rate costs
+/// 0.76 of 2 bytes at the full rate). Needs a Mac to confirm (`anelm doctor` dispatch sweep in
+/// both modes).
+pub const INT8_STREAM_EFFICIENCY: f64 = 0.66;
+
+/// The host (CPU) constants of one chip: what the work between dispatches costs.
+///
+/// The plan models one performance core doing that work, as the C++ runtime's decode loop does
+/// (`ane-runtime.md` §7.2: per-session CPU work in a loop; evaluate is synchronous).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HostProfile {
+    /// Effective f32 GFLOP/s of one performance core on the host loops (norms, RoPE, attention,
+    /// the DeltaNet recurrence, sampling): NEON/Accelerate code that is partly memory-bound.
+    pub gflops: f64,
+    /// One performance core's copy bandwidth, GB/s (state, KV and surface traffic).
+    pub gb_s: f64,
+    /// Host time per dispatch beyond the ANE's own fixed cost (building the call, waking up
+    /// after the synchronous evaluate), µs.
+    pub dispatch_us: f64,
+    /// One element through a scalar per-element loop (fp32 ↔ fp16 with the hardware
+    /// conversion, lane gather/scatter), ns.
+    pub element_ns: f64,
+    /// One element through a software fp32 → fp16 conversion (the C++ batched packer
+    /// truncates bit by bit, `ane-runtime.md` §5), ns.
+    pub soft_convert_ns: f64,
+    /// Where these come from.
+    pub source: &'static str,
+}
+
+impl HostProfile {
+    /// M3 Max performance core (4.05 GHz). Sources:
+    /// - `gb_s` 97: the measured IOSurface memcpy, 13.1 MB in 0.27 ms (`ane-hardware.md` §8.7), is
+    ///   48.5 GB/s each way, 97 GB/s of read + write traffic (the unit the model counts bytes in).
+    /// - `gflops` 96: three quarters of the core's fp32 FMA peak (4 × 128-bit FMA pipes, 129.6
+    ///   GFLOP/s). Cross-check: it puts one Qwen3.5-4B stream's host work at 2.9 ms per token
+    ///   against the 2.6 ms (`3dc1c69`) and 3.2 ms (`2a1ce5e`: 19.4 ms for 6 sessions) the C++
+    ///   system measured (`ane-runtime.md` §11).
+    /// - `dispatch_us` 117: the C++ per-kernel decode profile of Qwen3-4B fits 246 µs + bytes /
+    ///   109 GB/s per dispatch (`ane-runtime.md` §6.4, see [`ChipProfile::stream_gb_s`]); less the
+    ///   ANE's 119 µs and ~10 µs of lane-0 surface traffic, 117 µs are the host's.
+    /// - `element_ns` 0.3: one element per ~1.2 cycles (a load, a convert, a strided store).
+    /// - `soft_convert_ns` 1.5: calibrated on the serve rows c2 / c4 (`ane-runtime.md` §11), the
+    ///   only figures that see the C++ batched packer; ~6 cycles of integer bit work per element.
+    pub const M3_MAX: HostProfile = HostProfile {
+        gflops: 96.0,
+        gb_s: 97.0,
+        dispatch_us: 117.0,
+        element_ns: 0.3,
+        soft_convert_ns: 1.5,
+        source: "M3 Max P-core: memcpy traffic (ane-hardware.md §8.7), FMA peak, the §6.4 dispatch profile; \
+                 soft conversion calibrated on ane-runtime.md §11 (docs/field-guide.md, 2026-12-06)",
+    };
+}
 
 /// Dispatch cost constants of one chip.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -29,6 +99,18 @@ pub struct ChipProfile {
     pub bandwidth_gb_s: f64,
     /// Where the bandwidth comes from.
     pub bandwidth_source: &'static str,
+    /// Streaming rate of large weight dispatches in a decode loop, GB/s: the planner's ANE rate.
+    /// M3 Max: the least-squares line through the C++ system's per-kernel decode profile of
+    /// Qwen3-4B fp16 (`ane-runtime.md` §6.4, commit `4c120d3`: QKV 32 MB in 0.578 ms, O-proj 22 MB
+    /// in 0.406 ms, FFN 150 MB in 1.631 ms, LM-head chunk 156 MB in 1.66 ms per dispatch) is
+    /// 246 µs + bytes / 109 GB/s (residuals within ±9 %). The emulator's eval-only fit
+    /// ([`ChipProfile::bandwidth_gb_s`], 78 GB/s) comes from small kernels and predicts the FFN
+    /// 25 % slower than that profile measured it. Other chips: ANEMLL × 109/120.
+    pub stream_gb_s: f64,
+    /// Fraction of the fp16 byte rate int8 weights stream at ([`INT8_STREAM_EFFICIENCY`]).
+    pub int8_efficiency: f64,
+    /// The host side of a step.
+    pub host: HostProfile,
 }
 
 const FIXED_M3_MAX: &str =
@@ -41,7 +123,10 @@ const fn scaled(name: &'static str, anemll_gb_s: f64, fixed_us: f64, fixed_sourc
         fixed_us,
         fixed_source,
         bandwidth_gb_s: anemll_gb_s * FIT_TO_ANEMLL_RATIO,
+        stream_gb_s: anemll_gb_s * STREAM_TO_ANEMLL_RATIO,
         bandwidth_source: "ANEMLL-Bench ANE bandwidth (landscape.md §1) × 78/120 (the M3 Max fit-to-ANEMLL ratio)",
+        int8_efficiency: INT8_STREAM_EFFICIENCY,
+        host: HostProfile::M3_MAX,
     }
 }
 
@@ -60,6 +145,9 @@ pub const CHIPS: [ChipProfile; 13] = [
         fixed_source: "field-guide dispatch fit, M3 Max, macOS 26.3.1 (ane-hardware.md §4.5)",
         bandwidth_gb_s: 78.0,
         bandwidth_source: "field-guide dispatch fit, M3 Max (ane-hardware.md §4.5)",
+        stream_gb_s: 109.0,
+        int8_efficiency: INT8_STREAM_EFFICIENCY,
+        host: HostProfile::M3_MAX,
     },
     scaled("m4", 64.0, 119.0, FIXED_M3_MAX),
     scaled("m4-pro", 126.0, 119.0, FIXED_M3_MAX),
@@ -94,6 +182,18 @@ impl ChipProfile {
     /// Modelled time of one dispatch moving `bytes` (weights + input and output surfaces), seconds.
     pub fn dispatch_seconds(&self, bytes: u64) -> f64 {
         self.fixed_us * 1e-6 + bytes as f64 / (self.bandwidth_gb_s * 1e9)
+    }
+
+    /// The planner's ANE time of one dispatch streaming `weight_bytes` stored in `mode` plus
+    /// `io_bytes` of surfaces, seconds: the fixed cost plus the bytes at
+    /// [`ChipProfile::stream_gb_s`], int8 weights at [`ChipProfile::int8_efficiency`] of that rate.
+    /// The emulator's clock ([`ChipProfile::dispatch_time`]) keeps the eval-only fit.
+    pub fn weights_dispatch_seconds(&self, weight_bytes: u64, io_bytes: u64, mode: crate::WeightMode) -> f64 {
+        let w = match mode {
+            crate::WeightMode::Fp16 => weight_bytes as f64,
+            crate::WeightMode::Int8 { .. } => weight_bytes as f64 / self.int8_efficiency.max(1e-3),
+        };
+        self.fixed_us * 1e-6 + (w + io_bytes as f64) / (self.stream_gb_s * 1e9)
     }
 
     /// [`ChipProfile::dispatch_seconds`] as a `Duration`.

@@ -40,6 +40,7 @@ mod exec;
 mod kernel;
 mod lower;
 mod plan;
+mod plan_host;
 mod quant;
 mod rules;
 mod surface;
@@ -47,7 +48,7 @@ mod validate;
 
 pub use apple::{AppleAne, AppleConfig, AppleError};
 pub use cache::{CACHE_DIR_ENV, CacheOutcome, CompileCache, compile_or_load, content_id};
-pub use chip::{CHIPS, ChipProfile, FIT_TO_ANEMLL_RATIO};
+pub use chip::{CHIPS, ChipProfile, FIT_TO_ANEMLL_RATIO, HostProfile, INT8_STREAM_EFFICIENCY, STREAM_TO_ANEMLL_RATIO};
 pub use device::{AneDevice, DispatchTime, ProgramHandle, Releasing, Signature, compile_and_load};
 pub use emu::{
     DEFAULT_MAX_CONV_INPUT_CHANNELS, DEFAULT_MAX_DIM, DEFAULT_MAX_KERNEL_CONST_BYTES, DEFAULT_MAX_LOADED,
@@ -57,9 +58,10 @@ pub use error::{AneError, LowerError, SurfaceError};
 pub use kernel::{AneKernel, WeightMode, WeightShape};
 pub use lower::{FfnChunkWeights, Lowered, blob_path, ffn_chunk_weights, lower};
 pub use plan::{
-    FFN_MAX_BYTES, KernelRole, LM_HEAD_MAX_ROWS, LayerKind, LayerPlan, LinearAttention, ModelDims, Plan, PlanError,
-    PlanOptions, PlannedKernel, linear_chunk_rows, plan, plan_ffn,
+    BlockLayout, FFN_MAX_BYTES, KernelRole, LM_HEAD_MAX_ROWS, LayerKind, LayerPlan, LinearAttention, ModelDims, Plan,
+    PlanError, PlanOptions, PlannedKernel, SlidingWindow, linear_chunk_rows, plan, plan_ffn,
 };
+pub use plan_host::{DEFAULT_CONTEXT, HostOptions, HostRuntime, StepCost, StreamWork, Work, stream_work};
 pub use quant::{QuantizedMatrix, quantize_int8};
 pub use rules::{
     DEFAULT_MAX_COMPILES, FG_MAX_LOADED_BYTES, MAX_AXIS, MAX_PROGRAM_OUTPUTS, MAX_PROGRAM_WEIGHT_BYTES,

@@ -13,6 +13,7 @@ use thiserror::Error;
 use crate::chip::ChipProfile;
 use crate::emu::{DEFAULT_MAX_CONV_INPUT_CHANNELS, DEFAULT_MAX_DIM, DEFAULT_MAX_KERNEL_CONST_BYTES};
 use crate::kernel::{AneKernel, WeightMode};
+use crate::plan_host::HostOptions;
 use crate::surface::LANES;
 
 /// The FFN size rule of the C++ system: `ANE_FFN_CHUNK_MAX_BYTES` = 150 MiB of fp16 weights
@@ -37,6 +38,27 @@ pub struct LinearAttention {
     pub full_attention_interval: usize,
 }
 
+/// Sliding-window (local) attention layers, as Gemma 3 has them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlidingWindow {
+    /// Positions a local layer attends to.
+    pub window: usize,
+    /// Layer i is global (full attention) when (i + 1) % global_every == 0; the rest are local.
+    pub global_every: usize,
+}
+
+/// How a decoder block joins its mixer and FFN to the residual stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockLayout {
+    /// Pre-norm (Llama, Qwen3, Qwen3.5): the residual adds run on the ANE inside the output
+    /// projection and the SwiGLU FFN kernels.
+    PreNorm,
+    /// Gemma 3: the attention and FFN outputs are normalised before they join the residual, so
+    /// the output and down projections are plain kernels, the GeGLU runs on the host between the
+    /// fused gate ‖ up projection and the down projection, and the host adds the residuals.
+    Sandwich,
+}
+
 /// The shapes the planner needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ModelDims {
@@ -58,6 +80,10 @@ pub struct ModelDims {
     pub attn_output_gate: bool,
     /// Gated-DeltaNet layers, for hybrid models.
     pub linear_attention: Option<LinearAttention>,
+    /// Local attention layers, for Gemma 3.
+    pub sliding_window: Option<SlidingWindow>,
+    /// How the block joins the residual stream.
+    pub block: BlockLayout,
 }
 
 impl ModelDims {
@@ -81,6 +107,8 @@ impl ModelDims {
             layers,
             attn_output_gate: false,
             linear_attention: None,
+            sliding_window: None,
+            block: BlockLayout::PreNorm,
         }
     }
 
@@ -88,8 +116,12 @@ impl ModelDims {
     pub fn layer_kind(&self, i: usize) -> LayerKind {
         match self.linear_attention {
             Some(la) if la.full_attention_interval > 0 && (i + 1) % la.full_attention_interval != 0 => {
-                LayerKind::LinearAttention
+                return LayerKind::LinearAttention;
             }
+            _ => {}
+        }
+        match self.sliding_window {
+            Some(sw) if sw.global_every > 0 && (i + 1) % sw.global_every != 0 => LayerKind::SlidingAttention,
             _ => LayerKind::Attention,
         }
     }
@@ -102,6 +134,8 @@ pub enum LayerKind {
     Attention,
     /// Gated DeltaNet (on the CPU between the projections).
     LinearAttention,
+    /// Softmax attention over a sliding window (Gemma 3 local layers).
+    SlidingAttention,
 }
 
 impl LayerKind {
@@ -110,6 +144,7 @@ impl LayerKind {
         match self {
             LayerKind::Attention => "attention",
             LayerKind::LinearAttention => "linear-attention",
+            LayerKind::SlidingAttention => "sliding-attention",
         }
     }
 }
@@ -121,6 +156,12 @@ pub enum KernelRole {
     InputProj,
     /// Output projection + residual.
     OutputProjResidual,
+    /// Plain output projection (Gemma 3: normalised on the host before the residual add).
+    OutputProj,
+    /// Fused gate ‖ up projection (Gemma 3: GeGLU on the host).
+    FfnGateUp,
+    /// Plain down projection (Gemma 3).
+    FfnDown,
     /// Whole SwiGLU FFN + residual.
     FfnResidual,
     /// Chunk `index` of `count` of a split FFN.
@@ -144,6 +185,9 @@ impl fmt::Display for KernelRole {
         match self {
             KernelRole::InputProj => f.write_str("input_proj"),
             KernelRole::OutputProjResidual => f.write_str("output_proj_residual"),
+            KernelRole::OutputProj => f.write_str("output_proj"),
+            KernelRole::FfnGateUp => f.write_str("ffn_gate_up"),
+            KernelRole::FfnDown => f.write_str("ffn_down"),
             KernelRole::FfnResidual => f.write_str("ffn_residual"),
             KernelRole::FfnChunk { index, count } => write!(f, "ffn_chunk {}/{count}", index + 1),
             KernelRole::LmHead { index, count } => write!(f, "lm_head {}/{count}", index + 1),
@@ -303,6 +347,11 @@ fn check(d: &ModelDims) -> Result<(), PlanError> {
             return Err(PlanError::BadDims("a linear-attention dimension is 0".into()));
         }
     }
+    if let Some(sw) = d.sliding_window {
+        if sw.window == 0 {
+            return Err(PlanError::BadDims("the sliding window is 0".into()));
+        }
+    }
     Ok(())
 }
 
@@ -312,12 +361,13 @@ fn input_proj(d: &ModelDims, kind: LayerKind) -> Result<PlannedKernel, PlanError
         (LayerKind::LinearAttention, Some(la)) => {
             let k = la.key_heads * la.key_head_dim;
             let v = la.value_heads * la.value_head_dim;
+            let hv = la.value_heads;
             (
-                vec![2 * k + v, v],
+                vec![2 * k + v, v, hv, hv],
                 format!(
-                    "in_proj_qkv ({} = 2·{k} + {v} rows) and in_proj_z ({v} rows) read the same normed input, so they \
-                     are one conv program with a channel concat: 1 dispatch instead of 2 (in_proj_a/b are tiny and stay \
-                     on the CPU)",
+                    "in_proj_qkv ({} = 2·{k} + {v} rows), in_proj_z ({v}) and the gates in_proj_b, in_proj_a ({hv} \
+                     each) read the same normed input, so they are one conv program with a channel concat: 1 dispatch \
+                     instead of 4 (the loader fuses all four)",
                     2 * k + v
                 ),
             )
@@ -351,6 +401,17 @@ fn output_proj(d: &ModelDims, kind: LayerKind) -> Result<PlannedKernel, PlanErro
         (LayerKind::LinearAttention, Some(la)) => la.value_heads * la.value_head_dim,
         _ => d.heads * d.head_dim,
     };
+    if d.block == BlockLayout::Sandwich {
+        return Ok(PlannedKernel {
+            role: KernelRole::OutputProj,
+            kernel: AneKernel::Linear { rows: d.hidden, cols },
+            reason: format!(
+                "output projection ({}×{cols}) alone: the block normalises the attention output before the residual \
+                 add, and a norm stays on the host (fp16 RMSNorm on the ANE drifts)",
+                d.hidden
+            ),
+        });
+    }
     Ok(PlannedKernel {
         role: KernelRole::OutputProjResidual,
         kernel: AneKernel::LinearResidual { rows: d.hidden, cols },
@@ -363,7 +424,39 @@ fn output_proj(d: &ModelDims, kind: LayerKind) -> Result<PlannedKernel, PlanErro
 }
 
 fn ffn(d: &ModelDims, opts: &PlanOptions) -> Result<Vec<PlannedKernel>, PlanError> {
-    plan_ffn(d.hidden, d.intermediate, opts)
+    match d.block {
+        BlockLayout::PreNorm => plan_ffn(d.hidden, d.intermediate, opts),
+        BlockLayout::Sandwich => {
+            let (h, f) = (d.hidden, d.intermediate);
+            if f > opts.max_conv_input_channels {
+                return Err(PlanError::DoesNotFit(format!(
+                    "the down projection: it reads {f} channels, over the conv input cap of {}",
+                    opts.max_conv_input_channels
+                )));
+            }
+            Ok(vec![
+                PlannedKernel {
+                    role: KernelRole::FfnGateUp,
+                    kernel: AneKernel::FusedLinear {
+                        parts: vec![f, f],
+                        cols: h,
+                    },
+                    reason: format!(
+                        "gate and up ({f} rows each) read the same normed input: one conv program with a channel \
+                         concat; the GeGLU (tanh GELU) between them and the down projection runs on the host"
+                    ),
+                },
+                PlannedKernel {
+                    role: KernelRole::FfnDown,
+                    kernel: AneKernel::Linear { rows: h, cols: f },
+                    reason: format!(
+                        "down projection ({h}×{f}) alone: the FFN output is normalised on the host before the residual \
+                         add"
+                    ),
+                },
+            ])
+        }
+    }
 }
 
 /// The kernels a SwiGLU FFN of width `hidden` → `inter` → `hidden` becomes under `opts`: one
@@ -540,29 +633,42 @@ impl Plan {
             .sum()
     }
 
-    /// Modelled ANE time of one step (all dispatches), seconds. Host work (norms, attention,
-    /// DeltaNet, sampling, surface conversion) is not included.
+    /// Modelled ANE time of one step (all dispatches), seconds, as the emulator's clock charges
+    /// it. Host work (norms, attention, DeltaNet, sampling, surface conversion) is not included;
+    /// [`Plan::decode_cost`] adds it.
     pub fn step_seconds(&self, chip: &ChipProfile) -> f64 {
         self.kernels()
             .map(|k| chip.dispatch_seconds(k.kernel.dispatch_bytes(self.options.weights) as u64))
             .sum()
     }
 
-    /// Modelled decode tokens/s with `streams` concurrent sessions sharing each dispatch's lanes
-    /// (more than 32 streams take several dispatch groups).
-    pub fn decode_tok_s(&self, chip: &ChipProfile, streams: usize) -> f64 {
+    /// Decode tokens/s from [`Plan::step_seconds`] alone (no host work) with `streams` concurrent
+    /// sessions sharing each dispatch's lanes (more than 32 streams take several dispatch groups).
+    pub fn ane_decode_tok_s(&self, chip: &ChipProfile, streams: usize) -> f64 {
         let streams = streams.max(1);
         let groups = streams.div_ceil(LANES);
         streams as f64 / (groups as f64 * self.step_seconds(chip))
     }
 
-    /// Modelled prefill tokens/s when `batch` consecutive prompt tokens share each dispatch.
-    pub fn prefill_tok_s(&self, chip: &ChipProfile, batch: usize) -> f64 {
-        self.decode_tok_s(chip, batch.clamp(1, LANES))
+    /// Modelled decode tokens/s with `streams` concurrent streams: ANE dispatches and host work
+    /// ([`Plan::decode_cost`]).
+    pub fn decode_tok_s(&self, chip: &ChipProfile, host: &HostOptions, streams: usize) -> f64 {
+        self.decode_cost(chip, host, streams).tok_s()
     }
 
-    /// The human-readable table `anelm plan` prints for `chip`.
+    /// Modelled prefill tokens/s in the runtime's W-lane batches, host work included
+    /// ([`Plan::prefill_cost`]).
+    pub fn prefill_tok_s(&self, chip: &ChipProfile, host: &HostOptions) -> f64 {
+        self.prefill_cost(chip, host).tok_s()
+    }
+
+    /// The human-readable table `anelm plan` prints for `chip` with the default host model.
     pub fn report(&self, chip: &ChipProfile) -> String {
+        self.report_host(chip, &HostOptions::default())
+    }
+
+    /// The human-readable table `anelm plan` prints for `chip` and the host model `host`.
+    pub fn report_host(&self, chip: &ChipProfile, host: &HostOptions) -> String {
         let d = &self.dims;
         let mode = self.options.weights;
         let mut s = String::new();
@@ -602,11 +708,23 @@ impl Plan {
         );
         let _ = writeln!(
             s,
-            "modelled on {} ({:.0} µs + bytes / {:.1} GB/s; ANE only, host work excluded): step {:.1} ms",
+            "ANE alone on {} ({:.0} µs + bytes / {:.1} GB/s, as the emulator charges it): step {:.1} ms",
             chip.name,
             chip.fixed_us,
             chip.bandwidth_gb_s,
             self.step_seconds(chip) * 1e3
+        );
+        let one = self.decode_cost(chip, host, 1);
+        let _ = writeln!(
+            s,
+            "with the host ({} runtime, context {}; int8 weights at {:.2} of the byte rate): step {:.1} ms at 1 \
+             stream (ANE {:.1} ms, host {:.1} ms)",
+            host.runtime,
+            host.context,
+            chip.int8_efficiency,
+            one.seconds() * 1e3,
+            one.ane() * 1e3,
+            one.host() * 1e3
         );
         let _ = write!(s, "decode tok/s:");
         for n in [1, 2, 4, 8] {
@@ -614,13 +732,14 @@ impl Plan {
                 s,
                 "  {n} stream{}: {:.2}",
                 if n == 1 { "" } else { "s" },
-                self.decode_tok_s(chip, n)
+                self.decode_tok_s(chip, host, n)
             );
         }
         let _ = writeln!(
             s,
-            "\nprefill tok/s (4-token W-lane batch): {:.2}",
-            self.prefill_tok_s(chip, 4)
+            "\nprefill tok/s ({}-token W-lane batch): {:.2}",
+            host.runtime.prefill_lanes(),
+            self.prefill_tok_s(chip, host)
         );
         s
     }

@@ -4,8 +4,8 @@
 use std::time::Instant;
 
 use anelm_ane::{
-    AneDevice, AneKernel, ChipProfile, EmuAne, KernelRole, LayerKind, LinearAttention, ModelDims, PlanError,
-    PlanOptions, WeightMode, lower, plan,
+    AneDevice, AneKernel, ChipProfile, EmuAne, HostOptions, HostRuntime, KernelRole, LayerKind, LinearAttention,
+    ModelDims, PlanError, PlanOptions, WeightMode, lower, plan,
 };
 
 fn smollm2_135m() -> ModelDims {
@@ -98,7 +98,7 @@ fn qwen35_4b_plan() {
     assert_eq!(
         la[0].kernel,
         AneKernel::FusedLinear {
-            parts: vec![8192, 4096],
+            parts: vec![8192, 4096, 32, 32],
             cols: 2560
         }
     );
@@ -193,34 +193,225 @@ fn device_limits_shape_the_plan() {
     ));
 }
 
-/// The modelled single-stream decode rate on the m3-max profile against the C++ system's
-/// measured ones (ane-runtime.md §11; README 7c61e4e, M3 Max): each within ±35 %. The model
-/// counts ANE dispatches only (no host work), and the C++ 9B int8 run kept its chunked FFN in
-/// fp16 while anelm quantises it, so 9B int8 is expected to come out high.
+/// One figure the C++ system measured on an M3 Max (`docs/reference/ane-runtime.md` §11,
+/// "Performance facts", README `7c61e4e`: warmed 5-run medians at 500 generated tokens; serve:
+/// 8 requests × 100 tokens, 3 repeats, `--sessions 4`, aggregate generation tok/s).
+struct Row {
+    what: &'static str,
+    dims: fn() -> ModelDims,
+    mode: WeightMode,
+    /// Concurrent streams, or `None` for prefill.
+    streams: Option<usize>,
+    measured: f64,
+    tolerance: f64,
+    /// Why the model cannot meet `tolerance` on this row, if it cannot; the row must then err
+    /// by more, in the stated direction, and by less than `miss_bound`.
+    miss: Option<(&'static str, f64)>,
+}
+
+const INT8: WeightMode = WeightMode::INT8_PER_ROW;
+
+/// A measured figure printed for context: what, shapes, weights, streams (None: prefill), tok/s.
+type ContextRow = (&'static str, fn() -> ModelDims, WeightMode, Option<usize>, f64);
+
+const ROWS: [Row; 9] = [
+    // ane-runtime.md §11, README table: Qwen3.5-4B fp16 gen 9.21 tok/s.
+    Row {
+        what: "4B fp16 single stream",
+        dims: qwen35_4b,
+        mode: WeightMode::Fp16,
+        streams: Some(1),
+        measured: 9.21,
+        tolerance: 0.15,
+        miss: None,
+    },
+    // ane-runtime.md §11, README table: Qwen3.5-4B int8 gen 11.66 tok/s.
+    Row {
+        what: "4B int8 single stream",
+        dims: qwen35_4b,
+        mode: INT8,
+        streams: Some(1),
+        measured: 11.66,
+        tolerance: 0.15,
+        miss: None,
+    },
+    // ane-runtime.md §11, README table: Qwen3.5-9B fp16 gen 4.27 tok/s.
+    Row {
+        what: "9B fp16 single stream",
+        dims: qwen35_9b,
+        mode: WeightMode::Fp16,
+        streams: Some(1),
+        measured: 4.27,
+        tolerance: 0.15,
+        miss: Some((
+            "4B → 9B fp16 adds 7.46 GB and 32 dispatches per token and the measured time grows by 125.6 ms: \
+                     ≤ 59 GB/s even with no fixed cost, while 4B fp16 alone needs ≥ 77 GB/s; no model linear in bytes \
+                     and dispatches fits both",
+            0.35,
+        )),
+    },
+    // ane-runtime.md §11, README table: Qwen3.5-9B int8 gen 7.01 tok/s.
+    Row {
+        what: "9B int8 single stream",
+        dims: qwen35_9b,
+        mode: INT8,
+        streams: Some(1),
+        measured: 7.01,
+        tolerance: 0.15,
+        miss: None,
+    },
+    // ane-runtime.md §11, serve table: Qwen3.5-4B int8 c1 10.53 tok/s.
+    Row {
+        what: "4B int8 serve c1",
+        dims: qwen35_4b,
+        mode: INT8,
+        streams: Some(1),
+        measured: 10.53,
+        tolerance: 0.15,
+        miss: None,
+    },
+    // ane-runtime.md §11, serve table: Qwen3.5-4B int8 c2 15.95 tok/s.
+    Row {
+        what: "4B int8 serve c2",
+        dims: qwen35_4b,
+        mode: INT8,
+        streams: Some(2),
+        measured: 15.95,
+        tolerance: 0.20,
+        miss: None,
+    },
+    // ane-runtime.md §11, serve table: Qwen3.5-4B int8 c4 28.62 tok/s.
+    Row {
+        what: "4B int8 serve c4",
+        dims: qwen35_4b,
+        mode: INT8,
+        streams: Some(4),
+        measured: 28.62,
+        tolerance: 0.20,
+        miss: None,
+    },
+    // ane-runtime.md §11, README table: Qwen3.5-4B int8 prompt 30.08 tok/s.
+    Row {
+        what: "4B int8 prefill",
+        dims: qwen35_4b,
+        mode: INT8,
+        streams: None,
+        measured: 30.08,
+        tolerance: 0.25,
+        miss: None,
+    },
+    // ane-runtime.md §11, README table: Qwen3.5-4B fp16 prompt 18.93 tok/s.
+    Row {
+        what: "4B fp16 prefill",
+        dims: qwen35_4b,
+        mode: WeightMode::Fp16,
+        streams: None,
+        measured: 18.93,
+        tolerance: 0.25,
+        miss: None,
+    },
+];
+
+/// The plan with host work, modelling the C++ runtime on the m3-max profile, against every row
+/// of the C++ system's published table; prints the table, then asserts each tolerance.
 #[test]
-fn modelled_decode_is_within_35_percent_of_the_measured_cpp_figures() {
-    let chip = ChipProfile::by_name("m3-max").unwrap();
-    let cases = [
-        (qwen35_4b(), WeightMode::Fp16, 9.21),
-        (qwen35_4b(), WeightMode::INT8_PER_ROW, 11.66),
-        (qwen35_9b(), WeightMode::Fp16, 4.27),
-        (qwen35_9b(), WeightMode::INT8_PER_ROW, 7.01),
-    ];
-    for (dims, mode, measured) in cases {
-        let p = plan(&dims, &PlanOptions::with_weights(mode)).unwrap();
-        let modelled = p.decode_tok_s(&chip, 1);
-        let off = modelled / measured - 1.0;
+fn plan_with_host_matches_the_cpp_table() {
+    let chip = ChipProfile::m3_max();
+    let host = HostOptions {
+        runtime: HostRuntime::AneCpp,
+        ..HostOptions::default()
+    };
+    let mut failed = Vec::new();
+    eprintln!(
+        "| row | modelled tok/s | measured tok/s | error | ANE alone, emulator clock |\n| --- | ---: | ---: | ---: | ---: |"
+    );
+    for r in &ROWS {
+        let p = plan(&(r.dims)(), &PlanOptions::with_weights(r.mode)).unwrap();
+        let (modelled, ane_only) = match r.streams {
+            Some(n) => (p.decode_tok_s(&chip, &host, n), p.ane_decode_tok_s(&chip, n)),
+            None => (p.prefill_tok_s(&chip, &host), f64::NAN),
+        };
+        let off = modelled / r.measured - 1.0;
         eprintln!(
-            "hidden {} {mode}: modelled {modelled:.2} tok/s vs measured {measured} ({:+.0} %)",
-            dims.hidden,
+            "| {} | {modelled:.2} | {:.2} | {:+.1} % | {ane_only:.2} |",
+            r.what,
+            r.measured,
             off * 100.0
         );
-        assert!(
-            off.abs() <= 0.35,
-            "hidden {} {mode}: {modelled:.2} vs {measured}",
-            dims.hidden
+        if let Some((why, bound)) = r.miss {
+            eprintln!("    known miss ({why})");
+            if !(off > r.tolerance && off < bound) {
+                failed.push(format!(
+                    "{}: {modelled:.2} vs {}: expected a miss in (+{:.0} %, +{:.0} %)",
+                    r.what,
+                    r.measured,
+                    r.tolerance * 100.0,
+                    bound * 100.0
+                ));
+            }
+        } else if off.abs() > r.tolerance {
+            failed.push(format!(
+                "{}: {modelled:.2} vs {} ({:+.1} %, tolerance ±{:.0} %)",
+                r.what,
+                r.measured,
+                off * 100.0,
+                r.tolerance * 100.0
+            ));
+        }
+    }
+    // The rest of the published table, printed for context and not asserted (the task's targets
+    // are the rows above; see the field guide, 2026-12-06, for why these err as they do).
+    let context: [ContextRow; 9] = [
+        // ane-runtime.md §11 serve table, Qwen3.5-4B fp16 c1 / c2 / c4.
+        ("4B fp16 serve c1", qwen35_4b, WeightMode::Fp16, Some(1), 8.62),
+        ("4B fp16 serve c2", qwen35_4b, WeightMode::Fp16, Some(2), 12.59),
+        ("4B fp16 serve c4", qwen35_4b, WeightMode::Fp16, Some(4), 20.75),
+        // ane-runtime.md §11 serve table, Qwen3.5-9B int8 c1 / c2 / c4.
+        ("9B int8 serve c1", qwen35_9b, INT8, Some(1), 5.76),
+        ("9B int8 serve c2", qwen35_9b, INT8, Some(2), 5.81),
+        ("9B int8 serve c4", qwen35_9b, INT8, Some(4), 6.57),
+        // ane-runtime.md §11 serve table, Qwen3.5-9B fp16 c4.
+        ("9B fp16 serve c4", qwen35_9b, WeightMode::Fp16, Some(4), 4.89),
+        // ane-runtime.md §11 README table, Qwen3.5-9B prompt tok/s.
+        ("9B fp16 prefill", qwen35_9b, WeightMode::Fp16, None, 6.49),
+        ("9B int8 prefill", qwen35_9b, INT8, None, 7.39),
+    ];
+    for (what, dims, mode, streams, measured) in context {
+        let p = plan(&dims(), &PlanOptions::with_weights(mode)).unwrap();
+        let modelled = match streams {
+            Some(n) => p.decode_tok_s(&chip, &host, n),
+            None => p.prefill_tok_s(&chip, &host),
+        };
+        eprintln!(
+            "| {what} (not asserted) | {modelled:.2} | {measured:.2} | {:+.1} % | |",
+            (modelled / measured - 1.0) * 100.0
         );
-        assert!(p.decode_tok_s(&chip, 4) > 3.9 * modelled);
+    }
+    for (what, dims, n) in [
+        ("4B int8 c1", qwen35_4b as fn() -> ModelDims, 1),
+        ("4B int8 c4", qwen35_4b, 4),
+    ] {
+        let p = plan(&dims(), &PlanOptions::with_weights(INT8)).unwrap();
+        eprintln!("{what}:\n{}", p.decode_cost(&chip, &host, n).explain());
+    }
+    assert!(failed.is_empty(), "outside tolerance:\n{}", failed.join("\n"));
+}
+
+/// Without host work the plan is the ANE alone and streams share each dispatch's lanes for free;
+/// with it, every stream adds its own work, in either runtime.
+#[test]
+fn host_work_keeps_streams_from_scaling_for_free() {
+    let chip = ChipProfile::by_name("m3-max").unwrap();
+    let p = plan(&qwen35_4b(), &PlanOptions::default()).unwrap();
+    let one = p.ane_decode_tok_s(&chip, 1);
+    assert!((p.ane_decode_tok_s(&chip, 4) / one - 4.0).abs() < 1e-9);
+    for runtime in HostRuntime::ALL {
+        let host = HostOptions {
+            runtime,
+            ..HostOptions::default()
+        };
+        let (h1, h4) = (p.decode_tok_s(&chip, &host, 1), p.decode_tok_s(&chip, &host, 4));
+        assert!(h4 < 3.8 * h1 && h4 > h1, "{runtime}: {h1} → {h4}");
     }
 }
 

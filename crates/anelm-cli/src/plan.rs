@@ -1,19 +1,38 @@
 //! `anelm plan`: from a model's configuration alone (a `config.json`, its directory, or a GGUF
 //! file's metadata; no weights), the ANE kernels of every layer with their shapes, bytes and the
 //! reason for each choice, dispatches per token, bytes per dispatch, and the modelled decode
-//! tok/s at 1, 2, 4 and 8 streams per chip profile.
+//! tok/s at 1, 2, 4 and 8 streams and prefill tok/s per chip profile, host work included
+//! (`--explain` splits a token's time into its terms).
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use clap::Args;
+use clap::{Args, ValueEnum};
 use serde_json::json;
 
-use anelm_ane::{CHIPS, ChipProfile, Plan, PlanOptions, WeightMode, plan};
+use anelm_ane::{CHIPS, ChipProfile, DEFAULT_CONTEXT, HostOptions, HostRuntime, Plan, PlanOptions, WeightMode, plan};
 use anelm_engine::plan_dims::model_dims;
 
 use crate::args::AneWeightsArg;
 use crate::default_model::default_model_path;
+
+/// The code around the dispatches the host model describes.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RuntimeArg {
+    /// anelm's own ANE backend.
+    Anelm,
+    /// The C++ system the measured figures come from (`ane-runtime.md`): for comparing with them.
+    AneCpp,
+}
+
+impl RuntimeArg {
+    fn runtime(self) -> HostRuntime {
+        match self {
+            RuntimeArg::Anelm => HostRuntime::Anelm,
+            RuntimeArg::AneCpp => HostRuntime::AneCpp,
+        }
+    }
+}
 
 /// Arguments of `anelm plan`.
 #[derive(Args, Debug)]
@@ -27,6 +46,15 @@ pub struct PlanArgs {
     /// Weight storage of the ANE programs.
     #[arg(long, value_enum, default_value_t = AneWeightsArg::Fp16)]
     pub weights: AneWeightsArg,
+    /// Whose host code to model between the dispatches.
+    #[arg(long, value_enum, default_value_t = RuntimeArg::Anelm)]
+    pub runtime: RuntimeArg,
+    /// Tokens of context each stream's attention reads per decoded token.
+    #[arg(long, default_value_t = DEFAULT_CONTEXT)]
+    pub context: usize,
+    /// Split a token's modelled time into its terms (ANE dispatches, host work by kind).
+    #[arg(long)]
+    pub explain: bool,
     /// One JSON object on stdout (for `--chip`, or m3-max).
     #[arg(long)]
     pub json: bool,
@@ -34,83 +62,124 @@ pub struct PlanArgs {
 
 /// Streams the rate table shows.
 const STREAMS: [usize; 4] = [1, 2, 4, 8];
-/// Prompt tokens per W-lane prefill dispatch (the default `--prefill-batch`).
-const PREFILL_BATCH: usize = 4;
 
-/// A decode rate the C++ system measured (ane-runtime.md §11, README 7c61e4e, M3 Max, single
-/// stream). Printed beside the modelled figure; never used to set a constant.
+/// What the C++ system measured on an M3 Max for one Qwen3.5 configuration (`ane-runtime.md`
+/// §11, README `7c61e4e`). Printed beside the modelled figures; never used to set a constant.
 struct Measured {
     name: &'static str,
     hidden: usize,
     intermediate: usize,
-    layers: usize,
-    vocab: usize,
     weights: &'static str,
-    tok_s: f64,
+    /// Single-stream generation (`generate`, 500 tokens).
+    decode: f64,
+    /// `serve` aggregate generation at concurrency 1, 2, 4 (8 requests × 100 tokens).
+    serve: [f64; 3],
+    /// Prompt tok/s.
+    prefill: f64,
 }
 
 const CPP_MEASURED_M3_MAX: [Measured; 4] = [
-    measured("Qwen3.5-4B", 2560, 9216, "fp16", 9.21),
-    measured("Qwen3.5-4B", 2560, 9216, "int8", 11.66),
-    measured("Qwen3.5-9B", 4096, 12288, "fp16", 4.27),
-    measured("Qwen3.5-9B", 4096, 12288, "int8", 7.01),
+    Measured {
+        name: "Qwen3.5-4B",
+        hidden: 2560,
+        intermediate: 9216,
+        weights: "fp16",
+        decode: 9.21,
+        serve: [8.62, 12.59, 20.75],
+        prefill: 18.93,
+    },
+    Measured {
+        name: "Qwen3.5-4B",
+        hidden: 2560,
+        intermediate: 9216,
+        weights: "int8",
+        decode: 11.66,
+        serve: [10.53, 15.95, 28.62],
+        prefill: 30.08,
+    },
+    Measured {
+        name: "Qwen3.5-9B",
+        hidden: 4096,
+        intermediate: 12288,
+        weights: "fp16",
+        decode: 4.27,
+        serve: [3.62, 4.44, 4.89],
+        prefill: 6.49,
+    },
+    Measured {
+        name: "Qwen3.5-9B",
+        hidden: 4096,
+        intermediate: 12288,
+        weights: "int8",
+        decode: 7.01,
+        serve: [5.76, 5.81, 6.57],
+        prefill: 7.39,
+    },
 ];
 
-const fn measured(
-    name: &'static str,
-    hidden: usize,
-    intermediate: usize,
-    weights: &'static str,
-    tok_s: f64,
-) -> Measured {
-    Measured {
-        name,
-        hidden,
-        intermediate,
-        layers: 32,
-        vocab: 248_320,
-        weights,
-        tok_s,
-    }
-}
-
-/// The C++ system's measured single-stream decode for this plan on `chip`, if it has one.
+/// The C++ system's measurements for this plan on `chip`, if it has them.
 fn measured_for(p: &Plan, chip: &ChipProfile) -> Option<&'static Measured> {
     let d = &p.dims;
     let mode = p.options.weights.label();
-    (chip.name == "m3-max" && d.linear_attention.is_some())
+    (chip.name == "m3-max" && d.linear_attention.is_some() && d.layers == 32 && d.vocab == 248_320)
         .then(|| {
-            CPP_MEASURED_M3_MAX.iter().find(|m| {
-                m.hidden == d.hidden
-                    && m.intermediate == d.intermediate
-                    && m.layers == d.layers
-                    && m.vocab == d.vocab
-                    && m.weights == mode
-            })
+            CPP_MEASURED_M3_MAX
+                .iter()
+                .find(|m| m.hidden == d.hidden && m.intermediate == d.intermediate && m.weights == mode)
         })
         .flatten()
 }
 
-/// The plan's figures as the JSON object outside checks read.
-pub fn plan_json(model: &str, p: &Plan, chip: &ChipProfile) -> serde_json::Value {
-    let decode: serde_json::Map<String, serde_json::Value> = STREAMS
+fn terms_json(p: &Plan, chip: &ChipProfile, host: &HostOptions, streams: Option<usize>) -> serde_json::Value {
+    let cost = match streams {
+        Some(n) => p.decode_cost(chip, host, n),
+        None => p.prefill_cost(chip, host),
+    };
+    let per = 1e3 / cost.tokens.max(1) as f64;
+    let terms: serde_json::Map<String, serde_json::Value> = cost
+        .terms()
         .iter()
-        .map(|&n| (n.to_string(), json!(p.decode_tok_s(chip, n))))
+        .map(|(name, t)| (name.replace([' ', '/'], "_"), json!(t * per)))
         .collect();
+    json!({"tokens_per_step": cost.tokens, "dispatches_per_step": cost.dispatches, "ms_per_token": terms})
+}
+
+/// The plan's figures as the JSON object outside checks read.
+pub fn plan_json(model: &str, p: &Plan, chip: &ChipProfile, host: &HostOptions, explain: bool) -> serde_json::Value {
+    let rates = |f: &dyn Fn(usize) -> f64| -> serde_json::Map<String, serde_json::Value> {
+        STREAMS.iter().map(|&n| (n.to_string(), json!(f(n)))).collect()
+    };
     let mut v = json!({
         "model": model,
         "chip": chip.name,
         "weights": p.options.weights.label(),
+        "runtime": host.runtime.name(),
+        "context": host.context,
         "kernels": p.kernel_count(),
         "dispatches_per_token": p.dispatches_per_token(),
         "weight_bytes_per_token": p.weight_bytes_per_token(),
         "bytes_per_dispatch": p.bytes_per_token() / p.dispatches_per_token().max(1) as u64,
-        "step_ms": p.step_seconds(chip) * 1e3,
-        "decode_tok_s": decode,
-        "prefill_tok_s": p.prefill_tok_s(chip, PREFILL_BATCH),
+        "step_ms": p.decode_cost(chip, host, 1).seconds() * 1e3,
+        "decode_tok_s": rates(&|n| p.decode_tok_s(chip, host, n)),
+        "prefill_tok_s": p.prefill_tok_s(chip, host),
+        "prefill_lanes": host.runtime.prefill_lanes(),
+        "ane_step_ms": p.step_seconds(chip) * 1e3,
+        "ane_decode_tok_s": rates(&|n| p.ane_decode_tok_s(chip, n)),
     });
+    if explain {
+        v["explain"] = json!({
+            "decode_1": terms_json(p, chip, host, Some(1)),
+            "decode_2": terms_json(p, chip, host, Some(2)),
+            "decode_4": terms_json(p, chip, host, Some(4)),
+            "prefill": terms_json(p, chip, host, None),
+        });
+    }
     if let Some(m) = measured_for(p, chip) {
-        v["measured_cpp_tok_s"] = json!(m.tok_s);
+        v["measured_cpp"] = json!({
+            "decode_tok_s": m.decode,
+            "serve_tok_s": {"1": m.serve[0], "2": m.serve[1], "4": m.serve[2]},
+            "prefill_tok_s": m.prefill,
+        });
     }
     v
 }
@@ -120,6 +189,44 @@ pub fn plan_model(path: &std::path::Path, mode: WeightMode) -> Result<Plan> {
     let dims =
         model_dims(path).with_context(|| format!("could not read the model's shapes from {}", path.display()))?;
     Ok(plan(&dims, &PlanOptions::with_weights(mode))?)
+}
+
+fn explain(p: &Plan, chip: &ChipProfile, host: &HostOptions) {
+    println!(
+        "\nwhere a token's time goes ({} runtime on {}, context {}):",
+        host.runtime, chip.name, host.context
+    );
+    for n in [1, 2, 4] {
+        println!("  decode, {n} stream{}:", if n == 1 { "" } else { "s" });
+        print!("{}", p.decode_cost(chip, host, n).explain());
+    }
+    println!(
+        "  prefill, {} prompt tokens per step (LM head excluded):",
+        host.runtime.prefill_lanes()
+    );
+    print!("{}", p.prefill_cost(chip, host).explain());
+}
+
+fn compare(p: &Plan, chip: &ChipProfile, host: &HostOptions, m: &Measured) {
+    let row = |what: &str, modelled: f64, measured: f64| {
+        println!(
+            "| {what} | {modelled:.2} | {measured:.2} | {:+.1} % |",
+            (modelled / measured - 1.0) * 100.0
+        );
+    };
+    println!(
+        "\nmodelled ({} runtime) vs measured by the C++ system ({} {}, M3 Max, ane-runtime.md §11):",
+        host.runtime, m.name, m.weights
+    );
+    println!("| figure | modelled tok/s | measured tok/s | error |\n| --- | ---: | ---: | ---: |");
+    row("single-stream decode", p.decode_tok_s(chip, host, 1), m.decode);
+    for (i, n) in [1, 2, 4].into_iter().enumerate() {
+        row(&format!("serve c{n}"), p.decode_tok_s(chip, host, n), m.serve[i]);
+    }
+    row("prefill", p.prefill_tok_s(chip, host), m.prefill);
+    if host.runtime != HostRuntime::AneCpp {
+        println!("(--runtime ane-cpp models the code that was measured)");
+    }
 }
 
 /// Run `anelm plan`.
@@ -136,49 +243,46 @@ pub fn run(a: PlanArgs) -> Result<()> {
         ),
         None => None,
     };
+    let host = HostOptions {
+        runtime: a.runtime.runtime(),
+        context: a.context,
+    };
     let model = path.display().to_string();
     if a.json {
-        println!("{}", plan_json(&model, &p, &chip.unwrap_or_default()));
+        println!("{}", plan_json(&model, &p, &chip.unwrap_or_default(), &host, a.explain));
         return Ok(());
     }
     println!("{model}");
-    match chip {
-        Some(c) => {
-            print!("{}", p.report(&c));
-            if let Some(m) = measured_for(&p, &c) {
-                let modelled = p.decode_tok_s(&c, 1);
-                println!(
-                    "single-stream decode: modelled {modelled:.2} tok/s vs {:.2} measured by the C++ system \
-                     ({} {}, M3 Max): {:+.0} %",
-                    m.tok_s,
-                    m.name,
-                    m.weights,
-                    (modelled / m.tok_s - 1.0) * 100.0
-                );
-            }
-        }
-        None => {
-            print!("{}", p.report(&ChipProfile::m3_max()));
-            println!(
-                "\nmodelled tok/s per chip (decode at 1/2/4/8 streams sharing each dispatch's lanes; prefill at a \
-                 {PREFILL_BATCH}-token W-lane batch):"
+    let shown = chip.unwrap_or_default();
+    print!("{}", p.report_host(&shown, &host));
+    if a.explain {
+        explain(&p, &shown, &host);
+    }
+    if let Some(m) = measured_for(&p, &shown) {
+        compare(&p, &shown, &host, m);
+    }
+    if chip.is_none() {
+        println!(
+            "\nmodelled tok/s per chip ({} runtime, host work included; decode at 1/2/4/8 streams sharing each \
+             dispatch's lanes; prefill at a {}-token W-lane batch):",
+            host.runtime,
+            host.runtime.prefill_lanes()
+        );
+        println!(
+            "| chip | fixed µs | stream GB/s | step ms | 1 | 2 | 4 | 8 | prefill |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        );
+        for c in &CHIPS {
+            print!(
+                "| {} | {:.0} | {:.1} | {:.1} |",
+                c.name,
+                c.fixed_us,
+                c.stream_gb_s,
+                p.decode_cost(c, &host, 1).seconds() * 1e3
             );
-            println!(
-                "| chip | fixed µs | GB/s | step ms | 1 | 2 | 4 | 8 | prefill |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
-            );
-            for c in &CHIPS {
-                print!(
-                    "| {} | {:.0} | {:.1} | {:.1} |",
-                    c.name,
-                    c.fixed_us,
-                    c.bandwidth_gb_s,
-                    p.step_seconds(c) * 1e3
-                );
-                for n in STREAMS {
-                    print!(" {:.2} |", p.decode_tok_s(c, n));
-                }
-                println!(" {:.2} |", p.prefill_tok_s(c, PREFILL_BATCH));
+            for n in STREAMS {
+                print!(" {:.2} |", p.decode_tok_s(c, &host, n));
             }
+            println!(" {:.2} |", p.prefill_tok_s(c, &host));
         }
     }
     Ok(())

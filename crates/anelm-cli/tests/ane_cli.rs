@@ -1,5 +1,5 @@
 //! The ANE commands: `anelm plan` on the committed Qwen3.5-4B / 9B configs against the C++
-//! system's measured decode rates, `--chip` validation, `anelm compile` through the compile
+//! system's measured table and on every architecture, `--chip` validation, `anelm compile` through the compile
 //! cache, and `--device ane-emu` logits against the CPU's.
 
 use std::path::{Path, PathBuf};
@@ -58,64 +58,216 @@ impl Drop for TempDir {
     }
 }
 
-/// ane-runtime.md §11 (README 7c61e4e, M3 Max): the C++ system's single-stream decode.
+/// One figure the C++ system measured on an M3 Max and the tolerance the plan must meet.
+struct Row {
+    model: &'static str,
+    weights: &'static str,
+    /// `decode_tok_s` key (streams), or `None` for `prefill_tok_s`.
+    streams: Option<&'static str>,
+    measured: f64,
+    tolerance: f64,
+}
+
+const fn row(
+    model: &'static str,
+    weights: &'static str,
+    streams: Option<&'static str>,
+    measured: f64,
+    tolerance: f64,
+) -> Row {
+    Row {
+        model,
+        weights,
+        streams,
+        measured,
+        tolerance,
+    }
+}
+
+/// docs/reference/ane-runtime.md §11 ("Performance facts"), README `7c61e4e`, M3 Max.
+const MEASURED: [Row; 9] = [
+    // §11 README table: Qwen3.5-4B fp16 generation 9.21 tok/s (single stream).
+    row("qwen3_5_4b", "fp16", Some("1"), 9.21, 0.15),
+    // §11 README table: Qwen3.5-4B int8 generation 11.66 tok/s (single stream).
+    row("qwen3_5_4b", "int8", Some("1"), 11.66, 0.15),
+    // §11 README table: Qwen3.5-9B fp16 generation 4.27 tok/s (single stream). The plan misses this
+    // one (+28 %): see `known_miss` below.
+    row("qwen3_5_9b", "fp16", Some("1"), 4.27, 0.15),
+    // §11 README table: Qwen3.5-9B int8 generation 7.01 tok/s (single stream).
+    row("qwen3_5_9b", "int8", Some("1"), 7.01, 0.15),
+    // §11 serve table: Qwen3.5-4B int8, concurrency 1, 10.53 tok/s aggregate.
+    row("qwen3_5_4b", "int8", Some("1"), 10.53, 0.15),
+    // §11 serve table: Qwen3.5-4B int8, concurrency 2, 15.95 tok/s aggregate.
+    row("qwen3_5_4b", "int8", Some("2"), 15.95, 0.20),
+    // §11 serve table: Qwen3.5-4B int8, concurrency 4, 28.62 tok/s aggregate.
+    row("qwen3_5_4b", "int8", Some("4"), 28.62, 0.20),
+    // §11 README table: Qwen3.5-4B int8 prompt 30.08 tok/s.
+    row("qwen3_5_4b", "int8", None, 30.08, 0.25),
+    // §11 README table: Qwen3.5-4B fp16 prompt 18.93 tok/s.
+    row("qwen3_5_4b", "fp16", None, 18.93, 0.25),
+];
+
+/// The row no model linear in bytes and dispatches can meet (field guide, 2026-12-06): 4B → 9B
+/// fp16 adds 7.46 GB and 32 dispatches per token for 125.6 ms more, ≤ 59 GB/s, while 4B fp16
+/// alone needs ≥ 77 GB/s. It must stay a miss in the plan's direction, by less than 35 %.
+fn known_miss(r: &Row) -> bool {
+    r.model == "qwen3_5_9b" && r.weights == "fp16"
+}
+
+fn plan_json(model: &str, weights: &str, extra: &[&str]) -> Value {
+    let path = fixture(model);
+    let args = [
+        &[
+            "plan",
+            "--model",
+            &path,
+            "--chip",
+            "m3-max",
+            "--weights",
+            weights,
+            "--json",
+        ][..],
+        extra,
+    ]
+    .concat();
+    serde_json::from_str(stdout(&anelm(&args, None)).trim()).expect("one JSON object")
+}
+
+/// `anelm plan --json --runtime ane-cpp` (the code that was measured) against the C++ system's
+/// table: prints the table, then asserts every tolerance.
 #[test]
-fn plan_on_m3_max_is_within_35_percent_of_the_cpp_measurements() {
-    let cases = [
-        ("qwen3_5_4b", "fp16", 9.21),
-        ("qwen3_5_4b", "int8", 11.66),
-        ("qwen3_5_9b", "fp16", 4.27),
-        ("qwen3_5_9b", "int8", 7.01),
-    ];
-    for (model, weights, measured) in cases {
-        let path = fixture(model);
-        let args = ["plan", "--model", &path, "--chip", "m3-max", "--weights", weights];
-        let json: Value = serde_json::from_str(stdout(&anelm(&[&args[..], &["--json"]].concat(), None)).trim())
-            .expect("one JSON object");
-        for key in [
-            "model",
-            "chip",
-            "weights",
-            "dispatches_per_token",
-            "weight_bytes_per_token",
-            "decode_tok_s",
-            "prefill_tok_s",
-        ] {
-            assert!(
-                json.get(key).is_some(),
-                "{model} {weights}: key {key} missing in {json}"
-            );
+fn plan_with_host_work_matches_the_cpp_table() {
+    let mut failures = Vec::new();
+    println!("| model | weights | figure | modelled | measured | error |\n| --- | --- | --- | ---: | ---: | ---: |");
+    for r in &MEASURED {
+        let json = plan_json(r.model, r.weights, &["--runtime", "ane-cpp"]);
+        assert_eq!(json["runtime"], "ane-cpp");
+        let modelled = match r.streams {
+            Some(n) => json["decode_tok_s"][n].as_f64(),
+            None => json["prefill_tok_s"].as_f64(),
         }
-        assert_eq!(json["chip"], "m3-max");
-        assert_eq!(json["weights"], weights);
-        assert_eq!(json["measured_cpp_tok_s"].as_f64(), Some(measured));
-        let modelled = json["decode_tok_s"]["1"].as_f64().expect("decode_tok_s.1");
-        let off = modelled / measured - 1.0;
-        assert!(
-            off.abs() <= 0.35,
-            "{model} {weights}: modelled {modelled:.2} vs measured {measured} ({:+.0} %)",
+        .expect("rate");
+        let off = modelled / r.measured - 1.0;
+        let figure = r
+            .streams
+            .map_or("prefill".to_string(), |n| format!("decode, {n} stream(s)"));
+        println!(
+            "| {} | {} | {figure} | {modelled:.2} | {:.2} | {:+.1} % |",
+            r.model,
+            r.weights,
+            r.measured,
             off * 100.0
         );
-        // Streams share each dispatch's lanes: 4 streams cost one step, not four.
-        let four = json["decode_tok_s"]["4"].as_f64().expect("decode_tok_s.4");
-        assert!((four / modelled - 4.0).abs() < 1e-6, "{four} vs 4 × {modelled}");
-        // The table prints the modelled figure beside the measured one.
-        let text = stdout(&anelm(&args, None));
-        assert!(
-            text.contains(&format!("modelled {modelled:.2} tok/s vs {measured:.2} measured")),
-            "{text}"
-        );
-        assert!(text.contains("why: "), "{text}");
+        let ok = if known_miss(r) {
+            off > r.tolerance && off < 0.35
+        } else {
+            off.abs() <= r.tolerance
+        };
+        if !ok {
+            failures.push(format!(
+                "{} {} {figure}: {modelled:.2} vs {} ({:+.1} %)",
+                r.model,
+                r.weights,
+                r.measured,
+                off * 100.0
+            ));
+        }
     }
-    // 4B: 24 DeltaNet + 8 attention layers × 3 kernels + 4 LM-head chunks; 9B splits its FFN.
-    let dispatches = |model: &str| -> u64 {
-        let v: Value =
-            serde_json::from_str(stdout(&anelm(&["plan", "--model", &fixture(model), "--json"], None)).trim())
-                .expect("json");
-        v["dispatches_per_token"].as_u64().expect("count")
+    assert!(failures.is_empty(), "outside tolerance: {failures:#?}");
+    // The measured figures travel with the plan, and 4B and 9B dispatch counts are the loader's.
+    let json = plan_json("qwen3_5_4b", "int8", &[]);
+    assert_eq!(json["measured_cpp"]["serve_tok_s"]["4"].as_f64(), Some(28.62));
+    assert_eq!(json["dispatches_per_token"].as_u64(), Some(100));
+    assert_eq!(json["runtime"], "anelm");
+    assert_eq!(
+        plan_json("qwen3_5_9b", "fp16", &[])["dispatches_per_token"].as_u64(),
+        Some(32 * 4 + 4)
+    );
+    // Host work grows with every stream: four streams are not four times one.
+    let (one, four) = (
+        json["decode_tok_s"]["1"].as_f64().expect("1"),
+        json["decode_tok_s"]["4"].as_f64().expect("4"),
+    );
+    assert!(four < 3.8 * one && four > one, "{one} → {four}");
+    let ane_only = json["ane_decode_tok_s"]["4"].as_f64().expect("ane only");
+    assert!((ane_only / json["ane_decode_tok_s"]["1"].as_f64().expect("1") - 4.0).abs() < 1e-6);
+}
+
+/// `--explain` splits a token's time into the ANE's and the host's terms, in text and in JSON.
+#[test]
+fn plan_explain_shows_which_terms_dominate() {
+    let path = fixture("qwen3_5_4b");
+    let text = stdout(&anelm(
+        &[
+            "plan",
+            "--model",
+            &path,
+            "--chip",
+            "m3-max",
+            "--weights",
+            "int8",
+            "--explain",
+            "--runtime",
+            "ane-cpp",
+        ],
+        None,
+    ));
+    for needle in [
+        "where a token's time goes (ane-cpp runtime on m3-max, context 256)",
+        "decode, 4 streams:",
+        "ane streaming",
+        "host surfaces",
+        "host deltanet",
+        "host sampling",
+        "prefill, 4 prompt tokens per step",
+        "| serve c4 |",
+        "why: ",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?}:\n{text}");
+    }
+    let json = plan_json("qwen3_5_4b", "int8", &["--explain"]);
+    let terms = json["explain"]["decode_4"]["ms_per_token"].as_object().expect("terms");
+    let total: f64 = terms.values().map(|v| v.as_f64().expect("ms")).sum();
+    let rate = json["decode_tok_s"]["4"].as_f64().expect("rate");
+    assert!((1e3 / total / rate - 1.0).abs() < 1e-9, "{total} ms vs {rate} tok/s");
+    assert!(terms["host_deltanet"].as_f64().expect("deltanet") > 0.0);
+    // A longer context costs more attention.
+    let long = plan_json("qwen3_5_4b", "int8", &["--explain", "--context", "8192"]);
+    assert!(
+        long["explain"]["decode_1"]["ms_per_token"]["host_attention"].as_f64()
+            > json["explain"]["decode_1"]["ms_per_token"]["host_attention"].as_f64()
+    );
+}
+
+/// `anelm plan` for every architecture anelm loads, from the engine's tiny `config.json`s.
+#[test]
+fn plan_works_for_every_architecture() {
+    let hf = |name: &str| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../anelm-engine/tests/fixtures/hf")
+            .join(name)
+            .display()
+            .to_string()
     };
-    assert_eq!(dispatches("qwen3_5_4b"), 100);
-    assert_eq!(dispatches("qwen3_5_9b"), 32 * 4 + 4);
+    for (name, per_layer, layers) in [
+        ("llama", 3, 2),
+        ("qwen3", 3, 2),
+        ("qwen3_5", 3, 4),
+        ("qwen3_5_text", 3, 4),
+        ("gemma3", 4, 4),
+    ] {
+        let v: Value =
+            serde_json::from_str(stdout(&anelm(&["plan", "--model", &hf(name), "--json"], None)).trim()).expect("json");
+        let n = v["dispatches_per_token"].as_u64().expect("count");
+        assert_eq!(n, per_layer * layers + 1, "{name}: {v}");
+        assert!(v["decode_tok_s"]["1"].as_f64().expect("rate") > 0.0, "{name}");
+        assert!(v["prefill_tok_s"].as_f64().expect("rate") > 0.0, "{name}");
+    }
+    let text = stdout(&anelm(&["plan", "--model", &hf("gemma3"), "--chip", "m3-max"], None));
+    assert!(
+        text.contains("sliding-attention layer") && text.contains("ffn_gate_up"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -208,7 +360,8 @@ fn ane_emu_logits_agree_with_the_cpu() {
 fn plan_from_gguf_and_bench_reports_the_modelled_rate() {
     let v: Value = serde_json::from_str(stdout(&anelm(&["plan", "--json"], None)).trim()).expect("json");
     assert_eq!(v["dispatches_per_token"].as_u64(), Some(91), "{v}");
-    let planned = v["decode_tok_s"]["1"].as_f64().expect("rate");
+    // The emulator's clock is the ANE alone, as the plan's `ane_decode_tok_s` models it.
+    let planned = v["ane_decode_tok_s"]["1"].as_f64().expect("rate");
     let tiny: Value = serde_json::from_str(stdout(&anelm(&["plan", "--json", "--model", &tiny_qwen35()], None)).trim())
         .expect("json");
     assert_eq!(tiny["dispatches_per_token"].as_u64(), Some(13), "{tiny}");

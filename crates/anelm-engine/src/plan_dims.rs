@@ -4,16 +4,17 @@
 
 use std::path::Path;
 
-use anelm_ane::{LinearAttention, ModelDims};
+use anelm_ane::{BlockLayout, LinearAttention, ModelDims, SlidingWindow};
 use anelm_model::gguf::GgufFile;
 use anelm_model::hf_config::HfConfig;
 
+use crate::arch::gemma3::Gemma3Config;
 use crate::arch::llama::LlamaConfig;
 use crate::arch::qwen3_5::Qwen35Config;
 use crate::error::{EngineError, Result};
 
-/// Architectures the planner's kernel layout describes (3 kernels per layer + LM-head chunks).
-const PLANNABLE: &str = "llama (incl. SmolLM2, mistral), qwen3 and qwen3_5";
+/// Architectures the planner's kernel layout describes: every one the loader runs.
+const PLANNABLE: &str = "llama (incl. SmolLM2, mistral), qwen3, qwen3_5 (qwen35 in GGUF) and gemma3";
 
 /// `ModelDims` from a model directory, a `config.json`, or a GGUF file.
 pub fn model_dims(path: &Path) -> Result<ModelDims> {
@@ -34,6 +35,7 @@ pub fn dims_from_hf(c: &HfConfig) -> Result<ModelDims> {
     match c.model_type.as_str() {
         "llama" | "mistral" | "qwen3" => Ok(dense(&LlamaConfig::from_hf(c)?)),
         "qwen3_5" | "qwen3_5_text" => qwen35(&Qwen35Config::from_hf(c)?),
+        "gemma3" | "gemma3_text" => gemma3(&Gemma3Config::from_hf(c)?),
         other => Err(unplannable(other)),
     }
 }
@@ -42,6 +44,8 @@ pub fn dims_from_hf(c: &HfConfig) -> Result<ModelDims> {
 pub fn dims_from_gguf(g: &GgufFile) -> Result<ModelDims> {
     match g.architecture().unwrap_or("") {
         "llama" | "qwen3" => Ok(dense(&LlamaConfig::from_gguf(g)?)),
+        "qwen35" => qwen35(&Qwen35Config::from_gguf(g)?),
+        "gemma3" => gemma3(&Gemma3Config::from_gguf(g)?),
         other => Err(unplannable(other)),
     }
 }
@@ -64,15 +68,44 @@ fn dense(c: &LlamaConfig) -> ModelDims {
     )
 }
 
+/// The interval of a layer pattern where every `interval`-th layer is the odd one out
+/// (`special[i]` false): the planner describes hybrid and sliding-window models this way.
+fn pattern_interval(special: &[bool], what: &str) -> Result<usize> {
+    let n = special.len();
+    let interval = special.iter().position(|&l| !l).map_or(n + 1, |i| i + 1);
+    if let Some(i) = (0..n).find(|&i| special[i] != ((i + 1) % interval != 0)) {
+        return Err(EngineError::Config(format!(
+            "layer {i} breaks the every-{interval}th-layer {what} pattern the planner models; plan a model whose \
+             layer_types repeat with one period"
+        )));
+    }
+    Ok(interval)
+}
+
+fn gemma3(c: &Gemma3Config) -> Result<ModelDims> {
+    let global_every = pattern_interval(&c.sliding, "global-attention")?;
+    Ok(ModelDims {
+        sliding_window: Some(SlidingWindow {
+            window: c.sliding_window,
+            global_every,
+        }),
+        block: BlockLayout::Sandwich,
+        ..ModelDims::dense(
+            c.hidden_size,
+            c.intermediate_size,
+            c.n_heads,
+            c.n_kv_heads,
+            c.head_dim,
+            c.vocab_size,
+            c.n_layers(),
+        )
+    })
+}
+
 fn qwen35(c: &Qwen35Config) -> Result<ModelDims> {
     // The planner describes the layer pattern by its full-attention interval.
     let n = c.linear.len();
-    let interval = c.linear.iter().position(|&l| !l).map_or(n + 1, |i| i + 1);
-    if let Some(i) = (0..n).find(|&i| c.linear[i] != ((i + 1) % interval != 0)) {
-        return Err(EngineError::Config(format!(
-            "layer {i} breaks the every-{interval}th-layer full-attention pattern the planner models"
-        )));
-    }
+    let interval = pattern_interval(&c.linear, "full-attention")?;
     let d = c.deltanet;
     Ok(ModelDims {
         attn_output_gate: true,

@@ -56,7 +56,11 @@ pub enum Fallback {
 /// for other roles; an [`KernelRole::FfnChunk`] is always [`FfnForm::Chunked`]).
 pub fn fallback(role: &KernelRole, ffn_form: FfnForm) -> Fallback {
     match role {
-        KernelRole::InputProj | KernelRole::OutputProjResidual => Fallback::Abort(format!(
+        KernelRole::InputProj
+        | KernelRole::OutputProjResidual
+        | KernelRole::OutputProj
+        | KernelRole::FfnGateUp
+        | KernelRole::FfnDown => Fallback::Abort(format!(
             "the {role} kernel must run on the Neural Engine and it failed; run with --device cpu"
         )),
         KernelRole::FfnResidual => match ffn_form.next() {
