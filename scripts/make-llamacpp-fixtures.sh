@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Regenerate the llama.cpp reference fixtures in fixtures/llamacpp/ (see its README): greedy
 # continuations of fixed raw prompts with llama.cpp's top-2 log-probabilities per generated
-# token, for the default model (SmolLM2-135M-Instruct Q4_1) and Gemma 3 270M Q4_K_M.
+# token, for the default model (SmolLM2-135M-Instruct Q4_1), Gemma 3 270M Q4_K_M and the tiny
+# random-weight Qwen3.5 GGUF fixture.
 #
 #   scripts/make-llamacpp-fixtures.sh [--out DIR] [--threads N]
 #
@@ -58,6 +59,11 @@ SETS = [
         "The capital of Japan is",
         "Photosynthesis is the process by which",
         "<start_of_turn>user\nWrite a haiku about rain.<end_of_turn>\n<start_of_turn>model\n",
+    ]),
+    ("qwen35-fixture-llamacpp-greedy.json", "crates/anelm-engine/tests/fixtures/gguf/qwen3_5_text.gguf",
+     "qwen3_5_text.gguf (the tiny random-weight Qwen3.5 fixture, F32, scripts/qwen35-to-gguf.py)", 16, [
+        "hello world",
+        "the test of the tiny hybrid model",
     ]),
 ]
 FIELDS = {

@@ -16,7 +16,8 @@ anelm's GGUF path for Qwen3.5 can be tested without downloading a real model:
   dimension count, MRoPE sections).
 
 All tensors are written as F32 (llama.cpp's `--outtype f32`). The fixtures have no tokenizer, so a
-placeholder vocabulary (`<t0>` …, gpt2 type, no merges) is written to keep the file complete.
+placeholder vocabulary (GPT-2's 256 byte symbols, then `<tN>`, one merge) is written to keep the
+file complete and loadable by llama.cpp and anelm.
 Multimodal checkpoints: the text model under `model.language_model.` is converted; vision and
 `mtp.*` tensors are skipped (llama.cpp's `--no-mtp`).
 
@@ -33,6 +34,25 @@ import numpy as np
 from safetensors.numpy import load_file
 
 import gguf
+
+
+def placeholder_vocabulary(vocab):
+    """A byte-level BPE vocabulary of `vocab` tokens for a checkpoint without a tokenizer: GPT-2's
+    256 byte symbols first (so any text tokenizes), then the one merge's result `Ġt`, then `<tN>`
+    placeholders.
+    llama.cpp refuses a gpt2 vocabulary without merges, and the `gguf` package silently drops an
+    empty merges array, so at least one must be written."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    symbols, extra = [], 0
+    for b in range(256):
+        if b in printable:
+            symbols.append(chr(b))
+        else:
+            symbols.append(chr(256 + extra))
+            extra += 1
+    # The merge's result is a token too (tokenizers' BPE requires it).
+    tokens = (symbols + ["Ġt"] + [f"<t{i}>" for i in range(257, max(vocab, 257))])[:vocab]
+    return tokens, ["Ġ t"] if vocab > 256 else []
 
 
 def text_config(cfg):
@@ -107,11 +127,12 @@ def main(src, out):
     u32("full_attention_interval", interval)
     u32("rope.dimension_count", int(head_dim * partial))
     w.add_uint32("general.quantization_version", gguf.GGML_QUANT_VERSION)
+    tokens, merges = placeholder_vocabulary(vocab)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
-    w.add_token_list([f"<t{i}>" for i in range(vocab)])
+    w.add_token_list(tokens)
     w.add_token_types([int(gguf.TokenType.NORMAL)] * vocab)
-    w.add_token_merges([])
+    w.add_token_merges(merges)
 
     def get(name):
         t = tensors.get(prefix + name)

@@ -406,20 +406,11 @@ fn concurrent_requests_sharing_a_long_prefix_prefill_it_once_and_answer_the_same
 
 /// The same on a hybrid model (the tiny random-weight Qwen3.5 fixture in llama.cpp's GGUF
 /// layout): the recurrent state can only be copied where it was saved, so the first request
-/// checkpoints at the shared length for the others. Its GGUF carries no BPE merges, so the
-/// streams decode with SmolLM2's tokenizer: prompts are token ids, and only ids matter here.
+/// checkpoints at the shared length for the others. Prompts are token ids.
 #[test]
 fn a_hybrid_model_shares_a_prefix_through_a_checkpoint_and_answers_the_same() {
     let fixture = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf/qwen3_5_text.gguf");
-    let smollm2 = anelm_model::gguf::GgufFile::open(&default_model_location().expect("home")).expect("SmolLM2 GGUF");
-    let lm = Arc::new(LoadedModel {
-        model: anelm_engine::load_model_weights(&fixture, &CpuBackend::new(), &mut |_, _| {}).expect("Qwen3.5 fixture"),
-        tokenizer: anelm_engine::loader::gguf_tokenizer(&smollm2).expect("tokenizer"),
-        template: anelm_model::chat_template::ChatTemplate::fallback(),
-        has_own_template: false,
-        source: anelm_engine::ModelSource::Gguf(fixture.clone()),
-        constraint_factory: Default::default(),
-    });
+    let lm = Arc::new(load_model(&fixture, &CpuBackend::new(), &mut |_, _| {}).expect("Qwen3.5 fixture"));
     let vocab = lm.model.info().vocab_size as u32;
     let prefix: Vec<u32> = (0..150u32).map(|i| 3 + (i * 7) % (vocab - 3)).collect();
     let run = |share: bool| {
