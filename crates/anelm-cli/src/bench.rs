@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 
-use anelm_engine::{LanguageModel, LogitsMode, StepItem};
+use anelm_engine::{LanguageModel, LoadedModel, LogitsMode, StepItem, Stream, StreamOptions};
 
 use crate::args::ModelArgs;
 use crate::runtime::{DeviceReport, load, load_reporting, model_path};
@@ -98,9 +98,9 @@ fn run_energy(a: &BenchArgs) -> Result<()> {
         );
     }
     let first = bench_tokens(1, model.info().vocab_size)[0];
-    decode_batch(model, &[first], n.min(16))?; // warm-up: weights paged in, kernels loaded
+    decode_batch(&lm, &[first], n.min(16))?; // warm-up: weights paged in, kernels loaded
     let report = crate::energy::measure(std::time::Duration::from_secs_f64(a.energy_idle), || {
-        decode_batch(model, &[first], n).map(|_| n)
+        decode_batch(&lm, &[first], n).map(|_| n)
     })?;
     print!("{report}");
     Ok(())
@@ -273,8 +273,19 @@ fn streamed_weight_bytes(path: &std::path::Path) -> Option<u64> {
 
 /// `n` greedy decode steps of `firsts.len()` streams at once (stream `i` starting from
 /// `firsts[i]`, at position 0), one batched forward per step; aggregate tokens per second.
-fn decode_batch(model: &dyn LanguageModel, firsts: &[u32], n: usize) -> Result<f64> {
+fn decode_batch(lm: &LoadedModel, firsts: &[u32], n: usize) -> Result<f64> {
+    let model = lm.model.as_ref();
     let mut sessions: Vec<_> = firsts.iter().map(|_| model.new_session(n + 1)).collect();
+    // Each stream picks its tokens through the engine's `Stream`, as a temperature-0 request in
+    // the server does (greedy, end-of-generation masked so every stream runs n tokens).
+    let opts = StreamOptions {
+        ignore_eos: true,
+        ..StreamOptions::greedy(n + 1)
+    };
+    let mut streams = firsts
+        .iter()
+        .map(|_| Stream::new(&lm.tokenizer, &opts))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
     let mut toks = firsts.to_vec();
     let t = Instant::now();
     for _ in 0..n {
@@ -287,11 +298,12 @@ fn decode_batch(model: &dyn LanguageModel, firsts: &[u32], n: usize) -> Result<f
                 logits: LogitsMode::Last,
             })
             .collect();
-        let out = model.forward(&mut items)?;
+        let mut out = model.forward(&mut items)?;
         drop(items);
-        for (lane, tok) in toks.iter_mut().enumerate() {
-            // The sampler's greedy pick, as a temperature-0 request in the server takes it.
-            *tok = anelm_engine::sampler::argmax(out.lane(lane)).unwrap_or(0) as u32;
+        for (lane, (tok, stream)) in toks.iter_mut().zip(&mut streams).enumerate() {
+            let history = sessions[lane].tokens();
+            let step = stream.advance(out.lane_mut(lane), history, true)?;
+            *tok = step.token.unwrap_or(0);
         }
     }
     Ok((n * firsts.len()) as f64 / t.elapsed().as_secs_f64())
@@ -353,13 +365,13 @@ pub fn run(a: BenchArgs) -> Result<()> {
         // Distinct first tokens, so the streams do not decode the same text.
         let firsts = bench_tokens(a.parallel.iter().copied().max().unwrap_or(1), vocab);
         for &b in &a.parallel {
-            decode_batch(model, &firsts[..b], n.min(16))?; // warm-up
+            decode_batch(&lm, &firsts[..b], n.min(16))?; // warm-up
         }
         device.reset();
         let mut rates: Vec<Vec<f64>> = vec![Vec::new(); a.parallel.len()];
         for _ in 0..a.repetitions {
             for (r, &b) in rates.iter_mut().zip(&a.parallel) {
-                r.push(decode_batch(model, &firsts[..b], n)?);
+                r.push(decode_batch(&lm, &firsts[..b], n)?);
             }
         }
         for (rates, &b) in rates.into_iter().zip(&a.parallel) {
