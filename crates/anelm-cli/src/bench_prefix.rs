@@ -13,7 +13,6 @@ use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
 use anelm_engine::{LoadedModel, SchedulerConfig};
-use anelm_server::{AppState, ServerConfig, router};
 
 /// One server's figures over the rounds.
 pub struct PrefixTtft {
@@ -27,57 +26,13 @@ pub struct PrefixTtft {
     pub all_first: f64,
 }
 
-/// Start an in-process server on an ephemeral port; returns host:port.
+/// Start an in-process server on an ephemeral port, sharing prefixes or not; returns host:port.
 fn start(lm: Arc<LoadedModel>, sessions: usize, threads: usize, share: bool) -> Result<String> {
-    let state = AppState::new(ServerConfig {
-        model_id: "bench".into(),
-        api_key: None,
-        max_body_bytes: 4 << 20,
-    });
-    state.set_ready(
-        lm,
-        SchedulerConfig {
-            sessions,
-            queue: 1024,
-            ctx_size: 4096,
-            prefill_chunk: 128,
-            max_step_tokens: 128 + sessions,
-            threads,
-            share_prefixes: share,
-            cache_mem: None,
-        },
-    )?;
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::Builder::new()
-        .name("anelm-bench-prefix-server".into())
-        .spawn(move || {
-            let rt = match tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => {
-                    let _ = tx.send(Err(e.to_string()));
-                    return;
-                }
-            };
-            rt.block_on(async move {
-                match tokio::net::TcpListener::bind("127.0.0.1:0").await {
-                    Ok(l) => {
-                        let _ = tx.send(Ok(l.local_addr().map(|a| a.to_string()).unwrap_or_default()));
-                        let _ = axum::serve(l, router(state)).await;
-                    }
-                    Err(e) => {
-                        let _ = tx.send(Err(e.to_string()));
-                    }
-                }
-            });
-        })
-        .context("could not start a bench server thread")?;
-    rx.recv_timeout(Duration::from_secs(30))
-        .context("a bench server did not start")?
-        .map_err(|e| anyhow::anyhow!("a bench server could not listen: {e}"))
+    let cfg = SchedulerConfig {
+        share_prefixes: share,
+        ..crate::bench_serve::bench_scheduler(sessions, threads, 4096)
+    };
+    crate::bench_serve::start_server_with(lm, cfg)
 }
 
 /// A prefix of at least `tokens` tokens, different for every `round`.

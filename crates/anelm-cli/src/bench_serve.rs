@@ -51,26 +51,33 @@ struct One {
     latency: f64,
 }
 
+/// The scheduler settings of the benchmark's in-process servers.
+pub fn bench_scheduler(sessions: usize, threads: usize, ctx_size: usize) -> SchedulerConfig {
+    SchedulerConfig {
+        sessions,
+        queue: 1024,
+        ctx_size,
+        prefill_chunk: 128,
+        max_step_tokens: 128 + sessions,
+        threads,
+        share_prefixes: true,
+        cache_mem: None,
+    }
+}
+
 /// Start the server in-process on an ephemeral port; returns host:port.
 pub fn start_server(lm: Arc<LoadedModel>, sessions: usize, threads: usize) -> Result<String> {
+    start_server_with(lm, bench_scheduler(sessions, threads, 2048))
+}
+
+/// [`start_server`] with given scheduler settings.
+pub fn start_server_with(lm: Arc<LoadedModel>, cfg: SchedulerConfig) -> Result<String> {
     let state = AppState::new(ServerConfig {
         model_id: "bench".into(),
         api_key: None,
-        max_body_bytes: 1 << 20,
+        max_body_bytes: 4 << 20,
     });
-    state.set_ready(
-        lm,
-        SchedulerConfig {
-            sessions,
-            queue: 1024,
-            ctx_size: 2048,
-            prefill_chunk: 128,
-            max_step_tokens: 128 + sessions,
-            threads,
-            share_prefixes: true,
-            cache_mem: None,
-        },
-    )?;
+    state.set_ready(lm, cfg)?;
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("anelm-bench-server".into())

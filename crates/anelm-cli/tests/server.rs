@@ -5,10 +5,7 @@
 //! Needs the default model and the Python virtualenv: `scripts/test.sh` sets both up
 //! (`scripts/setup-test-env.sh` prints the python it exports as `ANELM_TEST_PYTHON`).
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -19,19 +16,7 @@ use serving::*;
 #[test]
 fn the_official_openai_client_works_against_the_server() {
     let server = start(4, 16);
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
-    let out = Command::new(python())
-        .arg(&script)
-        .arg(format!("http://127.0.0.1:{}/v1", server.port))
-        .arg(KEY)
-        .output()
-        .expect("run python");
-    assert!(
-        out.status.success(),
-        "openai client checks failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_client_script("openai_client.py", server.port, &[]);
     // Without the key: 401 with an OpenAI error body.
     let r = http(server.port, "GET", "/v1/models", b"", None).expect("request");
     assert_eq!(r.status, 401);
@@ -53,19 +38,7 @@ fn the_official_openai_client_works_against_the_server() {
 #[test]
 fn structured_outputs_always_validate_through_the_openai_client() {
     let server = start(4, 64);
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/structured_outputs.py");
-    let out = Command::new(python())
-        .arg(&script)
-        .arg(format!("http://127.0.0.1:{}/v1", server.port))
-        .arg(KEY)
-        .output()
-        .expect("run python");
-    assert!(
-        out.status.success(),
-        "structured output checks failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_client_script("structured_outputs.py", server.port, &[]);
     // The server is still healthy and idle afterwards.
     assert_eq!(metric(server.port, "busy_sessions"), 0.0);
 }
@@ -267,45 +240,8 @@ fn errors_are_openai_shaped() {
 
     // Queue full: one session busy with a stream, one request waiting, the next gets 429.
     let port = server.port;
-    let mut a = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    let body = r#"{"messages":[{"role":"user","content":"Tell a long story"}],"max_tokens":500,"stream":true}"#;
-    let head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    a.write_all(head.as_bytes()).expect("send");
-    let mut buf = [0u8; 4096];
-    let mut seen = String::new();
-    while !seen.contains("\"content\":\"") {
-        let n = a.read(&mut buf).expect("read");
-        assert!(n > 0, "stream closed early: {seen}");
-        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
-    }
-    // The first chunk (the assistant role) goes out before the request leaves the queue: wait
-    // until it holds the session and the queue is empty again.
-    let t = Instant::now();
-    while metric(port, "busy_sessions") < 1.0 || metric(port, "queue_depth") > 0.0 {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "the streaming request never got the session"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let waiting = std::thread::spawn(move || {
-        http(
-            port,
-            "POST",
-            "/v1/completions",
-            br#"{"prompt":"Hi","max_tokens":2}"#,
-            Some(KEY),
-        )
-        .expect("queued")
-    });
-    let t = Instant::now();
-    while metric(port, "queue_depth") < 1.0 {
-        assert!(t.elapsed() < Duration::from_secs(30), "the second request never queued");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let a = occupy_the_session(port);
+    let waiting = take_the_queue_place(port, br#"{"prompt":"Hi","max_tokens":2}"#);
     let r = http(
         port,
         "POST",

@@ -5,10 +5,6 @@
 //!
 //! Needs the default model and the Python virtualenv (`scripts/test.sh` sets both up).
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 mod serving;
@@ -79,20 +75,7 @@ fn requests_naming_an_upstream_are_forwarded_and_private_ones_never_leave() {
         );
     }
     // Streamed through anelm with the official client.
-    let out = Command::new(python())
-        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/upstream_client.py"))
-        .arg(format!("http://127.0.0.1:{}/v1", front.port))
-        .arg(KEY)
-        .arg("big")
-        .arg(&expected)
-        .output()
-        .expect("run python");
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_client_script("upstream_client.py", front.port, &["big", &expected]);
     // Private: refused before anything is sent; the upstream sees no request.
     let seen = metric(upstream.port, "requests_total");
     let r = http_with(
@@ -185,38 +168,8 @@ fn private_by_default_keeps_requests_home_and_the_fallback_takes_overflow() {
     assert_eq!(r.status, 200, "{}", r.body);
     // Fill the one local session and the one queue place.
     let port = front.port;
-    let mut busy = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    let body = r#"{"messages":[{"role":"user","content":"Tell a long story"}],"max_tokens":600,"stream":true,"ignore_eos":true}"#;
-    write!(
-        busy,
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .expect("send");
-    let mut buf = [0u8; 1024];
-    let _ = busy.read(&mut buf).expect("stream starts");
-    let t = Instant::now();
-    while metric(port, "busy_sessions") < 1.0 || metric(port, "queue_depth") > 0.0 {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "the streaming request never got the session"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let waiting = std::thread::spawn(move || {
-        http(
-            port,
-            "POST",
-            "/v1/chat/completions",
-            chat_body("", false).as_bytes(),
-            Some(KEY),
-        )
-        .expect("queued")
-    });
-    while metric(port, "queue_depth") < 1.0 {
-        assert!(t.elapsed() < Duration::from_secs(30), "the second request never queued");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let busy = occupy_the_session(port);
+    let waiting = take_the_queue_place(port, chat_body("", false).as_bytes());
     // Queue full: a request that may leave goes to the fallback; a private one gets 429.
     let r = http_with(
         port,

@@ -71,6 +71,22 @@ fn collect(rx: &Receiver<Event>) -> (String, Completion) {
     }
 }
 
+/// A request's generated tokens and the bits of their log-probabilities (it must record them).
+fn tokens_and_logprob_bits(rx: &Receiver<Event>) -> (Vec<u32>, Vec<u32>) {
+    let mut lps = Vec::new();
+    loop {
+        match rx
+            .recv_timeout(Duration::from_secs(300))
+            .expect("an event within 300 s")
+        {
+            Event::Logprob(l) => lps.push(l.logprob.to_bits()),
+            Event::Text(_) => {}
+            Event::Done(c) => return (c.tokens, lps),
+            Event::Failed(e) => panic!("request failed: {e}"),
+        }
+    }
+}
+
 const PROMPTS: [&str; 8] = [
     "The capital of France is",
     "def fibonacci(n):",
@@ -364,20 +380,7 @@ fn concurrent_requests_sharing_a_long_prefix_prefill_it_once_and_answer_the_same
                 submit(&sched, req)
             })
             .collect();
-        let answers: Vec<(Vec<u32>, Vec<u32>)> = rxs
-            .iter()
-            .map(|rx| {
-                let mut lps = Vec::new();
-                loop {
-                    match rx.recv_timeout(Duration::from_secs(300)).expect("event") {
-                        Event::Logprob(l) => lps.push(l.logprob.to_bits()),
-                        Event::Text(_) => {}
-                        Event::Done(c) => break (c.tokens, lps),
-                        Event::Failed(e) => panic!("failed: {e}"),
-                    }
-                }
-            })
-            .collect();
+        let answers: Vec<(Vec<u32>, Vec<u32>)> = rxs.iter().map(tokens_and_logprob_bits).collect();
         let m = sched.metrics();
         (
             answers,
@@ -434,20 +437,7 @@ fn a_hybrid_model_shares_a_prefix_through_a_checkpoint_and_answers_the_same() {
                 submit(&sched, Request { prompt, stream })
             })
             .collect();
-        let answers: Vec<(Vec<u32>, Vec<u32>)> = rxs
-            .iter()
-            .map(|rx| {
-                let mut lps = Vec::new();
-                loop {
-                    match rx.recv_timeout(Duration::from_secs(120)).expect("event") {
-                        Event::Logprob(l) => lps.push(l.logprob.to_bits()),
-                        Event::Text(_) => {}
-                        Event::Done(c) => break (c.tokens, lps),
-                        Event::Failed(e) => panic!("failed: {e}"),
-                    }
-                }
-            })
-            .collect();
+        let answers: Vec<(Vec<u32>, Vec<u32>)> = rxs.iter().map(tokens_and_logprob_bits).collect();
         let m = sched.metrics();
         (
             answers,

@@ -200,3 +200,67 @@ pub fn python() -> PathBuf {
     );
     p
 }
+
+/// Run `tests/<script>` with the openai client's Python against the server on `port`
+/// (arguments: its `/v1` base URL, the API key, then `extra`); fails the test with the script's
+/// output unless it succeeds.
+pub fn run_client_script(script: &str, port: u16, extra: &[&str]) {
+    let out = Command::new(python())
+        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests").join(script))
+        .arg(format!("http://127.0.0.1:{port}/v1"))
+        .arg(KEY)
+        .args(extra)
+        .output()
+        .expect("run python");
+    assert!(
+        out.status.success(),
+        "{script} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Start a long streaming request on the server at `port` and wait until it holds a session and
+/// the queue is empty again (its first chunk, the assistant role, goes out while it is still
+/// queued). Dropping the returned connection abandons it.
+pub fn occupy_the_session(port: u16) -> TcpStream {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    let body = r#"{"messages":[{"role":"user","content":"Tell a long story"}],"max_tokens":600,"stream":true,"ignore_eos":true}"#;
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send");
+    let mut buf = [0u8; 4096];
+    let n = s.read(&mut buf).expect("the stream starts");
+    assert!(n > 0, "stream closed early");
+    let t = Instant::now();
+    while metric(port, "busy_sessions") < 1.0 || metric(port, "queue_depth") > 0.0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the streaming request never got the session"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    s
+}
+
+/// Send `body` to `/v1/chat/completions` or `/v1/completions` (by its `messages` or `prompt`) from
+/// another thread and wait until it holds a queue place; join the handle for its reply.
+pub fn take_the_queue_place(port: u16, body: &[u8]) -> std::thread::JoinHandle<Reply> {
+    let before = metric(port, "queue_depth");
+    let body = body.to_vec();
+    let path = if String::from_utf8_lossy(&body).contains("\"messages\"") {
+        "/v1/chat/completions"
+    } else {
+        "/v1/completions"
+    };
+    let waiting = std::thread::spawn(move || http(port, "POST", path, &body, Some(KEY)).expect("queued"));
+    let t = Instant::now();
+    while metric(port, "queue_depth") < before + 1.0 {
+        assert!(t.elapsed() < Duration::from_secs(30), "the request never queued");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    waiting
+}
