@@ -4,6 +4,7 @@
 //! steps; a client that disconnects frees its session at the next step.
 
 pub mod api_error;
+pub mod embeddings;
 pub mod logprobs;
 pub mod openai;
 
@@ -58,6 +59,8 @@ pub struct AppState {
     pub ready: OnceLock<Ready>,
     /// Set if loading failed (health reports it).
     pub load_error: OnceLock<String>,
+    /// The embedding model, when the server has one (`/v1/embeddings`).
+    pub embeddings: OnceLock<embeddings::Embeddings>,
 }
 
 impl AppState {
@@ -67,6 +70,7 @@ impl AppState {
             config,
             ready: OnceLock::new(),
             load_error: OnceLock::new(),
+            embeddings: OnceLock::new(),
         })
     }
 
@@ -77,6 +81,9 @@ impl AppState {
     }
 
     fn get_ready(&self) -> Result<&Ready, ApiError> {
+        if let Some(e) = embeddings::text_refusal(self) {
+            return Err(e);
+        }
         self.ready.get().ok_or_else(|| {
             let msg = match self.load_error.get() {
                 Some(e) => format!("the model failed to load: {e}"),
@@ -113,6 +120,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
+        .route("/v1/embeddings", post(embeddings::create))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .fallback(not_found)
@@ -124,12 +132,16 @@ async fn not_found() -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         "invalid_request_error",
-        "no such endpoint: see /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics",
+        "no such endpoint: see /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models, /health, /metrics",
     )
 }
 
 async fn health(State(st): State<Arc<AppState>>) -> Response {
+    let embedding_only = st.embeddings.get().is_some_and(|e| e.only);
     match (st.ready.get(), st.load_error.get()) {
+        (Some(_), _) | (None, None) if embedding_only => {
+            (StatusCode::OK, Json(json!({"status": "ok"}))).into_response()
+        }
         (Some(_), _) => (StatusCode::OK, Json(json!({"status": "ok"}))).into_response(),
         (None, Some(e)) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -142,10 +154,13 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
 
 async fn models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
     st.check_key(&headers)?;
-    Ok(Json(json!({
-        "object": "list",
-        "data": [{"id": st.config.model_id, "object": "model", "created": now(), "owned_by": "anelm"}],
-    })))
+    let entry = |id: &str| json!({"id": id, "object": "model", "created": now(), "owned_by": "anelm"});
+    let data: Vec<Value> = match st.embeddings.get() {
+        Some(e) if e.only => vec![entry(&e.id)],
+        Some(e) => vec![entry(&st.config.model_id), entry(&e.id)],
+        None => vec![entry(&st.config.model_id)],
+    };
+    Ok(Json(json!({"object": "list", "data": data})))
 }
 
 async fn metrics(State(st): State<Arc<AppState>>) -> Response {
