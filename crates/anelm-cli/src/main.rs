@@ -2,6 +2,7 @@
 
 mod args;
 mod bench;
+mod bench_embed;
 mod bench_serve;
 mod chat;
 mod compile;
