@@ -10,9 +10,9 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+use anelm_kernels::pool;
 use anelm_model::hf_config::HfConfig;
 use anelm_model::tensor_store::TensorStore;
-use rayon::prelude::*;
 
 use crate::arch::bert_tensors::BertTensor;
 use crate::backend::{Backend, Kernel, KernelSpec, WeightId};
@@ -289,37 +289,22 @@ impl Bert {
             add_bias(&mut qkv, &layer.qkv_bias);
             self.attention(&spans, &qkv, &mut attn);
             self.run(layer.attn_out.as_ref(), &attn, Some(&x), &mut y)?;
-            add_bias(&mut y, &layer.attn_out_bias);
-            for lane in 0..n {
-                layer_norm(
-                    y.lane(lane),
-                    &layer.attn_norm.w,
-                    &layer.attn_norm.b,
-                    cfg.layer_norm_eps,
-                    x.lane_mut(lane),
-                );
-            }
+            bias_norm(&y, &layer.attn_out_bias, &layer.attn_norm, cfg.layer_norm_eps, &mut x);
             self.run(layer.ffn_up.as_ref(), &x, None, &mut up)?;
             let act = match cfg.activation {
                 BertActivation::GeluErf => gelu_erf,
                 BertActivation::GeluTanh => gelu_tanh,
             };
-            for lane in 0..n {
-                for (v, b) in up.lane_mut(lane).iter_mut().zip(&layer.ffn_up_bias) {
-                    *v = act(*v + b);
+            let ffn = up.channels();
+            pool::global().for_each_chunk_mut(up.as_mut_slice(), ffn * LANES_PER_TASK, &|_, lanes| {
+                for row in lanes.chunks_mut(ffn) {
+                    for (v, b) in row.iter_mut().zip(&layer.ffn_up_bias) {
+                        *v = act(*v + b);
+                    }
                 }
-            }
+            });
             self.run(layer.ffn_down.as_ref(), &up, Some(&x), &mut y)?;
-            add_bias(&mut y, &layer.ffn_down_bias);
-            for lane in 0..n {
-                layer_norm(
-                    y.lane(lane),
-                    &layer.ffn_norm.w,
-                    &layer.ffn_norm.b,
-                    cfg.layer_norm_eps,
-                    x.lane_mut(lane),
-                );
-            }
+            bias_norm(&y, &layer.ffn_down_bias, &layer.ffn_norm, cfg.layer_norm_eps, &mut x);
         }
         Ok(x)
     }
@@ -379,9 +364,10 @@ impl Bert {
         let (h, nh, hd) = (self.cfg.hidden_size, self.cfg.n_heads, self.cfg.head_dim());
         let scale = 1.0 / (hd as f32).sqrt();
         let jobs: Vec<(usize, usize)> = (0..spans.len()).flat_map(|s| (0..nh).map(move |hh| (s, hh))).collect();
-        let results: Vec<Vec<f32>> = jobs
-            .par_iter()
-            .map(|&(s, head)| {
+        let mut results: Vec<Vec<f32>> = vec![Vec::new(); jobs.len()];
+        pool::global().for_each_chunk_mut(&mut results, 1, &|i, slot| {
+            let (s, head) = jobs[i];
+            slot[0] = {
                 let span = spans[s].clone();
                 let len = span.len();
                 // This head's K and V rows, contiguous.
@@ -415,8 +401,8 @@ impl Bert {
                     }
                 }
                 o
-            })
-            .collect();
+            };
+        });
         for (&(s, head), o) in jobs.iter().zip(&results) {
             for (i, lane) in spans[s].clone().enumerate() {
                 out.lane_mut(lane)[head * hd..(head + 1) * hd].copy_from_slice(&o[i * hd..(i + 1) * hd]);
@@ -435,6 +421,26 @@ pub fn spans(seqs: &[&[u32]]) -> Vec<Range<usize>> {
             r
         })
         .collect()
+}
+
+/// Lanes per parallel task of the element-wise steps (bias, GELU, LayerNorm).
+const LANES_PER_TASK: usize = 16;
+
+/// x = LayerNorm(y + bias), every lane, in parallel.
+fn bias_norm(y: &Batch, bias: &[f32], norm: &Norm, eps: f32, x: &mut Batch) {
+    let h = y.channels();
+    x.resize(y.lanes(), h);
+    let chunk = h * LANES_PER_TASK;
+    pool::global().for_each_chunk_mut(x.as_mut_slice(), chunk, &|i, xs| {
+        let ys = &y.as_slice()[i * chunk..];
+        let mut sum = vec![0f32; h];
+        for (xr, yr) in xs.chunks_mut(h).zip(ys.chunks(h)) {
+            for ((s, &v), &b) in sum.iter_mut().zip(yr).zip(bias) {
+                *s = v + b;
+            }
+            layer_norm(&sum, &norm.w, &norm.b, eps, xr);
+        }
+    });
 }
 
 fn add_bias(x: &mut Batch, bias: &[f32]) {
