@@ -167,3 +167,27 @@ fn minilm_rejects_bad_token_inputs() {
     assert!(bad(vec![vec![101, 40_000, 102]]).contains("outside the vocabulary"));
     assert!(emb.embed(&[]).expect("no inputs").is_empty());
 }
+
+/// The emulated Neural Engine (fp16 weights and activations, 32 tokens per dispatch) against
+/// the CPU backend: cosine ≥ 0.999 per text.
+#[test]
+fn minilm_on_the_emulated_neural_engine_matches_the_cpu() {
+    use anelm_ane::EmuAne;
+    use anelm_engine::{AneBackend, AneOptions};
+    let fx = fixture();
+    let cases = cases(&fx);
+    let texts: Vec<&str> = cases.iter().map(|c| c.text.as_str()).collect();
+    let cpu = Embedder::load(&model_dir(), &CpuBackend::new()).expect("load on the CPU");
+    let backend = AneBackend::new(Arc::new(EmuAne::default()), AneOptions::default());
+    assert_eq!(backend.max_lanes(), 32);
+    let ane = Embedder::load(&model_dir(), &backend).expect("load on ane-emu");
+    let want = cpu.embed(&texts).expect("embed on the CPU");
+    let got = ane.embed(&texts).expect("embed on ane-emu");
+    let mut worst = f64::INFINITY;
+    for ((a, b), c) in got.iter().zip(&want).zip(&cases) {
+        let cos = cosine(a, b);
+        assert!(cos >= 0.999, "ane-emu vs cpu: cosine {cos:.6} for {:?}", c.text);
+        worst = worst.min(cos);
+    }
+    eprintln!("minilm: ane-emu vs cpu lowest cosine {worst:.6}");
+}
