@@ -291,18 +291,10 @@ impl Bert {
             self.run(layer.attn_out.as_ref(), &attn, Some(&x), &mut y)?;
             bias_norm(&y, &layer.attn_out_bias, &layer.attn_norm, cfg.layer_norm_eps, &mut x);
             self.run(layer.ffn_up.as_ref(), &x, None, &mut up)?;
-            let act = match cfg.activation {
-                BertActivation::GeluErf => gelu_erf,
-                BertActivation::GeluTanh => gelu_tanh,
-            };
-            let ffn = up.channels();
-            pool::global().for_each_chunk_mut(up.as_mut_slice(), ffn * LANES_PER_TASK, &|_, lanes| {
-                for row in lanes.chunks_mut(ffn) {
-                    for (v, b) in row.iter_mut().zip(&layer.ffn_up_bias) {
-                        *v = act(*v + b);
-                    }
-                }
-            });
+            match cfg.activation {
+                BertActivation::GeluErf => bias_act(&mut up, &layer.ffn_up_bias, gelu_erf),
+                BertActivation::GeluTanh => bias_act(&mut up, &layer.ffn_up_bias, gelu_tanh),
+            }
             self.run(layer.ffn_down.as_ref(), &up, Some(&x), &mut y)?;
             bias_norm(&y, &layer.ffn_down_bias, &layer.ffn_norm, cfg.layer_norm_eps, &mut x);
         }
@@ -425,6 +417,19 @@ pub fn spans(seqs: &[&[u32]]) -> Vec<Range<usize>> {
 
 /// Lanes per parallel task of the element-wise steps (bias, GELU, LayerNorm).
 const LANES_PER_TASK: usize = 16;
+
+/// x = act(x + bias), every lane, in parallel (`act` a concrete function, so it inlines and the
+/// loop vectorises).
+fn bias_act(x: &mut Batch, bias: &[f32], act: impl Fn(f32) -> f32 + Sync) {
+    let c = x.channels();
+    pool::global().for_each_chunk_mut(x.as_mut_slice(), c * LANES_PER_TASK, &|_, lanes| {
+        for row in lanes.chunks_mut(c) {
+            for (v, b) in row.iter_mut().zip(bias) {
+                *v = act(*v + b);
+            }
+        }
+    });
+}
 
 /// x = LayerNorm(y + bias), every lane, in parallel.
 fn bias_norm(y: &Batch, bias: &[f32], norm: &Norm, eps: f32, x: &mut Batch) {
