@@ -299,9 +299,7 @@ pub(crate) unsafe fn dot_rows4_f32(
         let xs: [*const f32; 2] = std::array::from_fn(|j| x.f[(lane0 + l + j.min(n - 1)) * cols..].as_ptr());
         // SAFETY: the caller guarantees the features and that rows and lanes hold `cols` values.
         let sums = unsafe { f32_tile(w, xs, cols) };
-        for j in 0..n {
-            tile[l + j] = sums[j];
-        }
+        tile[l..l + n].copy_from_slice(&sums[..n]);
         l += n;
     }
 }
