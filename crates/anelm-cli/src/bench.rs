@@ -80,6 +80,17 @@ pub struct BenchArgs {
     /// Energy: seconds of idle baseline sampled before generating.
     #[arg(long, default_value_t = 5.0)]
     pub energy_idle: f64,
+    /// Benchmark an embedding model instead (--model: a sentence-transformers directory,
+    /// default all-MiniLM-L6-v2): texts/s and tokens/s over --texts short texts.
+    #[arg(long)]
+    pub embeddings: bool,
+    /// Embedding benchmark: number of texts (10-60 words each).
+    #[arg(long, default_value_t = 1000)]
+    pub texts: usize,
+    /// Embedding benchmark: also run sentence-transformers on torch CPU with this Python (e.g.
+    /// the virtualenv of scripts/make-embedding-fixtures.sh), same texts and threads.
+    #[arg(long, value_name = "PYTHON")]
+    pub vs_sentence_transformers: Option<std::path::PathBuf>,
 }
 
 /// `anelm bench --energy`: one warm-up, an idle baseline, then one measured generation.
@@ -316,6 +327,9 @@ const MAX_PARALLEL: usize = 256;
 pub fn run(a: BenchArgs) -> Result<()> {
     if a.energy {
         return run_energy(&a);
+    }
+    if a.embeddings {
+        return crate::bench_embed::run(&a.model, a.texts, a.repetitions, a.vs_sentence_transformers.as_deref());
     }
     if a.request_model.is_some() && (a.concurrency.is_empty() || a.shared_prefix.is_some()) {
         bail!("--request-model applies to the serving benchmark: give --concurrency (without --shared-prefix)");

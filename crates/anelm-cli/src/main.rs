@@ -2,12 +2,14 @@
 
 mod args;
 mod bench;
+mod bench_embed;
 mod bench_prefix;
 mod bench_serve;
 mod chat;
 mod compile;
 mod default_model;
 mod doctor;
+mod embed;
 mod energy;
 mod generate;
 mod inspect;
@@ -41,6 +43,8 @@ enum Command {
     Logits(logits::LogitsArgs),
     /// Print the token ids a raw prompt becomes, as a JSON array.
     Tokenize(logits::TokenizeArgs),
+    /// Embed texts (arguments, --file, or stdin lines) as JSON lines {"index", "embedding"}.
+    Embed(embed::EmbedArgs),
     /// Measure prompt processing (pp) and generation (tg) speed, llama-bench style.
     Bench(bench::BenchArgs),
     /// Serve the OpenAI-compatible HTTP API (continuous batching over --sessions streams).
@@ -69,6 +73,7 @@ impl Command {
             Command::Inspect(a) => &a.model,
             Command::Logits(a) => &a.model,
             Command::Tokenize(a) => &a.model,
+            Command::Embed(a) => &a.model,
             Command::Bench(a) => &a.model,
             Command::Serve(a) => &a.model,
         })
@@ -98,6 +103,7 @@ fn main() {
         Command::Inspect(a) => inspect::run(a),
         Command::Logits(a) => logits::run_logits(a),
         Command::Tokenize(a) => logits::run_tokenize(a),
+        Command::Embed(a) => embed::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Serve(a) => serve::run(a),
         Command::Plan(a) => plan::run(a),

@@ -10,8 +10,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use anelm_ane::{AppleAne, AppleConfig, ChipProfile, CompileCache, EmuAne};
 use anelm_engine::{
-    AneBackend, AneMonitor, AneOptions, AneStats, Backend, CpuBackend, LanguageModel, LoadedModel, load_model,
-    load_model_weights,
+    AneBackend, AneMonitor, AneOptions, AneStats, Backend, CpuBackend, Embedder, LanguageModel, LoadedModel,
+    load_model, load_model_weights,
 };
 
 use crate::args::{AneArgs, DeviceArg, ModelArgs};
@@ -178,6 +178,15 @@ pub fn load_weights_reporting(args: &ModelArgs) -> Result<(Box<dyn LanguageModel
     load_with(args, |path, backend, progress| {
         Ok(load_model_weights(path, backend, progress)?)
     })
+}
+
+/// Load the embedding model (a sentence-transformers directory) the arguments name, on their
+/// device.
+pub fn load_embedder(args: &ModelArgs) -> Result<Embedder> {
+    Ok(load_with(args, |path, backend, progress| {
+        Ok(Embedder::load_with_progress(path, backend, progress)?)
+    })?
+    .0)
 }
 
 fn load_with<T>(

@@ -1,18 +1,22 @@
 //! `anelm serve`: the OpenAI-compatible server. It listens at once (`/health` answers 503 while
 //! the model loads), then serves every request through one continuous-batching scheduler.
+//! `--embedding-model DIR` adds `/v1/embeddings` beside the chat model; a `--model` that is an
+//! embedding model (a sentence-transformers directory) serves embeddings only.
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Args;
 
-use anelm_engine::SchedulerConfig;
+use anelm_engine::{Embedder, SchedulerConfig};
+use anelm_server::embeddings::Embeddings;
 use anelm_server::upstream::{Upstream, Upstreams};
 use anelm_server::{AppState, ServerConfig, router, shutdown_signal};
 
 use crate::args::ModelArgs;
-use crate::runtime::{load, model_path};
+use crate::runtime::{load, load_embedder, model_path};
 
 /// Arguments of `anelm serve`.
 #[derive(Args, Debug)]
@@ -75,6 +79,16 @@ pub struct ServeArgs {
     /// "sleeping" meanwhile).
     #[arg(long, value_name = "SECS")]
     pub idle_unload: Option<u64>,
+    /// Also serve /v1/embeddings with this embedding model (a sentence-transformers directory,
+    /// e.g. the one scripts/fetch-minilm.sh installs).
+    #[arg(long, value_name = "DIR")]
+    pub embedding_model: Option<PathBuf>,
+}
+
+fn name_of(path: &Path) -> String {
+    path.file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "anelm".into())
 }
 
 /// The `--upstream`, `--upstream-key`, `--private-by-default` and `--fallback` settings.
@@ -121,11 +135,17 @@ pub fn run(a: ServeArgs) -> Result<()> {
     }
 
     let path = model_path(&a.model)?;
-    let model_id = a.model_id.clone().unwrap_or_else(|| {
-        path.file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "anelm".into())
-    });
+    let model_id = a.model_id.clone().unwrap_or_else(|| name_of(&path));
+    // What /v1/embeddings serves: the --embedding-model, or --model itself when it is one.
+    let embedding_only = Embedder::is_embedding_dir(&path);
+    if embedding_only && a.embedding_model.is_some() {
+        anyhow::bail!("--model is already an embedding model; give --embedding-model only beside a chat model");
+    }
+    let embedding = match (&a.embedding_model, embedding_only) {
+        (Some(dir), _) => Some((dir.clone(), name_of(dir))),
+        (None, true) => Some((path.clone(), model_id.clone())),
+        (None, false) => None,
+    };
     let state = AppState::with_upstreams(
         ServerConfig {
             model_id,
@@ -172,19 +192,31 @@ pub fn run(a: ServeArgs) -> Result<()> {
         }
         let loader_state = state.clone();
         let model_args = a.model.clone();
-        std::thread::spawn(move || match load(&model_args) {
-            Ok(lm) => match loader_state.set_ready(Arc::new(lm), sched_cfg) {
-                Ok(_) => eprintln!("anelm serve: ready"),
-                Err(e) => {
-                    eprintln!("error: could not start the scheduler: {e}");
-                    let _ = loader_state.load_error.set(e.to_string());
+        std::thread::spawn(move || {
+            if let Some((dir, id)) = embedding {
+                let mut emb_args = model_args.clone();
+                emb_args.model = Some(dir);
+                match load_embedder(&emb_args) {
+                    Ok(model) => {
+                        let _ = loader_state.embeddings.set(Embeddings {
+                            model: Arc::new(model),
+                            id,
+                            only: embedding_only,
+                        });
+                        eprintln!("anelm serve: embeddings ready");
+                    }
+                    Err(e) => {
+                        let msg = format!("{e:#}").replace('\n', " ");
+                        eprintln!("error: {msg}");
+                        let _ = loader_state.load_error.set(msg);
+                        return;
+                    }
                 }
-            },
-            Err(e) => {
-                let msg = format!("{e:#}").replace('\n', " ");
-                eprintln!("error: {msg}");
-                let _ = loader_state.load_error.set(msg);
+                if embedding_only {
+                    return;
+                }
             }
+            load_chat(&model_args, &loader_state, sched_cfg)
         });
         axum::serve(listener, router(state.clone()))
             .with_graceful_shutdown(shutdown_signal())
@@ -196,4 +228,22 @@ pub fn run(a: ServeArgs) -> Result<()> {
         }
         Ok(())
     })
+}
+
+/// Load the chat model and start its scheduler; a failure is reported by /health.
+fn load_chat(model_args: &ModelArgs, state: &AppState, sched_cfg: SchedulerConfig) {
+    match load(model_args) {
+        Ok(lm) => match state.set_ready(Arc::new(lm), sched_cfg) {
+            Ok(_) => eprintln!("anelm serve: ready"),
+            Err(e) => {
+                eprintln!("error: could not start the scheduler: {e}");
+                let _ = state.load_error.set(e.to_string());
+            }
+        },
+        Err(e) => {
+            let msg = format!("{e:#}").replace('\n', " ");
+            eprintln!("error: {msg}");
+            let _ = state.load_error.set(msg);
+        }
+    }
 }

@@ -27,3 +27,15 @@ pub fn cache_dir() -> Option<PathBuf> {
 pub fn default_model_location() -> Option<PathBuf> {
     Some(cache_dir()?.join("models").join(DEFAULT_MODEL_FILE))
 }
+
+/// Directory name of the default embedding model (all-MiniLM-L6-v2, a sentence-transformers
+/// directory) under the cache's `models/`.
+pub const DEFAULT_EMBEDDING_MODEL_DIR: &str = "all-MiniLM-L6-v2";
+
+/// The command that installs the default embedding model.
+pub const FETCH_EMBEDDING_COMMAND: &str = "scripts/fetch-minilm.sh";
+
+/// Where the default embedding model is (or would be) installed.
+pub fn default_embedding_model_location() -> Option<PathBuf> {
+    Some(cache_dir()?.join("models").join(DEFAULT_EMBEDDING_MODEL_DIR))
+}

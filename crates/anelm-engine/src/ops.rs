@@ -53,6 +53,45 @@ fn rms_scale(x: &[f32], eps: f32) -> f32 {
     1.0 / (mean + eps).sqrt()
 }
 
+/// LayerNorm: y = (x − mean) / sqrt(var + eps) ⊙ w + b, mean and variance from f64 sums
+/// (BERT's post-norm blocks and embeddings).
+pub fn layer_norm(x: &[f32], w: &[f32], b: &[f32], eps: f32, y: &mut [f32]) {
+    let n = x.len().max(1) as f64;
+    let mean = sum_f64(x, f64::from) / n;
+    let var = sum_f64(x, |v| {
+        let d = f64::from(v) - mean;
+        d * d
+    }) / n;
+    let scale = (1.0 / (var + f64::from(eps)).sqrt()) as f32;
+    let mean = mean as f32;
+    for (((y, &x), &w), &b) in y.iter_mut().zip(x).zip(w).zip(b) {
+        *y = (x - mean) * scale * w + b;
+    }
+}
+
+/// GELU as BERT defines it (`gelu`, not the tanh approximation): 0.5·x·(1 + erf(x/√2)).
+#[inline]
+pub fn gelu_erf(x: f32) -> f32 {
+    0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
+}
+
+/// The error function in f32: Numerical Recipes' `erfc` Chebyshev fit (|error| < 1.2e-7 in
+/// exact arithmetic), a few f32 roundings more here, far below what GELU's result keeps.
+#[inline]
+fn erf(x: f32) -> f32 {
+    let z = x.abs();
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let poly = -z * z - 1.265_512_2
+        + t * (1.000_023_7
+            + t * (0.374_091_96
+                + t * (0.096_784_18
+                    + t * (-0.186_288_06
+                        + t * (0.278_868_07
+                            + t * (-1.135_204 + t * (1.488_515_9 + t * (-0.822_152_2 + t * 0.170_872_77))))))));
+    let erfc = t * anelm_kernels::exp_f32(poly);
+    if x >= 0.0 { 1.0 - erfc } else { erfc - 1.0 }
+}
+
 /// GELU with the tanh approximation (`gelu_pytorch_tanh`):
 /// 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
 #[inline]

@@ -270,6 +270,139 @@ fn float_row(fmt: WeightFormat, row: &[u8], x: &Activations, lane0: usize, acc: 
     }
 }
 
+/// F32 weights: [`TILE_ROWS`] rows × `tile.len()` lanes, two lanes at a time in eight
+/// accumulators, so each weight vector loaded serves two lanes and each activation vector four
+/// rows (the per-lane [`float_row`] loads one weight and one activation per FMA, which holds a
+/// many-lane matmul such as an encoder's to half the FMA rate). Each (row, lane) sum runs in
+/// the same order whatever the lane count, so a lane's result does not depend on its batch.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA; every row holds `x.cols` f32 values, and `x` holds lanes
+/// `lane0 .. lane0 + tile.len()`.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn dot_rows4_f32(
+    rows: [&[u8]; TILE_ROWS],
+    x: &Activations,
+    lane0: usize,
+    tile: &mut [[f32; TILE_ROWS]],
+) {
+    if has_avx512f() {
+        // SAFETY: AVX-512F was detected; the caller guarantees the row and lane extents.
+        unsafe { dot_rows4_f32_512(rows, x, lane0, tile) };
+        return;
+    }
+    let cols = x.cols;
+    let w: [*const f32; TILE_ROWS] = std::array::from_fn(|r| rows[r].as_ptr().cast::<f32>());
+    let mut l = 0;
+    while l < tile.len() {
+        let n = (tile.len() - l).min(2);
+        let xs: [*const f32; 2] = std::array::from_fn(|j| x.f[(lane0 + l + j.min(n - 1)) * cols..].as_ptr());
+        // SAFETY: the caller guarantees the features and that rows and lanes hold `cols` values.
+        let sums = unsafe { f32_tile(w, xs, cols) };
+        tile[l..l + n].copy_from_slice(&sums[..n]);
+        l += n;
+    }
+}
+
+/// Whether this CPU has AVX-512F (detected once).
+fn has_avx512f() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| is_x86_feature_detected!("avx512f"))
+}
+
+/// [`dot_rows4_f32`] with 512-bit vectors: 4 rows × 4 lanes in sixteen accumulators (AVX-512
+/// has 32 vector registers), each weight load serving four lanes.
+///
+/// # Safety
+/// The CPU must have AVX-512F; as [`dot_rows4_f32`] otherwise.
+#[target_feature(enable = "avx512f")]
+unsafe fn dot_rows4_f32_512(rows: [&[u8]; TILE_ROWS], x: &Activations, lane0: usize, tile: &mut [[f32; TILE_ROWS]]) {
+    let cols = x.cols;
+    let w: [*const f32; TILE_ROWS] = std::array::from_fn(|r| rows[r].as_ptr().cast::<f32>());
+    let mut l = 0;
+    while l < tile.len() {
+        let n = (tile.len() - l).min(4);
+        // Fewer than four lanes left: the last one is repeated (its sums are dropped).
+        let xs: [*const f32; 4] = std::array::from_fn(|j| x.f[(lane0 + l + j.min(n - 1)) * cols..].as_ptr());
+        // SAFETY: AVX-512F per this function's contract; rows and lanes hold `cols` values.
+        let sums = unsafe { f32_tile_512(w, xs, cols) };
+        tile[l..l + n].copy_from_slice(&sums[..n]);
+        l += n;
+    }
+}
+
+/// Σ_k w[r][k]·x[j][k] for 4 rows and 4 lanes with 512-bit vectors.
+///
+/// # Safety
+/// AVX-512F; every pointer reaches `cols` readable f32 values (unaligned is fine).
+#[target_feature(enable = "avx512f")]
+unsafe fn f32_tile_512(w: [*const f32; TILE_ROWS], xs: [*const f32; 4], cols: usize) -> [[f32; TILE_ROWS]; 4] {
+    let main = cols - cols % 16;
+    let mut acc = [[_mm512_setzero_ps(); TILE_ROWS]; 4];
+    let mut k = 0;
+    while k < main {
+        // SAFETY: k + 16 <= main <= cols for every row and lane pointer.
+        unsafe {
+            let wv: [__m512; TILE_ROWS] = std::array::from_fn(|r| _mm512_loadu_ps(w[r].add(k)));
+            for (j, a) in acc.iter_mut().enumerate() {
+                let xv = _mm512_loadu_ps(xs[j].add(k));
+                for r in 0..TILE_ROWS {
+                    a[r] = _mm512_fmadd_ps(wv[r], xv, a[r]);
+                }
+            }
+        }
+        k += 16;
+    }
+    let mut out = [[0f32; TILE_ROWS]; 4];
+    for j in 0..4 {
+        for r in 0..TILE_ROWS {
+            let mut s = _mm512_reduce_add_ps(acc[j][r]);
+            for kk in main..cols {
+                // SAFETY: kk < cols.
+                s += unsafe { *w[r].add(kk) * *xs[j].add(kk) };
+            }
+            out[j][r] = s;
+        }
+    }
+    out
+}
+
+/// Σ_k w[r][k]·x[j][k] for 4 rows and 2 lanes (the two lane pointers may be equal).
+///
+/// # Safety
+/// AVX2 and FMA; every pointer reaches `cols` readable f32 values (unaligned is fine).
+#[target_feature(enable = "avx2,fma")]
+unsafe fn f32_tile(w: [*const f32; TILE_ROWS], xs: [*const f32; 2], cols: usize) -> [[f32; TILE_ROWS]; 2] {
+    let main = cols - cols % 8;
+    let mut acc = [[_mm256_setzero_ps(); TILE_ROWS]; 2];
+    let mut k = 0;
+    while k < main {
+        // SAFETY: k + 8 <= main <= cols for every row and lane pointer.
+        unsafe {
+            let wv: [__m256; TILE_ROWS] = std::array::from_fn(|r| _mm256_loadu_ps(w[r].add(k)));
+            for (j, a) in acc.iter_mut().enumerate() {
+                let xv = _mm256_loadu_ps(xs[j].add(k));
+                for r in 0..TILE_ROWS {
+                    a[r] = _mm256_fmadd_ps(wv[r], xv, a[r]);
+                }
+            }
+        }
+        k += 8;
+    }
+    let mut out = [[0f32; TILE_ROWS]; 2];
+    for j in 0..2 {
+        for r in 0..TILE_ROWS {
+            let mut s = hsum_f32(acc[j][r]);
+            for kk in main..cols {
+                // SAFETY: kk < cols.
+                s += unsafe { *w[r].add(kk) * *xs[j].add(kk) };
+            }
+            out[j][r] = s;
+        }
+    }
+    out
+}
+
 /// Rows per register tile of [`dot_rows4`].
 pub(crate) const TILE_ROWS: usize = 4;
 

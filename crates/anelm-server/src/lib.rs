@@ -4,6 +4,7 @@
 //! steps; a client that disconnects frees its session at the next step.
 
 pub mod api_error;
+pub mod embeddings;
 pub mod idle;
 pub mod logprobs;
 pub mod openai;
@@ -65,6 +66,8 @@ pub struct AppState {
     pub load_error: OnceLock<String>,
     /// Engines requests may be forwarded to, and the privacy rules.
     pub upstreams: Upstreams,
+    /// The embedding model, when the server has one (`/v1/embeddings`).
+    pub embeddings: OnceLock<embeddings::Embeddings>,
 }
 
 impl AppState {
@@ -81,6 +84,7 @@ impl AppState {
             loader: OnceLock::new(),
             load_error: OnceLock::new(),
             upstreams,
+            embeddings: OnceLock::new(),
         })
     }
 
@@ -119,6 +123,9 @@ impl AppState {
 
     /// The live model, reloading it first if it sleeps.
     async fn live(&self) -> Result<Arc<Ready>, ApiError> {
+        if let Some(e) = embeddings::text_refusal(self) {
+            return Err(e);
+        }
         if let Some(r) = self.ready.get() {
             return Ok(r);
         }
@@ -168,6 +175,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
+        .route("/v1/embeddings", post(embeddings::create))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .fallback(not_found)
@@ -179,7 +187,7 @@ async fn not_found() -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         "invalid_request_error",
-        "no such endpoint: see /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics",
+        "no such endpoint: see /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models, /health, /metrics",
     )
 }
 
@@ -187,7 +195,11 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
     if st.ready.is_sleeping() && st.ready.get().is_none() {
         return (StatusCode::OK, Json(json!({"status": "sleeping"}))).into_response();
     }
+    let embedding_only = st.embeddings.get().is_some_and(|e| e.only);
     match (st.ready.get(), st.load_error.get()) {
+        (Some(_), _) | (None, None) if embedding_only => {
+            (StatusCode::OK, Json(json!({"status": "ok"}))).into_response()
+        }
         (Some(_), _) => (StatusCode::OK, Json(json!({"status": "ok"}))).into_response(),
         (None, Some(e)) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -200,7 +212,12 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
 
 async fn models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
     st.check_key(&headers)?;
-    let mut data = vec![json!({"id": st.config.model_id, "object": "model", "created": now(), "owned_by": "anelm"})];
+    let entry = |id: &str| json!({"id": id, "object": "model", "created": now(), "owned_by": "anelm"});
+    let mut data: Vec<Value> = match st.embeddings.get() {
+        Some(e) if e.only => vec![entry(&e.id)],
+        Some(e) => vec![entry(&st.config.model_id), entry(&e.id)],
+        None => vec![entry(&st.config.model_id)],
+    };
     // Each upstream's own models as NAME/ID (its list cached), or the upstream alone with why
     // it cannot be listed.
     for up in &st.upstreams.list {

@@ -1,6 +1,8 @@
 //! Model forwards per architecture, and the pieces they share.
 
 pub mod attention;
+pub mod bert;
+pub mod bert_tensors;
 pub mod deltanet;
 pub mod gemma3;
 pub mod llama;

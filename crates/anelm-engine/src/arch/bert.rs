@@ -1,0 +1,457 @@
+//! BERT encoder (`BertModel`, e.g. all-MiniLM-L6-v2): word + position + token-type embeddings
+//! and a LayerNorm, then post-LayerNorm blocks of bidirectional attention and a GELU FFN, every
+//! linear layer with a bias. Matmuls are backend kernels (the same `KernelSpec`s the decoders
+//! compile; biases, GELU, LayerNorm and attention run on the CPU in f32).
+//!
+//! Sequences are packed, not padded: the lanes of one forward are every sequence's tokens one
+//! after another, and each token attends to the tokens of its own sequence only, which is what a
+//! padding mask does for a padded batch, without computing the padding.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use anelm_kernels::pool;
+use anelm_model::hf_config::HfConfig;
+use anelm_model::tensor_store::TensorStore;
+
+use crate::arch::bert_tensors::BertTensor;
+use crate::backend::{Backend, Kernel, KernelSpec, WeightId};
+use crate::batch::Batch;
+use crate::error::{EngineError, Result};
+use crate::ops::{dot, gelu_erf, gelu_tanh, layer_norm};
+use crate::stored_matrix::StoredMatrix;
+
+/// The FFN activation of a BERT checkpoint (`hidden_act`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BertActivation {
+    /// `gelu`: the exact (erf) GELU.
+    GeluErf,
+    /// `gelu_new` / `gelu_pytorch_tanh`: the tanh approximation.
+    GeluTanh,
+}
+
+/// Hyper-parameters of a BERT encoder.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BertConfig {
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// Hidden width.
+    pub hidden_size: usize,
+    /// FFN width.
+    pub intermediate_size: usize,
+    /// Encoder layers.
+    pub n_layers: usize,
+    /// Attention heads.
+    pub n_heads: usize,
+    /// Rows of the position table: the longest sequence the model takes.
+    pub max_positions: usize,
+    /// Rows of the token-type table.
+    pub type_vocab_size: usize,
+    /// LayerNorm epsilon.
+    pub layer_norm_eps: f32,
+    /// FFN activation.
+    pub activation: BertActivation,
+}
+
+fn need<T>(v: Option<T>, key: &str) -> Result<T> {
+    v.ok_or_else(|| EngineError::Config(format!("missing '{key}' in config.json")))
+}
+
+impl BertConfig {
+    /// From a Hugging Face `config.json` with `model_type` `bert`.
+    pub fn from_hf(c: &HfConfig) -> Result<Self> {
+        if c.model_type != "bert" {
+            return Err(EngineError::UnsupportedArchitecture(c.model_type.clone()));
+        }
+        let raw = c.raw();
+        if let Some(kind) = raw.get("position_embedding_type").and_then(|v| v.as_str())
+            && kind != "absolute"
+        {
+            return Err(EngineError::Config(format!(
+                "position_embedding_type '{kind}' is not supported: anelm runs BERT with absolute positions"
+            )));
+        }
+        let activation = match c.hidden_act.as_deref().unwrap_or("gelu") {
+            "gelu" => BertActivation::GeluErf,
+            "gelu_new" | "gelu_pytorch_tanh" => BertActivation::GeluTanh,
+            other => {
+                return Err(EngineError::Config(format!(
+                    "hidden_act '{other}' is not supported for BERT (gelu, gelu_new, gelu_pytorch_tanh)"
+                )));
+            }
+        };
+        let cfg = Self {
+            vocab_size: need(c.vocab_size, "vocab_size")?,
+            hidden_size: need(c.hidden_size, "hidden_size")?,
+            intermediate_size: need(c.intermediate_size, "intermediate_size")?,
+            n_layers: need(c.num_hidden_layers, "num_hidden_layers")?,
+            n_heads: need(c.num_attention_heads, "num_attention_heads")?,
+            max_positions: c.max_position_embeddings.unwrap_or(512),
+            type_vocab_size: raw
+                .get("type_vocab_size")
+                .and_then(|v| v.as_u64())
+                .map_or(2, |v| v as usize),
+            layer_norm_eps: raw.get("layer_norm_eps").and_then(|v| v.as_f64()).unwrap_or(1e-12) as f32,
+            activation,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> Result<()> {
+        let bad = |m: &str| Err(EngineError::Config(m.to_string()));
+        if self.hidden_size == 0 || self.vocab_size == 0 || self.n_layers == 0 || self.max_positions == 0 {
+            return bad("hidden size, vocabulary, layer count and max_position_embeddings must be positive");
+        }
+        if self.n_heads == 0 || self.hidden_size % self.n_heads != 0 {
+            return bad("num_attention_heads must divide hidden_size");
+        }
+        if self.type_vocab_size == 0 {
+            return bad("type_vocab_size must be positive");
+        }
+        if self.n_layers > 4096 || self.hidden_size > 65536 || self.max_positions > 1 << 20 {
+            return bad("implausibly large layer count, width or position table: the file is corrupt");
+        }
+        Ok(())
+    }
+
+    /// Width of one attention head.
+    pub fn head_dim(&self) -> usize {
+        self.hidden_size / self.n_heads
+    }
+}
+
+/// LayerNorm weight and bias.
+struct Norm {
+    w: Vec<f32>,
+    b: Vec<f32>,
+}
+
+struct Layer {
+    /// [q; k; v] = Wqkv·x (biases added on the CPU).
+    qkv: Box<dyn Kernel>,
+    qkv_bias: Vec<f32>,
+    /// x + Wo·attn.
+    attn_out: Box<dyn Kernel>,
+    attn_out_bias: Vec<f32>,
+    attn_norm: Norm,
+    /// Wi·x.
+    ffn_up: Box<dyn Kernel>,
+    ffn_up_bias: Vec<f32>,
+    /// x + Wd·gelu(…).
+    ffn_down: Box<dyn Kernel>,
+    ffn_down_bias: Vec<f32>,
+    ffn_norm: Norm,
+}
+
+/// A loaded BERT encoder.
+pub struct Bert {
+    cfg: BertConfig,
+    word: StoredMatrix,
+    positions: Vec<f32>,
+    /// Row 0 of the token-type table (every token is segment A).
+    token_type: Vec<f32>,
+    embed_norm: Norm,
+    layers: Vec<Layer>,
+    max_lanes: usize,
+}
+
+impl Bert {
+    /// Check every tensor's shape and compile the kernels on `backend`. `progress(done, total)`
+    /// is called after each layer.
+    pub fn load(
+        cfg: BertConfig,
+        store: &Arc<dyn TensorStore>,
+        backend: &dyn Backend,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self> {
+        // BertForMaskedLM-style checkpoints put the encoder under `bert.`.
+        let prefix = if store.contains(&BertTensor::WordEmbeddings.hf_name("bert.")) {
+            "bert."
+        } else {
+            ""
+        };
+        let name = |t: BertTensor| t.hf_name(prefix);
+        let (h, ffn) = (cfg.hidden_size, cfg.intermediate_size);
+        let matrix = |t: BertTensor, rows: usize, cols: usize| -> Result<StoredMatrix> {
+            let m = StoredMatrix::load(store, &name(t))?;
+            m.expect_shape(rows, cols)?;
+            Ok(m)
+        };
+        let vector = |t: BertTensor, len: usize| -> Result<Vec<f32>> { matrix(t, 1, len)?.to_f32() };
+        let norm = |w: BertTensor, b: BertTensor| -> Result<Norm> {
+            Ok(Norm {
+                w: vector(w, h)?,
+                b: vector(b, h)?,
+            })
+        };
+        let compile = |spec: KernelSpec, input: usize, output: usize| -> Result<Box<dyn Kernel>> {
+            let k = backend.compile(&spec, store)?;
+            let s = k.shape();
+            if s.input != input || s.output != output {
+                return Err(EngineError::Config(format!(
+                    "kernel {spec:?} is {}→{}, expected {input}→{output}",
+                    s.input, s.output
+                )));
+            }
+            Ok(k)
+        };
+        let w = |t: BertTensor| WeightId::new(name(t));
+
+        let word = matrix(BertTensor::WordEmbeddings, cfg.vocab_size, h)?;
+        let positions = matrix(BertTensor::PositionEmbeddings, cfg.max_positions, h)?.to_f32()?;
+        let types = matrix(BertTensor::TokenTypeEmbeddings, cfg.type_vocab_size, h)?.to_f32()?;
+        let token_type = types[..h].to_vec();
+        let embed_norm = norm(BertTensor::EmbeddingNormWeight, BertTensor::EmbeddingNormBias)?;
+        let mut layers = Vec::with_capacity(cfg.n_layers);
+        for i in 0..cfg.n_layers {
+            use BertTensor::*;
+            for t in [QueryWeight(i), KeyWeight(i), ValueWeight(i), AttnOutWeight(i)] {
+                matrix(t, h, h)?;
+            }
+            matrix(FfnUpWeight(i), ffn, h)?;
+            matrix(FfnDownWeight(i), h, ffn)?;
+            let mut qkv_bias = vector(QueryBias(i), h)?;
+            qkv_bias.extend(vector(KeyBias(i), h)?);
+            qkv_bias.extend(vector(ValueBias(i), h)?);
+            layers.push(Layer {
+                qkv: compile(
+                    KernelSpec::Concat {
+                        ws: vec![w(QueryWeight(i)), w(KeyWeight(i)), w(ValueWeight(i))],
+                    },
+                    h,
+                    3 * h,
+                )?,
+                qkv_bias,
+                attn_out: compile(KernelSpec::LinearResidual { w: w(AttnOutWeight(i)) }, h, h)?,
+                attn_out_bias: vector(AttnOutBias(i), h)?,
+                attn_norm: norm(AttnNormWeight(i), AttnNormBias(i))?,
+                ffn_up: compile(KernelSpec::Linear { w: w(FfnUpWeight(i)) }, h, ffn)?,
+                ffn_up_bias: vector(FfnUpBias(i), ffn)?,
+                ffn_down: compile(KernelSpec::LinearResidual { w: w(FfnDownWeight(i)) }, ffn, h)?,
+                ffn_down_bias: vector(FfnDownBias(i), h)?,
+                ffn_norm: norm(FfnNormWeight(i), FfnNormBias(i))?,
+            });
+            progress(i + 1, cfg.n_layers);
+        }
+        Ok(Self {
+            word,
+            positions,
+            token_type,
+            embed_norm,
+            layers,
+            max_lanes: backend.max_lanes().max(1),
+            cfg,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &BertConfig {
+        &self.cfg
+    }
+
+    /// Final hidden states of every token of `seqs`, packed: sequence `s` owns the lanes
+    /// `spans(seqs)[s]`. Each sequence must be non-empty, at most `max_positions` long, with
+    /// every id inside the vocabulary.
+    pub fn encode(&self, seqs: &[&[u32]]) -> Result<Batch> {
+        let cfg = &self.cfg;
+        let h = cfg.hidden_size;
+        for s in seqs {
+            if s.is_empty() {
+                return Err(EngineError::InvalidRequest("an input has no tokens".into()));
+            }
+            if s.len() > cfg.max_positions {
+                return Err(EngineError::InvalidRequest(format!(
+                    "an input has {} tokens, the model takes at most {}",
+                    s.len(),
+                    cfg.max_positions
+                )));
+            }
+            if let Some(&t) = s.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+                return Err(EngineError::InvalidRequest(format!(
+                    "token id {t} is outside the vocabulary (size {})",
+                    cfg.vocab_size
+                )));
+            }
+        }
+        let spans = spans(seqs);
+        let n = spans.last().map_or(0, |r| r.end);
+        let mut x = self.embed(seqs, n)?;
+        if n == 0 {
+            return Ok(x);
+        }
+        let mut qkv = Batch::default();
+        let mut attn = Batch::zeros(n, h);
+        let mut y = Batch::default();
+        let mut up = Batch::default();
+        for layer in &self.layers {
+            self.run(layer.qkv.as_ref(), &x, None, &mut qkv)?;
+            add_bias(&mut qkv, &layer.qkv_bias);
+            self.attention(&spans, &qkv, &mut attn);
+            self.run(layer.attn_out.as_ref(), &attn, Some(&x), &mut y)?;
+            bias_norm(&y, &layer.attn_out_bias, &layer.attn_norm, cfg.layer_norm_eps, &mut x);
+            self.run(layer.ffn_up.as_ref(), &x, None, &mut up)?;
+            match cfg.activation {
+                BertActivation::GeluErf => bias_act(&mut up, &layer.ffn_up_bias, gelu_erf),
+                BertActivation::GeluTanh => bias_act(&mut up, &layer.ffn_up_bias, gelu_tanh),
+            }
+            self.run(layer.ffn_down.as_ref(), &up, Some(&x), &mut y)?;
+            bias_norm(&y, &layer.ffn_down_bias, &layer.ffn_norm, cfg.layer_norm_eps, &mut x);
+        }
+        Ok(x)
+    }
+
+    /// LayerNorm(word + position + token type) of every token.
+    fn embed(&self, seqs: &[&[u32]], n: usize) -> Result<Batch> {
+        let h = self.cfg.hidden_size;
+        let mut x = Batch::zeros(n, h);
+        let mut sum = vec![0f32; h];
+        let mut buf = Vec::new();
+        let mut lane = 0;
+        for s in seqs {
+            for (pos, &tok) in s.iter().enumerate() {
+                let row = self.word.read_row(tok as usize, &mut buf).unwrap_or(&[]);
+                anelm_kernels::dequantize_row(self.word.format, row, &mut sum)?;
+                let p = &self.positions[pos * h..(pos + 1) * h];
+                for ((v, &p), &t) in sum.iter_mut().zip(p).zip(&self.token_type) {
+                    *v = *v + t + p;
+                }
+                let norm = &self.embed_norm;
+                layer_norm(&sum, &norm.w, &norm.b, self.cfg.layer_norm_eps, x.lane_mut(lane));
+                lane += 1;
+            }
+        }
+        Ok(x)
+    }
+
+    /// Run a kernel over all lanes, in pieces of at most the backend's lane count.
+    fn run(&self, k: &dyn Kernel, x: &Batch, r: Option<&Batch>, out: &mut Batch) -> Result<()> {
+        let lanes = x.lanes();
+        if lanes <= self.max_lanes {
+            return match r {
+                Some(r) => k.run(&[x, r], out).map(drop),
+                None => k.run(&[x], out).map(drop),
+            };
+        }
+        let (ic, oc) = (x.channels(), k.shape().output);
+        out.resize(lanes, oc);
+        let mut piece_out = Batch::default();
+        for start in (0..lanes).step_by(self.max_lanes) {
+            let end = (start + self.max_lanes).min(lanes);
+            let piece = |b: &Batch, c: usize| {
+                Batch::from_vec(end - start, c, b.as_slice()[start * c..end * c].to_vec()).unwrap_or_default()
+            };
+            let xp = piece(x, ic);
+            match r {
+                Some(r) => k.run(&[&xp, &piece(r, oc)], &mut piece_out)?,
+                None => k.run(&[&xp], &mut piece_out)?,
+            };
+            out.as_mut_slice()[start * oc..end * oc].copy_from_slice(piece_out.as_slice());
+        }
+        Ok(())
+    }
+
+    /// Bidirectional softmax attention of every head, each token over its own sequence.
+    fn attention(&self, spans: &[Range<usize>], qkv: &Batch, out: &mut Batch) {
+        let (h, nh, hd) = (self.cfg.hidden_size, self.cfg.n_heads, self.cfg.head_dim());
+        let scale = 1.0 / (hd as f32).sqrt();
+        let jobs: Vec<(usize, usize)> = (0..spans.len()).flat_map(|s| (0..nh).map(move |hh| (s, hh))).collect();
+        let mut results: Vec<Vec<f32>> = vec![Vec::new(); jobs.len()];
+        pool::global().for_each_chunk_mut(&mut results, 1, &|i, slot| {
+            let (s, head) = jobs[i];
+            slot[0] = {
+                let span = spans[s].clone();
+                let len = span.len();
+                // This head's K and V rows, contiguous.
+                let mut k = Vec::with_capacity(len * hd);
+                let mut v = Vec::with_capacity(len * hd);
+                for lane in span.clone() {
+                    let row = qkv.lane(lane);
+                    k.extend_from_slice(&row[h + head * hd..h + (head + 1) * hd]);
+                    v.extend_from_slice(&row[2 * h + head * hd..2 * h + (head + 1) * hd]);
+                }
+                let mut o = vec![0f32; len * hd];
+                let mut p = vec![0f32; len];
+                for (i, lane) in span.enumerate() {
+                    let q = &qkv.lane(lane)[head * hd..(head + 1) * hd];
+                    let mut max = f32::NEG_INFINITY;
+                    for (j, pj) in p.iter_mut().enumerate() {
+                        *pj = dot(q, &k[j * hd..(j + 1) * hd]) * scale;
+                        max = max.max(*pj);
+                    }
+                    let mut sum = 0f32;
+                    for pj in p.iter_mut() {
+                        *pj = (*pj - max).exp();
+                        sum += *pj;
+                    }
+                    let oi = &mut o[i * hd..(i + 1) * hd];
+                    for (j, &pj) in p.iter().enumerate() {
+                        let w = pj / sum;
+                        for (a, &b) in oi.iter_mut().zip(&v[j * hd..(j + 1) * hd]) {
+                            *a += w * b;
+                        }
+                    }
+                }
+                o
+            };
+        });
+        for (&(s, head), o) in jobs.iter().zip(&results) {
+            for (i, lane) in spans[s].clone().enumerate() {
+                out.lane_mut(lane)[head * hd..(head + 1) * hd].copy_from_slice(&o[i * hd..(i + 1) * hd]);
+            }
+        }
+    }
+}
+
+/// The lanes each packed sequence occupies.
+pub fn spans(seqs: &[&[u32]]) -> Vec<Range<usize>> {
+    let mut start = 0;
+    seqs.iter()
+        .map(|s| {
+            let r = start..start + s.len();
+            start = r.end;
+            r
+        })
+        .collect()
+}
+
+/// Lanes per parallel task of the element-wise steps (bias, GELU, LayerNorm).
+const LANES_PER_TASK: usize = 16;
+
+/// x = act(x + bias), every lane, in parallel (`act` a concrete function, so it inlines and the
+/// loop vectorises).
+fn bias_act(x: &mut Batch, bias: &[f32], act: impl Fn(f32) -> f32 + Sync) {
+    let c = x.channels();
+    pool::global().for_each_chunk_mut(x.as_mut_slice(), c * LANES_PER_TASK, &|_, lanes| {
+        for row in lanes.chunks_mut(c) {
+            for (v, b) in row.iter_mut().zip(bias) {
+                *v = act(*v + b);
+            }
+        }
+    });
+}
+
+/// x = LayerNorm(y + bias), every lane, in parallel.
+fn bias_norm(y: &Batch, bias: &[f32], norm: &Norm, eps: f32, x: &mut Batch) {
+    let h = y.channels();
+    x.resize(y.lanes(), h);
+    let chunk = h * LANES_PER_TASK;
+    pool::global().for_each_chunk_mut(x.as_mut_slice(), chunk, &|i, xs| {
+        let ys = &y.as_slice()[i * chunk..];
+        let mut sum = vec![0f32; h];
+        for (xr, yr) in xs.chunks_mut(h).zip(ys.chunks(h)) {
+            for ((s, &v), &b) in sum.iter_mut().zip(yr).zip(bias) {
+                *s = v + b;
+            }
+            layer_norm(&sum, &norm.w, &norm.b, eps, xr);
+        }
+    });
+}
+
+fn add_bias(x: &mut Batch, bias: &[f32]) {
+    for lane in 0..x.lanes() {
+        for (v, b) in x.lane_mut(lane).iter_mut().zip(bias) {
+            *v += b;
+        }
+    }
+}

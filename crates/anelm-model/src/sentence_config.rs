@@ -1,0 +1,178 @@
+//! The sentence-transformers files of an embedding model directory: `modules.json` (the module
+//! pipeline), the pooling module's `config.json`, and `sentence_bert_config.json`
+//! (`max_seq_length`, `do_lower_case`). Read here, interpreted by the engine's embedder.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::error::ModelError;
+
+/// One way of pooling token states into a sentence vector (sentence-transformers' pooling modes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PoolingMode {
+    /// The first token's state (`[CLS]`).
+    Cls,
+    /// Element-wise maximum over the tokens.
+    Max,
+    /// Mean over the tokens.
+    Mean,
+    /// Sum over the tokens divided by the square root of their count.
+    MeanSqrtLen,
+    /// The last token's state (decoder embedders).
+    LastToken,
+}
+
+impl PoolingMode {
+    /// The modes in the order sentence-transformers concatenates them when several are on.
+    pub const ORDER: [PoolingMode; 5] = [Self::Cls, Self::Max, Self::Mean, Self::MeanSqrtLen, Self::LastToken];
+
+    /// The `pooling_mode_*` flag of this mode in `1_Pooling/config.json`.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Self::Cls => "pooling_mode_cls_token",
+            Self::Max => "pooling_mode_max_tokens",
+            Self::Mean => "pooling_mode_mean_tokens",
+            Self::MeanSqrtLen => "pooling_mode_mean_sqrt_len_tokens",
+            Self::LastToken => "pooling_mode_lasttoken",
+        }
+    }
+
+    /// The short name (`pooling_mode` in newer configs, GGUF `pooling_type` names).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Cls => "cls",
+            Self::Max => "max",
+            Self::Mean => "mean",
+            Self::MeanSqrtLen => "mean_sqrt_len_tokens",
+            Self::LastToken => "lasttoken",
+        }
+    }
+}
+
+/// What a sentence-transformers directory says about turning token states into embeddings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SentenceConfig {
+    /// Pooling modes that are on, in concatenation order (never empty).
+    pub pooling: Vec<PoolingMode>,
+    /// Whether a `Normalize` module follows pooling (unit-length vectors).
+    pub normalize: bool,
+    /// Longest input in tokens (special tokens included); longer inputs are truncated.
+    pub max_seq_length: Option<usize>,
+    /// Lower-case texts before tokenizing (`do_lower_case`).
+    pub do_lower_case: bool,
+}
+
+fn read_json(path: &Path) -> Result<Value, ModelError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|source| ModelError::Json {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn invalid(path: &Path, what: impl Into<String>) -> ModelError {
+    ModelError::Invalid {
+        file: path.display().to_string(),
+        what: what.into(),
+    }
+}
+
+impl SentenceConfig {
+    /// Read `modules.json` and the files it points to in `dir`. `Ok(None)` when the directory
+    /// has no `modules.json` (not a sentence-transformers directory).
+    pub fn from_dir(dir: &Path) -> Result<Option<Self>, ModelError> {
+        let modules_path = dir.join("modules.json");
+        if !modules_path.is_file() {
+            return Ok(None);
+        }
+        let modules = read_json(&modules_path)?;
+        let modules = modules
+            .as_array()
+            .ok_or_else(|| invalid(&modules_path, "expected a list of modules"))?;
+        let mut pooling_dir: Option<PathBuf> = None;
+        let mut normalize = false;
+        let mut saw_transformer = false;
+        for m in modules {
+            let ty = m.get("type").and_then(Value::as_str).unwrap_or_default();
+            let kind = ty.rsplit('.').next().unwrap_or_default();
+            let sub = m.get("path").and_then(Value::as_str).unwrap_or_default();
+            if sub.split(['/', '\\']).any(|part| part == "..") {
+                return Err(invalid(
+                    &modules_path,
+                    format!("module path '{sub}' leaves the directory"),
+                ));
+            }
+            match kind {
+                "Transformer" => saw_transformer = true,
+                "Pooling" => pooling_dir = Some(dir.join(sub)),
+                "Normalize" => normalize = true,
+                other => {
+                    return Err(invalid(
+                        &modules_path,
+                        format!(
+                            "module type '{other}' is not supported (anelm runs Transformer, Pooling and Normalize); use a model without it"
+                        ),
+                    ));
+                }
+            }
+        }
+        if !saw_transformer {
+            return Err(invalid(&modules_path, "no Transformer module"));
+        }
+        let pooling_dir =
+            pooling_dir.ok_or_else(|| invalid(&modules_path, "no Pooling module: anelm needs one to make a vector"))?;
+        let pooling = read_pooling(&pooling_dir.join("config.json"))?;
+        let sbert = dir.join("sentence_bert_config.json");
+        let (max_seq_length, do_lower_case) = if sbert.is_file() {
+            let v = read_json(&sbert)?;
+            let max = match v.get("max_seq_length") {
+                None | Some(Value::Null) => None,
+                Some(x) => Some(
+                    x.as_u64()
+                        .and_then(|n| usize::try_from(n).ok())
+                        .filter(|&n| n >= 2)
+                        .ok_or_else(|| invalid(&sbert, "max_seq_length must be an integer of at least 2"))?,
+                ),
+            };
+            (max, v.get("do_lower_case").and_then(Value::as_bool).unwrap_or(false))
+        } else {
+            (None, false)
+        };
+        Ok(Some(Self {
+            pooling,
+            normalize,
+            max_seq_length,
+            do_lower_case,
+        }))
+    }
+}
+
+/// The pooling modes of a Pooling module's `config.json`: the `pooling_mode_*` flags, or a
+/// `pooling_mode` name.
+fn read_pooling(path: &Path) -> Result<Vec<PoolingMode>, ModelError> {
+    let v = read_json(path)?;
+    if v.get("pooling_mode_weightedmean_tokens").and_then(Value::as_bool) == Some(true) {
+        return Err(invalid(path, "weighted-mean pooling is not supported"));
+    }
+    let mut modes: Vec<PoolingMode> = PoolingMode::ORDER
+        .into_iter()
+        .filter(|m| v.get(m.flag()).and_then(Value::as_bool) == Some(true))
+        .collect();
+    if modes.is_empty()
+        && let Some(name) = v.get("pooling_mode").and_then(Value::as_str)
+    {
+        let mode = PoolingMode::ORDER
+            .into_iter()
+            .find(|m| m.name() == name || (name == "mean_sqrt_len" && *m == PoolingMode::MeanSqrtLen))
+            .ok_or_else(|| invalid(path, format!("pooling_mode '{name}' is not supported")))?;
+        modes.push(mode);
+    }
+    if modes.is_empty() {
+        return Err(invalid(path, "no pooling mode is on"));
+    }
+    Ok(modes)
+}

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Regenerate crates/anelm-engine/tests/fixtures/embeddings/minilm.json: sentence-transformers'
+# embeddings and Hugging Face tokenizers' token ids of all-MiniLM-L6-v2 for a set of texts
+# (scripts/make-embedding-fixtures.py), the reference crates/anelm-engine/tests/minilm.rs checks
+# anelm against.
+#
+# Creates (once) a virtualenv under the user cache with pinned sentence-transformers, transformers
+# and torch from PyPI. The PyPI torch wheel for Linux is a CUDA build whose import needs the CUDA
+# runtime packages, so they come along (about 3 GB); everything runs on the CPU in fp32. The tests
+# read the committed fixture and need none of this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TORCH_VERSION="2.15.0"
+TRANSFORMERS_VERSION="5.24.0"
+ST_VERSION="6.2.0"
+
+if [ -n "${XDG_CACHE_HOME:-}" ]; then
+  cache="$XDG_CACHE_HOME/anelm"
+elif [ "$(uname -s)" = "Darwin" ]; then
+  cache="$HOME/Library/Caches/anelm"
+else
+  cache="$HOME/.cache/anelm"
+fi
+venv="$cache/venv-embeddings"
+stamp="$venv/.anelm-torch-$TORCH_VERSION-transformers-$TRANSFORMERS_VERSION-st-$ST_VERSION"
+
+PY="${PYTHON:-python3}"
+command -v "$PY" >/dev/null 2>&1 || { echo "error: python3 (>= 3.10) is needed (set PYTHON=...)" >&2; exit 1; }
+
+if [ ! -f "$stamp" ]; then
+  echo "creating $venv (torch $TORCH_VERSION, sentence-transformers $ST_VERSION; about 3 GB) ..." >&2
+  [ -x "$venv/bin/python" ] || "$PY" -m venv "$venv"
+  "$venv/bin/python" -m pip install --disable-pip-version-check \
+    "torch==$TORCH_VERSION" "transformers==$TRANSFORMERS_VERSION" "sentence-transformers==$ST_VERSION" >&2
+  touch "$stamp"
+fi
+
+model="$(scripts/fetch-minilm.sh)"
+out=crates/anelm-engine/tests/fixtures/embeddings/minilm.json
+mkdir -p "$(dirname "$out")"
+HF_HUB_OFFLINE=1 "$venv/bin/python" scripts/make-embedding-fixtures.py "$model" "$out"
