@@ -6,28 +6,12 @@
 //! Needs the default model, all-MiniLM-L6-v2 and the Python virtualenv: `scripts/test.sh`
 //! fetches and sets them up.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-const KEY: &str = "emb-key";
-
-/// A running server, killed on drop.
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+mod serving;
+use serving::{KEY, Server, run_client_script, start_with};
 
 fn minilm() -> PathBuf {
     let dir = anelm_engine::default_model::cache_dir()
@@ -42,59 +26,16 @@ fn minilm() -> PathBuf {
 }
 
 fn start(args: &[&str]) -> Server {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port");
-    let child = Command::new(env!("CARGO_BIN_EXE_anelm"))
-        .args([
-            "serve",
-            "--port",
-            &port.to_string(),
-            "--api-key",
-            KEY,
-            "-t",
-            "2",
-            "--device",
-            "cpu",
-        ])
-        .args(["--sessions", "2", "--ctx-size", "1024"])
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start anelm serve");
-    let server = Server { child, port };
-    let t = Instant::now();
-    while http(port, "GET", "/health", "").map(|r| r.0) != Ok(200) {
-        assert!(t.elapsed() < Duration::from_secs(120), "server not healthy after 120 s");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    server
+    let mut all = vec!["--device", "cpu", "--max-body-bytes", "8388608"];
+    all.extend_from_slice(args);
+    start_with(2, 64, &all)
 }
 
-/// One request with `Connection: close`: (status, body).
+/// One request with the test key: (status, body).
 fn http(port: u16, method: &str, path: &str, body: &str) -> Result<(u16, String), String> {
-    let go = || -> std::io::Result<(u16, String)> {
-        let mut s = TcpStream::connect(("127.0.0.1", port))?;
-        s.set_read_timeout(Some(Duration::from_secs(120)))?;
-        let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-            body.len()
-        );
-        s.write_all(head.as_bytes())?;
-        s.write_all(body.as_bytes())?;
-        let mut raw = String::new();
-        s.read_to_string(&mut raw)?;
-        let (headers, payload) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
-        let status = headers
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        Ok((status, payload.to_string()))
-    };
-    go().map_err(|e| e.to_string())
+    serving::http(port, method, path, body.as_bytes(), Some(KEY))
+        .map(|r| (r.status, r.body))
+        .map_err(|e| e.to_string())
 }
 
 /// POST to `path`, expecting a 4xx OpenAI error body; returns its message.
@@ -108,39 +49,17 @@ fn error_of(port: u16, path: &str, body: &Value) -> String {
     err["message"].as_str().expect("message").to_string()
 }
 
-fn python() -> PathBuf {
-    if let Some(p) = std::env::var_os("ANELM_TEST_PYTHON") {
-        return PathBuf::from(p);
-    }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
-    let p = home.join(".cache/anelm/venv-openai/bin/python");
-    assert!(
-        p.exists(),
-        "no Python with the openai client: run scripts/setup-test-env.sh (scripts/test.sh does)"
-    );
-    p
-}
-
 #[test]
 fn openai_client_gets_embeddings_beside_chat() {
     let dir = minilm();
     let server = start(&["--embedding-model", dir.to_str().expect("utf-8 path")]);
-    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let fixture = manifest.join("../anelm-engine/tests/fixtures/embeddings/minilm.json");
-    let out = Command::new(python())
-        .arg(manifest.join("tests/openai_embeddings.py"))
-        .arg(format!("http://127.0.0.1:{}/v1", server.port))
-        .arg(KEY)
-        .arg(&fixture)
-        .output()
-        .expect("run python");
-    assert!(
-        out.status.success(),
-        "openai embeddings checks failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let fixture =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../anelm-engine/tests/fixtures/embeddings/minilm.json");
+    run_client_script(
+        "openai_embeddings.py",
+        server.port,
+        &[fixture.to_str().expect("utf-8 path")],
     );
-    eprintln!("{}", String::from_utf8_lossy(&out.stdout).trim());
 
     // Bad input: each a 400 with an OpenAI error body that says what is wrong.
     let p = server.port;

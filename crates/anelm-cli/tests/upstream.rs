@@ -20,6 +20,18 @@ fn chat_body(model: &str, stream: bool) -> String {
     .to_string()
 }
 
+/// A non-streamed chat request for `model` (with extra headers) to the server on `port`.
+fn chat(port: u16, model: &str, headers: &[(&str, &str)]) -> std::io::Result<Reply> {
+    http_with(
+        port,
+        "POST",
+        "/v1/chat/completions",
+        chat_body(model, false).as_bytes(),
+        Some(KEY),
+        headers,
+    )
+}
+
 fn content(r: &Reply) -> String {
     let v: serde_json::Value = serde_json::from_str(&r.body).unwrap_or_else(|e| panic!("{e}: {}", r.body));
     v["choices"][0]["message"]["content"]
@@ -46,26 +58,12 @@ fn pair(front_sessions: usize, front_queue: usize, extra: &[&str]) -> (Server, S
 #[test]
 fn requests_naming_an_upstream_are_forwarded_and_private_ones_never_leave() {
     let (mut upstream, front) = pair(2, 8, &[]);
-    let direct = http(
-        upstream.port,
-        "POST",
-        "/v1/chat/completions",
-        chat_body("smol-up", false).as_bytes(),
-        Some(KEY),
-    )
-    .expect("direct");
+    let direct = chat(upstream.port, "smol-up", &[]).expect("direct");
     assert_eq!(direct.status, 200, "{}", direct.body);
     let expected = content(&direct);
     // Named by NAME (rewritten to the upstream's only model) and by NAME/ID.
     for model in ["big", "big/smol-up"] {
-        let r = http(
-            front.port,
-            "POST",
-            "/v1/chat/completions",
-            chat_body(model, false).as_bytes(),
-            Some(KEY),
-        )
-        .expect("forwarded");
+        let r = chat(front.port, model, &[]).expect("forwarded");
         assert_eq!(r.status, 200, "{}", r.body);
         assert_eq!(content(&r), expected, "{model}: the upstream's own answer");
         assert!(
@@ -78,15 +76,7 @@ fn requests_naming_an_upstream_are_forwarded_and_private_ones_never_leave() {
     run_client_script("upstream_client.py", front.port, &["big", &expected]);
     // Private: refused before anything is sent; the upstream sees no request.
     let seen = metric(upstream.port, "requests_total");
-    let r = http_with(
-        front.port,
-        "POST",
-        "/v1/chat/completions",
-        chat_body("big", false).as_bytes(),
-        Some(KEY),
-        &[("X-Anelm-Privacy", "local")],
-    )
-    .expect("refused");
+    let r = chat(front.port, "big", &[("X-Anelm-Privacy", "local")]).expect("refused");
     assert_eq!(r.status, 403, "{}", r.body);
     assert!(r.body.contains("private"), "{}", r.body);
     assert_eq!(
@@ -116,14 +106,7 @@ fn requests_naming_an_upstream_are_forwarded_and_private_ones_never_leave() {
     let _ = upstream.child.kill();
     let _ = upstream.child.wait();
     let t = Instant::now();
-    let r = http(
-        front.port,
-        "POST",
-        "/v1/chat/completions",
-        chat_body("big", false).as_bytes(),
-        Some(KEY),
-    )
-    .expect("answer");
+    let r = chat(front.port, "big", &[]).expect("answer");
     assert_eq!(r.status, 502, "{}", r.body);
     assert!(r.body.contains("upstream 'big'"), "{}", r.body);
     assert!(
@@ -131,14 +114,7 @@ fn requests_naming_an_upstream_are_forwarded_and_private_ones_never_leave() {
         "a dead upstream took {:?}",
         t.elapsed()
     );
-    let local = http(
-        front.port,
-        "POST",
-        "/v1/chat/completions",
-        chat_body("", false).as_bytes(),
-        Some(KEY),
-    )
-    .expect("local");
+    let local = chat(front.port, "", &[]).expect("local");
     assert_eq!(local.status, 200, "{}", local.body);
     assert!(metric(front.port, "upstream_failures_total{upstream=\"big\"}") >= 1.0);
 }
@@ -147,53 +123,23 @@ fn requests_naming_an_upstream_are_forwarded_and_private_ones_never_leave() {
 fn private_by_default_keeps_requests_home_and_the_fallback_takes_overflow() {
     let (_upstream, front) = pair(1, 1, &["--private-by-default", "--fallback", "big"]);
     let allow = [("X-Anelm-Privacy", "allow-upstream")];
-    let r = http(
-        front.port,
-        "POST",
-        "/v1/chat/completions",
-        chat_body("big", false).as_bytes(),
-        Some(KEY),
-    )
-    .expect("answer");
+    let r = chat(front.port, "big", &[]).expect("answer");
     assert_eq!(r.status, 403, "private by default: {}", r.body);
-    let r = http_with(
-        front.port,
-        "POST",
-        "/v1/chat/completions",
-        chat_body("big", false).as_bytes(),
-        Some(KEY),
-        &allow,
-    )
-    .expect("answer");
+    let r = chat(front.port, "big", &allow).expect("answer");
     assert_eq!(r.status, 200, "{}", r.body);
     // Fill the one local session and the one queue place.
     let port = front.port;
     let busy = occupy_the_session(port);
     let waiting = take_the_queue_place(port, chat_body("", false).as_bytes());
     // Queue full: a request that may leave goes to the fallback; a private one gets 429.
-    let r = http_with(
-        port,
-        "POST",
-        "/v1/chat/completions",
-        chat_body("", false).as_bytes(),
-        Some(KEY),
-        &allow,
-    )
-    .expect("answer");
+    let r = chat(port, "", &allow).expect("answer");
     assert_eq!(r.status, 200, "{}", r.body);
     assert!(
         r.headers.to_ascii_lowercase().contains("x-anelm-route: big"),
         "{}",
         r.headers
     );
-    let r = http(
-        port,
-        "POST",
-        "/v1/chat/completions",
-        chat_body("", false).as_bytes(),
-        Some(KEY),
-    )
-    .expect("answer");
+    let r = chat(port, "", &[]).expect("answer");
     assert_eq!(r.status, 429, "{}", r.body);
     assert!(r.body.contains("private"), "{}", r.body);
     drop(busy);
@@ -220,13 +166,7 @@ fn chaos_with_disconnects_and_a_dying_upstream_ends_clean() {
     let port = front.port;
     let pid = front.child.id();
     // Warm up, then note the memory.
-    let _ = http(
-        port,
-        "POST",
-        "/v1/chat/completions",
-        chat_body("", false).as_bytes(),
-        Some(KEY),
-    );
+    let _ = chat(port, "", &[]);
     let rss_start = status_kib(pid, "VmRSS");
     let local_stream = |i: usize| {
         serde_json::json!({"messages": [{"role": "user", "content": format!("Story {i}")}],
@@ -257,14 +197,7 @@ fn chaos_with_disconnects_and_a_dying_upstream_ends_clean() {
                                 assert!(r.body.contains("[DONE]"), "local {i} ended cleanly");
                             }
                             1 => {
-                                let r = http(
-                                    port,
-                                    "POST",
-                                    "/v1/chat/completions",
-                                    chat_body("big", false).as_bytes(),
-                                    Some(KEY),
-                                )
-                                .expect("forwarded");
+                                let r = chat(port, "big", &[]).expect("forwarded");
                                 match r.status {
                                     200 if upstream_alive => ok += 1,
                                     502 | 504 if !upstream_alive => errs += 1,
@@ -277,15 +210,7 @@ fn chaos_with_disconnects_and_a_dying_upstream_ends_clean() {
                                 );
                             }
                             _ => {
-                                let r = http_with(
-                                    port,
-                                    "POST",
-                                    "/v1/chat/completions",
-                                    chat_body("big", false).as_bytes(),
-                                    Some(KEY),
-                                    &[("X-Anelm-Privacy", "local")],
-                                )
-                                .expect("private");
+                                let r = chat(port, "big", &[("X-Anelm-Privacy", "local")]).expect("private");
                                 assert_eq!(r.status, 403, "private {i}: {}", r.body);
                                 refused += 1;
                             }

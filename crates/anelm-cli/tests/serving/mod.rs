@@ -52,7 +52,12 @@ pub fn start_on(port: u16, sessions: usize, queue: usize, extra: &[&str], env: &
         .args(["serve", "--port", &port.to_string(), "--api-key", KEY, "-t", "2"])
         .args(["--sessions", &sessions.to_string(), "--queue", &queue.to_string()])
         .args(extra)
-        .args(["--max-body-bytes", &BODY_LIMIT.to_string(), "--ctx-size", "1024"])
+        .args(if extra.contains(&"--max-body-bytes") {
+            vec![]
+        } else {
+            vec!["--max-body-bytes".to_string(), BODY_LIMIT.to_string()]
+        })
+        .args(["--ctx-size", "1024"])
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
