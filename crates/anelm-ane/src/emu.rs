@@ -94,7 +94,11 @@ impl EmuConfig {
 
 /// `;`-separated, trimmed, non-empty strings.
 fn parse_refuse(v: &str) -> Vec<String> {
-    v.split(';').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect()
+    v.split(';')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect()
 }
 
 impl Default for EmuConfig {
@@ -479,7 +483,10 @@ mod tests {
 
     #[test]
     fn refuse_list_is_semicolon_separated() {
-        assert_eq!(parse_refuse(" xnorm ; ;constexpr_blockwise_shift_scale"), ["xnorm", "constexpr_blockwise_shift_scale"]);
+        assert_eq!(
+            parse_refuse(" xnorm ; ;constexpr_blockwise_shift_scale"),
+            ["xnorm", "constexpr_blockwise_shift_scale"]
+        );
         assert!(parse_refuse("").is_empty());
     }
 }

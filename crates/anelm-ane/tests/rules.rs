@@ -61,7 +61,12 @@ fn cases() -> Vec<(Rule, EmuConfig, String, WeightFiles)> {
 
     // refused-form (a test knob): the emulator told to refuse int8 programs refuses one.
     let w: Vec<f32> = (0..64 * 64).map(|i| (i % 5) as f32 * 0.01).collect();
-    let int8 = lower(&AneKernel::Linear { rows: 64, cols: 64 }, &[&w], WeightMode::INT8_PER_ROW).unwrap();
+    let int8 = lower(
+        &AneKernel::Linear { rows: 64, cols: 64 },
+        &[&w],
+        WeightMode::INT8_PER_ROW,
+    )
+    .unwrap();
     v.push((
         Rule::Refused,
         EmuConfig {

@@ -141,7 +141,10 @@ impl MemStore {
 }
 
 impl TensorStore for MemStore {
-    fn tensor(&self, name: &str) -> std::result::Result<anelm_model::tensor_store::TensorView<'_>, anelm_model::error::ModelError> {
+    fn tensor(
+        &self,
+        name: &str,
+    ) -> std::result::Result<anelm_model::tensor_store::TensorView<'_>, anelm_model::error::ModelError> {
         let (n, shape, data) = self
             .0
             .iter()
@@ -171,7 +174,11 @@ impl TensorStore for MemStore {
 /// failures; a kernel that cannot be built at all, or computes something else, is.
 fn fallback_test<D: AneDevice + 'static>(out: &mut impl Write, dev: Arc<D>) -> Result<bool> {
     writeln!(out)?;
-    writeln!(out, "fallback chain on {} (int8 FFN with residual, int8 LM head)", dev.name())?;
+    writeln!(
+        out,
+        "fallback chain on {} (int8 FFN with residual, int8 LM head)",
+        dev.name()
+    )?;
     let store: Arc<dyn TensorStore> = Arc::new(MemStore::fallback_model());
     let backend = AneBackend::new(
         Arc::clone(&dev),
@@ -192,8 +199,12 @@ fn fallback_test<D: AneDevice + 'static>(out: &mut impl Write, dev: Arc<D>) -> R
         ),
         ("lm_head", KernelSpec::LmHead { w: id("head") }),
     ];
-    let x: Vec<f32> = (0..FB_LANES * FB_HIDDEN).map(|i| ((i * 5) % 13) as f32 / 8.0 - 0.75).collect();
-    let r: Vec<f32> = (0..FB_LANES * FB_HIDDEN).map(|i| ((i * 3) % 7) as f32 / 4.0 - 0.75).collect();
+    let x: Vec<f32> = (0..FB_LANES * FB_HIDDEN)
+        .map(|i| ((i * 5) % 13) as f32 / 8.0 - 0.75)
+        .collect();
+    let r: Vec<f32> = (0..FB_LANES * FB_HIDDEN)
+        .map(|i| ((i * 3) % 7) as f32 / 4.0 - 0.75)
+        .collect();
     let (Some(x), Some(r)) = (
         Batch::from_vec(FB_LANES, FB_HIDDEN, x),
         Batch::from_vec(FB_LANES, FB_HIDDEN, r),
@@ -696,7 +707,10 @@ mod tests {
         assert!(fallback_test(&mut buf, refusing(&[])).unwrap());
         let text = String::from_utf8(buf).unwrap();
         assert!(text.contains("no fallbacks: every kernel got its first form"), "{text}");
-        assert!(text.contains("ok    ffn matches the CPU") && text.contains("ok    lm_head matches the CPU"), "{text}");
+        assert!(
+            text.contains("ok    ffn matches the CPU") && text.contains("ok    lm_head matches the CPU"),
+            "{text}"
+        );
 
         // int8 refused everywhere, the fused FFN refused, the LM head's 256-row output refused.
         let head = format!("[1, {FB_VOCAB}, 1, 32]> y = conv(");
@@ -715,6 +729,9 @@ mod tests {
         let mut buf = Vec::new();
         assert!(!fallback_test(&mut buf, refusing(&["wg"])).unwrap());
         let text = String::from_utf8(buf).unwrap();
-        assert!(text.contains("FAIL  ffn built") && text.contains("--device cpu"), "{text}");
+        assert!(
+            text.contains("FAIL  ffn built") && text.contains("--device cpu"),
+            "{text}"
+        );
     }
 }

@@ -416,11 +416,24 @@ fn refused_kernel_forms_fall_back_and_are_reported() {
     assert!(text.contains(&format!("{layers} fallback(s)")), "{text}");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains(&format!("ane-emu: {layers} ANE fallback(s)")), "{err}");
-    assert!(err.contains("ffn resadd → ffn plain") && err.contains("refused-form"), "{err}");
+    assert!(
+        err.contains("ffn resadd → ffn plain") && err.contains("refused-form"),
+        "{err}"
+    );
 
     let layers = 30;
     let bench = [
-        "bench", "--device", "ane-emu", "-p", "0", "-n", "2", "-r", "1", "--threads", "2",
+        "bench",
+        "--device",
+        "ane-emu",
+        "-p",
+        "0",
+        "-n",
+        "2",
+        "-r",
+        "1",
+        "--threads",
+        "2",
     ];
     let table = stdout(&run(&bench));
     assert!(table.contains(&format!("ane-emu: {layers} ANE fallback(s)")), "{table}");

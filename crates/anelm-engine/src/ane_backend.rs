@@ -594,7 +594,11 @@ impl<D: AneDevice + 'static> Backend for AneBackend<D> {
                 expect(&d, hidden, chunk)?;
                 let role = KernelRole::FfnChunk { index: 0, count: 1 };
                 let p = self
-                    .program(&label, AneKernel::FfnChunk { hidden, chunk }, &[&g.data, &u.data, &d.data])
+                    .program(
+                        &label,
+                        AneKernel::FfnChunk { hidden, chunk },
+                        &[&g.data, &u.data, &d.data],
+                    )
                     .map_err(|f| self.give_up(&label, f, &role, FfnForm::Chunked))?;
                 Ok(self.kernel(
                     KernelShape {

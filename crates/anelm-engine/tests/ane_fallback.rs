@@ -112,8 +112,15 @@ fn assert_matches_cpu(name: &str, ane: &dyn LanguageModel) {
     let (want, got) = (run(cpu.as_ref()), run(ane));
     for (i, (w, g)) in want.iter().zip(&got).enumerate() {
         let c = cosine(w, g);
-        assert!(c >= 0.999, "{name} step {i}: logits cosine to the CPU backend {c:.6} < 0.999");
-        assert_eq!(argmax(g), argmax(w), "{name} step {i}: greedy token differs from the CPU's");
+        assert!(
+            c >= 0.999,
+            "{name} step {i}: logits cosine to the CPU backend {c:.6} < 0.999"
+        );
+        assert_eq!(
+            argmax(g),
+            argmax(w),
+            "{name} step {i}: greedy token differs from the CPU's"
+        );
     }
 }
 
@@ -135,13 +142,31 @@ fn refusal_markers_name_one_form_each() {
     let kernels = [
         ("resadd", AneKernel::SwiGluFfnResidual { hidden: h, inter: f }),
         ("plain", AneKernel::SwiGluFfn { hidden: h, inter: f }),
-        ("chunk", AneKernel::FfnChunk { hidden: h, chunk: f / 2 }),
+        (
+            "chunk",
+            AneKernel::FfnChunk {
+                hidden: h,
+                chunk: f / 2,
+            },
+        ),
         ("lm_head", AneKernel::Linear { rows: VOCAB, cols: h }),
-        ("qkv", AneKernel::FusedLinear { parts: vec![64, 32, 32], cols: h }),
+        (
+            "qkv",
+            AneKernel::FusedLinear {
+                parts: vec![64, 32, 32],
+                cols: h,
+            },
+        ),
         ("oproj", AneKernel::LinearResidual { rows: h, cols: h }),
     ];
     let lm = lm_head_marker();
-    let markers = [("resadd", RESADD), ("plain", PLAIN), ("chunk", CHUNK), ("lm_head", lm.as_str()), ("qkv", CONCAT)];
+    let markers = [
+        ("resadd", RESADD),
+        ("plain", PLAIN),
+        ("chunk", CHUNK),
+        ("lm_head", lm.as_str()),
+        ("qkv", CONCAT),
+    ];
     for (name, k) in &kernels {
         let text = lowered(k, WeightMode::Fp16);
         assert!(!text.contains(INT8), "{name} fp16 has int8 data");
@@ -234,7 +259,10 @@ fn refused_lm_head_runs_on_the_cpu_and_matches_the_cpu() {
     let list = fallbacks_of(&backend);
     assert_eq!(list.len(), 1, "{list:?}");
     assert!(list[0].kernel.starts_with("lm_head "), "{}", list[0]);
-    assert_eq!((list[0].from.as_str(), list[0].to.as_str()), ("lm_head on ane-emu", "cpu"));
+    assert_eq!(
+        (list[0].from.as_str(), list[0].to.as_str()),
+        ("lm_head on ane-emu", "cpu")
+    );
     assert_eq!(device.stats().loaded, 3 * LAYERS, "no LM-head program stays loaded");
     // 3 dispatches per layer and none for the LM head.
     let before = device.stats().dispatches;
@@ -246,8 +274,14 @@ fn refused_lm_head_runs_on_the_cpu_and_matches_the_cpu() {
 #[test]
 fn a_refused_projection_fails_the_load_and_releases_everything() {
     let (device, backend) = emulated(&[CONCAT], WeightMode::Fp16);
-    let e = load(&backend).err().expect("the input projection has no fallback").to_string();
-    assert!(e.contains("input_proj") && e.contains("--device cpu") && e.contains("refused-form"), "{e}");
+    let e = load(&backend)
+        .err()
+        .expect("the input projection has no fallback")
+        .to_string();
+    assert!(
+        e.contains("input_proj") && e.contains("--device cpu") && e.contains("refused-form"),
+        "{e}"
+    );
     assert_eq!(device.stats().loaded, 0);
     assert_eq!(backend.stats().fallbacks, 0);
 }
