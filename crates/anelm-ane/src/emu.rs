@@ -60,6 +60,45 @@ pub struct EmuConfig {
     pub max_kernel_const_bytes: u64,
     /// Flush fp16 subnormals to zero after every op (the ANE appears to; ane-hardware.md §3.7).
     pub flush_subnormals: bool,
+    /// **Test knob**: refuse at compile time ([`Rule::Refused`]) every program whose MIL text
+    /// contains one of these strings, as a compiler that refuses that form would. For example
+    /// `constexpr_blockwise_shift_scale` refuses every int8 program, `xnorm` the fused FFN with
+    /// its residual add (`swiglu_ffn_residual`), `tensor<fp16, [1, 512, 1, 32]> y` a 512-row
+    /// linear. Empty (the default) refuses nothing. The CLI reads it from [`EMU_REFUSE_ENV`].
+    pub refuse: Vec<String>,
+}
+
+/// Environment variable the CLI reads [`EmuConfig::refuse`] from (`;`-separated strings), so the
+/// fallback chain can be shown on `--device ane-emu` (`anelm bench`, `anelm doctor`) off a Mac.
+pub const EMU_REFUSE_ENV: &str = "ANELM_EMU_REFUSE";
+
+impl EmuConfig {
+    /// The strings of [`EMU_REFUSE_ENV`] (empty when unset).
+    pub fn refuse_from_env() -> Vec<String> {
+        std::env::var(EMU_REFUSE_ENV)
+            .map(|v| parse_refuse(&v))
+            .unwrap_or_default()
+    }
+
+    /// The error for `mil_text` if it contains a string of [`EmuConfig::refuse`].
+    fn refusal(&self, mil_text: &str) -> Result<(), AneError> {
+        match self.refuse.iter().find(|r| mil_text.contains(r.as_str())) {
+            Some(r) => Err(AneError::rule_err(
+                Rule::Refused,
+                format!("the program contains `{r}`, which this emulator is configured to refuse"),
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
+/// `;`-separated, trimmed, non-empty strings.
+fn parse_refuse(v: &str) -> Vec<String> {
+    v.split(';')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect()
 }
 
 impl Default for EmuConfig {
@@ -75,6 +114,7 @@ impl Default for EmuConfig {
             max_tensor_elements: DEFAULT_MAX_TENSOR_ELEMENTS,
             max_kernel_const_bytes: DEFAULT_MAX_KERNEL_CONST_BYTES,
             flush_subnormals: true,
+            refuse: Vec::new(),
         }
     }
 }
@@ -193,6 +233,7 @@ impl EmuAne {
 
     /// Validate MIL text and weights without keeping a program (what `compile` checks).
     pub fn check(&self, mil_text: &str, weights: &WeightFiles) -> Result<(), AneError> {
+        self.cfg.refusal(mil_text)?;
         let program = parse_program(mil_text)?;
         validate(&program, weights, &self.cfg).map(|_| ())
     }
@@ -249,11 +290,13 @@ impl AneDevice for EmuAne {
             }
             g.stats.compile_attempts += 1;
         }
+        self.cfg.refusal(mil_text)?;
         let exe = validate(&program, weights, &self.cfg)?;
         Ok(self.insert(exe, State::Compiled, true))
     }
 
     fn load_without_compile(&self, mil_text: &str, weights: &WeightFiles) -> Result<ProgramHandle, AneError> {
+        self.cfg.refusal(mil_text)?;
         let program = parse_program(mil_text)?;
         let exe = load_validated(&program, weights, &self.cfg)?;
         let h = self.insert(exe, State::Compiled, false);
@@ -269,7 +312,7 @@ impl AneDevice for EmuAne {
         // Everything but the chip profile decides acceptance.
         let c = &self.cfg;
         format!(
-            "ane-emu {} dim {} conv {} elems {} const {} weights {} align128 {} flush {}",
+            "ane-emu {} dim {} conv {} elems {} const {} weights {} align128 {} flush {} refuse {:?}",
             env!("CARGO_PKG_VERSION"),
             c.max_dim,
             c.max_conv_input_channels,
@@ -277,7 +320,8 @@ impl AneDevice for EmuAne {
             c.max_kernel_const_bytes,
             c.max_program_weight_bytes,
             c.chip.aligns_io_to_128(),
-            c.flush_subnormals
+            c.flush_subnormals,
+            c.refuse
         )
     }
 
@@ -431,4 +475,18 @@ fn check_surfaces(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_refuse;
+
+    #[test]
+    fn refuse_list_is_semicolon_separated() {
+        assert_eq!(
+            parse_refuse(" xnorm ; ;constexpr_blockwise_shift_scale"),
+            ["xnorm", "constexpr_blockwise_shift_scale"]
+        );
+        assert!(parse_refuse("").is_empty());
+    }
 }

@@ -46,13 +46,13 @@ mod rules;
 mod surface;
 mod validate;
 
-pub use apple::{AppleAne, AppleConfig, AppleError};
+pub use apple::{AppleAne, AppleConfig, AppleError, Fallback, FfnForm, fallback};
 pub use cache::{CACHE_DIR_ENV, CacheOutcome, CompileCache, compile_or_load, content_id};
 pub use chip::{CHIPS, ChipProfile, FIT_TO_ANEMLL_RATIO, HostProfile, INT8_STREAM_EFFICIENCY, STREAM_TO_ANEMLL_RATIO};
 pub use device::{AneDevice, DispatchTime, ProgramHandle, Releasing, Signature, compile_and_load};
 pub use emu::{
     DEFAULT_MAX_CONV_INPUT_CHANNELS, DEFAULT_MAX_DIM, DEFAULT_MAX_KERNEL_CONST_BYTES, DEFAULT_MAX_LOADED,
-    DEFAULT_MAX_TENSOR_ELEMENTS, EmuAne, EmuConfig, EmuStats,
+    DEFAULT_MAX_TENSOR_ELEMENTS, EMU_REFUSE_ENV, EmuAne, EmuConfig, EmuStats,
 };
 pub use error::{AneError, LowerError, SurfaceError};
 pub use kernel::{AneKernel, WeightMode, WeightShape};

@@ -124,12 +124,20 @@ pub enum Rule {
     /// running Qwen3.5-4B fp16 (~8 GB of kernels) at 9.21 tok/s (ane-runtime.md §11), so the
     /// emulator leaves it off unless configured.
     LoadedBytes,
+    /// A program form the emulator was told to refuse ([`crate::EmuConfig::refuse`]): a test knob
+    /// standing in for a compiler that refuses some kernel form (an int8 `constexpr`, a fused
+    /// FFN, a large LM-head chunk), so the fallback chain can be tested off a Mac.
+    ///
+    /// Evidence: issue 27 item 4 (public reports disagree on whether the in-memory compiler takes
+    /// `constexpr_blockwise_shift_scale`); ane-runtime.md §2.6, §3.9 (the FFN and LM-head
+    /// fallbacks of the C++ system).
+    Refused,
 }
 
 impl Rule {
     /// Every rule: the program rules in the validator's check order, then the device rules
     /// (compile budget, load budgets, surface size).
-    pub const ALL: [Rule; 19] = [
+    pub const ALL: [Rule; 20] = [
         Rule::Dialect,
         Rule::IoFp16,
         Rule::IoShape,
@@ -149,6 +157,7 @@ impl Rule {
         Rule::LoadBudget,
         Rule::LoadedBytes,
         Rule::SurfaceMinBytes,
+        Rule::Refused,
     ];
 
     /// Stable kebab-case name, as errors and the field guide cite it.
@@ -173,6 +182,7 @@ impl Rule {
             Rule::ProgramWeights => "program-weights-2gb",
             Rule::CompileBudget => "compile-budget",
             Rule::LoadedBytes => "loaded-bytes",
+            Rule::Refused => "refused-form",
         }
     }
 
@@ -236,6 +246,10 @@ impl Rule {
                  without compiling and compiles only the rest (or raise the budget where the OS allows it)"
             }
             Rule::LoadedBytes => "unload programs that are not needed, or keep fewer weights on the Neural Engine",
+            Rule::Refused => {
+                "let the ANE backend fall back (int8 → fp16, FFN resadd → plain → chunked, LM head → CPU), or \
+                 clear EmuConfig::refuse / ANELM_EMU_REFUSE"
+            }
         }
     }
 
@@ -275,6 +289,7 @@ impl Rule {
                  docs/ane_constraints.md §5"
             }
             Rule::LoadedBytes => "ane-hardware.md §4.7, §8.6 (FG: ~3.5 GB on M3 Max / macOS 26.3.1)",
+            Rule::Refused => "issue 27 item 4; ane-runtime.md §2.6, §3.9 (a test knob, not a hardware limit)",
         }
     }
 }

@@ -59,6 +59,24 @@ fn cases() -> Vec<(Rule, EmuConfig, String, WeightFiles)> {
     let none = WeightFiles::new();
     let mut v = Vec::new();
 
+    // refused-form (a test knob): the emulator told to refuse int8 programs refuses one.
+    let w: Vec<f32> = (0..64 * 64).map(|i| (i % 5) as f32 * 0.01).collect();
+    let int8 = lower(
+        &AneKernel::Linear { rows: 64, cols: 64 },
+        &[&w],
+        WeightMode::INT8_PER_ROW,
+    )
+    .unwrap();
+    v.push((
+        Rule::Refused,
+        EmuConfig {
+            refuse: vec!["constexpr_blockwise_shift_scale".into()],
+            ..d()
+        },
+        int8.mil_text(),
+        int8.weights,
+    ));
+
     // mil-dialect: no coremlc-version; program(1.3) with ios16; ios17.
     v.push((
         Rule::Dialect,
@@ -479,4 +497,27 @@ fn reload_after_unload_keeps_the_compiled_weights() {
     ane.evaluate(h, &[&x], &mut b).unwrap();
     assert_eq!(a, b);
     assert!(a[0].get(1, 0).unwrap() != 0.0);
+}
+
+/// The refusal knob refuses only what it names: the fp16 form of the same kernel compiles, a
+/// refused compile counts as an attempt, and the knob is part of the cache salt.
+#[test]
+fn refuse_knob_refuses_only_the_named_form() {
+    let cfg = EmuConfig {
+        refuse: vec!["constexpr_blockwise_shift_scale".into()],
+        ..EmuConfig::default()
+    };
+    let ane = EmuAne::new(cfg);
+    let w: Vec<f32> = (0..64 * 64).map(|i| (i % 5) as f32 * 0.01).collect();
+    let k = AneKernel::Linear { rows: 64, cols: 64 };
+    let int8 = lower(&k, &[&w], WeightMode::INT8_PER_ROW).unwrap();
+    let e = ane.compile(&int8.mil_text(), &int8.weights).unwrap_err();
+    assert_eq!(e.rule(), Some(Rule::Refused), "{e}");
+    assert!(e.to_string().contains("constexpr_blockwise_shift_scale"), "{e}");
+    assert!(ane.load_without_compile(&int8.mil_text(), &int8.weights).is_err());
+    let fp16 = lower(&k, &[&w], WeightMode::Fp16).unwrap();
+    ane.compile(&fp16.mil_text(), &fp16.weights).unwrap();
+    assert_eq!(ane.stats().compile_attempts, 2);
+    assert_eq!(ane.stats().compiles, 1);
+    assert_ne!(ane.cache_salt(), EmuAne::default().cache_salt());
 }

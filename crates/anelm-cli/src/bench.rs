@@ -416,6 +416,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let threads = rayon::current_num_threads();
     let isa = anelm_kernels::Isa::best().name();
     let weight_bytes = streamed_weight_bytes(&path);
+    let fallbacks: Vec<serde_json::Value> = device
+        .fallbacks()
+        .iter()
+        .map(|f| serde_json::json!({"kernel": f.kernel, "from": f.from, "to": f.to, "reason": f.reason}))
+        .collect();
     let mut out = std::io::stdout().lock();
     if a.json {
         for f in &figures {
@@ -425,6 +430,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 "tok_s_median": f.median(), "tok_s_stdev": f.stdev(), "tok_s": f.rates,
                 "chip": device.chip.map(|c| c.name), "modelled_ane_tok_s": f.modelled,
                 "weight_bytes_per_token": weight_bytes,
+                "ane_fallbacks": fallbacks,
             });
             writeln!(out, "{v}").context("write to stdout")?;
         }
@@ -458,6 +464,15 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 f.median(),
                 f.stdev()
             )?;
+        }
+    }
+    if !a.json {
+        let lines = device.fallback_lines();
+        if !lines.is_empty() {
+            writeln!(out)?;
+        }
+        for line in lines {
+            writeln!(out, "{line}")?;
         }
     }
     Ok(())

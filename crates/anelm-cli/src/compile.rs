@@ -45,7 +45,7 @@ pub fn run(a: CompileArgs) -> Result<()> {
     };
     println!(
         "{}: {} ANE programs on {} ({} weights): {} compiled, {} loaded from the cache; {:.2} s in total \
-         ({:.2} s lowering + compiling + loading); {cache}",
+         ({:.2} s lowering + compiling + loading); {} fallback(s); {cache}",
         path.display(),
         s.programs,
         device.name,
@@ -53,7 +53,8 @@ pub fn run(a: CompileArgs) -> Result<()> {
         s.compiled,
         s.cache_loads,
         elapsed.as_secs_f64(),
-        s.compile_time.as_secs_f64()
+        s.compile_time.as_secs_f64(),
+        s.fallbacks
     );
     Ok(())
 }

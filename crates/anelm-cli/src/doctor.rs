@@ -3,13 +3,16 @@
 //! or its exact failure, so the output is what a user pastes into a bug report.
 
 use std::io::Write;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use clap::Args;
 
 use anelm_ane::apple::{AppleAne, ProbeStep, macos_version};
-use anelm_ane::{AneDevice, AneKernel, EmuAne, Surface, WeightMode, lower};
+use anelm_ane::{AneDevice, AneKernel, EmuAne, EmuConfig, Surface, WeightMode, lower};
+use anelm_engine::{AneBackend, AneOptions, Backend, Batch, CpuBackend, Kernel, KernelSpec, WeightId};
+use anelm_model::tensor_store::TensorStore;
 
 /// Arguments of `anelm doctor`.
 #[derive(Args, Debug)]
@@ -63,7 +66,7 @@ pub fn run(a: DoctorArgs) -> Result<()> {
         out,
         "  ane-emu  ok (emulated Neural Engine, chip profile m3-max by default)"
     )?;
-    let ane = AppleAne::open();
+    let ane = AppleAne::open().map(Arc::new);
     match &ane {
         Ok(_) => writeln!(out, "  ane      ok (AppleNeuralEngine.framework)")?,
         Err(e) => writeln!(out, "  ane      unavailable: {e}")?,
@@ -75,9 +78,11 @@ pub fn run(a: DoctorArgs) -> Result<()> {
     let mut passed = true;
     match &ane {
         Ok(dev) => {
-            passed &= self_test(&mut out, dev, a.dispatches)?;
+            passed &= self_test(&mut out, dev.as_ref(), a.dispatches)?;
+            passed &= fallback_test(&mut out, Arc::clone(dev))?;
             if a.emulated {
                 passed &= self_test(&mut out, &EmuAne::default(), a.dispatches)?;
+                passed &= fallback_test(&mut out, Arc::new(emulator()))?;
             }
         }
         Err(_) => {
@@ -87,6 +92,7 @@ pub fn run(a: DoctorArgs) -> Result<()> {
                 "the Neural Engine is unavailable here; running the same self-test on the emulated device"
             )?;
             passed &= self_test(&mut out, &EmuAne::default(), a.dispatches)?;
+            passed &= fallback_test(&mut out, Arc::new(emulator()))?;
         }
     }
     writeln!(out)?;
@@ -95,6 +101,153 @@ pub fn run(a: DoctorArgs) -> Result<()> {
     }
     writeln!(out, "self-test passed")?;
     Ok(())
+}
+
+/// The emulator for the fallback check: it refuses the forms `ANELM_EMU_REFUSE` names (a test
+/// knob; by default nothing).
+fn emulator() -> EmuAne {
+    EmuAne::new(EmuConfig {
+        refuse: EmuConfig::refuse_from_env(),
+        ..EmuConfig::default()
+    })
+}
+
+/// Widths of the fallback check's model: hidden, FFN and vocabulary.
+const FB_HIDDEN: usize = 64;
+const FB_INTER: usize = 128;
+const FB_VOCAB: usize = 256;
+/// Lanes of the fallback check's batch.
+const FB_LANES: usize = 4;
+
+/// A few f32 matrices in memory (the fallback check's model).
+struct MemStore(Vec<(String, Vec<usize>, Vec<u8>)>);
+
+impl MemStore {
+    fn fallback_model() -> MemStore {
+        let m = |name: &str, rows: usize, cols: usize, seed: usize| {
+            let data: Vec<u8> = (0..rows * cols)
+                .map(|i| ((i * 7 + seed * 13) % 17) as f32 / 64.0 - 0.125)
+                .flat_map(f32::to_le_bytes)
+                .collect();
+            (name.to_string(), vec![rows, cols], data)
+        };
+        MemStore(vec![
+            m("gate", FB_INTER, FB_HIDDEN, 1),
+            m("up", FB_INTER, FB_HIDDEN, 2),
+            m("down", FB_HIDDEN, FB_INTER, 3),
+            m("head", FB_VOCAB, FB_HIDDEN, 4),
+        ])
+    }
+}
+
+impl TensorStore for MemStore {
+    fn tensor(
+        &self,
+        name: &str,
+    ) -> std::result::Result<anelm_model::tensor_store::TensorView<'_>, anelm_model::error::ModelError> {
+        let (n, shape, data) = self
+            .0
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .ok_or_else(|| anelm_model::error::ModelError::MissingTensor { name: name.to_string() })?;
+        Ok(anelm_model::tensor_store::TensorView {
+            name: n,
+            format: anelm_kernels::WeightFormat::F32,
+            shape: shape.clone(),
+            data,
+        })
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.0.iter().any(|(n, _, _)| n == name)
+    }
+
+    fn tensor_names(&self) -> Vec<&str> {
+        self.0.iter().map(|(n, _, _)| n.as_str()).collect()
+    }
+}
+
+/// The fallback chain on `dev` (issue 27 item 4): an int8 SwiGLU FFN with its residual add and an
+/// int8 LM head compiled through the ANE backend, which falls back per kernel (int8 → fp16; FFN
+/// resadd → plain → chunked; LM head → CPU) when the device refuses a form. Prints each fallback
+/// with the device's reason, and checks both kernels against the CPU backend. Fallbacks are not
+/// failures; a kernel that cannot be built at all, or computes something else, is.
+fn fallback_test<D: AneDevice + 'static>(out: &mut impl Write, dev: Arc<D>) -> Result<bool> {
+    writeln!(out)?;
+    writeln!(
+        out,
+        "fallback chain on {} (int8 FFN with residual, int8 LM head)",
+        dev.name()
+    )?;
+    let store: Arc<dyn TensorStore> = Arc::new(MemStore::fallback_model());
+    let backend = AneBackend::new(
+        Arc::clone(&dev),
+        AneOptions {
+            weights: WeightMode::INT8_PER_ROW,
+            ..AneOptions::default()
+        },
+    );
+    let id = WeightId::new;
+    let specs = [
+        (
+            "ffn",
+            KernelSpec::SwiGluResidual {
+                gate: id("gate"),
+                up: id("up"),
+                down: id("down"),
+            },
+        ),
+        ("lm_head", KernelSpec::LmHead { w: id("head") }),
+    ];
+    let x: Vec<f32> = (0..FB_LANES * FB_HIDDEN)
+        .map(|i| ((i * 5) % 13) as f32 / 8.0 - 0.75)
+        .collect();
+    let r: Vec<f32> = (0..FB_LANES * FB_HIDDEN)
+        .map(|i| ((i * 3) % 7) as f32 / 4.0 - 0.75)
+        .collect();
+    let (Some(x), Some(r)) = (
+        Batch::from_vec(FB_LANES, FB_HIDDEN, x),
+        Batch::from_vec(FB_LANES, FB_HIDDEN, r),
+    ) else {
+        bail!("internal error: the fallback check's batches have the wrong size");
+    };
+    let mut all = true;
+    for (what, spec) in &specs {
+        let built = backend.compile(spec, &store).map_err(|e| e.to_string());
+        let Some(kernel) = step(out, &format!("{what} built"), built.map(|k| (k, String::new())))? else {
+            all = false;
+            continue;
+        };
+        let cpu = CpuBackend::new().compile(spec, &store)?;
+        let inputs: Vec<&Batch> = if spec.has_residual() { vec![&x, &r] } else { vec![&x] };
+        let run = |k: &dyn Kernel| -> std::result::Result<Vec<Vec<f32>>, String> {
+            let mut y = Batch::default();
+            k.run(&inputs, &mut y).map_err(|e| e.to_string())?;
+            Ok((0..FB_LANES).map(|l| y.lane(l).to_vec()).collect())
+        };
+        let cmp = run(kernel.as_ref()).and_then(|got| {
+            let want = run(cpu.as_ref())?;
+            let err = relative_error(&got, &want);
+            let tol = tolerance(WeightMode::INT8_PER_ROW);
+            if err <= tol {
+                Ok(((), format!("max error {err:.2e} of max |y| (limit {tol:.0e})")))
+            } else {
+                Err(format!("max error {err:.2e} of max |y| exceeds {tol:.0e}"))
+            }
+        });
+        all &= step(out, &format!("{what} matches the CPU"), cmp)?.is_some();
+    }
+    let list = backend.monitor().fallbacks();
+    if list.is_empty() {
+        writeln!(out, "  ok    no fallbacks: every kernel got its first form")?;
+    } else {
+        writeln!(out, "  {} fallback(s):", list.len())?;
+        for f in &list {
+            writeln!(out, "        {f}")?;
+        }
+    }
+    out.flush()?;
+    Ok(all)
 }
 
 fn probe_line(s: &ProbeStep) -> String {
@@ -539,5 +692,46 @@ mod tests {
         let want: Vec<Vec<f32>> = x.iter().map(|v| reference(&w, v)).collect();
         let zeros = vec![vec![0.0; N]; x.len()];
         assert!(relative_error(&zeros, &want) > tolerance(WeightMode::Fp16));
+    }
+
+    fn refusing(refuse: &[&str]) -> Arc<EmuAne> {
+        Arc::new(EmuAne::new(EmuConfig {
+            refuse: refuse.iter().map(|s| s.to_string()).collect(),
+            ..EmuConfig::default()
+        }))
+    }
+
+    #[test]
+    fn the_fallback_check_lists_each_fallback_and_still_matches_the_cpu() {
+        let mut buf = Vec::new();
+        assert!(fallback_test(&mut buf, refusing(&[])).unwrap());
+        let text = String::from_utf8(buf).unwrap();
+        assert!(text.contains("no fallbacks: every kernel got its first form"), "{text}");
+        assert!(
+            text.contains("ok    ffn matches the CPU") && text.contains("ok    lm_head matches the CPU"),
+            "{text}"
+        );
+
+        // int8 refused everywhere, the fused FFN refused, the LM head's 256-row output refused.
+        let head = format!("[1, {FB_VOCAB}, 1, 32]> y = conv(");
+        let dev = refusing(&["constexpr_blockwise_shift_scale", "xnorm", &head]);
+        let mut buf = Vec::new();
+        assert!(fallback_test(&mut buf, dev).unwrap());
+        let text = String::from_utf8(buf).unwrap();
+        assert!(text.contains("3 fallback(s):"), "{text}");
+        assert!(text.contains("ffn gate: ffn resadd → ffn plain"), "{text}");
+        assert!(text.contains("ffn gate: swiglu_ffn int8 → swiglu_ffn fp16"), "{text}");
+        assert!(text.contains("lm_head head: lm_head on ane-emu → cpu"), "{text}");
+        assert!(text.contains("refused-form"), "{text}");
+        assert!(!text.contains("FAIL"), "{text}");
+
+        // Every FFN form refused: the check fails and says so.
+        let mut buf = Vec::new();
+        assert!(!fallback_test(&mut buf, refusing(&["wg"])).unwrap());
+        let text = String::from_utf8(buf).unwrap();
+        assert!(
+            text.contains("FAIL  ffn built") && text.contains("--device cpu"),
+            "{text}"
+        );
     }
 }

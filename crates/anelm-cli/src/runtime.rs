@@ -8,10 +8,10 @@ use anelm_model::chat_template::ChatTemplate;
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use anelm_ane::{AppleAne, AppleConfig, ChipProfile, CompileCache, EmuAne};
+use anelm_ane::{AppleAne, AppleConfig, ChipProfile, CompileCache, EmuAne, EmuConfig};
 use anelm_engine::{
-    AneBackend, AneMonitor, AneOptions, AneStats, Backend, CpuBackend, Embedder, LanguageModel, LoadedModel,
-    load_model, load_model_weights,
+    AneBackend, AneMonitor, AneOptions, AneStats, Backend, CpuBackend, Embedder, KernelFallback, LanguageModel,
+    LoadedModel, load_model, load_model_weights,
 };
 
 use crate::args::{AneArgs, DeviceArg, ModelArgs};
@@ -73,6 +73,28 @@ impl DeviceReport {
     /// ANE counters (`None` on the CPU).
     pub fn stats(&self) -> Option<AneStats> {
         self.monitor.as_ref().map(AneMonitor::stats)
+    }
+
+    /// The kernels that fell back to another form while the model was compiled (int8 → fp16,
+    /// FFN resadd → plain → chunked, LM head → CPU); empty on the CPU.
+    pub fn fallbacks(&self) -> Vec<KernelFallback> {
+        self.monitor.as_ref().map(AneMonitor::fallbacks).unwrap_or_default()
+    }
+
+    /// The fallbacks as report lines: a count, then one `kernel: from → to (reason)` line each.
+    /// Nothing when every kernel got its first form.
+    pub fn fallback_lines(&self) -> Vec<String> {
+        let list = self.fallbacks();
+        if list.is_empty() {
+            return Vec::new();
+        }
+        let mut lines = vec![format!(
+            "{}: {} ANE fallback(s): the device refused these kernel forms and anelm built the next one",
+            self.name,
+            list.len()
+        )];
+        lines.extend(list.iter().map(|f| format!("  {f}")));
+        lines
     }
 
     /// Zero the dispatch counters and clocks.
@@ -203,7 +225,14 @@ fn load_with<T>(
         },
         DeviceArg::AneEmu => {
             let chip = args.ane.chip_profile()?;
-            let b = AneBackend::new(Arc::new(EmuAne::for_chip(chip)), ane_options(&args.ane));
+            // ANELM_EMU_REFUSE (a test knob) makes the emulator refuse kernel forms, to show the
+            // fallback chain off a Mac.
+            let emu = EmuAne::new(EmuConfig {
+                chip,
+                refuse: EmuConfig::refuse_from_env(),
+                ..EmuConfig::default()
+            });
+            let b = AneBackend::new(Arc::new(emu), ane_options(&args.ane));
             let report = DeviceReport {
                 name: "ane-emu".into(),
                 chip: Some(chip),
@@ -241,5 +270,8 @@ fn load_with<T>(
     let model = loader(&path, backend.as_ref(), &mut progress)
         .with_context(|| format!("could not load the model at {}", path.display()))?;
     bar.finish_and_clear();
+    for line in report.fallback_lines() {
+        eprintln!("{line}");
+    }
     Ok((model, report))
 }

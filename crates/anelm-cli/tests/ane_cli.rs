@@ -394,3 +394,55 @@ fn plan_from_gguf_and_bench_reports_the_modelled_rate() {
     );
     assert!(row["tok_s_median"].as_f64().expect("host rate") > 0.0);
 }
+
+/// `ANELM_EMU_REFUSE` makes the emulator refuse the fused FFN (`xnorm`, its input): the model
+/// still loads with every FFN in its plain form, and `anelm compile`, `anelm bench` (table and
+/// JSON) and the load itself report each fallback with the device's reason. The bench part needs
+/// the default model (SmolLM2-135M, 30 layers; `scripts/fetch-default-model.sh`).
+#[test]
+fn refused_kernel_forms_fall_back_and_are_reported() {
+    let dir = TempDir::new("fallback");
+    let model = tiny_qwen35();
+    let run = |args: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_anelm"));
+        c.args(args)
+            .env("ANELM_CACHE_DIR", &dir.0)
+            .env("ANELM_EMU_REFUSE", "xnorm");
+        c.output().expect("run anelm")
+    };
+    let o = run(&["compile", "--model", &model]);
+    let text = stdout(&o);
+    let layers = 4; // the tiny Qwen3.5 fixture: 13 programs = 4 × 3 + the LM head
+    assert!(text.contains(&format!("{layers} fallback(s)")), "{text}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains(&format!("ane-emu: {layers} ANE fallback(s)")), "{err}");
+    assert!(
+        err.contains("ffn resadd → ffn plain") && err.contains("refused-form"),
+        "{err}"
+    );
+
+    let layers = 30;
+    let bench = [
+        "bench",
+        "--device",
+        "ane-emu",
+        "-p",
+        "0",
+        "-n",
+        "2",
+        "-r",
+        "1",
+        "--threads",
+        "2",
+    ];
+    let table = stdout(&run(&bench));
+    assert!(table.contains(&format!("ane-emu: {layers} ANE fallback(s)")), "{table}");
+    assert!(table.contains("ffn resadd → ffn plain"), "{table}");
+    let json = stdout(&run(&[&bench[..], &["--json"]].concat()));
+    let row: Value = serde_json::from_str(json.lines().next().expect("a row")).expect("json");
+    let list = row["ane_fallbacks"].as_array().expect("ane_fallbacks");
+    assert_eq!(list.len(), layers, "{row}");
+    assert_eq!(list[0]["from"], "ffn resadd");
+    assert_eq!(list[0]["to"], "ffn plain");
+    assert!(list[0]["reason"].as_str().expect("reason").contains("xnorm"), "{row}");
+}

@@ -3,19 +3,36 @@
 //! `anelm_ane::linear_chunk_rows`), lowered to MIL text + weight blobs, compiled through the
 //! compile cache and kept loaded. A run packs up to 32 `Batch` lanes into each fp16
 //! `[1, C, 1, 32]` surface (more lanes take several dispatch groups), evaluates, and unpacks.
+//!
+//! **Fallbacks** (`anelm_ane::fallback`, issue 27 item 4). When the device refuses a program
+//! (compile or load fails), the kernel is rebuilt in the next form instead of failing the load:
+//! - an int8 program is retried in fp16 (per program);
+//! - an FFN goes resadd (`swiglu_ffn_residual`) → plain (`swiglu_ffn`, residual added on the
+//!   host) → chunked (`ffn_chunk`s with the on-ANE accumulator);
+//! - the LM head runs on the CPU (the CPU backend's kernel for the same spec);
+//! - projections have no fallback: the load fails with a message that says to use `--device cpu`.
+//!
+//! Each fallback is logged (`tracing` warning), counted in [`AneStats::fallbacks`] and listed by
+//! [`AneMonitor::fallbacks`] (`anelm bench` and `anelm doctor` print them). A form the device
+//! refused once is not compiled again for kernels of the same shape (each failed compile costs
+//! compile budget on a Mac).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use anelm_ane::{
-    AneDevice, AneKernel, CacheOutcome, CompileCache, LANES, PlanOptions, ProgramHandle, Releasing, Surface,
-    WeightMode, compile_and_load, compile_or_load, content_id, ffn_chunk_weights, linear_chunk_rows, lower, plan_ffn,
+    AneDevice, AneKernel, CacheOutcome, CompileCache, Fallback, FfnForm, KernelRole, LANES, PlanOptions, ProgramHandle,
+    Releasing, Rule, Surface, WeightMode, compile_and_load, compile_or_load, content_id, fallback, ffn_chunk_weights,
+    linear_chunk_rows, lower, plan_ffn,
 };
 use anelm_model::tensor_store::TensorStore;
 
 use crate::backend::{Backend, Dispatch, Kernel, KernelShape, KernelSpec, WeightId};
 use crate::batch::Batch;
+use crate::cpu_backend::CpuBackend;
 use crate::error::{EngineError, Result};
 use crate::stored_matrix::StoredMatrix;
 
@@ -59,6 +76,28 @@ pub struct AneStats {
     pub host_time: Duration,
     /// Modelled (emulator) or measured (hardware) Neural Engine time of the evaluations.
     pub ane_time: Duration,
+    /// Kernels that fell back to another form (int8 → fp16, FFN resadd → plain → chunked, LM
+    /// head → CPU); [`AneMonitor::fallbacks`] lists them.
+    pub fallbacks: u64,
+}
+
+/// One fallback of one kernel: the form the device refused, the form it runs in now, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelFallback {
+    /// The kernel: its kind and first weight (`ffn model.layers.0.mlp.gate_proj.weight`).
+    pub kernel: String,
+    /// The refused form (`swiglu_ffn_residual int8`, `ffn resadd`, `lm_head on ane`).
+    pub from: String,
+    /// The form it runs in now (`swiglu_ffn_residual fp16`, `ffn plain`, `cpu`).
+    pub to: String,
+    /// The device's refusal.
+    pub reason: String,
+}
+
+impl fmt::Display for KernelFallback {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {} → {} ({})", self.kernel, self.from, self.to, self.reason)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -71,6 +110,14 @@ struct Counters {
     bytes: AtomicU64,
     host_ns: AtomicU64,
     ane_ns: AtomicU64,
+    fallbacks: AtomicU64,
+    events: Mutex<Vec<KernelFallback>>,
+}
+
+/// A lock whose data stays consistent even if a holder panicked (every update is one push or
+/// insert).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn ns(d: Duration) -> u64 {
@@ -95,7 +142,13 @@ impl AneMonitor {
             bytes: get(&c.bytes),
             host_time: Duration::from_nanos(get(&c.host_ns)),
             ane_time: Duration::from_nanos(get(&c.ane_ns)),
+            fallbacks: get(&c.fallbacks),
         }
+    }
+
+    /// Every fallback so far, in the order the kernels were built.
+    pub fn fallbacks(&self) -> Vec<KernelFallback> {
+        lock(&self.0.events).clone()
     }
 
     /// Zero the dispatch counters and clocks (compile counters stay).
@@ -112,6 +165,42 @@ pub struct AneBackend<D: AneDevice> {
     device: Arc<D>,
     opts: AneOptions,
     counters: Arc<Counters>,
+    /// Where a refused LM head runs.
+    cpu: CpuBackend,
+    /// Forms the device refused, by kernel shape and weight mode: not compiled again.
+    refused: Mutex<HashMap<(AneKernel, WeightMode), String>>,
+}
+
+/// Why building a kernel form failed.
+enum Failure {
+    /// Not the device's refusal (bad weights, a bug): no fallback applies.
+    Fatal(EngineError),
+    /// The device refused the form (compile or load failed), or it cannot fit the device: the
+    /// next form may work.
+    Refused(String),
+}
+
+impl From<EngineError> for Failure {
+    fn from(e: EngineError) -> Self {
+        Failure::Fatal(e)
+    }
+}
+
+type Built<T> = std::result::Result<T, Failure>;
+
+/// A short name for a spec in fallback reports and errors: its kind and first weight.
+fn spec_label(spec: &KernelSpec) -> String {
+    match spec {
+        KernelSpec::Linear { w } => format!("linear {}", w.0),
+        KernelSpec::LmHead { w } => format!("lm_head {}", w.0),
+        KernelSpec::Concat { ws } => {
+            let names: Vec<&str> = ws.iter().map(|w| w.0.as_str()).collect();
+            format!("concat {}", names.join(" + "))
+        }
+        KernelSpec::LinearResidual { w } => format!("linear_residual {}", w.0),
+        KernelSpec::SwiGluResidual { gate, .. } => format!("ffn {}", gate.0),
+        KernelSpec::SwiGluAccumulate { gate, .. } => format!("ffn_chunk {}", gate.0),
+    }
 }
 
 impl<D: AneDevice + 'static> AneBackend<D> {
@@ -121,6 +210,8 @@ impl<D: AneDevice + 'static> AneBackend<D> {
             device,
             opts,
             counters: Arc::new(Counters::default()),
+            cpu: CpuBackend::new(),
+            refused: Mutex::new(HashMap::new()),
         }
     }
 
@@ -156,10 +247,15 @@ impl<D: AneDevice + 'static> AneBackend<D> {
         }
     }
 
-    /// Lower, compile (through the cache) and load one ANE kernel.
-    fn program(&self, kernel: AneKernel, weights: &[&[f32]]) -> Result<Program> {
+    /// Lower, compile (through the cache) and load one ANE program in `mode`. A device error is
+    /// a [`Failure::Refused`]; a lowering error is fatal.
+    fn attempt(&self, kernel: &AneKernel, weights: &[&[f32]], mode: WeightMode) -> Built<Program> {
+        let key = (kernel.clone(), mode);
+        if let Some(r) = lock(&self.refused).get(&key) {
+            return Err(Failure::Refused(format!("refused earlier for the same shape: {r}")));
+        }
         let start = Instant::now();
-        let low = lower(&kernel, weights, self.opts.weights).map_err(|e| self.err(format!("{kernel}: {e}")))?;
+        let low = lower(kernel, weights, mode).map_err(|e| self.err(format!("{kernel}: {e}")))?;
         let text = low.mil_text();
         let dev = &*self.device;
         let id = match &self.opts.cache {
@@ -167,13 +263,22 @@ impl<D: AneDevice + 'static> AneBackend<D> {
             None => String::new(),
         };
         // A program whose load fails is released by compile_and_load.
-        let (handle, outcome) = compile_or_load(
+        let (handle, outcome) = match compile_or_load(
             self.opts.cache.as_ref(),
             &id,
             || dev.load_without_compile(&text, &low.weights),
             || compile_and_load(dev, &text, &low.weights),
-        )
-        .map_err(|e| self.err(format!("{kernel}: {e}")))?;
+        ) {
+            Ok(r) => r,
+            Err(e) => {
+                let reason = format!("{kernel} {mode}: {e}");
+                // A full load budget is about the process, not the form: try the form again.
+                if !matches!(e.rule(), Some(Rule::LoadBudget | Rule::LoadedBytes)) {
+                    lock(&self.refused).insert(key, reason.clone());
+                }
+                return Err(Failure::Refused(reason));
+            }
+        };
         let c = &self.counters;
         c.programs.fetch_add(1, Ordering::Relaxed);
         if outcome == CacheOutcome::Loaded {
@@ -184,10 +289,135 @@ impl<D: AneDevice + 'static> AneBackend<D> {
         c.compile_ns.fetch_add(ns(start.elapsed()), Ordering::Relaxed);
         Ok(Program {
             handle,
-            weight_bytes: kernel.weight_bytes(self.opts.weights) as u64,
+            weight_bytes: kernel.weight_bytes(mode) as u64,
             outputs: kernel.output_channels(),
-            kernel,
+            kernel: kernel.clone(),
         })
+    }
+
+    /// One program in the configured weight mode; an int8 program the device refuses is retried
+    /// in fp16 (and the fallback recorded under `label`).
+    fn program(&self, label: &str, kernel: AneKernel, weights: &[&[f32]]) -> Built<Program> {
+        let mode = self.opts.weights;
+        match self.attempt(&kernel, weights, mode) {
+            Err(Failure::Refused(reason)) if mode != WeightMode::Fp16 => {
+                match self.attempt(&kernel, weights, WeightMode::Fp16) {
+                    Ok(p) => {
+                        let kind = kernel.kind();
+                        self.record(label, format!("{kind} {mode}"), format!("{kind} fp16"), reason);
+                        Ok(p)
+                    }
+                    Err(Failure::Refused(r)) => Err(Failure::Refused(format!("{reason}; in fp16: {r}"))),
+                    Err(f) => Err(f),
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// Count, keep and log one fallback.
+    fn record(&self, kernel: &str, from: String, to: impl Into<String>, reason: String) {
+        let f = KernelFallback {
+            kernel: kernel.to_string(),
+            from,
+            to: to.into(),
+            reason,
+        };
+        tracing::warn!(device = self.device.name(), "ANE fallback: {f}");
+        self.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
+        lock(&self.counters.events).push(f);
+    }
+
+    /// The load error for a refused kernel that has no fallback (`role` picks the message).
+    fn give_up(&self, label: &str, failure: Failure, role: &KernelRole, form: FfnForm) -> EngineError {
+        match failure {
+            Failure::Fatal(e) => e,
+            Failure::Refused(reason) => {
+                let what = match fallback(role, form) {
+                    Fallback::Abort(m) => m,
+                    other => format!("no fallback applies here ({other:?}); run with --device cpu"),
+                };
+                self.err(format!("{label}: {reason}; {what}"))
+            }
+        }
+    }
+
+    /// A linear layer as row chunks (`LmHeadChunk`s when more than one). On any failure the
+    /// chunks already loaded are released.
+    fn rows(&self, label: &str, m: &Dense) -> Built<Vec<Program>> {
+        let per = linear_chunk_rows(m.cols, &self.opts.limits).map_err(|e| Failure::Refused(e.to_string()))?;
+        let count = m.rows.div_ceil(per);
+        let mut programs = Vec::with_capacity(count);
+        // Releases the chunks already loaded if a later one fails.
+        let mut guard = Releasing::new(&*self.device);
+        for (index, start) in (0..m.rows).step_by(per).enumerate() {
+            let rows = per.min(m.rows - start);
+            let (kernel, name) = if rows == m.rows {
+                (AneKernel::Linear { rows, cols: m.cols }, label.to_string())
+            } else {
+                (
+                    AneKernel::LmHeadChunk { rows, cols: m.cols },
+                    format!("{label} chunk {}/{count}", index + 1),
+                )
+            };
+            let part = &m.data[start * m.cols..(start + rows) * m.cols];
+            let p = self.program(&name, kernel, &[part])?;
+            guard.add(p.handle);
+            programs.push(p);
+        }
+        guard.keep();
+        Ok(programs)
+    }
+
+    /// The FFN `x + D(silu(G·x) ⊙ U·x)` in one form. `planned` is the planner's split.
+    fn ffn_form(&self, label: &str, form: FfnForm, w: &FfnWeights<'_>, planned: &[AneKernel]) -> Built<Layout> {
+        let (hidden, inter) = (w.hidden, w.inter);
+        let all = [w.gate, w.up, w.down];
+        match form {
+            FfnForm::Residual => {
+                let p = self.program(label, AneKernel::SwiGluFfnResidual { hidden, inter }, &all)?;
+                Ok(Layout::Residual(p))
+            }
+            FfnForm::Plain => {
+                let p = self.program(label, AneKernel::SwiGluFfn { hidden, inter }, &all)?;
+                Ok(Layout::AddOnHost(p))
+            }
+            FfnForm::Chunked => {
+                let split;
+                let chunks = if planned.len() > 1 {
+                    planned
+                } else {
+                    // Fits as one kernel but that was refused: the smallest split into ≥ 2 chunks.
+                    let total = 3 * (hidden as u64) * (inter as u64) * 2;
+                    let opts = PlanOptions {
+                        ffn_max_bytes: (total / 2).max(1),
+                        ..self.opts.limits
+                    };
+                    split = plan_ffn(hidden, inter, &opts)
+                        .map_err(|e| Failure::Refused(format!("no chunked form: {e}")))?
+                        .into_iter()
+                        .map(|k| k.kernel)
+                        .collect::<Vec<_>>();
+                    &split
+                };
+                let count = chunks.len();
+                let mut programs = Vec::with_capacity(count);
+                let mut guard = Releasing::new(&*self.device);
+                for (index, k) in chunks.iter().enumerate() {
+                    let AneKernel::FfnChunk { chunk, .. } = *k else {
+                        return Err(self.err(format!("the FFN plan gave {k}, expected chunks")).into());
+                    };
+                    let c = ffn_chunk_weights(w.gate, w.up, w.down, hidden, inter, index, chunk)
+                        .map_err(|e| self.err(e.to_string()))?;
+                    let name = format!("{label} chunk {}/{count}", index + 1);
+                    let p = self.program(&name, k.clone(), &[&c.gate, &c.up, &c.down])?;
+                    guard.add(p.handle);
+                    programs.push(p);
+                }
+                guard.keep();
+                Ok(Layout::Chunks(programs))
+            }
+        }
     }
 
     fn kernel(&self, shape: KernelShape, layout: Layout) -> Box<dyn Kernel> {
@@ -240,31 +470,43 @@ impl<D: AneDevice + 'static> Backend for AneBackend<D> {
     }
 
     fn compile(&self, spec: &KernelSpec, weights: &Arc<dyn TensorStore>) -> Result<Box<dyn Kernel>> {
+        let label = spec_label(spec);
         match spec {
             KernelSpec::Linear { w } => {
                 let m = dense(weights, w)?;
-                let per = linear_chunk_rows(m.cols, &self.opts.limits).map_err(|e| self.err(e.to_string()))?;
-                let mut programs = Vec::with_capacity(m.rows.div_ceil(per));
-                // Releases the chunks already loaded if a later one fails.
-                let mut guard = Releasing::new(&*self.device);
-                for start in (0..m.rows).step_by(per) {
-                    let rows = per.min(m.rows - start);
-                    let kernel = if rows == m.rows {
-                        AneKernel::Linear { rows, cols: m.cols }
-                    } else {
-                        AneKernel::LmHeadChunk { rows, cols: m.cols }
-                    };
-                    let part = &m.data[start * m.cols..(start + rows) * m.cols];
-                    let p = self.program(kernel, &[part])?;
-                    guard.add(p.handle);
-                    programs.push(p);
-                }
-                guard.keep();
+                let programs = self
+                    .rows(&label, &m)
+                    .map_err(|f| self.give_up(&label, f, &KernelRole::OutputProj, FfnForm::Residual))?;
                 let shape = KernelShape {
                     input: m.cols,
                     output: m.rows,
                 };
                 Ok(self.kernel(shape, Layout::Rows(programs)))
+            }
+            KernelSpec::LmHead { w } => {
+                let m = dense(weights, w)?;
+                let shape = KernelShape {
+                    input: m.cols,
+                    output: m.rows,
+                };
+                match self.rows(&label, &m) {
+                    Ok(programs) => Ok(self.kernel(shape, Layout::Rows(programs))),
+                    Err(Failure::Fatal(e)) => Err(e),
+                    Err(Failure::Refused(reason)) => {
+                        let role = KernelRole::LmHead { index: 0, count: 1 };
+                        match fallback(&role, FfnForm::Residual) {
+                            Fallback::LmHeadOnCpu => {
+                                drop(m);
+                                // Every chunk is already released (the guard in `rows`).
+                                let k = self.cpu.compile(spec, weights)?;
+                                let from = format!("lm_head on {}", self.device.name());
+                                self.record(&label, from, "cpu", reason);
+                                Ok(k)
+                            }
+                            _ => Err(self.give_up(&label, Failure::Refused(reason), &role, FfnForm::Residual)),
+                        }
+                    }
+                }
             }
             KernelSpec::Concat { ws } => {
                 let mats = ws.iter().map(|w| dense(weights, w)).collect::<Result<Vec<_>>>()?;
@@ -281,13 +523,17 @@ impl<D: AneDevice + 'static> Backend for AneBackend<D> {
                 let parts: Vec<usize> = mats.iter().map(|m| m.rows).collect();
                 let output = parts.iter().sum();
                 let data: Vec<&[f32]> = mats.iter().map(|m| m.data.as_slice()).collect();
-                let p = self.program(AneKernel::FusedLinear { parts, cols }, &data)?;
+                let p = self
+                    .program(&label, AneKernel::FusedLinear { parts, cols }, &data)
+                    .map_err(|f| self.give_up(&label, f, &KernelRole::InputProj, FfnForm::Residual))?;
                 Ok(self.kernel(KernelShape { input: cols, output }, Layout::Rows(vec![p])))
             }
             KernelSpec::LinearResidual { w } => {
                 let m = dense(weights, w)?;
                 let (rows, cols) = (m.rows, m.cols);
-                let p = self.program(AneKernel::LinearResidual { rows, cols }, &[&m.data])?;
+                let p = self
+                    .program(&label, AneKernel::LinearResidual { rows, cols }, &[&m.data])
+                    .map_err(|f| self.give_up(&label, f, &KernelRole::OutputProjResidual, FfnForm::Residual))?;
                 Ok(self.kernel(
                     KernelShape {
                         input: cols,
@@ -305,32 +551,55 @@ impl<D: AneDevice + 'static> Backend for AneBackend<D> {
                     input: hidden,
                     output: hidden,
                 };
-                let planned = plan_ffn(hidden, inter, &self.opts.limits).map_err(|e| self.err(e.to_string()))?;
-                if let [one] = planned.as_slice() {
-                    let p = self.program(one.kernel.clone(), &[&g.data, &u.data, &d.data])?;
-                    return Ok(self.kernel(shape, Layout::Residual(p)));
-                }
-                let mut programs = Vec::with_capacity(planned.len());
-                let mut guard = Releasing::new(&*self.device);
-                for (index, k) in planned.into_iter().enumerate() {
-                    let AneKernel::FfnChunk { chunk, .. } = k.kernel else {
-                        return Err(self.err(format!("the FFN plan gave {}, expected chunks", k.kernel)));
+                let planned: Vec<AneKernel> = plan_ffn(hidden, inter, &self.opts.limits)
+                    .map_err(|e| self.err(e.to_string()))?
+                    .into_iter()
+                    .map(|k| k.kernel)
+                    .collect();
+                let w = FfnWeights {
+                    gate: &g.data,
+                    up: &u.data,
+                    down: &d.data,
+                    hidden,
+                    inter,
+                };
+                let mut form = if planned.len() == 1 {
+                    FfnForm::Residual
+                } else {
+                    FfnForm::Chunked
+                };
+                loop {
+                    let reason = match self.ffn_form(&label, form, &w, &planned) {
+                        Ok(layout) => return Ok(self.kernel(shape, layout)),
+                        Err(Failure::Fatal(e)) => return Err(e),
+                        Err(Failure::Refused(reason)) => reason,
                     };
-                    let c = ffn_chunk_weights(&g.data, &u.data, &d.data, hidden, inter, index, chunk)
-                        .map_err(|e| self.err(e.to_string()))?;
-                    let p = self.program(k.kernel, &[&c.gate, &c.up, &c.down])?;
-                    guard.add(p.handle);
-                    programs.push(p);
+                    let role = match form {
+                        FfnForm::Chunked => KernelRole::FfnChunk { index: 0, count: 1 },
+                        _ => KernelRole::FfnResidual,
+                    };
+                    match fallback(&role, form) {
+                        Fallback::Ffn(next) => {
+                            self.record(&label, format!("ffn {form}"), format!("ffn {next}"), reason);
+                            form = next;
+                        }
+                        _ => return Err(self.give_up(&label, Failure::Refused(reason), &role, form)),
+                    }
                 }
-                guard.keep();
-                Ok(self.kernel(shape, Layout::Chunks(programs)))
             }
             KernelSpec::SwiGluAccumulate { gate, up, down } => {
                 let (g, u, d) = (dense(weights, gate)?, dense(weights, up)?, dense(weights, down)?);
                 let (chunk, hidden) = (g.rows, g.cols);
                 expect(&u, chunk, hidden)?;
                 expect(&d, hidden, chunk)?;
-                let p = self.program(AneKernel::FfnChunk { hidden, chunk }, &[&g.data, &u.data, &d.data])?;
+                let role = KernelRole::FfnChunk { index: 0, count: 1 };
+                let p = self
+                    .program(
+                        &label,
+                        AneKernel::FfnChunk { hidden, chunk },
+                        &[&g.data, &u.data, &d.data],
+                    )
+                    .map_err(|f| self.give_up(&label, f, &role, FfnForm::Chunked))?;
                 Ok(self.kernel(
                     KernelShape {
                         input: hidden,
@@ -341,6 +610,15 @@ impl<D: AneDevice + 'static> Backend for AneBackend<D> {
             }
         }
     }
+}
+
+/// The three FFN weights (f32, row-major) and their widths.
+struct FfnWeights<'a> {
+    gate: &'a [f32],
+    up: &'a [f32],
+    down: &'a [f32],
+    hidden: usize,
+    inter: usize,
 }
 
 /// One loaded program of a kernel.
@@ -357,6 +635,8 @@ enum Layout {
     Rows(Vec<Program>),
     /// `(x, r)` → one program with inputs x and r.
     Residual(Program),
+    /// `(x, r)` → one program on x; r added on the host (the plain FFN fallback).
+    AddOnHost(Program),
     /// `(x, r)` → accumulating FFN chunks over the packed input `x ‖ acc`, acc starting at r.
     Chunks(Vec<Program>),
 }
@@ -365,7 +645,7 @@ impl Layout {
     fn programs(&self) -> &[Program] {
         match self {
             Layout::Rows(p) | Layout::Chunks(p) => p,
-            Layout::Residual(p) => std::slice::from_ref(p),
+            Layout::Residual(p) | Layout::AddOnHost(p) => std::slice::from_ref(p),
         }
     }
 }
@@ -505,6 +785,15 @@ impl<D: AneDevice> Kernel for AneRun<D> {
                     let rs = pack(r, start, n)?;
                     let y = self.eval(p, &[&xs, &rs], &mut tally)?;
                     unpack(&y, out, start, n, 0);
+                }
+                (Layout::AddOnHost(p), Some(r)) => {
+                    let y = self.eval(p, &[&xs], &mut tally)?;
+                    unpack(&y, out, start, n, 0);
+                    for j in start..start + n {
+                        for (o, &add) in out.lane_mut(j).iter_mut().zip(r.lane(j)) {
+                            *o += add;
+                        }
+                    }
                 }
                 (Layout::Chunks(programs), Some(r)) => {
                     let h = self.shape.input;

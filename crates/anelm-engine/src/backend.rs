@@ -29,6 +29,12 @@ pub enum KernelSpec {
         /// The weight matrix [out, in].
         w: WeightId,
     },
+    /// y = W·x for the LM head (logits). Computed like [`KernelSpec::Linear`]; an accelerator
+    /// that cannot build it may run it on the CPU instead (the ANE fallback chain).
+    LmHead {
+        /// The output (or tied embedding) matrix [vocab, hidden].
+        w: WeightId,
+    },
     /// y = [W1·x ; W2·x ; …] (fused input projection such as QKV)
     Concat {
         /// The matrices, all with the same input width.

@@ -39,7 +39,7 @@ impl Backend for CpuBackend {
     fn compile(&self, spec: &KernelSpec, weights: &Arc<dyn TensorStore>) -> Result<Box<dyn Kernel>> {
         let load = |id: &crate::backend::WeightId| CpuMatrix::new(StoredMatrix::load(weights, &id.0)?);
         match spec {
-            KernelSpec::Linear { w } => Ok(Box::new(CpuLinear::new(vec![load(w)?], false)?)),
+            KernelSpec::Linear { w } | KernelSpec::LmHead { w } => Ok(Box::new(CpuLinear::new(vec![load(w)?], false)?)),
             KernelSpec::LinearResidual { w } => Ok(Box::new(CpuLinear::new(vec![load(w)?], true)?)),
             KernelSpec::Concat { ws } => {
                 let mats = ws.iter().map(load).collect::<Result<Vec<_>>>()?;

@@ -27,7 +27,7 @@ pub mod stream;
 pub mod tools;
 mod wide;
 
-pub use ane_backend::{AneBackend, AneMonitor, AneOptions, AneStats};
+pub use ane_backend::{AneBackend, AneMonitor, AneOptions, AneStats, KernelFallback};
 pub use backend::{Backend, Dispatch, Kernel, KernelSpec, WeightId};
 pub use batch::Batch;
 pub use constraint::{Constraint, ConstraintError, ConstraintFactory, Grammar};

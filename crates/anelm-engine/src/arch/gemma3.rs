@@ -368,7 +368,7 @@ impl Gemma3 {
             naming.global("embed")
         };
         let lm_head = backend.compile(
-            &KernelSpec::Linear {
+            &KernelSpec::LmHead {
                 w: WeightId::new(head_name.clone()),
             },
             store,

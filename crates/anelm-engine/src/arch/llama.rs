@@ -309,7 +309,7 @@ impl Llama {
             naming.embed()
         };
         let lm_head = backend.compile(
-            &KernelSpec::Linear {
+            &KernelSpec::LmHead {
                 w: WeightId::new(head_name),
             },
             store,

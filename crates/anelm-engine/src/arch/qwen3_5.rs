@@ -475,7 +475,7 @@ impl Qwen35 {
         } else {
             embed_name
         };
-        let lm_head = compile(KernelSpec::Linear {
+        let lm_head = compile(KernelSpec::LmHead {
             w: WeightId::new(head_name.clone()),
         })?;
         if lm_head.shape().output != cfg.vocab_size || lm_head.shape().input != h {
