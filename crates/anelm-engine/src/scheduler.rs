@@ -689,18 +689,24 @@ fn step(model: &dyn crate::model::LanguageModel, slots: &mut [Slot<'_>], cfg: &S
             return;
         }
     };
-    // Constrained streams' masks, computed across the pool's threads before the serial loop.
+    // Constrained streams' masks, computed across the kernel pool's threads before the serial
+    // loop: its workers are still spinning from the forward, so they start at once (a second
+    // pool would have to wait for those cores).
     {
-        use rayon::prelude::*;
-        let mut constrained: Vec<&mut Stream<'_>> = slots
+        let constrained: Vec<std::sync::Mutex<&mut Stream<'_>>> = slots
             .iter_mut()
             .zip(0..)
             .filter(|(_, i)| feed.iter().any(|(f, _, wants)| f == i && *wants))
             .filter_map(|(s, _)| s.active.as_mut().map(|a| &mut a.stream))
             .filter(|s| s.is_constrained())
+            .map(std::sync::Mutex::new)
             .collect();
         if constrained.len() > 1 {
-            constrained.par_iter_mut().for_each(|s| s.prepare());
+            anelm_kernels::pool::global().run(constrained.len(), &|i| {
+                if let Ok(mut s) = constrained[i].lock() {
+                    s.prepare();
+                }
+            });
         }
     }
     let mut row = 0;
