@@ -4,13 +4,11 @@
 //! alternating per round. Each round uses a fresh prefix, so no idle session's cache from an
 //! earlier round can serve it.
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
-use serde_json::{Value, json};
+use anyhow::{Context, Result};
+use serde_json::json;
 
 use anelm_engine::{LoadedModel, SchedulerConfig};
 
@@ -58,30 +56,12 @@ fn first_token(addr: &str, prompt: &str) -> Result<Duration> {
     let body =
         json!({"prompt": prompt, "max_tokens": 4, "temperature": 0, "stream": true, "ignore_eos": true}).to_string();
     let t0 = Instant::now();
-    let mut s = TcpStream::connect(addr).with_context(|| format!("connect to {addr}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(600)))?;
-    write!(
-        s,
-        "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )?;
     let mut first = None;
-    for line in BufReader::new(s).lines() {
-        let line = line?;
-        if line.starts_with("HTTP/1.1 ") && !line.contains(" 200 ") {
-            bail!("the server answered: {line}");
-        }
-        let Some(data) = line.strip_prefix("data: ") else {
-            continue;
-        };
-        if data == "[DONE]" {
-            break;
-        }
-        let v: Value = serde_json::from_str(data).unwrap_or(Value::Null);
+    crate::bench_serve::post_stream(addr, &body, |v| {
         if first.is_none() && v["choices"][0]["text"].as_str().is_some_and(|t| !t.is_empty()) {
             first = Some(t0.elapsed());
         }
-    }
+    })?;
     first.context("the stream had no text")
 }
 

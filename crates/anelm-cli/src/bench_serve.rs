@@ -139,6 +139,32 @@ fn one_request(addr: &str, w: &Workload, salt: usize, schema: Option<&Value>) ->
     }
     let body = body.to_string();
     let t0 = Instant::now();
+    let mut first = None;
+    let mut n = 0usize;
+    post_stream(addr, &body, |v| {
+        if let Some(u) = v
+            .get("usage")
+            .and_then(|u| u.get("completion_tokens"))
+            .and_then(Value::as_u64)
+        {
+            n = u as usize;
+        } else if v["choices"][0]["text"].as_str().is_some_and(|t| !t.is_empty()) {
+            first.get_or_insert_with(|| t0.elapsed());
+        }
+    })?;
+    let latency = t0.elapsed().as_secs_f64();
+    let ttft = first.map_or(latency, |d| d.as_secs_f64());
+    Ok(One {
+        tokens: n,
+        ttft,
+        gen_time: latency - ttft,
+        latency,
+    })
+}
+
+/// POST `body` to `/v1/completions` at `addr` as a stream and hand each server-sent JSON chunk to
+/// `on_chunk` until `[DONE]`; an answer other than 200 is an error.
+pub fn post_stream(addr: &str, body: &str, mut on_chunk: impl FnMut(&Value)) -> Result<()> {
     let mut s = TcpStream::connect(addr).with_context(|| format!("connect to {addr}"))?;
     s.set_read_timeout(Some(Duration::from_secs(600)))?;
     write!(
@@ -146,8 +172,6 @@ fn one_request(addr: &str, w: &Workload, salt: usize, schema: Option<&Value>) ->
         "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )?;
-    let mut first = None;
-    let mut n = 0usize;
     let mut status_ok = false;
     for line in BufReader::new(s).lines() {
         let line = line?;
@@ -163,28 +187,12 @@ fn one_request(addr: &str, w: &Workload, salt: usize, schema: Option<&Value>) ->
         if data == "[DONE]" {
             break;
         }
-        let v: Value = serde_json::from_str(data).unwrap_or(Value::Null);
-        if let Some(u) = v
-            .get("usage")
-            .and_then(|u| u.get("completion_tokens"))
-            .and_then(Value::as_u64)
-        {
-            n = u as usize;
-        } else if v["choices"][0]["text"].as_str().is_some_and(|t| !t.is_empty()) {
-            first.get_or_insert_with(|| t0.elapsed());
-        }
+        on_chunk(&serde_json::from_str(data).unwrap_or(Value::Null));
     }
     if !status_ok {
         bail!("no HTTP reply from {addr}");
     }
-    let latency = t0.elapsed().as_secs_f64();
-    let ttft = first.map_or(latency, |d| d.as_secs_f64());
-    Ok(One {
-        tokens: n,
-        ttft,
-        gen_time: latency - ttft,
-        latency,
-    })
+    Ok(())
 }
 
 fn percentile(v: &mut [f64], p: f64) -> f64 {

@@ -245,17 +245,7 @@ pub async fn create(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
     st.check_key(&headers)?;
-    let body = body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "invalid_request_error",
-                format!("the request body is larger than {} bytes", st.config.max_body_bytes),
-            )
-        } else {
-            ApiError::bad_request(format!("could not read the body: {e}"), None)
-        }
-    })?;
+    let body = st.body(body)?;
     let Some(emb) = st.embeddings.get() else {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,

@@ -148,6 +148,21 @@ impl AppState {
         Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", msg).retry_after(2))
     }
 
+    /// A request body, or the OpenAI error for one that is too large or could not be read.
+    fn body(&self, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+        body.map_err(|e| {
+            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "invalid_request_error",
+                    format!("the request body is larger than {} bytes", self.config.max_body_bytes),
+                )
+            } else {
+                ApiError::bad_request(format!("could not read the body: {e}"), None)
+            }
+        })
+    }
+
     fn check_key(&self, headers: &HeaderMap) -> Result<(), ApiError> {
         let Some(key) = &self.config.api_key else {
             return Ok(());
@@ -435,17 +450,7 @@ async fn handle(
     chat: bool,
 ) -> Result<Response, ApiError> {
     st.check_key(&headers)?;
-    let body = body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "invalid_request_error",
-                format!("the request body is larger than {} bytes", st.config.max_body_bytes),
-            )
-        } else {
-            ApiError::bad_request(format!("could not read the body: {e}"), None)
-        }
-    })?;
+    let body = st.body(body)?;
     st.ready.touch();
     let privacy = Privacy::of(&headers, st.upstreams.private_by_default)?;
     let path = if chat { "/chat/completions" } else { "/completions" };
