@@ -260,3 +260,58 @@ fn chaos_with_disconnects_and_a_dying_upstream_ends_clean() {
     }
     drop(upstream);
 }
+
+/// `/v1/embeddings` is forwarded too: an upstream serving an embedding model answers through
+/// anelm exactly as it answers directly, and a private request for it is refused.
+#[test]
+fn embedding_requests_naming_an_upstream_are_forwarded() {
+    let dir = anelm_engine::default_model::cache_dir()
+        .expect("a home directory")
+        .join("models/all-MiniLM-L6-v2");
+    assert!(
+        dir.join("modules.json").is_file(),
+        "run scripts/fetch-minilm.sh (scripts/test.sh does)"
+    );
+    let upstream = start_with(1, 8, &["--embedding-model", dir.to_str().expect("utf-8 path")]);
+    let url = format!("big=http://127.0.0.1:{}/v1", upstream.port);
+    let front = start_env(
+        1,
+        8,
+        &["--upstream", &url, "--upstream-key", "big=ANELM_TEST_UPSTREAM_KEY"],
+        &[(UPSTREAM_KEY_VAR, KEY)],
+    );
+    let body = |model: &str| serde_json::json!({"model": model, "input": ["a quiet library", "rain"]}).to_string();
+    let direct = http(
+        upstream.port,
+        "POST",
+        "/v1/embeddings",
+        body("all-MiniLM-L6-v2").as_bytes(),
+        Some(KEY),
+    )
+    .expect("direct");
+    assert_eq!(direct.status, 200, "{}", direct.body);
+    let through = http(
+        front.port,
+        "POST",
+        "/v1/embeddings",
+        body("big/all-MiniLM-L6-v2").as_bytes(),
+        Some(KEY),
+    )
+    .expect("forwarded");
+    assert_eq!(through.status, 200, "{}", through.body);
+    let vectors = |r: &Reply| {
+        let v: serde_json::Value = serde_json::from_str(&r.body).expect("json");
+        v["data"].clone()
+    };
+    assert_eq!(vectors(&through), vectors(&direct));
+    let private = http_with(
+        front.port,
+        "POST",
+        "/v1/embeddings",
+        body("big/all-MiniLM-L6-v2").as_bytes(),
+        Some(KEY),
+        &[("X-Anelm-Privacy", "local")],
+    )
+    .expect("refused");
+    assert_eq!(private.status, 403, "{}", private.body);
+}

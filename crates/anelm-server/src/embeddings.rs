@@ -16,6 +16,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
 use crate::AppState;
@@ -243,9 +244,13 @@ pub async fn create(
     State(st): State<Arc<AppState>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     st.check_key(&headers)?;
     let body = st.body(body)?;
+    let privacy = crate::upstream::Privacy::of(&headers, st.upstreams.private_by_default)?;
+    if let Some(forwarded) = st.route_upstream(privacy, &body, "/embeddings").await {
+        return forwarded;
+    }
     let Some(emb) = st.embeddings.get() else {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
@@ -308,7 +313,8 @@ pub async fn create(
         "data": data,
         "model": emb.id,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-    })))
+    }))
+    .into_response())
 }
 
 #[cfg(test)]

@@ -148,6 +148,24 @@ impl AppState {
         Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", msg).retry_after(2))
     }
 
+    /// A request whose `model` names an upstream goes there (`path` under its `/v1` base), or is
+    /// refused when it is private; `None`: it runs here.
+    async fn route_upstream(&self, privacy: Privacy, body: &[u8], path: &str) -> Option<Result<Response, ApiError>> {
+        if self.upstreams.list.is_empty() {
+            return None;
+        }
+        let v = serde_json::from_slice::<Value>(body).ok()?;
+        let requested = v.get("model").and_then(Value::as_str)?;
+        let up = self.upstreams.named(requested)?;
+        if privacy == Privacy::Local {
+            return Some(Err(self
+                .upstreams
+                .refuse_private(&format!("names the upstream model '{requested}'"))));
+        }
+        let model = up.model_for(requested).await;
+        Some(up.forward(path, v.clone(), &model).await)
+    }
+
     /// A request body, or the OpenAI error for one that is too large or could not be read.
     fn body(&self, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
         body.map_err(|e| {
@@ -454,18 +472,8 @@ async fn handle(
     st.ready.touch();
     let privacy = Privacy::of(&headers, st.upstreams.private_by_default)?;
     let path = if chat { "/chat/completions" } else { "/completions" };
-    if !st.upstreams.list.is_empty()
-        && let Ok(v) = serde_json::from_slice::<Value>(&body)
-        && let Some(requested) = v.get("model").and_then(Value::as_str)
-        && let Some(up) = st.upstreams.named(requested)
-    {
-        if privacy == Privacy::Local {
-            return Err(st
-                .upstreams
-                .refuse_private(&format!("names the upstream model '{requested}'")));
-        }
-        let model = up.model_for(requested).await;
-        return up.forward(path, v, &model).await;
+    if let Some(forwarded) = st.route_upstream(privacy, &body, path).await {
+        return forwarded;
     }
     let ready = st.live().await?;
     let lm = &ready.model;
