@@ -28,6 +28,9 @@ use anelm_engine::{
 use anelm_model::gguf::GgufFile;
 use anelm_model::tensor_store::TensorStore;
 
+mod common;
+use common::{argmax, cosine};
+
 const STEPS: usize = 16;
 const MIN_COSINE: f64 = 0.999;
 /// int8 rows with one fp16 scale per row change the weights themselves (each kernel is held to
@@ -35,27 +38,6 @@ const MIN_COSINE: f64 = 0.999;
 /// int8 logits are held to cosine ≥ 0.99 (relative L2 error ≲ 0.14) and the tokens exactly.
 /// Measured on SmolLM2: worst 0.9946, typical 0.999.
 const MIN_COSINE_INT8: f64 = 0.99;
-
-fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    let (mut ab, mut aa, mut bb) = (0.0f64, 0.0f64, 0.0f64);
-    for (&x, &y) in a.iter().zip(b) {
-        let (x, y) = (f64::from(x), f64::from(y));
-        ab += x * y;
-        aa += x * x;
-        bb += y * y;
-    }
-    ab / (aa.sqrt() * bb.sqrt())
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
 
 fn load(path: &Path, backend: &dyn Backend) -> Box<dyn LanguageModel> {
     load_model_weights(path, backend, &mut |_, _| {}).unwrap_or_else(|e| panic!("load {}: {e}", path.display()))

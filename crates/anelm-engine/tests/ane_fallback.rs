@@ -19,6 +19,9 @@ use anelm_engine::{
     load_model_weights,
 };
 
+mod common;
+use common::{argmax, cosine};
+
 const LAYERS: usize = 2;
 const HIDDEN: usize = 64;
 const INTER: usize = 128;
@@ -64,27 +67,6 @@ fn emulated(refuse: &[&str], mode: WeightMode) -> (Arc<EmuAne>, AneBackend<EmuAn
         },
     );
     (device, backend)
-}
-
-fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    let (mut ab, mut aa, mut bb) = (0.0f64, 0.0f64, 0.0f64);
-    for (&x, &y) in a.iter().zip(b) {
-        let (x, y) = (f64::from(x), f64::from(y));
-        ab += x * y;
-        aa += x * x;
-        bb += y * y;
-    }
-    ab / (aa.sqrt() * bb.sqrt())
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 /// Greedy-decode `STEPS` tokens after `PROMPT`: every step's last logits row.

@@ -14,6 +14,9 @@ use anelm_engine::{CpuBackend, Embedder, EngineError};
 use anelm_model::tensor_store::TensorStore;
 use serde_json::Value;
 
+mod common;
+use common::cosine;
+
 const FETCH: &str = "scripts/fetch-minilm.sh";
 
 fn model_dir() -> PathBuf {
@@ -58,14 +61,6 @@ fn cases(fx: &Value) -> Vec<Case> {
                 .collect(),
         })
         .collect()
-}
-
-fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len(), "embedding lengths differ");
-    let dot: f64 = a.iter().zip(b).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum();
-    let na: f64 = a.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
-    let nb: f64 = b.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
-    dot / (na * nb)
 }
 
 /// The CPU backend with the Neural Engine's 32-lane dispatches, so the encoder's splitting of a

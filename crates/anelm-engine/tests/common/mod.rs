@@ -50,6 +50,15 @@ pub fn log_softmax_at(logits: &[f32], id: u32) -> f64 {
     logits[id as usize] as f64 - max - sum.ln()
 }
 
+/// Cosine similarity of two equally long vectors, accumulated in f64.
+pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len(), "vector lengths differ");
+    let dot: f64 = a.iter().zip(b).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum();
+    let na: f64 = a.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
+    dot / (na * nb)
+}
+
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0;
     for (i, &l) in logits.iter().enumerate() {
