@@ -72,7 +72,7 @@ fn collect(rx: &Receiver<Event>) -> (String, Completion) {
 }
 
 /// A request's generated tokens and the bits of their log-probabilities (it must record them).
-fn tokens_and_logprob_bits(rx: &Receiver<Event>) -> (Vec<u32>, Vec<u32>) {
+fn tokens_and_logprob_bits(rx: &Receiver<Event>) -> Answer {
     let mut lps = Vec::new();
     loop {
         match rx
@@ -348,6 +348,34 @@ fn recorded_logprobs_are_the_log_softmax_of_the_models_logits() {
     assert!(worst < 1e-4, "recorded log-probabilities differ by up to {worst}");
 }
 
+/// A request's generated tokens and the bits of their log-probabilities.
+type Answer = (Vec<u32>, Vec<u32>);
+
+/// What `requests`, submitted together to a fresh scheduler with prefix sharing on or off, give:
+/// each answer's tokens and log-probability bits, then the prompt tokens prefilled, the prefix
+/// copies and the tokens they saved.
+fn run_together(
+    lm: &Arc<LoadedModel>,
+    cfg: &SchedulerConfig,
+    share: bool,
+    requests: &[Request],
+) -> (Vec<Answer>, u64, u64, u64) {
+    let cfg = SchedulerConfig {
+        share_prefixes: share,
+        ..cfg.clone()
+    };
+    let sched = Scheduler::start(lm.clone(), cfg).expect("start");
+    let rxs: Vec<_> = requests.iter().map(|r| submit(&sched, r.clone())).collect();
+    let answers = rxs.iter().map(tokens_and_logprob_bits).collect();
+    let m = sched.metrics();
+    (
+        answers,
+        m.prompt_tokens_total.load(Ordering::Relaxed),
+        m.prefix_hits_total.load(Ordering::Relaxed),
+        m.prefix_tokens_saved_total.load(Ordering::Relaxed),
+    )
+}
+
 /// Four concurrent requests sharing a ~1,000-token prefix: with prefix sharing the prefix is
 /// prefilled once (three copies, counted in the metrics) and every answer — tokens and their
 /// log-probabilities, bit for bit — is what it is without sharing.
@@ -363,36 +391,24 @@ fn concurrent_requests_sharing_a_long_prefix_prefill_it_once_and_answer_the_same
         "Is there a café?",
         "When do you close?",
     ];
-    let run = |share: bool| {
-        let cfg = SchedulerConfig {
-            ctx_size: 2048,
-            prefill_chunk: 128,
-            max_step_tokens: 256,
-            share_prefixes: share,
-            ..config(4, 8)
-        };
-        let sched = Scheduler::start(lm.clone(), cfg).expect("start");
-        let rxs: Vec<_> = questions
-            .iter()
-            .map(|q| {
-                let mut req = request(&lm, &format!("{prefix}\nQuestion: {q}\nAnswer:"), 12);
-                req.stream.logprobs = Some(0);
-                submit(&sched, req)
-            })
-            .collect();
-        let answers: Vec<(Vec<u32>, Vec<u32>)> = rxs.iter().map(tokens_and_logprob_bits).collect();
-        let m = sched.metrics();
-        (
-            answers,
-            m.prompt_tokens_total.load(Ordering::Relaxed),
-            m.prefix_hits_total.load(Ordering::Relaxed),
-            m.prefix_tokens_saved_total.load(Ordering::Relaxed),
-        )
+    let requests: Vec<Request> = questions
+        .iter()
+        .map(|q| {
+            let mut req = request(&lm, &format!("{prefix}\nQuestion: {q}\nAnswer:"), 12);
+            req.stream.logprobs = Some(0);
+            req
+        })
+        .collect();
+    let cfg = SchedulerConfig {
+        ctx_size: 2048,
+        prefill_chunk: 128,
+        max_step_tokens: 256,
+        ..config(4, 8)
     };
     let prefix_len = lm.tokenizer.encode(&prefix).expect("encode").len() as u64;
     assert!(prefix_len > 900, "the shared prefix has {prefix_len} tokens");
-    let (alone, prefilled_alone, hits_alone, _) = run(false);
-    let (shared, prefilled_shared, hits, saved) = run(true);
+    let (alone, prefilled_alone, hits_alone, _) = run_together(&lm, &cfg, false, &requests);
+    let (shared, prefilled_shared, hits, saved) = run_together(&lm, &cfg, true, &requests);
     assert_eq!(hits_alone, 0);
     assert_eq!(
         shared, alone,
@@ -416,37 +432,26 @@ fn a_hybrid_model_shares_a_prefix_through_a_checkpoint_and_answers_the_same() {
     let lm = Arc::new(load_model(&fixture, &CpuBackend::new(), &mut |_, _| {}).expect("Qwen3.5 fixture"));
     let vocab = lm.model.info().vocab_size as u32;
     let prefix: Vec<u32> = (0..150u32).map(|i| 3 + (i * 7) % (vocab - 3)).collect();
-    let run = |share: bool| {
-        let cfg = SchedulerConfig {
-            ctx_size: 256,
-            prefill_chunk: 64,
-            max_step_tokens: 128,
-            share_prefixes: share,
-            ..config(4, 8)
-        };
-        let sched = Scheduler::start(lm.clone(), cfg).expect("start");
-        let rxs: Vec<_> = (0..4u32)
-            .map(|q| {
-                let mut prompt = prefix.clone();
-                prompt.extend((0..6).map(|j| 3 + (q * 11 + j * 5) % (vocab - 3)));
-                let mut stream = StreamOptions {
-                    ignore_eos: true,
-                    ..StreamOptions::greedy(8)
-                };
-                stream.logprobs = Some(0);
-                submit(&sched, Request { prompt, stream })
-            })
-            .collect();
-        let answers: Vec<(Vec<u32>, Vec<u32>)> = rxs.iter().map(tokens_and_logprob_bits).collect();
-        let m = sched.metrics();
-        (
-            answers,
-            m.prefix_hits_total.load(Ordering::Relaxed),
-            m.prefix_tokens_saved_total.load(Ordering::Relaxed),
-        )
+    let requests: Vec<Request> = (0..4u32)
+        .map(|q| {
+            let mut prompt = prefix.clone();
+            prompt.extend((0..6).map(|j| 3 + (q * 11 + j * 5) % (vocab - 3)));
+            let stream = StreamOptions {
+                ignore_eos: true,
+                logprobs: Some(0),
+                ..StreamOptions::greedy(8)
+            };
+            Request { prompt, stream }
+        })
+        .collect();
+    let cfg = SchedulerConfig {
+        ctx_size: 256,
+        prefill_chunk: 64,
+        max_step_tokens: 128,
+        ..config(4, 8)
     };
-    let (alone, _, _) = run(false);
-    let (shared, hits, saved) = run(true);
+    let (alone, _, _, _) = run_together(&lm, &cfg, false, &requests);
+    let (shared, _, hits, saved) = run_together(&lm, &cfg, true, &requests);
     assert_eq!(
         shared, alone,
         "answers and log-probabilities with and without prefix sharing"
