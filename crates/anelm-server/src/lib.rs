@@ -155,15 +155,15 @@ impl AppState {
             return None;
         }
         let v = serde_json::from_slice::<Value>(body).ok()?;
-        let requested = v.get("model").and_then(Value::as_str)?;
-        let up = self.upstreams.named(requested)?;
+        let requested = v.get("model").and_then(Value::as_str)?.to_string();
+        let up = self.upstreams.named(&requested)?;
         if privacy == Privacy::Local {
             return Some(Err(self
                 .upstreams
                 .refuse_private(&format!("names the upstream model '{requested}'"))));
         }
-        let model = up.model_for(requested).await;
-        Some(up.forward(path, v.clone(), &model).await)
+        let model = up.model_for(&requested).await;
+        Some(up.forward(path, v, &model).await)
     }
 
     /// A request body, or the OpenAI error for one that is too large or could not be read.
