@@ -78,16 +78,6 @@ impl LoadedModel {
             .render_with_tools(&tools::with_argument_objects(messages), listed, true, kwargs)?)
     }
 
-    /// [`Self::render_chat`], tokenized.
-    pub fn encode_chat(
-        &self,
-        messages: &[ChatMessage],
-        tools: &[ToolSpec],
-        kwargs: &serde_json::Map<String, serde_json::Value>,
-    ) -> Result<Vec<u32>> {
-        Ok(self.tokenizer.encode(&self.render_chat(messages, tools, kwargs)?)?)
-    }
-
     /// A fresh constraint for one stream that must match `grammar`.
     pub fn constraint(&self, grammar: &Grammar) -> Result<Constraint> {
         Ok(self.constraints()?.compile(grammar)?)
