@@ -177,7 +177,7 @@ pub fn load_reporting(args: &ModelArgs) -> Result<(LoadedModel, DeviceReport)> {
         ),
         None => None,
     };
-    let (mut lm, report) = load_with(args, |path, backend, progress| Ok(load_model(path, backend, progress)?))?;
+    let (mut lm, report) = load_with(args, CpuBackend::new, |path, backend, progress| Ok(load_model(path, backend, progress)?))?;
     if let Some(source) = template {
         lm.template = ChatTemplate::new(&source, lm.tokenizer.bos_token(), lm.tokenizer.eos_token()).with_context(
             || match &args.chat_template {
@@ -197,7 +197,7 @@ pub fn load_weights_reporting(args: &ModelArgs) -> Result<(Box<dyn LanguageModel
     if args.chat_template.is_some() {
         anyhow::bail!("--chat-template has no effect here: this command works on token ids, without chat prompts");
     }
-    load_with(args, |path, backend, progress| {
+    load_with(args, CpuBackend::new, |path, backend, progress| {
         Ok(load_model_weights(path, backend, progress)?)
     })
 }
@@ -205,7 +205,8 @@ pub fn load_weights_reporting(args: &ModelArgs) -> Result<(Box<dyn LanguageModel
 /// Load the embedding model (a sentence-transformers directory) the arguments name, on their
 /// device.
 pub fn load_embedder(args: &ModelArgs) -> Result<Embedder> {
-    Ok(load_with(args, |path, backend, progress| {
+    // On the CPU, embedding models run their float matrices as bf16 where the CPU can.
+    Ok(load_with(args, CpuBackend::for_embeddings, |path, backend, progress| {
         Ok(Embedder::load_with_progress(path, backend, progress)?)
     })?
     .0)
@@ -213,15 +214,16 @@ pub fn load_embedder(args: &ModelArgs) -> Result<Embedder> {
 
 fn load_with<T>(
     args: &ModelArgs,
+    cpu: fn() -> CpuBackend,
     loader: impl FnOnce(&std::path::Path, &dyn Backend, &mut dyn FnMut(usize, usize)) -> Result<T>,
 ) -> Result<(T, DeviceReport)> {
     // The device first: `--device ane` on a machine without one fails before anything else.
     let (backend, report): (Box<dyn Backend>, DeviceReport) = match args.device {
-        DeviceArg::Cpu => (Box::new(CpuBackend::new()), DeviceReport::cpu()),
+        DeviceArg::Cpu => (Box::new(cpu()), DeviceReport::cpu()),
         DeviceArg::Ane => apple_backend(AppleAne::open_with(&apple_config(&args.ane))?, &args.ane),
         DeviceArg::Auto => match AppleAne::open_with(&apple_config(&args.ane)) {
             Ok(dev) => apple_backend(dev, &args.ane),
-            Err(_) => (Box::new(CpuBackend::new()), DeviceReport::cpu()),
+            Err(_) => (Box::new(cpu()), DeviceReport::cpu()),
         },
         DeviceArg::AneEmu => {
             let chip = args.ane.chip_profile()?;

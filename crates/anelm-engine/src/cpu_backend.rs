@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anelm_kernels::Activations;
+use anelm_kernels::{Activations, Bf16Activations, Bf16Matrix, WeightFormat};
 use anelm_model::tensor_store::TensorStore;
 
 use crate::backend::{Backend, Dispatch, Kernel, KernelShape, KernelSpec};
@@ -13,14 +13,36 @@ use crate::batch::Batch;
 use crate::error::{EngineError, Result};
 use crate::stored_matrix::StoredMatrix;
 
-/// Runs `KernelSpec`s on the host CPU through `anelm-kernels` (threads: the rayon pool).
+/// Runs `KernelSpec`s on the host CPU through `anelm-kernels` (threads: the kernel pool).
 #[derive(Clone, Debug, Default)]
-pub struct CpuBackend;
+pub struct CpuBackend {
+    /// Run f32/f16/bf16-stored matrices as bf16 × bf16 (see [`CpuBackend::for_embeddings`]).
+    bf16: bool,
+}
 
 impl CpuBackend {
-    /// The CPU backend.
+    /// The CPU backend: every matrix in its stored format, activations in that format's dot
+    /// format (what the decoders are checked against llama.cpp and transformers with).
     pub fn new() -> Self {
-        Self
+        Self { bf16: false }
+    }
+
+    /// The CPU backend for embedding models: where the CPU has AVX512_BF16, matrices stored as
+    /// f32, f16 or bf16 are rounded to bf16 once at load and multiplied with bf16-rounded
+    /// activations (`vdpbf16ps`, f32 sums; twice the multiply rate of the f32 tile). An encoder's
+    /// packed texts are bound by that rate; its embeddings stay within the fixture's cosine
+    /// bound (`tests/minilm.rs`). Elsewhere, or with `ANELM_BF16=0` (for A/B runs), the same as
+    /// [`CpuBackend::new`].
+    pub fn for_embeddings() -> Self {
+        let off = std::env::var("ANELM_BF16").is_ok_and(|v| v.trim() == "0");
+        Self {
+            bf16: Bf16Matrix::available() && !off,
+        }
+    }
+
+    /// Whether this backend runs float matrices as bf16.
+    pub fn bf16(&self) -> bool {
+        self.bf16
     }
 }
 
@@ -37,7 +59,7 @@ impl Backend for CpuBackend {
     }
 
     fn compile(&self, spec: &KernelSpec, weights: &Arc<dyn TensorStore>) -> Result<Box<dyn Kernel>> {
-        let load = |id: &crate::backend::WeightId| CpuMatrix::new(StoredMatrix::load(weights, &id.0)?);
+        let load = |id: &crate::backend::WeightId| CpuMatrix::new(StoredMatrix::load(weights, &id.0)?, self.bf16);
         match spec {
             KernelSpec::Linear { w } | KernelSpec::LmHead { w } => Ok(Box::new(CpuLinear::new(vec![load(w)?], false)?)),
             KernelSpec::LinearResidual { w } => Ok(Box::new(CpuLinear::new(vec![load(w)?], true)?)),
@@ -99,14 +121,25 @@ fn check_inputs<'a>(
 struct CpuMatrix {
     m: StoredMatrix,
     packed: Option<anelm_kernels::PackedMatrix>,
+    /// The weights rounded to bf16, on a [`CpuBackend::for_embeddings`] backend.
+    bf16: Option<Bf16Matrix>,
 }
 
 impl CpuMatrix {
-    fn new(m: StoredMatrix) -> Result<Self> {
+    fn new(m: StoredMatrix, bf16: bool) -> Result<Self> {
+        if bf16 && matches!(m.format, WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16) {
+            // `to_f32` gives the mapped pages back: the bf16 copy is the one kept.
+            let b = Bf16Matrix::from_f32(&m.to_f32()?, m.rows, m.cols)?;
+            return Ok(Self {
+                m,
+                packed: None,
+                bf16: Some(b),
+            });
+        }
         let packed = anelm_kernels::PackedMatrix::pack_releasing(m.format, m.bytes(), m.rows, m.cols, &mut |done| {
             m.release_pages(done)
         })?;
-        Ok(Self { m, packed })
+        Ok(Self { m, packed, bf16: None })
     }
 
     fn matmul(&self, act: &Activations, out: &mut [f32]) -> Result<()> {
@@ -132,6 +165,8 @@ impl std::ops::Deref for CpuMatrix {
 #[derive(Default)]
 struct Scratch {
     act: Activations,
+    /// The input rounded to bf16, for bf16 matrices.
+    act_bf16: Bf16Activations,
     /// The down projection's input, quantised by the gate/up tasks.
     act_down: Activations,
     part: Vec<f32>,
@@ -214,10 +249,18 @@ impl CpuLinear {
         Some((refs, n))
     }
 
+    /// Every fused matrix's bf16 form, when all have one.
+    fn bf16_together(&self) -> Option<Vec<&Bf16Matrix>> {
+        self.mats.iter().map(|m| m.bf16.as_ref()).collect()
+    }
+
     fn run_with(&self, x: &Batch, r: Option<&Batch>, out: &mut Batch, s: &mut Scratch) -> Result<()> {
         let lanes = x.lanes();
-        let Scratch { act, part, .. } = s;
-        if let [m] = self.mats.as_slice() {
+        let Scratch { act, act_bf16, part, .. } = s;
+        if let Some(mats) = self.bf16_together() {
+            act_bf16.quantize(x.as_slice(), lanes, self.shape.input)?;
+            Bf16Matrix::matmul_concat(&mats, act_bf16, out.as_mut_slice())?;
+        } else if let [m] = self.mats.as_slice() {
             act.quantize(m.format, x.as_slice(), lanes, m.cols)?;
             m.matmul(act, out.as_mut_slice())?;
         } else if let Some((packed, n)) = self.packed_together() {
@@ -302,12 +345,29 @@ impl CpuSwiGlu {
         let ffn = self.gate.rows;
         let Scratch {
             act,
+            act_bf16,
             act_down,
             gate,
             up,
             ..
         } = s;
         gate.resize(lanes * ffn, 0.0);
+        if let (Some(g), Some(u), Some(d)) = (&self.gate.bf16, &self.up.bf16, &self.down.bf16) {
+            up.resize(lanes * ffn, 0.0);
+            act_bf16.quantize(x.as_slice(), lanes, self.gate.cols)?;
+            g.matmul(act_bf16, gate)?;
+            u.matmul(act_bf16, up)?;
+            anelm_kernels::silu_mul(gate, up);
+            act_bf16.quantize(gate, lanes, ffn)?;
+            out.resize(lanes, self.shape.output);
+            d.matmul(act_bf16, out.as_mut_slice())?;
+            if let Some(r) = r {
+                for (y, r) in out.as_mut_slice().iter_mut().zip(r.as_slice()) {
+                    *y += *r;
+                }
+            }
+            return Ok(());
+        }
         act.quantize(self.gate.format, x.as_slice(), lanes, self.gate.cols)?;
         match (&self.gate.packed, &self.up.packed) {
             (Some(g), Some(u)) if self.up.format == self.gate.format => {

@@ -79,8 +79,24 @@ impl Backend for NarrowCpu {
     }
 }
 
+/// The exact CPU backend (f32 weights × f32 activations).
 #[test]
 fn minilm_matches_sentence_transformers() {
+    check_against_fixture(&CpuBackend::new(), "f32");
+}
+
+/// The embedding backend (bf16 × bf16 through AVX512_BF16 where the CPU has it; on other CPUs
+/// it is the f32 backend again, and the test says so).
+#[test]
+fn minilm_on_the_bf16_fast_path_matches_sentence_transformers() {
+    let backend = CpuBackend::for_embeddings();
+    if !backend.bf16() {
+        eprintln!("minilm: this CPU has no AVX512_BF16 (or ANELM_BF16=0): the embedding backend is the f32 one");
+    }
+    check_against_fixture(&backend, if backend.bf16() { "bf16" } else { "f32" });
+}
+
+fn check_against_fixture(backend: &dyn Backend, label: &str) {
     let fx = fixture();
     let cases = cases(&fx);
     assert!(cases.len() >= 20, "the fixture should hold at least 20 texts");
@@ -89,7 +105,7 @@ fn minilm_matches_sentence_transformers() {
         cases.iter().filter(|c| c.ids.len() == max).count() >= 2,
         "the fixture should hold texts past max_seq_length"
     );
-    let emb = Embedder::load(&model_dir(), &CpuBackend::new()).expect("load all-MiniLM-L6-v2");
+    let emb = Embedder::load(&model_dir(), backend).expect("load all-MiniLM-L6-v2");
     assert_eq!(emb.info().dimensions, 384);
     assert_eq!(emb.info().max_tokens, max);
     assert!(emb.info().normalize);
@@ -114,7 +130,7 @@ fn minilm_matches_sentence_transformers() {
         assert!((norm - 1.0).abs() < 1e-5, "norm {norm} for {:?}", c.text);
     }
     eprintln!(
-        "minilm: lowest cosine 1 - {:.2e} ({:?}) over {} texts",
+        "minilm ({label}): lowest cosine 1 - {:.2e} ({:?}) over {} texts",
         1.0 - worst.0,
         worst.1,
         cases.len()
@@ -137,7 +153,7 @@ fn minilm_matches_sentence_transformers() {
 fn minilm_splits_forwards_and_lanes() {
     let fx = fixture();
     let cases = cases(&fx);
-    let narrow = Embedder::load(&model_dir(), &NarrowCpu(CpuBackend::new())).expect("load");
+    let narrow = Embedder::load(&model_dir(), &NarrowCpu(CpuBackend::for_embeddings())).expect("load");
     // 250 texts, about 10k tokens: several forwards of TOKENS_PER_FORWARD tokens, each run in
     // 32-lane pieces.
     let texts: Vec<&str> = (0..10).flat_map(|_| cases.iter().map(|c| c.text.as_str())).collect();

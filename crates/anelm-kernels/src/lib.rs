@@ -5,6 +5,7 @@
 
 mod activations;
 mod attention_rows;
+mod bf16_matmul;
 #[cfg(target_arch = "x86_64")]
 mod attention_rows_x86_wide;
 mod blocks;
@@ -30,6 +31,7 @@ mod weight_memory;
 
 pub use activations::{Activations, BlockWriter};
 pub use attention_rows::{CacheRows, dot_rows_group, weighted_rows_group};
+pub use bf16_matmul::{Bf16Activations, Bf16Matrix};
 pub use dequant::{dequantize_row, dot_reference};
 pub use error::KernelError;
 pub use exp::{exp_f32, silu_mul};
