@@ -17,7 +17,8 @@ use crate::backend::Backend;
 use crate::error::{EngineError, Result};
 use crate::pooling::{PoolingMode, l2_normalize, pool};
 
-/// Most tokens one forward packs (the inputs of a call are split into forwards of this size).
+/// Most tokens one forward packs when the backend's dispatches are shorter than an input (the
+/// Neural Engine's 32 lanes): each kernel then runs the forward in dispatch-sized pieces.
 pub const TOKENS_PER_FORWARD: usize = 4096;
 
 /// What an embedding model is.
@@ -42,6 +43,10 @@ pub struct Embedder {
     encoder: Bert,
     tokenizer: EncoderTokenizer,
     info: EmbedderInfo,
+    /// Most tokens per forward: the backend's dispatch size when the longest input fits one
+    /// (the CPU's 512 lanes: each kernel runs the forward in one dispatch, with no copies into
+    /// pieces), else [`TOKENS_PER_FORWARD`].
+    forward_tokens: usize,
 }
 
 impl std::fmt::Debug for Embedder {
@@ -98,10 +103,13 @@ impl Embedder {
             pooling: st.pooling,
             normalize: st.normalize,
         };
+        let lanes = encoder.max_lanes();
+        let forward_tokens = if lanes >= max_tokens { lanes } else { TOKENS_PER_FORWARD };
         Ok(Self {
             encoder,
             tokenizer,
             info,
+            forward_tokens,
         })
     }
 
@@ -143,7 +151,7 @@ impl Embedder {
             // As many inputs as fit the forward's token budget (at least one).
             let mut end = start + 1;
             let mut tokens = seqs[start].len();
-            while end < seqs.len() && tokens + seqs[end].len() <= TOKENS_PER_FORWARD {
+            while end < seqs.len() && tokens + seqs[end].len() <= self.forward_tokens {
                 tokens += seqs[end].len();
                 end += 1;
             }

@@ -70,14 +70,14 @@ pub fn layer_norm(x: &[f32], w: &[f32], b: &[f32], eps: f32, y: &mut [f32]) {
 }
 
 /// GELU as BERT defines it (`gelu`, not the tanh approximation): 0.5·x·(1 + erf(x/√2)).
-#[inline]
+#[inline(always)]
 pub fn gelu_erf(x: f32) -> f32 {
     0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
 }
 
 /// The error function in f32: Numerical Recipes' `erfc` Chebyshev fit (|error| < 1.2e-7 in
 /// exact arithmetic), a few f32 roundings more here, far below what GELU's result keeps.
-#[inline]
+#[inline(always)]
 fn erf(x: f32) -> f32 {
     let z = x.abs();
     let t = 1.0 / (1.0 + 0.5 * z);

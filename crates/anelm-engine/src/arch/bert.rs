@@ -11,6 +11,8 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use anelm_kernels::pool;
+
+use crate::arch::bert_attention::{AttentionShape, attend_packed};
 use anelm_model::hf_config::HfConfig;
 use anelm_model::tensor_store::TensorStore;
 
@@ -18,7 +20,8 @@ use crate::arch::bert_tensors::BertTensor;
 use crate::backend::{Backend, Kernel, KernelSpec, WeightId};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
-use crate::ops::{dot, gelu_erf, gelu_tanh, layer_norm};
+use crate::ops::{gelu_erf, gelu_tanh, layer_norm};
+use crate::wide::multiversion;
 use crate::stored_matrix::StoredMatrix;
 
 /// The FFN activation of a BERT checkpoint (`hidden_act`).
@@ -250,6 +253,11 @@ impl Bert {
         &self.cfg
     }
 
+    /// Most lanes one kernel dispatch of this encoder's backend takes.
+    pub fn max_lanes(&self) -> usize {
+        self.max_lanes
+    }
+
     /// Final hidden states of every token of `seqs`, packed: sequence `s` owns the lanes
     /// `spans(seqs)[s]`. Each sequence must be non-empty, at most `max_positions` long, with
     /// every id inside the vocabulary.
@@ -281,20 +289,25 @@ impl Bert {
             return Ok(x);
         }
         let mut qkv = Batch::default();
-        let mut attn = Batch::zeros(n, h);
+        let mut attn = Batch::default();
         let mut y = Batch::default();
         let mut up = Batch::default();
         for layer in &self.layers {
             self.run(layer.qkv.as_ref(), &x, None, &mut qkv)?;
-            add_bias(&mut qkv, &layer.qkv_bias);
-            self.attention(&spans, &qkv, &mut attn);
+            bias_act(&mut qkv, &layer.qkv_bias, Act::None);
+            let shape = AttentionShape {
+                hidden: h,
+                heads: cfg.n_heads,
+            };
+            attend_packed(&spans, &qkv, shape, &mut attn);
             self.run(layer.attn_out.as_ref(), &attn, Some(&x), &mut y)?;
             bias_norm(&y, &layer.attn_out_bias, &layer.attn_norm, cfg.layer_norm_eps, &mut x);
             self.run(layer.ffn_up.as_ref(), &x, None, &mut up)?;
-            match cfg.activation {
-                BertActivation::GeluErf => bias_act(&mut up, &layer.ffn_up_bias, gelu_erf),
-                BertActivation::GeluTanh => bias_act(&mut up, &layer.ffn_up_bias, gelu_tanh),
-            }
+            let act = match cfg.activation {
+                BertActivation::GeluErf => Act::GeluErf,
+                BertActivation::GeluTanh => Act::GeluTanh,
+            };
+            bias_act(&mut up, &layer.ffn_up_bias, act);
             self.run(layer.ffn_down.as_ref(), &up, Some(&x), &mut y)?;
             bias_norm(&y, &layer.ffn_down_bias, &layer.ffn_norm, cfg.layer_norm_eps, &mut x);
         }
@@ -350,57 +363,6 @@ impl Bert {
         }
         Ok(())
     }
-
-    /// Bidirectional softmax attention of every head, each token over its own sequence.
-    fn attention(&self, spans: &[Range<usize>], qkv: &Batch, out: &mut Batch) {
-        let (h, nh, hd) = (self.cfg.hidden_size, self.cfg.n_heads, self.cfg.head_dim());
-        let scale = 1.0 / (hd as f32).sqrt();
-        let jobs: Vec<(usize, usize)> = (0..spans.len()).flat_map(|s| (0..nh).map(move |hh| (s, hh))).collect();
-        let mut results: Vec<Vec<f32>> = vec![Vec::new(); jobs.len()];
-        pool::global().for_each_chunk_mut(&mut results, 1, &|i, slot| {
-            let (s, head) = jobs[i];
-            slot[0] = {
-                let span = spans[s].clone();
-                let len = span.len();
-                // This head's K and V rows, contiguous.
-                let mut k = Vec::with_capacity(len * hd);
-                let mut v = Vec::with_capacity(len * hd);
-                for lane in span.clone() {
-                    let row = qkv.lane(lane);
-                    k.extend_from_slice(&row[h + head * hd..h + (head + 1) * hd]);
-                    v.extend_from_slice(&row[2 * h + head * hd..2 * h + (head + 1) * hd]);
-                }
-                let mut o = vec![0f32; len * hd];
-                let mut p = vec![0f32; len];
-                for (i, lane) in span.enumerate() {
-                    let q = &qkv.lane(lane)[head * hd..(head + 1) * hd];
-                    let mut max = f32::NEG_INFINITY;
-                    for (j, pj) in p.iter_mut().enumerate() {
-                        *pj = dot(q, &k[j * hd..(j + 1) * hd]) * scale;
-                        max = max.max(*pj);
-                    }
-                    let mut sum = 0f32;
-                    for pj in p.iter_mut() {
-                        *pj = (*pj - max).exp();
-                        sum += *pj;
-                    }
-                    let oi = &mut o[i * hd..(i + 1) * hd];
-                    for (j, &pj) in p.iter().enumerate() {
-                        let w = pj / sum;
-                        for (a, &b) in oi.iter_mut().zip(&v[j * hd..(j + 1) * hd]) {
-                            *a += w * b;
-                        }
-                    }
-                }
-                o
-            };
-        });
-        for (&(s, head), o) in jobs.iter().zip(&results) {
-            for (i, lane) in spans[s].clone().enumerate() {
-                out.lane_mut(lane)[head * hd..(head + 1) * hd].copy_from_slice(&o[i * hd..(i + 1) * hd]);
-            }
-        }
-    }
 }
 
 /// The lanes each packed sequence occupies.
@@ -418,17 +380,59 @@ pub fn spans(seqs: &[&[u32]]) -> Vec<Range<usize>> {
 /// Lanes per parallel task of the element-wise steps (bias, GELU, LayerNorm).
 const LANES_PER_TASK: usize = 16;
 
-/// x = act(x + bias), every lane, in parallel (`act` a concrete function, so it inlines and the
-/// loop vectorises).
-fn bias_act(x: &mut Batch, bias: &[f32], act: impl Fn(f32) -> f32 + Sync) {
+/// What follows a bias add.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Act {
+    /// Nothing (the qkv projection).
+    None,
+    /// Exact GELU.
+    GeluErf,
+    /// tanh-approximated GELU.
+    GeluTanh,
+}
+
+/// x = act(x + bias), every lane, in parallel.
+fn bias_act(x: &mut Batch, bias: &[f32], act: Act) {
     let c = x.channels();
-    pool::global().for_each_chunk_mut(x.as_mut_slice(), c * LANES_PER_TASK, &|_, lanes| {
-        for row in lanes.chunks_mut(c) {
+    pool::global().for_each_chunk_mut(x.as_mut_slice(), c * LANES_PER_TASK, &|_, lanes| match act {
+        Act::None => add_bias_rows(lanes, bias),
+        Act::GeluErf => bias_gelu_erf_rows(lanes, bias),
+        Act::GeluTanh => bias_gelu_tanh_rows(lanes, bias),
+    });
+}
+
+multiversion! {
+    /// x += bias over whole rows of `bias.len()` values.
+    fn add_bias_rows(x: &mut [f32], bias: &[f32]) = add_bias_rows_body {
+        for row in x.chunks_exact_mut(bias.len()) {
             for (v, b) in row.iter_mut().zip(bias) {
-                *v = act(*v + b);
+                *v += b;
             }
         }
-    });
+    }
+}
+
+multiversion! {
+    /// x = gelu_erf(x + bias) over whole rows (one pass: the erf's exp is `exp_f32`, inlined
+    /// and vectorised).
+    fn bias_gelu_erf_rows(x: &mut [f32], bias: &[f32]) = bias_gelu_erf_rows_body {
+        for row in x.chunks_exact_mut(bias.len()) {
+            for (v, b) in row.iter_mut().zip(bias) {
+                *v = gelu_erf(*v + b);
+            }
+        }
+    }
+}
+
+multiversion! {
+    /// x = gelu_tanh(x + bias) over whole rows.
+    fn bias_gelu_tanh_rows(x: &mut [f32], bias: &[f32]) = bias_gelu_tanh_rows_body {
+        for row in x.chunks_exact_mut(bias.len()) {
+            for (v, b) in row.iter_mut().zip(bias) {
+                *v = gelu_tanh(*v + b);
+            }
+        }
+    }
 }
 
 /// x = LayerNorm(y + bias), every lane, in parallel.
@@ -446,12 +450,4 @@ fn bias_norm(y: &Batch, bias: &[f32], norm: &Norm, eps: f32, x: &mut Batch) {
             layer_norm(&sum, &norm.w, &norm.b, eps, xr);
         }
     });
-}
-
-fn add_bias(x: &mut Batch, bias: &[f32]) {
-    for lane in 0..x.lanes() {
-        for (v, b) in x.lane_mut(lane).iter_mut().zip(bias) {
-            *v += b;
-        }
-    }
 }

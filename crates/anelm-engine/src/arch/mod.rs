@@ -2,6 +2,7 @@
 
 pub mod attention;
 pub mod bert;
+pub mod bert_attention;
 pub mod bert_tensors;
 pub mod deltanet;
 pub mod gemma3;
