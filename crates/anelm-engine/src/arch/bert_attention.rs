@@ -38,7 +38,12 @@ pub fn attend_packed(spans: &[Range<usize>], qkv: &Batch, shape: AttentionShape,
         parts.push(Mutex::new(part));
         rest = tail;
     }
-    pool::global().run(spans.len(), &|s| {
+    // Longest sequences first (their cost grows with the square of the length), so a long one
+    // does not start last while the other threads wait.
+    let mut order: Vec<usize> = (0..spans.len()).collect();
+    order.sort_by_key(|&s| std::cmp::Reverse(spans[s].len()));
+    pool::global().run(spans.len(), &|t| {
+        let s = order[t];
         let span = spans[s].clone();
         let rows = &qkv.as_slice()[span.start * 3 * h..span.end * 3 * h];
         let mut guard = parts[s].lock().unwrap_or_else(|e| e.into_inner());
@@ -49,8 +54,13 @@ pub fn attend_packed(spans: &[Range<usize>], qkv: &Batch, shape: AttentionShape,
     });
 }
 
+/// Keys per vector step of the score loop (one 512-bit register of f32).
+const KEY_STEP: usize = 16;
+
 multiversion! {
     /// One head of one sequence: `rows` are its `len` qkv rows, `out` its `len` output rows.
+    /// The keys are padded to a multiple of [`KEY_STEP`] (zero keys, whose probabilities are
+    /// set to zero), so every score loop is whole fixed-width steps, with no scalar tail.
     fn attend_head(
         rows: &[f32],
         len: usize,
@@ -60,38 +70,74 @@ multiversion! {
         out: &mut [f32],
     ) = attend_head_body {
         let (h, hd) = (shape.hidden, shape.hidden / shape.heads);
+        let lp = len.next_multiple_of(KEY_STEP);
         let scale = 1.0 / (hd as f32).sqrt();
-        // kt: hd × len (K transposed); p: len scores.
+        // kt: hd × lp (K transposed, zero-padded); p: lp scores.
         scratch.clear();
-        scratch.resize(hd * len + len, 0.0);
-        let (kt, p) = scratch.split_at_mut(hd * len);
+        scratch.resize(hd * lp + lp, 0.0);
+        let (kt, p) = scratch.split_at_mut(hd * lp);
         for (j, row) in rows.chunks_exact(3 * h).enumerate() {
             for (d, &k) in row[h + head * hd..h + (head + 1) * hd].iter().enumerate() {
-                kt[d * len + j] = k;
+                kt[d * lp + j] = k;
             }
         }
         for (i, row) in rows.chunks_exact(3 * h).enumerate() {
             let q = &row[head * hd..(head + 1) * hd];
-            p.fill(0.0);
-            for (d, &qd) in q.iter().enumerate() {
-                let qd = qd * scale;
-                for (pj, &k) in p.iter_mut().zip(&kt[d * len..(d + 1) * len]) {
-                    *pj += qd * k;
+            for (c, pc) in p.chunks_exact_mut(KEY_STEP).enumerate() {
+                let mut acc = [0f32; KEY_STEP];
+                for (d, &qd) in q.iter().enumerate() {
+                    let kc = &kt[d * lp + c * KEY_STEP..d * lp + (c + 1) * KEY_STEP];
+                    for (a, &k) in acc.iter_mut().zip(kc) {
+                        *a += qd * k;
+                    }
+                }
+                for (o, a) in pc.iter_mut().zip(acc) {
+                    *o = a * scale;
                 }
             }
-            let max = p.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-            let mut sum = 0f32;
-            for pj in p.iter_mut() {
-                *pj = exp_f32(*pj - max);
-                sum += *pj;
+            // Padding keys: −∞, which `exp_f32` takes to its smallest value (below 1e-37,
+            // nothing beside the max key's 1 in the sum), then zero weight.
+            p[len..].fill(f32::NEG_INFINITY);
+            let mut maxes = [f32::NEG_INFINITY; KEY_STEP];
+            for pc in p.chunks_exact(KEY_STEP) {
+                for (m, &v) in maxes.iter_mut().zip(pc) {
+                    *m = m.max(v);
+                }
             }
-            let inv = 1.0 / sum;
+            let max = maxes.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            let mut sums = [0f32; KEY_STEP];
+            for pc in p.chunks_exact_mut(KEY_STEP) {
+                for (v, s) in pc.iter_mut().zip(sums.iter_mut()) {
+                    *v = exp_f32(*v - max);
+                    *s += *v;
+                }
+            }
+            p[len..].fill(0.0);
+            let inv = 1.0 / sums.iter().sum::<f32>();
+            for v in p.iter_mut() {
+                *v *= inv;
+            }
+            // o = Σ_j p[j]·v[j], sixteen channels at a time held in registers across the keys.
             let o = &mut out[i * h + head * hd..i * h + (head + 1) * hd];
-            o.fill(0.0);
-            for (&pj, vrow) in p.iter().zip(rows.chunks_exact(3 * h)) {
-                let w = pj * inv;
-                for (a, &v) in o.iter_mut().zip(&vrow[2 * h + head * hd..2 * h + (head + 1) * hd]) {
-                    *a += w * v;
+            let v0 = 2 * h + head * hd;
+            let mut c = 0;
+            while c + KEY_STEP <= hd {
+                let mut acc = [0f32; KEY_STEP];
+                for (&w, vrow) in p.iter().zip(rows.chunks_exact(3 * h)) {
+                    for (a, &b) in acc.iter_mut().zip(&vrow[v0 + c..v0 + c + KEY_STEP]) {
+                        *a += w * b;
+                    }
+                }
+                o[c..c + KEY_STEP].copy_from_slice(&acc);
+                c += KEY_STEP;
+            }
+            if c < hd {
+                let o = &mut o[c..];
+                o.fill(0.0);
+                for (&w, vrow) in p.iter().zip(rows.chunks_exact(3 * h)) {
+                    for (a, &b) in o.iter_mut().zip(&vrow[v0 + c..v0 + hd]) {
+                        *a += w * b;
+                    }
                 }
             }
         }
@@ -132,7 +178,13 @@ mod tests {
 
     #[test]
     fn packed_attention_matches_a_reference_per_span() {
-        let shape = AttentionShape { hidden: 24, heads: 3 };
+        // Heads of 8 (below one vector step), 20 (a step and a remainder) and 32 (MiniLM's).
+        for (hidden, heads) in [(24, 3), (40, 2), (64, 2)] {
+            check(AttentionShape { hidden, heads });
+        }
+    }
+
+    fn check(shape: AttentionShape) {
         let spans = [0..1, 1..6, 6..23, 23..40];
         let lanes = 40;
         let mut seed = 7u64;
@@ -150,7 +202,7 @@ mod tests {
             for (i, lane) in span.clone().enumerate() {
                 for (d, &got) in out.lane(lane).iter().enumerate() {
                     let w = want[i * shape.hidden + d];
-                    assert!((f64::from(got) - w).abs() < 1e-5, "lane {lane} channel {d}: {got} vs {w}");
+                    assert!((f64::from(got) - w).abs() < 1e-5, "{shape:?} lane {lane} channel {d}: {got} vs {w}");
                 }
             }
         }
