@@ -2,7 +2,9 @@
 # Regenerate crates/anelm-engine/tests/fixtures/embeddings/minilm.json: sentence-transformers'
 # embeddings and Hugging Face tokenizers' token ids of all-MiniLM-L6-v2 for a set of texts
 # (scripts/make-embedding-fixtures.py), the reference crates/anelm-engine/tests/minilm.rs checks
-# anelm against.
+# anelm against; and crates/anelm-engine/tests/fixtures/embeddings/qwen3-embedder/, a tiny
+# random-weight Qwen3 decoder embedder with its reference.json
+# (scripts/make-decoder-embedder-fixture.py, checked by tests/decoder_embedder.rs).
 #
 # Creates (once) a virtualenv under the user cache with pinned sentence-transformers, transformers
 # and torch from PyPI. The PyPI torch wheel for Linux is a CUDA build whose import needs the CUDA
@@ -40,3 +42,8 @@ model="$(scripts/fetch-minilm.sh)"
 out=crates/anelm-engine/tests/fixtures/embeddings/minilm.json
 mkdir -p "$(dirname "$out")"
 HF_HUB_OFFLINE=1 "$venv/bin/python" scripts/make-embedding-fixtures.py "$model" "$out"
+qwen=crates/anelm-engine/tests/fixtures/embeddings/qwen3-embedder
+rm -rf "$qwen"
+HF_HUB_OFFLINE=1 "$venv/bin/python" scripts/make-decoder-embedder-fixture.py "$qwen"
+# sentence-transformers writes a model card; the fixture does not need it.
+rm -f "$qwen/README.md"

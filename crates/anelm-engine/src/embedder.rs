@@ -1,19 +1,22 @@
-//! `Embedder`: a sentence-transformers model directory (BERT encoder + pooling + optional
-//! normalisation) loaded for embedding texts. Inputs are tokenized, packed into forwards of up to
-//! `TOKENS_PER_FORWARD` tokens (many inputs per forward, never one forward per input), pooled
-//! and normalised as the directory's `modules.json` says.
+//! `Embedder`: a sentence-transformers model directory (a BERT encoder, or a Llama-family
+//! decoder such as Qwen3-Embedding; then pooling and optional normalisation) loaded for
+//! embedding texts. Inputs are tokenized (after an optional instruction prefix), packed into
+//! shared forwards (many inputs per forward, never one forward per input, never padded),
+//! pooled and normalised as the directory's `modules.json` says.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use anelm_model::encoder_tokenizer::EncoderTokenizer;
 use anelm_model::hf_config::HfConfig;
+use anelm_model::tokenizer::Tokenizer;
 use anelm_model::safetensors_dir::SafetensorsDir;
 use anelm_model::sentence_config::SentenceConfig;
 use anelm_model::tensor_store::TensorStore;
 
 use crate::arch::bert::{Bert, BertConfig, spans};
 use crate::backend::Backend;
+use crate::decoder_embedder::DecoderTrunk;
 use crate::error::{EngineError, Result};
 use crate::pooling::{PoolingMode, l2_normalize, pool};
 
@@ -24,7 +27,7 @@ pub const TOKENS_PER_FORWARD: usize = 4096;
 /// What an embedding model is.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EmbedderInfo {
-    /// Architecture (`bert`).
+    /// Architecture (`bert`, `qwen3`, `llama`, `mistral`).
     pub architecture: String,
     /// Length of every embedding.
     pub dimensions: usize,
@@ -38,15 +41,29 @@ pub struct EmbedderInfo {
     pub normalize: bool,
 }
 
+/// The network under the pooling, with its tokenizer.
+enum Trunk {
+    /// A BERT encoder (WordPiece tokenizer).
+    Encoder {
+        model: Bert,
+        tokenizer: EncoderTokenizer,
+        /// Most tokens per forward: the backend's dispatch size when the longest input fits
+        /// one (the CPU's 512 lanes: each kernel runs the forward in one dispatch, with no
+        /// copies into pieces), else [`TOKENS_PER_FORWARD`].
+        forward_tokens: usize,
+    },
+    /// A Llama-family decoder (its own `tokenizer.json`; EOS appended when it says so).
+    Decoder { model: DecoderTrunk, tokenizer: Tokenizer },
+}
+
 /// A loaded embedding model.
 pub struct Embedder {
-    encoder: Bert,
-    tokenizer: EncoderTokenizer,
+    trunk: Trunk,
     info: EmbedderInfo,
-    /// Most tokens per forward: the backend's dispatch size when the longest input fits one
-    /// (the CPU's 512 lanes: each kernel runs the forward in one dispatch, with no copies into
-    /// pieces), else [`TOKENS_PER_FORWARD`].
-    forward_tokens: usize,
+    /// Named prompts of `config_sentence_transformers.json`.
+    prompts: Vec<(String, String)>,
+    /// Text put before every input (an instruction, e.g. Qwen3-Embedding's query prompt).
+    instruction: Option<String>,
 }
 
 impl std::fmt::Debug for Embedder {
@@ -82,35 +99,90 @@ impl Embedder {
             ))
         })?;
         let hf = HfConfig::from_file(&dir.join("config.json"))?;
-        let cfg = BertConfig::from_hf(&hf)?;
         let store: Arc<dyn TensorStore> = Arc::new(SafetensorsDir::open(dir)?);
-        let encoder = Bert::load(cfg, &store, backend, progress)?;
-        let cfg = encoder.config();
-        let max_tokens = st.max_seq_length.unwrap_or(cfg.max_positions).min(cfg.max_positions);
-        let tokenizer = EncoderTokenizer::from_dir(dir, max_tokens, st.do_lower_case)?;
-        if tokenizer.vocab_size() > cfg.vocab_size {
-            return Err(EngineError::Config(format!(
-                "tokenizer.json has {} tokens but the model's vocabulary is {}: the directory mixes two models",
-                tokenizer.vocab_size(),
-                cfg.vocab_size
-            )));
-        }
-        let info = EmbedderInfo {
-            architecture: "bert".into(),
-            dimensions: cfg.hidden_size * st.pooling.len(),
-            max_tokens,
-            vocab_size: cfg.vocab_size,
-            pooling: st.pooling,
-            normalize: st.normalize,
+        let (trunk, info) = match hf.model_type.as_str() {
+            "bert" => {
+                let model = Bert::load(BertConfig::from_hf(&hf)?, &store, backend, progress)?;
+                let cfg = model.config();
+                let max_tokens = st.max_seq_length.unwrap_or(cfg.max_positions).min(cfg.max_positions);
+                let tokenizer = EncoderTokenizer::from_dir(dir, max_tokens, st.do_lower_case)?;
+                check_vocab(tokenizer.vocab_size(), cfg.vocab_size)?;
+                let info = EmbedderInfo {
+                    architecture: "bert".into(),
+                    dimensions: cfg.hidden_size * st.pooling.len(),
+                    max_tokens,
+                    vocab_size: cfg.vocab_size,
+                    pooling: st.pooling.clone(),
+                    normalize: st.normalize,
+                };
+                let lanes = model.max_lanes();
+                let forward_tokens = if lanes >= max_tokens { lanes } else { TOKENS_PER_FORWARD };
+                let trunk = Trunk::Encoder {
+                    model,
+                    tokenizer,
+                    forward_tokens,
+                };
+                (trunk, info)
+            }
+            "qwen3" | "llama" | "mistral" => {
+                let model = DecoderTrunk::load(&hf, store, backend, progress)?;
+                let tokenizer = Tokenizer::from_hf_dir(dir)?;
+                check_vocab(tokenizer.vocab_size(), model.vocab_size())?;
+                let ctx = model.context_length().max(2);
+                let max_tokens = st
+                    .max_seq_length
+                    .or_else(|| tokenizer_max_length(dir))
+                    .unwrap_or(ctx)
+                    .min(ctx);
+                let info = EmbedderInfo {
+                    architecture: hf.model_type.clone(),
+                    dimensions: model.hidden_size() * st.pooling.len(),
+                    max_tokens,
+                    vocab_size: model.vocab_size(),
+                    pooling: st.pooling.clone(),
+                    normalize: st.normalize,
+                };
+                (Trunk::Decoder { model, tokenizer }, info)
+            }
+            other => {
+                return Err(EngineError::Config(format!(
+                    "embedding models of type '{other}' are not supported (bert, or a qwen3/llama/mistral decoder)"
+                )));
+            }
         };
-        let lanes = encoder.max_lanes();
-        let forward_tokens = if lanes >= max_tokens { lanes } else { TOKENS_PER_FORWARD };
+        let instruction = st
+            .default_prompt_name
+            .as_ref()
+            .and_then(|name| st.prompts.iter().find(|(n, _)| n == name))
+            .map(|(_, text)| text.clone())
+            .filter(|t| !t.is_empty());
         Ok(Self {
-            encoder,
-            tokenizer,
+            trunk,
             info,
-            forward_tokens,
+            prompts: st.prompts,
+            instruction,
         })
+    }
+
+    /// The text of the model's prompt called `name` (`config_sentence_transformers.json`).
+    pub fn prompt(&self, name: &str) -> Option<&str> {
+        self.prompts.iter().find(|(n, _)| n == name).map(|(_, t)| t.as_str())
+    }
+
+    /// Names of the model's prompts.
+    pub fn prompt_names(&self) -> Vec<&str> {
+        self.prompts.iter().map(|(n, _)| n.as_str()).collect()
+    }
+
+    /// Put `text` before every input from now on (`None` or empty: nothing). Loading sets the
+    /// model's default prompt, if its config names one.
+    pub fn set_instruction(&mut self, text: Option<String>) {
+        self.instruction = text.filter(|t| !t.is_empty());
+    }
+
+    /// The text put before every input.
+    pub fn instruction(&self) -> Option<&str> {
+        self.instruction.as_deref()
     }
 
     /// What the model is.
@@ -118,10 +190,33 @@ impl Embedder {
         &self.info
     }
 
-    /// Token ids of each text as the model sees them (special tokens added, truncated to
-    /// `max_tokens`).
+    /// Token ids of each text as the model sees them (instruction put before it, special
+    /// tokens added, truncated to `max_tokens` keeping the special tokens, as Hugging Face
+    /// tokenizers truncates).
     pub fn tokenize(&self, texts: &[&str]) -> Result<Vec<Vec<u32>>> {
-        Ok(self.tokenizer.encode_batch(texts)?)
+        let prefixed: Vec<String>;
+        let texts: &[&str] = match &self.instruction {
+            Some(p) => {
+                prefixed = texts.iter().map(|t| format!("{p}{t}")).collect();
+                &prefixed.iter().map(String::as_str).collect::<Vec<_>>()
+            }
+            None => texts,
+        };
+        match &self.trunk {
+            Trunk::Encoder { tokenizer, .. } => Ok(tokenizer.encode_batch(texts)?),
+            Trunk::Decoder { tokenizer, .. } => texts
+                .iter()
+                .map(|t| {
+                    let mut ids = tokenizer.encode(t)?;
+                    if ids.len() > self.info.max_tokens {
+                        let eos = tokenizer.eos_id().filter(|_| tokenizer.adds_eos());
+                        ids.truncate(self.info.max_tokens - usize::from(eos.is_some()));
+                        ids.extend(eos);
+                    }
+                    Ok(ids)
+                })
+                .collect(),
+        }
     }
 
     /// One embedding per text, in order.
@@ -145,18 +240,31 @@ impl Embedder {
                 )));
             }
         }
+        let (model, forward_tokens) = match &self.trunk {
+            Trunk::Encoder {
+                model, forward_tokens, ..
+            } => (model, *forward_tokens),
+            Trunk::Decoder { model, .. } => {
+                let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
+                let mut out = model.embed(&refs, &self.info.pooling)?;
+                if self.info.normalize {
+                    out.iter_mut().for_each(|v| l2_normalize(v));
+                }
+                return Ok(out);
+            }
+        };
         let mut out = Vec::with_capacity(seqs.len());
         let mut start = 0;
         while start < seqs.len() {
             // As many inputs as fit the forward's token budget (at least one).
             let mut end = start + 1;
             let mut tokens = seqs[start].len();
-            while end < seqs.len() && tokens + seqs[end].len() <= self.forward_tokens {
+            while end < seqs.len() && tokens + seqs[end].len() <= forward_tokens {
                 tokens += seqs[end].len();
                 end += 1;
             }
             let group: Vec<&[u32]> = seqs[start..end].iter().map(Vec::as_slice).collect();
-            let states = self.encoder.encode(&group)?;
+            let states = model.encode(&group)?;
             for span in spans(&group) {
                 let mut v = pool(&self.info.pooling, &states, span);
                 if self.info.normalize {
@@ -168,4 +276,22 @@ impl Embedder {
         }
         Ok(out)
     }
+}
+
+fn check_vocab(tokenizer: usize, model: usize) -> Result<()> {
+    if tokenizer > model {
+        return Err(EngineError::Config(format!(
+            "tokenizer.json has {tokenizer} tokens but the model's vocabulary is {model}: the directory mixes two models"
+        )));
+    }
+    Ok(())
+}
+
+/// `model_max_length` of the directory's `tokenizer_config.json`, when it is a plausible length
+/// (transformers writes a huge sentinel when there is none).
+fn tokenizer_max_length(dir: &Path) -> Option<usize> {
+    let text = std::fs::read_to_string(dir.join("tokenizer_config.json")).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let n = v.get("model_max_length")?.as_u64()?;
+    usize::try_from(n).ok().filter(|&n| (2..=1 << 24).contains(&n))
 }

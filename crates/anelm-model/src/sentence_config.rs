@@ -61,6 +61,12 @@ pub struct SentenceConfig {
     pub max_seq_length: Option<usize>,
     /// Lower-case texts before tokenizing (`do_lower_case`).
     pub do_lower_case: bool,
+    /// Named prompts (instruction prefixes) of `config_sentence_transformers.json`, e.g.
+    /// `query` → "Instruct: …\nQuery: ", in the file's order.
+    pub prompts: Vec<(String, String)>,
+    /// The prompt sentence-transformers prepends when the caller names none
+    /// (`default_prompt_name`).
+    pub default_prompt_name: Option<String>,
 }
 
 fn read_json(path: &Path) -> Result<Value, ModelError> {
@@ -142,13 +148,49 @@ impl SentenceConfig {
         } else {
             (None, false)
         };
+        let (prompts, default_prompt_name) = read_prompts(&dir.join("config_sentence_transformers.json"))?;
         Ok(Some(Self {
             pooling,
             normalize,
             max_seq_length,
             do_lower_case,
+            prompts,
+            default_prompt_name,
         }))
     }
+}
+
+/// `prompts` and `default_prompt_name` of `config_sentence_transformers.json` (none when the
+/// file is absent).
+fn read_prompts(path: &Path) -> Result<(Vec<(String, String)>, Option<String>), ModelError> {
+    if !path.is_file() {
+        return Ok((Vec::new(), None));
+    }
+    let v = read_json(path)?;
+    let mut prompts = Vec::new();
+    match v.get("prompts") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(map)) => {
+            for (name, text) in map {
+                let text = text
+                    .as_str()
+                    .ok_or_else(|| invalid(path, format!("prompt '{name}' is not a string")))?;
+                prompts.push((name.clone(), text.to_string()));
+            }
+        }
+        Some(_) => return Err(invalid(path, "prompts must be an object of name → text")),
+    }
+    let default = match v.get("default_prompt_name") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(name)) => {
+            if !prompts.iter().any(|(n, _)| n == name) {
+                return Err(invalid(path, format!("default_prompt_name '{name}' names no prompt")));
+            }
+            Some(name.clone())
+        }
+        Some(_) => return Err(invalid(path, "default_prompt_name must be a string")),
+    };
+    Ok((prompts, default))
 }
 
 /// The pooling modes of a Pooling module's `config.json`: the `pooling_mode_*` flags, or a

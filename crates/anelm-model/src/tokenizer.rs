@@ -265,6 +265,12 @@ impl Tokenizer {
         self.eos
     }
 
+    /// Whether [`Tokenizer::encode`] appends the end-of-sequence token (the model's
+    /// post-processor does, e.g. a Qwen3-Embedding tokenizer).
+    pub fn adds_eos(&self) -> bool {
+        self.add_eos && self.eos.is_some()
+    }
+
     /// BOS token text (for chat templates' `bos_token`).
     pub fn bos_token(&self) -> Option<&str> {
         self.token_str(self.bos?)

@@ -229,7 +229,8 @@ pub struct Llama {
     embed: StoredMatrix,
     layers: Vec<Layer>,
     output_norm: Vec<f32>,
-    lm_head: Box<dyn Kernel>,
+    /// None when loaded as a trunk for embeddings ([`Llama::load_trunk`]).
+    lm_head: Option<Box<dyn Kernel>>,
     rope: Rope,
     attention: Attention,
 }
@@ -242,6 +243,29 @@ impl Llama {
         naming: TensorNaming,
         backend: &dyn Backend,
         progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self> {
+        Self::load_inner(cfg, store, naming, backend, progress, true)
+    }
+
+    /// [`Llama::load`] without the LM head: the trunk of a decoder embedder, whose output is
+    /// the final-normed hidden state ([`Llama::hidden_states`]); `forward` then fails.
+    pub fn load_trunk(
+        cfg: LlamaConfig,
+        store: &Arc<dyn TensorStore>,
+        naming: TensorNaming,
+        backend: &dyn Backend,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self> {
+        Self::load_inner(cfg, store, naming, backend, progress, false)
+    }
+
+    fn load_inner(
+        cfg: LlamaConfig,
+        store: &Arc<dyn TensorStore>,
+        naming: TensorNaming,
+        backend: &dyn Backend,
+        progress: &mut dyn FnMut(usize, usize),
+        with_head: bool,
     ) -> Result<Self> {
         let h = cfg.hidden_size;
         let q_dim = cfg.n_heads * cfg.head_dim;
@@ -303,25 +327,30 @@ impl Llama {
             });
             progress(i + 1, cfg.n_layers + 1);
         }
-        let head_name = if store.contains(naming.output()) {
-            naming.output()
+        let lm_head = if with_head {
+            let head_name = if store.contains(naming.output()) {
+                naming.output()
+            } else {
+                naming.embed()
+            };
+            let lm_head = backend.compile(
+                &KernelSpec::LmHead {
+                    w: WeightId::new(head_name),
+                },
+                store,
+            )?;
+            if lm_head.shape().output != cfg.vocab_size || lm_head.shape().input != h {
+                return Err(EngineError::Config(format!(
+                    "LM head '{head_name}' is {}×{}, expected {}×{h}",
+                    lm_head.shape().output,
+                    lm_head.shape().input,
+                    cfg.vocab_size
+                )));
+            }
+            Some(lm_head)
         } else {
-            naming.embed()
+            None
         };
-        let lm_head = backend.compile(
-            &KernelSpec::LmHead {
-                w: WeightId::new(head_name),
-            },
-            store,
-        )?;
-        if lm_head.shape().output != cfg.vocab_size || lm_head.shape().input != h {
-            return Err(EngineError::Config(format!(
-                "LM head '{head_name}' is {}×{}, expected {}×{h}",
-                lm_head.shape().output,
-                lm_head.shape().input,
-                cfg.vocab_size
-            )));
-        }
         progress(cfg.n_layers + 1, cfg.n_layers + 1);
         let info = ModelInfo {
             architecture: cfg.architecture.clone(),
@@ -354,19 +383,16 @@ impl Llama {
     pub fn config(&self) -> &LlamaConfig {
         &self.cfg
     }
-}
 
-impl LanguageModel for Llama {
-    fn info(&self) -> &ModelInfo {
-        &self.info
+    /// Run one step as [`LanguageModel::forward`] does, but return the final-normed hidden
+    /// states (hidden-size rows) of the rows the items ask for instead of their logits: what a
+    /// decoder embedder pools.
+    pub fn hidden_states(&self, items: &mut [StepItem<'_>]) -> Result<Batch> {
+        self.trunk(items)
     }
 
-    fn new_session(&self, ctx_size: usize) -> Session {
-        let ctx = ctx_size.clamp(1, self.cfg.context_length.max(1));
-        Session::new(self.attention.cache(&vec![None; self.cfg.n_layers]), ctx)
-    }
-
-    fn forward(&self, items: &mut [StepItem<'_>]) -> Result<Batch> {
+    /// Every layer over the items' tokens, then the final norm of the wanted rows.
+    fn trunk(&self, items: &mut [StepItem<'_>]) -> Result<Batch> {
         let cfg = &self.cfg;
         let (h, hd) = (cfg.hidden_size, cfg.head_dim);
         let q_dim = cfg.n_heads * hd;
@@ -374,7 +400,7 @@ impl LanguageModel for Llama {
         let lanes = plan_lanes(items, cfg.vocab_size)?;
         let n = lanes.len();
         if n == 0 {
-            return Ok(Batch::zeros(0, cfg.vocab_size));
+            return Ok(Batch::zeros(0, h));
         }
         let mut x = embed_lanes(&self.embed, items, n, 1.0)?;
         let mut angles: Vec<Vec<(f32, f32)>> = Vec::with_capacity(n);
@@ -431,11 +457,30 @@ impl LanguageModel for Llama {
         for (row, &lane) in wanted.iter().enumerate() {
             rms_norm(x.lane(lane), &self.output_norm, cfg.rms_eps, 0.0, normed.lane_mut(row));
         }
+        Ok(normed)
+    }
+}
+
+impl LanguageModel for Llama {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn new_session(&self, ctx_size: usize) -> Session {
+        let ctx = ctx_size.clamp(1, self.cfg.context_length.max(1));
+        Session::new(self.attention.cache(&vec![None; self.cfg.n_layers]), ctx)
+    }
+
+    fn forward(&self, items: &mut [StepItem<'_>]) -> Result<Batch> {
+        let lm_head = self.lm_head.as_ref().ok_or_else(|| {
+            EngineError::InvalidRequest("this model was loaded as an embedding trunk: it has no LM head".into())
+        })?;
+        let normed = self.trunk(items)?;
         let mut logits = Batch::default();
-        if wanted.is_empty() {
-            logits.resize(0, cfg.vocab_size);
+        if normed.lanes() == 0 {
+            logits.resize(0, self.cfg.vocab_size);
         } else {
-            self.lm_head.run(&[&normed], &mut logits)?;
+            lm_head.run(&[&normed], &mut logits)?;
         }
         Ok(logits)
     }

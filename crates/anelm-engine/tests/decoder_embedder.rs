@@ -1,0 +1,146 @@
+//! A decoder embedder (Qwen3 trunk, last-token pooling, Normalize, a `query` prompt) against
+//! sentence-transformers: `fixtures/embeddings/qwen3-embedder/` is a tiny random-weight model
+//! with its `reference.json` (made by scripts/make-embedding-fixtures.sh through
+//! scripts/make-decoder-embedder-fixture.py): for texts of lengths 2 to 64 tokens embedded in
+//! one padded batch (the script checks left and right padding agree), the token ids and the
+//! embeddings, with and without the query prompt. anelm must give the same ids and cosine ≥
+//! 0.9999 per text, embedding the whole batch in one call (packed, no padding) and each text
+//! alone, on the exact CPU backend, the embedding one (bf16 where the CPU has it) and in
+//! 32-token forwards (the Neural Engine's dispatch, so long inputs continue across forwards).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anelm_engine::backend::{Backend, Kernel, KernelSpec};
+use anelm_engine::{CpuBackend, Embedder, EngineError};
+use anelm_model::tensor_store::TensorStore;
+use serde_json::Value;
+
+mod common;
+use common::cosine;
+
+fn model_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/embeddings/qwen3-embedder")
+}
+
+fn reference() -> Value {
+    let text = std::fs::read_to_string(model_dir().join("reference.json")).expect("read reference.json");
+    serde_json::from_str(&text).expect("reference JSON")
+}
+
+struct Case {
+    text: String,
+    ids: Vec<u32>,
+    embedding: Vec<f32>,
+}
+
+fn cases(v: &Value) -> Vec<Case> {
+    v.as_array()
+        .expect("cases")
+        .iter()
+        .map(|c| Case {
+            text: c["text"].as_str().expect("text").to_string(),
+            ids: c["token_ids"]
+                .as_array()
+                .expect("ids")
+                .iter()
+                .map(|i| i.as_u64().expect("id") as u32)
+                .collect(),
+            embedding: c["embedding"]
+                .as_array()
+                .expect("embedding")
+                .iter()
+                .map(|x| x.as_f64().expect("value") as f32)
+                .collect(),
+        })
+        .collect()
+}
+
+/// The CPU backend with 32-lane dispatches.
+struct NarrowCpu(CpuBackend);
+
+impl Backend for NarrowCpu {
+    fn name(&self) -> &str {
+        "cpu-32"
+    }
+    fn max_lanes(&self) -> usize {
+        32
+    }
+    fn compile(&self, spec: &KernelSpec, weights: &Arc<dyn TensorStore>) -> anelm_engine::Result<Box<dyn Kernel>> {
+        self.0.compile(spec, weights)
+    }
+}
+
+fn check(backend: &dyn Backend, label: &str) {
+    let fx = reference();
+    let mut emb = Embedder::load(&model_dir(), backend).expect("load the decoder embedder");
+    let info = emb.info().clone();
+    assert_eq!(info.architecture, "qwen3");
+    assert_eq!(info.dimensions, 64);
+    assert_eq!(info.pooling, [anelm_engine::pooling::PoolingMode::LastToken]);
+    assert!(info.normalize);
+    assert_eq!(emb.instruction(), None, "the fixture names no default prompt");
+    let prompt = fx["query_prompt"].as_str().expect("query_prompt");
+    assert_eq!(emb.prompt("query"), Some(prompt));
+
+    for (key, instruction) in [("texts", None), ("query_texts", Some(prompt.to_string()))] {
+        emb.set_instruction(instruction.clone());
+        let cases = cases(&fx[key]);
+        let lens: Vec<usize> = cases.iter().map(|c| c.ids.len()).collect();
+        let (min, max) = (lens.iter().min().copied(), lens.iter().max().copied());
+        assert!(
+            matches!((min, max), (Some(a), Some(b)) if b >= 2 * a && b == 64),
+            "the batch should mix short texts and texts truncated at 64 tokens: {lens:?}"
+        );
+        let texts: Vec<&str> = cases.iter().map(|c| c.text.as_str()).collect();
+        let ids = emb.tokenize(&texts).expect("tokenize");
+        for (c, got) in cases.iter().zip(&ids) {
+            assert_eq!(got, &c.ids, "{key}: token ids of {:?}", c.text);
+        }
+        let batch = emb.embed(&texts).expect("embed the batch");
+        let mut worst = 1f64;
+        for (i, (c, v)) in cases.iter().zip(&batch).enumerate() {
+            let cos = cosine(v, &c.embedding);
+            assert!(cos >= 0.9999, "{label} {key}: cosine {cos:.7} for text {i} {:?}", c.text);
+            worst = worst.min(cos);
+            let alone = emb.embed(&[c.text.as_str()]).expect("embed alone");
+            let same = cosine(&alone[0], v);
+            assert!(same > 0.999_999, "{label} {key}: text {i} alone vs in the batch: {same}");
+        }
+        eprintln!(
+            "qwen3 embedder ({label}, {key}): lowest cosine 1 - {:.2e} over {} texts",
+            1.0 - worst,
+            cases.len()
+        );
+    }
+}
+
+#[test]
+fn qwen3_embedder_matches_sentence_transformers() {
+    check(&CpuBackend::new(), "f32");
+}
+
+#[test]
+fn qwen3_embedder_on_the_embedding_backend_matches_sentence_transformers() {
+    let b = CpuBackend::for_embeddings();
+    check(&b, if b.bf16() { "bf16" } else { "f32" });
+}
+
+#[test]
+fn qwen3_embedder_in_32_token_forwards_matches_sentence_transformers() {
+    check(&NarrowCpu(CpuBackend::new()), "32-lane");
+}
+
+#[test]
+fn qwen3_embedder_rejects_bad_token_inputs() {
+    let emb = Embedder::load(&model_dir(), &CpuBackend::new()).expect("load");
+    let max = emb.info().max_tokens;
+    assert_eq!(max, 64, "max_tokens from tokenizer_config.json's model_max_length");
+    let bad = |seqs: Vec<Vec<u32>>| match emb.embed_tokens(&seqs) {
+        Err(EngineError::InvalidRequest(m)) => m,
+        other => panic!("expected an invalid-request error, got {other:?}"),
+    };
+    assert!(bad(vec![vec![1, 2], vec![]]).contains("input 1 has no tokens"));
+    assert!(bad(vec![vec![1; max + 1]]).contains("at most 64"));
+    assert!(bad(vec![vec![1, 9999]]).contains("vocabulary"));
+}
