@@ -184,3 +184,17 @@ impl SamplingArgs {
         }
     }
 }
+
+/// The instruction put before every input of a decoder embedder (Qwen3-Embedding's queries
+/// start "Instruct: …\nQuery: "). Default: the model's `default_prompt_name`, if its
+/// `config_sentence_transformers.json` names one.
+#[derive(Args, Clone, Debug, Default)]
+pub struct EmbeddingPromptArgs {
+    /// Put TEXT before every input to the embedding model.
+    #[arg(long, value_name = "TEXT", conflicts_with = "embedding_prompt")]
+    pub embedding_instruction: Option<String>,
+    /// Put the model's prompt NAME (from its config_sentence_transformers.json, e.g. `query`)
+    /// before every input.
+    #[arg(long, value_name = "NAME")]
+    pub embedding_prompt: Option<String>,
+}

@@ -217,7 +217,7 @@ pub fn run(model: &ModelArgs, n_texts: usize, repetitions: usize, st_python: Opt
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
 
-    let emb = load_embedder(&args)?;
+    let emb = load_embedder(&args, &Default::default())?;
     let tokens: usize = emb.tokenize(&refs)?.iter().map(Vec::len).sum();
     emb.embed(&refs[..refs.len().min(64)])?; // warm-up
     let mut seconds = Vec::with_capacity(repetitions);

@@ -13,7 +13,7 @@ use serde_json::json;
 use anelm_engine::default_model::{FETCH_EMBEDDING_COMMAND, default_embedding_model_location};
 use anelm_engine::pooling::l2_normalize;
 
-use crate::args::ModelArgs;
+use crate::args::{EmbeddingPromptArgs, ModelArgs};
 use crate::runtime::load_embedder;
 
 /// Arguments of `anelm embed`.
@@ -34,6 +34,8 @@ pub struct EmbedArgs {
     /// model cache).
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub prompt: EmbeddingPromptArgs,
 }
 
 fn read_lines(r: impl BufRead, what: &str) -> Result<Vec<String>> {
@@ -63,7 +65,7 @@ pub fn run(mut a: EmbedArgs) -> Result<()> {
     } else {
         read_lines(std::io::stdin().lock(), "stdin")?
     };
-    let model = load_embedder(&a.model)?;
+    let model = load_embedder(&a.model, &a.prompt)?;
     let dims = model.info().dimensions;
     if let Some(d) = a.dimensions
         && !(1..=dims).contains(&d)

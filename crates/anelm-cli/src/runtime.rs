@@ -14,7 +14,7 @@ use anelm_engine::{
     LoadedModel, load_model, load_model_weights,
 };
 
-use crate::args::{AneArgs, DeviceArg, ModelArgs};
+use crate::args::{AneArgs, DeviceArg, EmbeddingPromptArgs, ModelArgs};
 use crate::default_model::default_model_path;
 
 /// Run `f` on a worker of a persistent pool of `threads` threads (default: the machine's cores),
@@ -203,13 +203,26 @@ pub fn load_weights_reporting(args: &ModelArgs) -> Result<(Box<dyn LanguageModel
 }
 
 /// Load the embedding model (a sentence-transformers directory) the arguments name, on their
-/// device.
-pub fn load_embedder(args: &ModelArgs) -> Result<Embedder> {
+/// device, with the instruction `prompt` asks for.
+pub fn load_embedder(args: &ModelArgs, prompt: &EmbeddingPromptArgs) -> Result<Embedder> {
     // On the CPU, embedding models run their float matrices as bf16 where the CPU can.
-    Ok(load_with(args, CpuBackend::for_embeddings, |path, backend, progress| {
+    let mut model = load_with(args, CpuBackend::for_embeddings, |path, backend, progress| {
         Ok(Embedder::load_with_progress(path, backend, progress)?)
     })?
-    .0)
+    .0;
+    if let Some(text) = &prompt.embedding_instruction {
+        model.set_instruction(Some(text.clone()));
+    } else if let Some(name) = &prompt.embedding_prompt {
+        let text = model.prompt(name).map(str::to_string).ok_or_else(|| {
+            let names = model.prompt_names();
+            anyhow::anyhow!(
+                "the embedding model has no prompt '{name}' (its prompts: {})",
+                if names.is_empty() { "none".to_string() } else { names.join(", ") }
+            )
+        })?;
+        model.set_instruction(Some(text));
+    }
+    Ok(model)
 }
 
 fn load_with<T>(

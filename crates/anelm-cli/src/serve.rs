@@ -15,7 +15,7 @@ use anelm_server::embeddings::Embeddings;
 use anelm_server::upstream::{Upstream, Upstreams};
 use anelm_server::{AppState, ServerConfig, router, shutdown_signal};
 
-use crate::args::ModelArgs;
+use crate::args::{EmbeddingPromptArgs, ModelArgs};
 use crate::runtime::{load, load_embedder, model_path};
 
 /// Arguments of `anelm serve`.
@@ -83,6 +83,8 @@ pub struct ServeArgs {
     /// e.g. the one scripts/fetch-minilm.sh installs).
     #[arg(long, value_name = "DIR")]
     pub embedding_model: Option<PathBuf>,
+    #[command(flatten)]
+    pub embedding_prompt: EmbeddingPromptArgs,
 }
 
 fn name_of(path: &Path) -> String {
@@ -192,11 +194,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
         }
         let loader_state = state.clone();
         let model_args = a.model.clone();
+        let prompt_args = a.embedding_prompt.clone();
         std::thread::spawn(move || {
             if let Some((dir, id)) = embedding {
                 let mut emb_args = model_args.clone();
                 emb_args.model = Some(dir);
-                match load_embedder(&emb_args) {
+                match load_embedder(&emb_args, &prompt_args) {
                     Ok(model) => {
                         let _ = loader_state.embeddings.set(Embeddings {
                             model: Arc::new(model),

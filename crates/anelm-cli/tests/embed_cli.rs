@@ -143,3 +143,37 @@ fn a_directory_that_is_not_an_embedding_model_is_a_one_line_error() {
     assert_eq!(err.trim_end().lines().count(), 1, "one-line error, got: {err}");
     assert!(err.contains("modules.json"), "{err}");
 }
+
+/// The tiny Qwen3 decoder embedder: `--embedding-prompt query` and `--embedding-instruction`
+/// with the same text give sentence-transformers' query embeddings; an unknown prompt name is a
+/// one-line error naming the model's prompts.
+#[test]
+fn a_decoder_embedder_takes_its_prompt_by_name_or_text() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../anelm-engine/tests/fixtures/embeddings/qwen3-embedder");
+    let v: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).expect("reference")).expect("json");
+    let prompt = v["query_prompt"].as_str().expect("query_prompt");
+    let case = &v["query_texts"][1];
+    let text = case["text"].as_str().expect("text");
+    let want: Vec<f64> = case["embedding"]
+        .as_array()
+        .expect("embedding")
+        .iter()
+        .map(|x| x.as_f64().expect("number"))
+        .collect();
+    let model = dir.to_str().expect("utf-8 path");
+    for flags in [["--embedding-prompt", "query"], ["--embedding-instruction", prompt]] {
+        let out = lines(&embed(&["--model", model, flags[0], flags[1], text], None));
+        assert_eq!(out.len(), 1);
+        let cos = cosine(&out[0].1, &want);
+        assert!(cos >= 0.9999, "{flags:?}: cosine {cos}");
+    }
+    // Without the prompt the vector is another one.
+    let plain = lines(&embed(&["--model", model, text], None));
+    assert!(cosine(&plain[0].1, &want) < 0.9999, "the prompt should change the embedding");
+    let o = embed(&["--model", model, "--embedding-prompt", "nope", text], None);
+    assert_eq!(o.status.code(), Some(1), "exit code (101 would be a panic)");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.trim_end().lines().count(), 1, "one-line error, got: {err}");
+    assert!(err.contains("no prompt 'nope'") && err.contains("query"), "{err}");
+}
