@@ -177,7 +177,9 @@ pub fn load_reporting(args: &ModelArgs) -> Result<(LoadedModel, DeviceReport)> {
         ),
         None => None,
     };
-    let (mut lm, report) = load_with(args, CpuBackend::new, |path, backend, progress| Ok(load_model(path, backend, progress)?))?;
+    let (mut lm, report) = load_with(args, CpuBackend::new, |path, backend, progress| {
+        Ok(load_model(path, backend, progress)?)
+    })?;
     if let Some(source) = template {
         lm.template = ChatTemplate::new(&source, lm.tokenizer.bos_token(), lm.tokenizer.eos_token()).with_context(
             || match &args.chat_template {
@@ -217,7 +219,11 @@ pub fn load_embedder(args: &ModelArgs, prompt: &EmbeddingPromptArgs) -> Result<E
             let names = model.prompt_names();
             anyhow::anyhow!(
                 "the embedding model has no prompt '{name}' (its prompts: {})",
-                if names.is_empty() { "none".to_string() } else { names.join(", ") }
+                if names.is_empty() {
+                    "none".to_string()
+                } else {
+                    names.join(", ")
+                }
             )
         })?;
         model.set_instruction(Some(text));

@@ -149,7 +149,8 @@ fn a_directory_that_is_not_an_embedding_model_is_a_one_line_error() {
 /// one-line error naming the model's prompts.
 #[test]
 fn a_decoder_embedder_takes_its_prompt_by_name_or_text() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../anelm-engine/tests/fixtures/embeddings/qwen3-embedder");
+    let dir =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../anelm-engine/tests/fixtures/embeddings/qwen3-embedder");
     let v: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).expect("reference")).expect("json");
     let prompt = v["query_prompt"].as_str().expect("query_prompt");
@@ -170,7 +171,10 @@ fn a_decoder_embedder_takes_its_prompt_by_name_or_text() {
     }
     // Without the prompt the vector is another one.
     let plain = lines(&embed(&["--model", model, text], None));
-    assert!(cosine(&plain[0].1, &want) < 0.9999, "the prompt should change the embedding");
+    assert!(
+        cosine(&plain[0].1, &want) < 0.9999,
+        "the prompt should change the embedding"
+    );
     let o = embed(&["--model", model, "--embedding-prompt", "nope", text], None);
     assert_eq!(o.status.code(), Some(1), "exit code (101 would be a panic)");
     let err = String::from_utf8_lossy(&o.stderr);

@@ -256,7 +256,9 @@ impl CpuLinear {
 
     fn run_with(&self, x: &Batch, r: Option<&Batch>, out: &mut Batch, s: &mut Scratch) -> Result<()> {
         let lanes = x.lanes();
-        let Scratch { act, act_bf16, part, .. } = s;
+        let Scratch {
+            act, act_bf16, part, ..
+        } = s;
         if let Some(mats) = self.bf16_together() {
             act_bf16.quantize(x.as_slice(), lanes, self.shape.input)?;
             Bf16Matrix::matmul_concat(&mats, act_bf16, out.as_mut_slice())?;

@@ -9,10 +9,10 @@ use std::sync::Arc;
 
 use anelm_model::encoder_tokenizer::EncoderTokenizer;
 use anelm_model::hf_config::HfConfig;
-use anelm_model::tokenizer::Tokenizer;
 use anelm_model::safetensors_dir::SafetensorsDir;
 use anelm_model::sentence_config::SentenceConfig;
 use anelm_model::tensor_store::TensorStore;
+use anelm_model::tokenizer::Tokenizer;
 
 use crate::arch::bert::{Bert, BertConfig, spans};
 use crate::backend::Backend;
@@ -45,15 +45,18 @@ pub struct EmbedderInfo {
 enum Trunk {
     /// A BERT encoder (WordPiece tokenizer).
     Encoder {
-        model: Bert,
-        tokenizer: EncoderTokenizer,
+        model: Box<Bert>,
+        tokenizer: Box<EncoderTokenizer>,
         /// Most tokens per forward: the backend's dispatch size when the longest input fits
         /// one (the CPU's 512 lanes: each kernel runs the forward in one dispatch, with no
         /// copies into pieces), else [`TOKENS_PER_FORWARD`].
         forward_tokens: usize,
     },
     /// A Llama-family decoder (its own `tokenizer.json`; EOS appended when it says so).
-    Decoder { model: DecoderTrunk, tokenizer: Tokenizer },
+    Decoder {
+        model: Box<DecoderTrunk>,
+        tokenizer: Box<Tokenizer>,
+    },
 }
 
 /// A loaded embedding model.
@@ -118,8 +121,8 @@ impl Embedder {
                 let lanes = model.max_lanes();
                 let forward_tokens = if lanes >= max_tokens { lanes } else { TOKENS_PER_FORWARD };
                 let trunk = Trunk::Encoder {
-                    model,
-                    tokenizer,
+                    model: Box::new(model),
+                    tokenizer: Box::new(tokenizer),
                     forward_tokens,
                 };
                 (trunk, info)
@@ -142,7 +145,11 @@ impl Embedder {
                     pooling: st.pooling.clone(),
                     normalize: st.normalize,
                 };
-                (Trunk::Decoder { model, tokenizer }, info)
+                let trunk = Trunk::Decoder {
+                    model: Box::new(model),
+                    tokenizer: Box::new(tokenizer),
+                };
+                (trunk, info)
             }
             other => {
                 return Err(EngineError::Config(format!(

@@ -101,11 +101,18 @@ fn check(backend: &dyn Backend, label: &str) {
         let mut worst = 1f64;
         for (i, (c, v)) in cases.iter().zip(&batch).enumerate() {
             let cos = cosine(v, &c.embedding);
-            assert!(cos >= 0.9999, "{label} {key}: cosine {cos:.7} for text {i} {:?}", c.text);
+            assert!(
+                cos >= 0.9999,
+                "{label} {key}: cosine {cos:.7} for text {i} {:?}",
+                c.text
+            );
             worst = worst.min(cos);
             let alone = emb.embed(&[c.text.as_str()]).expect("embed alone");
             let same = cosine(&alone[0], v);
-            assert!(same > 0.999_999, "{label} {key}: text {i} alone vs in the batch: {same}");
+            assert!(
+                same > 0.999_999,
+                "{label} {key}: text {i} alone vs in the batch: {same}"
+            );
         }
         eprintln!(
             "qwen3 embedder ({label}, {key}): lowest cosine 1 - {:.2e} over {} texts",

@@ -63,7 +63,12 @@ impl Bf16Activations {
 
     /// Round `x` (`lanes × cols`, lane-major f32) to bf16 pairs.
     pub fn quantize(&mut self, x: &[f32], lanes: usize, cols: usize) -> Result<(), KernelError> {
-        check_len("activations", lanes.checked_mul(cols).ok_or(KernelError::Overflow)?, x.len(), "values")?;
+        check_len(
+            "activations",
+            lanes.checked_mul(cols).ok_or(KernelError::Overflow)?,
+            x.len(),
+            "values",
+        )?;
         let pairs = cols.div_ceil(2);
         self.lanes = lanes;
         self.cols = cols;
@@ -95,7 +100,11 @@ impl Bf16Activations {
     /// Value `k` of lane `lane` as rounded (for references and tests).
     pub fn value(&self, lane: usize, k: usize) -> f32 {
         let p = self.data[lane * self.pairs + k / 2];
-        bf16_to_f32(if k % 2 == 0 { p as u16 } else { (p >> 16) as u16 })
+        bf16_to_f32(if k.is_multiple_of(2) {
+            p as u16
+        } else {
+            (p >> 16) as u16
+        })
     }
 }
 
@@ -131,7 +140,12 @@ impl Bf16Matrix {
 
     /// Round a row-major `rows × cols` f32 matrix to bf16 and lay it out in panels.
     pub fn from_f32(w: &[f32], rows: usize, cols: usize) -> Result<Self, KernelError> {
-        check_len("weights", rows.checked_mul(cols).ok_or(KernelError::Overflow)?, w.len(), "values")?;
+        check_len(
+            "weights",
+            rows.checked_mul(cols).ok_or(KernelError::Overflow)?,
+            w.len(),
+            "values",
+        )?;
         let pairs = cols.div_ceil(2);
         let panels = rows.div_ceil(PANEL_ROWS);
         let len = panels
@@ -173,7 +187,11 @@ impl Bf16Matrix {
     /// Weight `(r, k)` as rounded (for references and tests).
     pub fn value(&self, r: usize, k: usize) -> f32 {
         let p = self.data[((r / PANEL_ROWS) * self.pairs + k / 2) * PANEL_ROWS + r % PANEL_ROWS];
-        bf16_to_f32(if k % 2 == 0 { p as u16 } else { (p >> 16) as u16 })
+        bf16_to_f32(if k.is_multiple_of(2) {
+            p as u16
+        } else {
+            (p >> 16) as u16
+        })
     }
 
     /// `out[lane·rows + r] = Σ_k w[r,k]·x[lane,k]`, rows split across the kernel pool.
@@ -272,7 +290,14 @@ mod x86 {
     /// AVX-512 F/BW/BF16; `p` is a panel of `m`; `m.cols == x.cols`; `out` holds
     /// `x.lanes · stride` values and `offset + m.rows <= stride`.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    pub(super) unsafe fn panel(m: &Bf16Matrix, p: usize, x: &Bf16Activations, out: *mut f32, stride: usize, offset: usize) {
+    pub(super) unsafe fn panel(
+        m: &Bf16Matrix,
+        p: usize,
+        x: &Bf16Activations,
+        out: *mut f32,
+        stride: usize,
+        offset: usize,
+    ) {
         let pairs = m.pairs;
         let w = m.data[p * pairs * PANEL_ROWS..].as_ptr();
         let row0 = p * PANEL_ROWS;
@@ -287,7 +312,8 @@ mod x86 {
         while lane0 < x.lanes {
             let n = (x.lanes - lane0).min(LANE_BLOCK);
             // Fewer lanes left than a block: the last one is repeated (its sums are dropped).
-            let xs: [*const u32; LANE_BLOCK] = std::array::from_fn(|j| x.data[(lane0 + j.min(n - 1)) * pairs..].as_ptr());
+            let xs: [*const u32; LANE_BLOCK] =
+                std::array::from_fn(|j| x.data[(lane0 + j.min(n - 1)) * pairs..].as_ptr());
             // SAFETY: as this function's contract; the panel holds `pairs · 32` values and
             // every lane pointer `pairs`.
             let acc = unsafe { block(w, xs, pairs) };

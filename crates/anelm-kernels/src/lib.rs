@@ -5,9 +5,9 @@
 
 mod activations;
 mod attention_rows;
-mod bf16_matmul;
 #[cfg(target_arch = "x86_64")]
 mod attention_rows_x86_wide;
+mod bf16_matmul;
 mod blocks;
 mod dequant;
 mod error;

@@ -37,7 +37,11 @@ fn rounding_is_round_to_nearest_even_and_the_layout_keeps_every_value() {
         assert_eq!((m.rows(), m.cols()), (rows, cols));
         for r in 0..rows {
             for k in 0..cols {
-                assert_eq!(m.value(r, k), round_bf16(w[r * cols + k]), "w[{r},{k}] of {rows}×{cols}");
+                assert_eq!(
+                    m.value(r, k),
+                    round_bf16(w[r * cols + k]),
+                    "w[{r},{k}] of {rows}×{cols}"
+                );
             }
         }
         // Activations: the vector rounding (whole groups of 32) and the scalar tail agree with
@@ -62,12 +66,23 @@ fn bf16_kernel_matches_the_reference() {
         let mut a = Bf16Activations::new();
         a.quantize(&[1.0, 2.0], 1, 2).expect("quantize");
         let mut out = [0f32; 2];
-        assert!(matches!(m.matmul(&a, &mut out), Err(KernelError::IsaUnavailable { .. })));
+        assert!(matches!(
+            m.matmul(&a, &mut out),
+            Err(KernelError::IsaUnavailable { .. })
+        ));
         eprintln!("no AVX512_BF16 on this CPU: only the refusal was tested");
         return;
     }
     let mut rng = Rng(11);
-    for (rows, cols) in [(1usize, 2usize), (32, 32), (31, 33), (45, 64), (384, 384), (100, 1537), (1536, 384)] {
+    for (rows, cols) in [
+        (1usize, 2usize),
+        (32, 32),
+        (31, 33),
+        (45, 64),
+        (384, 384),
+        (100, 1537),
+        (1536, 384),
+    ] {
         let w = rng.vec(rows * cols);
         let m = Bf16Matrix::from_f32(&w, rows, cols).expect("pack");
         for lanes in [1usize, 2, 11, 12, 13, 25, 40] {
@@ -80,11 +95,12 @@ fn bf16_kernel_matches_the_reference() {
             m.matmul_reference(&a, &mut want).expect("reference");
             for l in 0..lanes {
                 for r in 0..rows {
-                    let abs: f64 = (0..cols)
-                        .map(|k| f64::from(m.value(r, k) * a.value(l, k)).abs())
-                        .sum();
+                    let abs: f64 = (0..cols).map(|k| f64::from(m.value(r, k) * a.value(l, k)).abs()).sum();
                     let (g, e) = (got[l * rows + r], want[l * rows + r]);
-                    assert!(close(g, e, abs, cols), "{rows}×{cols}, lane {l}/{lanes}, row {r}: {g} vs {e}");
+                    assert!(
+                        close(g, e, abs, cols),
+                        "{rows}×{cols}, lane {l}/{lanes}, row {r}: {g} vs {e}"
+                    );
                 }
             }
             // A lane's result does not depend on the lanes beside it.
@@ -92,7 +108,11 @@ fn bf16_kernel_matches_the_reference() {
             one.quantize(&x[(lanes - 1) * cols..], 1, cols).expect("quantize one");
             let mut alone = vec![0f32; rows];
             m.matmul(&one, &mut alone).expect("matmul one");
-            assert_eq!(alone, got[(lanes - 1) * rows..], "last lane alone vs in a batch of {lanes}");
+            assert_eq!(
+                alone,
+                got[(lanes - 1) * rows..],
+                "last lane alone vs in a batch of {lanes}"
+            );
         }
     }
 }

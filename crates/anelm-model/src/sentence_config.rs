@@ -62,7 +62,7 @@ pub struct SentenceConfig {
     /// Lower-case texts before tokenizing (`do_lower_case`).
     pub do_lower_case: bool,
     /// Named prompts (instruction prefixes) of `config_sentence_transformers.json`, e.g.
-    /// `query` → "Instruct: …\nQuery: ", in the file's order.
+    /// `query` → "Instruct: …\nQuery: ", sorted by name.
     pub prompts: Vec<(String, String)>,
     /// The prompt sentence-transformers prepends when the caller names none
     /// (`default_prompt_name`).
@@ -160,9 +160,12 @@ impl SentenceConfig {
     }
 }
 
+/// Named prompts: (name, text).
+type Prompts = Vec<(String, String)>;
+
 /// `prompts` and `default_prompt_name` of `config_sentence_transformers.json` (none when the
 /// file is absent).
-fn read_prompts(path: &Path) -> Result<(Vec<(String, String)>, Option<String>), ModelError> {
+fn read_prompts(path: &Path) -> Result<(Prompts, Option<String>), ModelError> {
     if !path.is_file() {
         return Ok((Vec::new(), None));
     }

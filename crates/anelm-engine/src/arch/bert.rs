@@ -21,8 +21,8 @@ use crate::backend::{Backend, Kernel, KernelSpec, WeightId};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
 use crate::ops::{gelu_erf, gelu_tanh, layer_norm};
-use crate::wide::multiversion;
 use crate::stored_matrix::StoredMatrix;
+use crate::wide::multiversion;
 
 /// The FFN activation of a BERT checkpoint (`hidden_act`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -202,7 +202,10 @@ mod tests {
             for (i, lane) in span.clone().enumerate() {
                 for (d, &got) in out.lane(lane).iter().enumerate() {
                     let w = want[i * shape.hidden + d];
-                    assert!((f64::from(got) - w).abs() < 1e-5, "{shape:?} lane {lane} channel {d}: {got} vs {w}");
+                    assert!(
+                        (f64::from(got) - w).abs() < 1e-5,
+                        "{shape:?} lane {lane} channel {d}: {got} vs {w}"
+                    );
                 }
             }
         }
