@@ -40,6 +40,7 @@ mod exec;
 mod kernel;
 mod lower;
 mod plan;
+mod plan_encoder;
 mod plan_host;
 mod quant;
 mod rules;
@@ -61,6 +62,7 @@ pub use plan::{
     BlockLayout, FFN_MAX_BYTES, KernelRole, LM_HEAD_MAX_ROWS, LayerKind, LayerPlan, LinearAttention, ModelDims, Plan,
     PlanError, PlanOptions, PlannedKernel, SlidingWindow, linear_chunk_rows, plan, plan_ffn,
 };
+pub use plan_encoder::{EncoderDims, EncoderKernel, EncoderPlan, plan_encoder};
 pub use plan_host::{DEFAULT_CONTEXT, HostOptions, HostRuntime, StepCost, StreamWork, Work, stream_work};
 pub use quant::{QuantizedMatrix, quantize_int8};
 pub use rules::{

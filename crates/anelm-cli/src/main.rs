@@ -15,6 +15,7 @@ mod generate;
 mod inspect;
 mod logits;
 mod plan;
+mod plan_encoder;
 mod priority;
 mod runtime;
 mod serve;

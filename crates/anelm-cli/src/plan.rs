@@ -58,6 +58,9 @@ pub struct PlanArgs {
     /// One JSON object on stdout (for `--chip`, or m3-max).
     #[arg(long)]
     pub json: bool,
+    /// Encoders (embedding models): the text length in tokens the embeddings/s are modelled for.
+    #[arg(long, default_value_t = 128)]
+    pub seq_len: usize,
 }
 
 /// Streams the rate table shows.
@@ -235,7 +238,6 @@ pub fn run(a: PlanArgs) -> Result<()> {
         Some(p) => p,
         None => default_model_path()?,
     };
-    let p = plan_model(&path, a.weights.mode())?;
     let chip = match &a.chip {
         Some(name) => Some(
             ChipProfile::by_name(name)
@@ -243,6 +245,12 @@ pub fn run(a: PlanArgs) -> Result<()> {
         ),
         None => None,
     };
+    // Encoders (embedding models) have their own plan: 32 tokens per dispatch, no decode.
+    if let Some(dims) = crate::plan_encoder::encoder_dims(&path)? {
+        let model = path.display().to_string();
+        return crate::plan_encoder::run(&model, &dims, a.weights.mode(), a.seq_len, chip, a.json);
+    }
+    let p = plan_model(&path, a.weights.mode())?;
     let host = HostOptions {
         runtime: a.runtime.runtime(),
         context: a.context,

@@ -202,3 +202,43 @@ fn minilm_on_the_emulated_neural_engine_matches_the_cpu() {
     }
     eprintln!("minilm: ane-emu vs cpu lowest cosine {worst:.6}");
 }
+
+/// `anelm plan`'s encoder model counts what the emulated Neural Engine issues: 32 tokens (one
+/// W-lane step) cost `dispatches_per_step` dispatches, 33 tokens two steps' worth.
+#[test]
+fn the_encoder_plan_counts_the_emulators_dispatches() {
+    use anelm_ane::{EmuAne, EncoderDims, PlanOptions, plan_encoder};
+    use anelm_engine::arch::bert::BertConfig;
+    use anelm_engine::{AneBackend, AneOptions};
+    let dir = model_dir();
+    let hf = anelm_model::hf_config::HfConfig::from_file(&dir.join("config.json")).expect("config.json");
+    let c = BertConfig::from_hf(&hf).expect("bert config");
+    let dims = EncoderDims {
+        hidden: c.hidden_size,
+        intermediate: c.intermediate_size,
+        layers: c.n_layers,
+        max_positions: c.max_positions,
+    };
+    let plan = plan_encoder(&dims, &PlanOptions::default()).expect("plan");
+    let backend = AneBackend::new(Arc::new(EmuAne::default()), AneOptions::default());
+    let monitor = backend.monitor();
+    let emb = Embedder::load(&dir, &backend).expect("load on ane-emu");
+    assert_eq!(
+        monitor.stats().programs as usize,
+        plan.kernel_count(),
+        "programs loaded"
+    );
+    for (tokens, steps) in [(32usize, 1usize), (33, 2)] {
+        monitor.reset_dispatch_stats();
+        // [CLS] word × (tokens − 2) [SEP]: one input of exactly `tokens` tokens.
+        let mut ids = vec![101u32];
+        ids.extend(std::iter::repeat_n(2773u32, tokens - 2));
+        ids.push(102);
+        emb.embed_tokens(&[ids]).expect("embed");
+        assert_eq!(
+            monitor.stats().dispatches as usize,
+            steps * plan.dispatches_per_step(),
+            "{tokens} tokens"
+        );
+    }
+}

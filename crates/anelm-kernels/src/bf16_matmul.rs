@@ -220,29 +220,27 @@ impl Bf16Matrix {
         if x.lanes == 0 || total == 0 {
             return Ok(());
         }
-        // (matrix, panel, row offset of the matrix in each output lane) of every task.
-        let mut tasks = Vec::new();
-        let mut offset = 0;
-        for (i, m) in mats.iter().enumerate() {
-            for p in 0..m.rows.div_ceil(PANEL_ROWS) {
-                tasks.push((i, p, offset));
+        #[cfg(target_arch = "x86_64")]
+        {
+            // (matrix, panel, row offset of the matrix in each output lane) of every task.
+            let mut tasks = Vec::new();
+            let mut offset = 0;
+            for (i, m) in mats.iter().enumerate() {
+                for p in 0..m.rows.div_ceil(PANEL_ROWS) {
+                    tasks.push((i, p, offset));
+                }
+                offset += m.rows;
             }
-            offset += m.rows;
+            let ptr = OutPtr(out.as_mut_ptr());
+            let ptr = &ptr;
+            crate::pool::global().run(tasks.len(), &|t| {
+                let (i, p, offset) = tasks[t];
+                // SAFETY: `available()` confirmed the features; the panel and every lane hold
+                // `pairs` values; each task writes only rows offset + p·32 .. of each lane,
+                // which no other task writes, inside `out` (checked length lanes × total).
+                unsafe { x86::panel(mats[i], p, x, ptr.0, total, offset) };
+            });
         }
-        let ptr = OutPtr(out.as_mut_ptr());
-        let ptr = &ptr;
-        crate::pool::global().run(tasks.len(), &|t| {
-            let (i, p, offset) = tasks[t];
-            // SAFETY: `available()` confirmed the features; the panel and every lane hold
-            // `pairs` values; each task writes only rows offset + p·32 .. of each lane, which
-            // no other task writes, inside `out` (checked length lanes × total).
-            #[cfg(target_arch = "x86_64")]
-            unsafe {
-                x86::panel(mats[i], p, x, ptr.0, total, offset)
-            };
-            #[cfg(not(target_arch = "x86_64"))]
-            let _ = (i, p, offset, ptr);
-        });
         Ok(())
     }
 
@@ -271,11 +269,14 @@ impl Bf16Matrix {
 }
 
 /// Output pointer shared by the panel tasks; each writes only its own rows.
+#[cfg(target_arch = "x86_64")]
 struct OutPtr(*mut f32);
 // SAFETY: tasks write disjoint elements (distinct panels → distinct rows of every lane), and
 // the borrow of `out` outlives the parallel loop that uses the pointer.
+#[cfg(target_arch = "x86_64")]
 unsafe impl Sync for OutPtr {}
 // SAFETY: see `Sync`.
+#[cfg(target_arch = "x86_64")]
 unsafe impl Send for OutPtr {}
 
 #[cfg(target_arch = "x86_64")]

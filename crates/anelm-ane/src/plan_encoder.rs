@@ -1,0 +1,202 @@
+//! The plan of a BERT-family encoder (an embedding model) on the ANE: the four kernels each
+//! layer compiles (the engine's `arch/bert.rs`), and the modelled embeddings/s and tokens/s per
+//! chip for texts of a given length.
+//!
+//! An encoder is the ANE's best case: every token of a batch is a W-lane, and the texts of a
+//! call are packed (no padding), so every dispatch carries [`LANES`] tokens whatever the texts'
+//! lengths. A step is one dispatch of every kernel for 32 tokens; embeddings/s is tokens/s
+//! divided by the text length. The model counts the dispatches only (fixed cost plus bytes at
+//! the chip's streaming rate, as [`ChipProfile::weights_dispatch_seconds`]); the host's share
+//! (LayerNorm, bias + GELU, and attention, which grows with the text length) is not modelled.
+
+use crate::chip::ChipProfile;
+use crate::kernel::AneKernel;
+use crate::plan::{PlanError, PlanOptions};
+use crate::surface::LANES;
+
+/// Shapes of a BERT-family encoder (from its `config.json`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EncoderDims {
+    /// Hidden width.
+    pub hidden: usize,
+    /// FFN width.
+    pub intermediate: usize,
+    /// Encoder layers.
+    pub layers: usize,
+    /// Longest text in tokens (position table).
+    pub max_positions: usize,
+}
+
+/// One encoder kernel and what it is for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EncoderKernel {
+    /// `qkv`, `attn_out`, `ffn_up` or `ffn_down`.
+    pub role: &'static str,
+    /// The kernel.
+    pub kernel: AneKernel,
+}
+
+/// The kernels of every layer of an encoder, in dispatch order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EncoderPlan {
+    /// The shapes planned.
+    pub dims: EncoderDims,
+    /// Settings used.
+    pub options: PlanOptions,
+    /// One layer's kernels (every layer has the same).
+    pub layer: Vec<EncoderKernel>,
+}
+
+/// Plan `dims`: per layer the fused q‖k‖v projection, the output projection with its residual,
+/// the FFN up projection (GELU and biases stay on the host) and the down projection with its
+/// residual, each one kernel within the device limits.
+pub fn plan_encoder(dims: &EncoderDims, opts: &PlanOptions) -> Result<EncoderPlan, PlanError> {
+    let (h, f) = (dims.hidden, dims.intermediate);
+    if h == 0 || f == 0 || dims.layers == 0 || dims.max_positions == 0 {
+        return Err(PlanError::BadDims(format!(
+            "hidden {h}, intermediate {f}, layers {} and max positions {} must be positive",
+            dims.layers, dims.max_positions
+        )));
+    }
+    let layer = vec![
+        EncoderKernel {
+            role: "qkv",
+            kernel: AneKernel::FusedLinear {
+                parts: vec![h, h, h],
+                cols: h,
+            },
+        },
+        EncoderKernel {
+            role: "attn_out",
+            kernel: AneKernel::LinearResidual { rows: h, cols: h },
+        },
+        EncoderKernel {
+            role: "ffn_up",
+            kernel: AneKernel::Linear { rows: f, cols: h },
+        },
+        EncoderKernel {
+            role: "ffn_down",
+            kernel: AneKernel::LinearResidual { rows: h, cols: f },
+        },
+    ];
+    for k in &layer {
+        let fp16 = k.kernel.weight_bytes(crate::WeightMode::Fp16) as u64;
+        let widest = h.max(f).max(3 * h);
+        if fp16 > opts.max_kernel_const_bytes || widest > opts.max_dim || h.max(f) > opts.max_conv_input_channels {
+            return Err(PlanError::DoesNotFit(format!(
+                "the encoder's {} kernel ({} MB of fp16 weights)",
+                k.role,
+                fp16 / 1_000_000
+            )));
+        }
+    }
+    Ok(EncoderPlan {
+        dims: *dims,
+        options: *opts,
+        layer,
+    })
+}
+
+impl EncoderPlan {
+    /// Kernels to compile and load.
+    pub fn kernel_count(&self) -> usize {
+        self.layer.len() * self.dims.layers
+    }
+
+    /// Dispatches per step of [`LANES`] tokens.
+    pub fn dispatches_per_step(&self) -> usize {
+        self.kernel_count()
+    }
+
+    /// Weight bytes streamed per step, in the plan's weight mode.
+    pub fn weight_bytes_per_step(&self) -> u64 {
+        self.layer
+            .iter()
+            .map(|k| k.kernel.weight_bytes(self.options.weights) as u64)
+            .sum::<u64>()
+            * self.dims.layers as u64
+    }
+
+    /// Modelled ANE time of one step (every kernel once, 32 tokens), seconds.
+    pub fn step_seconds(&self, chip: &ChipProfile) -> f64 {
+        let layer: f64 = self
+            .layer
+            .iter()
+            .map(|k| {
+                let w = k.kernel.weight_bytes(self.options.weights) as u64;
+                chip.weights_dispatch_seconds(w, k.kernel.io_bytes() as u64, self.options.weights)
+            })
+            .sum();
+        layer * self.dims.layers as f64
+    }
+
+    /// Modelled tokens/s with many texts packed into full 32-token steps.
+    pub fn tokens_per_s(&self, chip: &ChipProfile) -> f64 {
+        LANES as f64 / self.step_seconds(chip)
+    }
+
+    /// Modelled embeddings/s for texts of `seq_len` tokens, packed (tokens/s ÷ length).
+    pub fn embeddings_per_s(&self, chip: &ChipProfile, seq_len: usize) -> f64 {
+        self.tokens_per_s(chip) / seq_len.max(1) as f64
+    }
+
+    /// Modelled time of one text of `seq_len` tokens alone (its steps, the last one partly
+    /// empty), seconds.
+    pub fn single_text_seconds(&self, chip: &ChipProfile, seq_len: usize) -> f64 {
+        seq_len.max(1).div_ceil(LANES) as f64 * self.step_seconds(chip)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::WeightMode;
+
+    fn minilm() -> EncoderDims {
+        EncoderDims {
+            hidden: 384,
+            intermediate: 1536,
+            layers: 6,
+            max_positions: 512,
+        }
+    }
+
+    #[test]
+    fn minilm_plans_four_kernels_per_layer_and_rates_follow_the_length() {
+        let p = plan_encoder(&minilm(), &PlanOptions::default()).expect("plan");
+        assert_eq!(p.dispatches_per_step(), 24);
+        // q, k, v, o (384²) and up, down (384·1536), fp16.
+        assert_eq!(p.weight_bytes_per_step(), 6 * (4 * 384 * 384 + 2 * 384 * 1536) * 2);
+        let chip = ChipProfile::m3_max();
+        let step = p.step_seconds(&chip);
+        // 24 fixed costs at least, plus the bytes.
+        assert!(step > 24.0 * chip.fixed_us * 1e-6);
+        let tok = p.tokens_per_s(&chip);
+        assert!((tok - 32.0 / step).abs() < 1e-6 * tok);
+        assert!((p.embeddings_per_s(&chip, 128) * 4.0 - p.embeddings_per_s(&chip, 32)).abs() < 1e-6 * tok);
+        assert!((p.single_text_seconds(&chip, 33) - 2.0 * step).abs() < 1e-12);
+        // int8 weights stream fewer bytes.
+        let int8 = plan_encoder(&minilm(), &PlanOptions::with_weights(WeightMode::Int8 { block: None })).expect("int8");
+        assert!(int8.weight_bytes_per_step() < p.weight_bytes_per_step());
+    }
+
+    #[test]
+    fn bad_or_oversized_encoders_are_errors() {
+        let mut d = minilm();
+        d.layers = 0;
+        assert!(matches!(
+            plan_encoder(&d, &PlanOptions::default()),
+            Err(PlanError::BadDims(_))
+        ));
+        let huge = EncoderDims {
+            hidden: 20_000,
+            intermediate: 80_000,
+            layers: 2,
+            max_positions: 512,
+        };
+        assert!(matches!(
+            plan_encoder(&huge, &PlanOptions::default()),
+            Err(PlanError::DoesNotFit(_))
+        ));
+    }
+}

@@ -1,0 +1,115 @@
+//! `anelm plan` on an encoder (a BERT-family embedding model's directory or `config.json`): its
+//! ANE kernels, dispatches and bytes per 32-token step, and the modelled tokens/s and
+//! embeddings/s per chip for texts of `--seq-len` tokens (`anelm_ane::plan_encoder`).
+
+use std::path::Path;
+
+use anyhow::Result;
+use serde_json::json;
+
+use anelm_ane::{CHIPS, ChipProfile, EncoderDims, EncoderPlan, LANES, PlanOptions, WeightMode, plan_encoder};
+use anelm_engine::arch::bert::BertConfig;
+use anelm_model::hf_config::HfConfig;
+
+/// The encoder shapes of the model at `path` when it is a BERT `config.json` (or a directory
+/// holding one); `None` for any other model.
+pub fn encoder_dims(path: &Path) -> Result<Option<EncoderDims>> {
+    let config = if path.is_dir() {
+        path.join("config.json")
+    } else {
+        path.to_path_buf()
+    };
+    if !config.extension().is_some_and(|e| e.eq_ignore_ascii_case("json")) || !config.is_file() {
+        return Ok(None);
+    }
+    let hf = HfConfig::from_file(&config)?;
+    if hf.model_type != "bert" {
+        return Ok(None);
+    }
+    let c = BertConfig::from_hf(&hf)?;
+    Ok(Some(EncoderDims {
+        hidden: c.hidden_size,
+        intermediate: c.intermediate_size,
+        layers: c.n_layers,
+        max_positions: c.max_positions,
+    }))
+}
+
+/// Print the encoder plan (or its JSON) for one chip or every chip.
+pub fn run(
+    model: &str,
+    dims: &EncoderDims,
+    mode: WeightMode,
+    seq_len: usize,
+    chip: Option<ChipProfile>,
+    as_json: bool,
+) -> Result<()> {
+    if seq_len == 0 || seq_len > dims.max_positions {
+        anyhow::bail!("--seq-len must be from 1 to {} for this model", dims.max_positions);
+    }
+    let p = plan_encoder(dims, &PlanOptions::with_weights(mode))?;
+    let shown = chip.unwrap_or_default();
+    if as_json {
+        println!("{}", plan_json(model, &p, &shown, seq_len));
+        return Ok(());
+    }
+    println!("{model}");
+    println!(
+        "encoder: {} layers, hidden {}, FFN {}; {} weights; {} kernels, {} dispatches per step of {LANES} tokens \
+         (texts packed into the W-lanes, no padding), {:.1} MB of weights per step",
+        dims.layers,
+        dims.hidden,
+        dims.intermediate,
+        mode.label(),
+        p.kernel_count(),
+        p.dispatches_per_step(),
+        p.weight_bytes_per_step() as f64 / 1e6
+    );
+    println!("| kernel (every layer) | shape | weight MB |\n| --- | --- | ---: |");
+    for k in &p.layer {
+        println!(
+            "| {} | {} | {:.2} |",
+            k.role,
+            k.kernel,
+            k.kernel.weight_bytes(mode) as f64 / 1e6
+        );
+    }
+    let chips: Vec<ChipProfile> = match chip {
+        Some(c) => vec![c],
+        None => CHIPS.to_vec(),
+    };
+    println!(
+        "\nmodelled per chip, texts of {seq_len} tokens (ANE dispatches only: the host's LayerNorm, GELU and \
+         attention are not modelled):"
+    );
+    println!("| chip | step ms | tokens/s | embeddings/s | one text ms |\n| --- | ---: | ---: | ---: | ---: |");
+    for c in &chips {
+        println!(
+            "| {} | {:.2} | {:.0} | {:.1} | {:.2} |",
+            c.name,
+            p.step_seconds(c) * 1e3,
+            p.tokens_per_s(c),
+            p.embeddings_per_s(c, seq_len),
+            p.single_text_seconds(c, seq_len) * 1e3
+        );
+    }
+    Ok(())
+}
+
+fn plan_json(model: &str, p: &EncoderPlan, chip: &ChipProfile, seq_len: usize) -> serde_json::Value {
+    json!({
+        "model": model,
+        "kind": "encoder",
+        "chip": chip.name,
+        "weights": p.options.weights.label(),
+        "seq_len": seq_len,
+        "kernels": p.kernel_count(),
+        "dispatches_per_step": p.dispatches_per_step(),
+        "tokens_per_step": LANES,
+        "weight_bytes_per_step": p.weight_bytes_per_step(),
+        "step_ms": p.step_seconds(chip) * 1e3,
+        "tokens_per_s": p.tokens_per_s(chip),
+        "embeddings_per_s": p.embeddings_per_s(chip, seq_len),
+        "single_text_ms": p.single_text_seconds(chip, seq_len) * 1e3,
+    })
+}
