@@ -151,3 +151,50 @@ fn qwen3_embedder_rejects_bad_token_inputs() {
     assert!(bad(vec![vec![1; max + 1]]).contains("at most 64"));
     assert!(bad(vec![vec![1, 9999]]).contains("vocabulary"));
 }
+
+/// Pooling over every token of a causal trunk, checked by causality: token k's final state is
+/// the last-token state of the input's first k + 1 tokens. So the first-token (`Cls`) part
+/// equals the last-token embedding of the one-token prefix, and the mean part the average of
+/// every prefix's last-token embedding, also when the input spans several 32-token forwards.
+#[test]
+fn decoder_mean_and_first_token_pooling_follow_from_causality() {
+    use anelm_engine::decoder_embedder::DecoderTrunk;
+    use anelm_engine::pooling::PoolingMode::{Cls, LastToken, Mean};
+    use anelm_model::hf_config::HfConfig;
+    use anelm_model::safetensors_dir::SafetensorsDir;
+    let dir = model_dir();
+    let hf = HfConfig::from_file(&dir.join("config.json")).expect("config.json");
+    let store: Arc<dyn TensorStore> = Arc::new(SafetensorsDir::open(&dir).expect("open"));
+    let trunk = DecoderTrunk::load(&hf, store, &NarrowCpu(CpuBackend::new()), &mut |_, _| {}).expect("load trunk");
+    let fx = reference();
+    let long = cases(&fx["texts"])
+        .into_iter()
+        .map(|c| c.ids)
+        .max_by_key(Vec::len)
+        .expect("a text");
+    assert!(long.len() > 32, "the input should span two forwards");
+    let short = vec![long[0], long[1], long[2]];
+    let got = trunk.embed(&[&short, &long], &[Cls, Mean, LastToken]).expect("embed");
+    let h = trunk.hidden_size();
+    let prefixes: Vec<&[u32]> = (1..=long.len()).map(|k| &long[..k]).collect();
+    let lasts = trunk.embed(&prefixes, &[LastToken]).expect("prefixes");
+    let close = |a: &[f32], b: &[f32], what: &str| {
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!((x - y).abs() <= 1e-4 * (1.0 + y.abs()), "{what}[{i}]: {x} vs {y}");
+        }
+    };
+    let v = &got[1];
+    assert_eq!(v.len(), 3 * h);
+    close(&v[..h], &lasts[0], "first token");
+    let mut mean = vec![0f32; h];
+    for l in &lasts {
+        for (m, x) in mean.iter_mut().zip(l) {
+            *m += x / lasts.len() as f32;
+        }
+    }
+    close(&v[h..2 * h], &mean, "mean");
+    close(&v[2 * h..], &lasts[lasts.len() - 1], "last token");
+    // The short input beside it: its own prefixes.
+    close(&got[0][..h], &lasts[0], "short first token");
+    close(&got[0][2 * h..], &lasts[2], "short last token");
+}
