@@ -213,7 +213,7 @@ pub fn load_embedder(args: &ModelArgs, prompt: &EmbeddingPromptArgs) -> Result<E
     })?
     .0;
     if let Some(text) = &prompt.embedding_instruction {
-        model.set_instruction(Some(text.clone()));
+        model.set_instruction(Some(text.clone()))?;
     } else if let Some(name) = &prompt.embedding_prompt {
         let text = model.prompt(name).map(str::to_string).ok_or_else(|| {
             let names = model.prompt_names();
@@ -226,7 +226,7 @@ pub fn load_embedder(args: &ModelArgs, prompt: &EmbeddingPromptArgs) -> Result<E
                 }
             )
         })?;
-        model.set_instruction(Some(text));
+        model.set_instruction(Some(text))?;
     }
     Ok(model)
 }

@@ -67,6 +67,8 @@ pub struct Embedder {
     prompts: Vec<(String, String)>,
     /// Text put before every input (an instruction, e.g. Qwen3-Embedding's query prompt).
     instruction: Option<String>,
+    /// Whether pooling covers the instruction's tokens (`include_prompt`).
+    include_prompt: bool,
 }
 
 impl std::fmt::Debug for Embedder {
@@ -161,14 +163,16 @@ impl Embedder {
             .default_prompt_name
             .as_ref()
             .and_then(|name| st.prompts.iter().find(|(n, _)| n == name))
-            .map(|(_, text)| text.clone())
-            .filter(|t| !t.is_empty());
-        Ok(Self {
+            .map(|(_, text)| text.clone());
+        let mut model = Self {
             trunk,
             info,
             prompts: st.prompts,
-            instruction,
-        })
+            instruction: None,
+            include_prompt: st.include_prompt,
+        };
+        model.set_instruction(instruction)?;
+        Ok(model)
     }
 
     /// The text of the model's prompt called `name` (`config_sentence_transformers.json`).
@@ -182,9 +186,20 @@ impl Embedder {
     }
 
     /// Put `text` before every input from now on (`None` or empty: nothing). Loading sets the
-    /// model's default prompt, if its config names one.
-    pub fn set_instruction(&mut self, text: Option<String>) {
-        self.instruction = text.filter(|t| !t.is_empty());
+    /// model's default prompt, if its config names one. A model whose pooling leaves the
+    /// prompt's tokens out (`include_prompt: false`) with a mode other than last-token pooling
+    /// is refused: anelm pools every token, so the vectors would differ from
+    /// sentence-transformers'.
+    pub fn set_instruction(&mut self, text: Option<String>) -> Result<()> {
+        let text = text.filter(|t| !t.is_empty());
+        if text.is_some() && !self.include_prompt && self.info.pooling.iter().any(|&m| m != PoolingMode::LastToken) {
+            return Err(EngineError::Config(
+                "this model pools without its prompt's tokens (include_prompt: false), which anelm does not support with an instruction"
+                    .into(),
+            ));
+        }
+        self.instruction = text;
+        Ok(())
     }
 
     /// The text put before every input.

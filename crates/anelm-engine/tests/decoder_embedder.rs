@@ -84,7 +84,7 @@ fn check(backend: &dyn Backend, label: &str) {
     assert_eq!(emb.prompt("query"), Some(prompt));
 
     for (key, instruction) in [("texts", None), ("query_texts", Some(prompt.to_string()))] {
-        emb.set_instruction(instruction.clone());
+        emb.set_instruction(instruction.clone()).expect("set the instruction");
         let cases = cases(&fx[key]);
         let lens: Vec<usize> = cases.iter().map(|c| c.ids.len()).collect();
         let (min, max) = (lens.iter().min().copied(), lens.iter().max().copied());
@@ -197,4 +197,37 @@ fn decoder_mean_and_first_token_pooling_follow_from_causality() {
     // The short input beside it: its own prefixes.
     close(&got[0][..h], &lasts[0], "short first token");
     close(&got[0][2 * h..], &lasts[2], "short last token");
+}
+
+/// A pooling config that leaves the prompt's tokens out (`include_prompt: false`) with mean
+/// pooling: anelm pools every token, so an instruction is refused rather than giving other
+/// vectors than sentence-transformers; without one the model embeds.
+#[test]
+fn an_instruction_is_refused_when_pooling_leaves_the_prompt_out() {
+    let src = model_dir();
+    let dir = std::env::temp_dir().join(format!("anelm-embedder-include-prompt-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    for sub in ["", "1_Pooling", "2_Normalize"] {
+        std::fs::create_dir_all(dir.join(sub)).expect("mkdir");
+        for e in std::fs::read_dir(src.join(sub)).expect("read fixture dir") {
+            let e = e.expect("entry");
+            if e.path().is_file() {
+                std::fs::copy(e.path(), dir.join(sub).join(e.file_name())).expect("copy");
+            }
+        }
+    }
+    std::fs::write(
+        dir.join("1_Pooling/config.json"),
+        r#"{"embedding_dimension": 64, "pooling_mode": "mean", "include_prompt": false}"#,
+    )
+    .expect("write pooling config");
+    let mut emb = Embedder::load(&dir, &CpuBackend::new()).expect("load");
+    assert!(emb.embed(&["hello"]).is_ok());
+    match emb.set_instruction(Some("Query: ".into())) {
+        Err(EngineError::Config(m)) => assert!(m.contains("include_prompt"), "{m}"),
+        other => panic!("expected a config error, got {other:?}"),
+    }
+    assert_eq!(emb.instruction(), None);
+    emb.set_instruction(None).expect("no instruction is fine");
+    let _ = std::fs::remove_dir_all(&dir);
 }

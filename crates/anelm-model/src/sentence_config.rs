@@ -67,6 +67,9 @@ pub struct SentenceConfig {
     /// The prompt sentence-transformers prepends when the caller names none
     /// (`default_prompt_name`).
     pub default_prompt_name: Option<String>,
+    /// Whether the pooling module pools over a prompt's tokens too (`include_prompt`, default
+    /// true).
+    pub include_prompt: bool,
 }
 
 fn read_json(path: &Path) -> Result<Value, ModelError> {
@@ -131,7 +134,12 @@ impl SentenceConfig {
         }
         let pooling_dir =
             pooling_dir.ok_or_else(|| invalid(&modules_path, "no Pooling module: anelm needs one to make a vector"))?;
-        let pooling = read_pooling(&pooling_dir.join("config.json"))?;
+        let pooling_config = pooling_dir.join("config.json");
+        let pooling = read_pooling(&pooling_config)?;
+        let include_prompt = read_json(&pooling_config)?
+            .get("include_prompt")
+            .and_then(Value::as_bool)
+            .unwrap_or(true);
         let sbert = dir.join("sentence_bert_config.json");
         let (max_seq_length, do_lower_case) = if sbert.is_file() {
             let v = read_json(&sbert)?;
@@ -156,6 +164,7 @@ impl SentenceConfig {
             do_lower_case,
             prompts,
             default_prompt_name,
+            include_prompt,
         }))
     }
 }
