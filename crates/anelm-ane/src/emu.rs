@@ -23,11 +23,16 @@ pub const DEFAULT_MAX_DIM: usize = MAX_AXIS;
 /// and 32,000 is rejected (ane-hardware.md §3.6); nothing is known in between, so 16,384.
 pub const DEFAULT_MAX_CONV_INPUT_CHANNELS: usize = 16_384;
 
-/// Largest constant payload per kernel (at fp16 size): the biggest kernel known to run, a
-/// 65,536 × 4096 fp16 LM-head chunk of Qwen3.5-9B (ane-runtime.md §3.4, §11), 512 MiB.
-pub const DEFAULT_MAX_KERNEL_CONST_BYTES: u64 = 65_536 * 4096 * 2;
+/// Largest constant payload per kernel (at fp16 size): the biggest fp16 kernel known to run at
+/// the ANE's rate, a 65,536 × 2560 LM-head chunk of Qwen3.5-4B (335.5 MB; ane-runtime.md §3.4,
+/// the 4B fp16 rows of §11). The 65,536 × 4096 fp16 chunks of Qwen3.5-9B (536.9 MB) are taken as
+/// refused: the C++ system's 9B fp16 decode is 51 ms per token slower than its dispatches
+/// explain, which is what its LM-head fallback to an fp32 CPU mat-vec costs (field guide,
+/// 2026-12-06 evening). The true limit lies in (335.5 MB, 536.9 MB]; a Mac decides it.
+pub const DEFAULT_MAX_KERNEL_CONST_BYTES: u64 = 65_536 * 2560 * 2;
 
-/// Largest element count of any one tensor: the largest weight known to run (65,536 × 4096).
+/// Largest element count of any one tensor: the largest weight known to run (65,536 × 4096, the
+/// Qwen3.5-9B LM-head chunk stored as int8).
 pub const DEFAULT_MAX_TENSOR_ELEMENTS: usize = 65_536 * 4096;
 
 /// Default per-process budget of simultaneously loaded programs: 229, the most kernels seen
