@@ -34,6 +34,7 @@ pub mod apple;
 mod cache;
 mod chip;
 mod device;
+mod dispatch_sweep;
 mod emu;
 mod error;
 mod exec;
@@ -50,6 +51,10 @@ pub use apple::{AppleAne, AppleConfig, AppleError, Fallback, FfnForm, fallback};
 pub use cache::{CACHE_DIR_ENV, CacheOutcome, CompileCache, compile_or_load, content_id};
 pub use chip::{CHIPS, ChipProfile, FIT_TO_ANEMLL_RATIO, HostProfile, INT8_STREAM_EFFICIENCY, STREAM_TO_ANEMLL_RATIO};
 pub use device::{AneDevice, DispatchTime, ProgramHandle, Releasing, Signature, compile_and_load};
+pub use dispatch_sweep::{
+    DEVICE_SWEEP_SIZES, DispatchFit, EMULATOR_SWEEP_SIZES, FitError, SweepError, SweepPoint, dispatch_sweep,
+    fit_dispatch,
+};
 pub use emu::{
     DEFAULT_MAX_CONV_INPUT_CHANNELS, DEFAULT_MAX_DIM, DEFAULT_MAX_KERNEL_CONST_BYTES, DEFAULT_MAX_LOADED,
     DEFAULT_MAX_TENSOR_ELEMENTS, EMU_REFUSE_ENV, EmuAne, EmuConfig, EmuStats,
