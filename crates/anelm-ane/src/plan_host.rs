@@ -129,7 +129,7 @@ impl HostRuntime {
                         cols: d.hidden,
                     })
                     .collect();
-                let limit = plan.options.max_kernel_const_bytes;
+                let limit = plan.options.limits.max_kernel_const_bytes;
                 let refused = chunks
                     .iter()
                     .any(|k| k.weight_bytes(plan.options.weights) as u64 > limit);

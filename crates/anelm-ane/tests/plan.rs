@@ -178,14 +178,20 @@ fn qwen35_9b_splits_the_ffn_in_two_accumulating_chunks() {
 fn device_limits_shape_the_plan() {
     // A smaller FFN limit splits SmolLM2's 5.3 MB FFN; n grows until it divides 1536.
     let opts = PlanOptions {
-        ffn_max_bytes: 2_000_000,
+        limits: anelm_ane::Limits {
+            ffn_max_bytes: 2_000_000,
+            ..anelm_ane::Limits::default()
+        },
         ..PlanOptions::default()
     };
     let p = plan(&smollm2_135m(), &opts).unwrap();
     assert_eq!(p.layers[0].kernels[2].role, KernelRole::FfnChunk { index: 0, count: 3 });
     // A smaller kernel limit shortens the LM-head chunks.
     let opts = PlanOptions {
-        max_kernel_const_bytes: 20_000_000,
+        limits: anelm_ane::Limits {
+            max_kernel_const_bytes: 20_000_000,
+            ..anelm_ane::Limits::default()
+        },
         ..PlanOptions::default()
     };
     let p = plan(&smollm2_135m(), &opts).unwrap();

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use anelm_ane::{
-    AneDevice, AneKernel, CacheOutcome, CompileCache, Fallback, FfnForm, KernelRole, LANES, PlanOptions, ProgramHandle,
+    AneDevice, AneKernel, CacheOutcome, CompileCache, Fallback, FfnForm, KernelRole, LANES, Limits, ProgramHandle,
     Releasing, Rule, Surface, WeightMode, compile_and_load, compile_or_load, content_id, fallback, ffn_chunk_weights,
     linear_chunk_rows, lower, plan_ffn,
 };
@@ -41,8 +41,8 @@ use crate::stored_matrix::StoredMatrix;
 pub struct AneOptions {
     /// Weight storage in the programs (fp16, or int8 rows with fp16 scales).
     pub weights: WeightMode,
-    /// The planner's limits: FFN split threshold, LM-head chunk rows, device caps.
-    pub limits: PlanOptions,
+    /// The device's limits and the planner's size choices (FFN split threshold, LM-head chunk rows).
+    pub limits: Limits,
     /// Compile-cache markers (`None`: `--no-ane-cache`).
     pub cache: Option<CompileCache>,
 }
@@ -51,7 +51,7 @@ impl Default for AneOptions {
     fn default() -> Self {
         AneOptions {
             weights: WeightMode::Fp16,
-            limits: PlanOptions::default(),
+            limits: Limits::default(),
             cache: None,
         }
     }
@@ -389,7 +389,7 @@ impl<D: AneDevice + 'static> AneBackend<D> {
                 } else {
                     // Fits as one kernel but that was refused: the smallest split into ≥ 2 chunks.
                     let total = 3 * (hidden as u64) * (inter as u64) * 2;
-                    let opts = PlanOptions {
+                    let opts = Limits {
                         ffn_max_bytes: (total / 2).max(1),
                         ..self.opts.limits
                     };
