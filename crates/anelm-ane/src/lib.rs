@@ -39,6 +39,7 @@ mod emu;
 mod error;
 mod exec;
 mod kernel;
+mod kernel_run;
 mod limits;
 mod lower;
 mod plan;
@@ -59,6 +60,7 @@ pub use dispatch_sweep::{
 pub use emu::{DEFAULT_MAX_LOADED, EMU_REFUSE_ENV, EmuAne, EmuConfig, EmuStats};
 pub use error::{AneError, LowerError, SurfaceError};
 pub use kernel::{AneKernel, WeightMode, WeightShape};
+pub use kernel_run::{LoadedProgram, ProgramLayout, RunCost, RunError};
 pub use limits::{
     DEFAULT_MAX_CONV_INPUT_CHANNELS, DEFAULT_MAX_DIM, DEFAULT_MAX_KERNEL_CONST_BYTES, DEFAULT_MAX_TENSOR_ELEMENTS,
     FFN_MAX_BYTES, LM_HEAD_MAX_ROWS, Limits,
