@@ -282,6 +282,10 @@ impl AneDevice for EmuAne {
         Ok(h)
     }
 
+    fn limits(&self) -> Limits {
+        self.cfg.limits
+    }
+
     fn cache_salt(&self) -> String {
         // Everything but the chip profile decides acceptance.
         let c = &self.cfg;

@@ -148,7 +148,6 @@ pub fn ane_options(a: &AneArgs) -> AneOptions {
         } else {
             CompileCache::user_default()
         },
-        ..AneOptions::default()
     }
 }
 

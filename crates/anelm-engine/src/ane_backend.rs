@@ -41,8 +41,6 @@ use crate::stored_matrix::StoredMatrix;
 pub struct AneOptions {
     /// Weight storage in the programs (fp16, or int8 rows with fp16 scales).
     pub weights: WeightMode,
-    /// The device's limits and the planner's size choices (FFN split threshold, LM-head chunk rows).
-    pub limits: Limits,
     /// Compile-cache markers (`None`: `--no-ane-cache`).
     pub cache: Option<CompileCache>,
 }
@@ -51,7 +49,6 @@ impl Default for AneOptions {
     fn default() -> Self {
         AneOptions {
             weights: WeightMode::Fp16,
-            limits: Limits::default(),
             cache: None,
         }
     }
@@ -345,7 +342,7 @@ impl<D: AneDevice + 'static> AneBackend<D> {
     /// A linear layer as row chunks (`LmHeadChunk`s when more than one). On any failure the
     /// chunks already loaded are released.
     fn rows(&self, label: &str, m: &Dense) -> Built<Vec<LoadedProgram>> {
-        let per = linear_chunk_rows(m.cols, &self.opts.limits).map_err(|e| Failure::Refused(e.to_string()))?;
+        let per = linear_chunk_rows(m.cols, &self.device.limits()).map_err(|e| Failure::Refused(e.to_string()))?;
         let count = m.rows.div_ceil(per);
         let mut programs = Vec::with_capacity(count);
         // Releases the chunks already loaded if a later one fails.
@@ -391,7 +388,7 @@ impl<D: AneDevice + 'static> AneBackend<D> {
                     let total = 3 * (hidden as u64) * (inter as u64) * 2;
                     let opts = Limits {
                         ffn_max_bytes: (total / 2).max(1),
-                        ..self.opts.limits
+                        ..self.device.limits()
                     };
                     split = plan_ffn(hidden, inter, &opts)
                         .map_err(|e| Failure::Refused(format!("no chunked form: {e}")))?
@@ -551,7 +548,7 @@ impl<D: AneDevice + 'static> Backend for AneBackend<D> {
                     input: hidden,
                     output: hidden,
                 };
-                let planned: Vec<AneKernel> = plan_ffn(hidden, inter, &self.opts.limits)
+                let planned: Vec<AneKernel> = plan_ffn(hidden, inter, &self.device.limits())
                     .map_err(|e| self.err(e.to_string()))?
                     .into_iter()
                     .map(|k| k.kernel)
