@@ -689,22 +689,31 @@ fn step(model: &dyn crate::model::LanguageModel, slots: &mut [Slot<'_>], cfg: &S
             return;
         }
     };
-    // Constrained streams' masks, computed across the kernel pool's threads before the serial
-    // loop: its workers are still spinning from the forward, so they start at once (a second
-    // pool would have to wait for those cores).
+    // Constrained streams' grammar work (the first draw's check, and the full mask where the
+    // grammar refuses it), done across the kernel pool's threads before the serial loop: its
+    // workers are still spinning from the forward, so they start at once (a second pool would
+    // have to wait for those cores).
     {
-        let constrained: Vec<std::sync::Mutex<&mut Stream<'_>>> = slots
+        let mut rows = vec![None; slots.len()];
+        for (row, (i, _, _)) in feed.iter().filter(|(_, _, wants)| *wants).enumerate() {
+            rows[*i] = Some(row);
+        }
+        let out_ref = &out;
+        let constrained: Vec<std::sync::Mutex<(&mut Stream<'_>, &[u32], usize)>> = slots
             .iter_mut()
-            .zip(0..)
-            .filter(|(_, i)| feed.iter().any(|(f, _, wants)| f == i && *wants))
-            .filter_map(|(s, _)| s.active.as_mut().map(|a| &mut a.stream))
-            .filter(|s| s.is_constrained())
-            .map(std::sync::Mutex::new)
+            .zip(rows)
+            .filter_map(|(slot, row)| {
+                let Slot { session, active, .. } = slot;
+                let a = active.as_mut()?;
+                (a.stream.is_constrained()).then_some(())?;
+                Some(std::sync::Mutex::new((&mut a.stream, session.tokens(), row?)))
+            })
             .collect();
         if constrained.len() > 1 {
             anelm_kernels::pool::global().run(constrained.len(), &|i| {
-                if let Ok(mut s) = constrained[i].lock() {
-                    s.prepare();
+                if let Ok(mut guard) = constrained[i].lock() {
+                    let (stream, history, row) = &mut *guard;
+                    stream.prepare(out_ref.lane(*row), history);
                 }
             });
         }
