@@ -167,6 +167,11 @@ pub struct Metrics {
     pub cache_evictions_total: AtomicU64,
     /// Tokens generated.
     pub generated_tokens_total: AtomicU64,
+    /// Steps of streams under a grammar (structured outputs, tool calls).
+    pub constrained_steps_total: AtomicU64,
+    /// Of those, steps that computed the grammar's full mask over the vocabulary (the others
+    /// took the sampler's draw after a check of that one token).
+    pub constraint_masks_total: AtomicU64,
     /// Places held in the queue by requests waiting for a session (a request is counted once its
     /// place is reserved, so the count never exceeds `SchedulerConfig::queue`).
     pub queue_depth: AtomicU64,
@@ -755,6 +760,12 @@ fn step(model: &dyn crate::model::LanguageModel, slots: &mut [Slot<'_>], cfg: &S
             }
         };
         a.first_token.get_or_insert_with(Instant::now);
+        if a.stream.is_constrained() {
+            metrics.constrained_steps_total.fetch_add(1, Ordering::Relaxed);
+            metrics
+                .constraint_masks_total
+                .fetch_add(u64::from(s.masked), Ordering::Relaxed);
+        }
         if s.token.is_some() {
             generated_now += 1;
             metrics.generated_tokens_total.fetch_add(1, Ordering::Relaxed);

@@ -91,6 +91,9 @@ pub struct StreamStep {
     pub logprob: Option<TokenLogprob>,
     /// Set when the stream ended with this step.
     pub finish: Option<FinishReason>,
+    /// The step ran under a grammar and computed its full mask (the draw from the raw logits
+    /// was refused, or could not be checked first).
+    pub masked: bool,
 }
 
 /// One request's decoding state (see the module docs).
@@ -171,6 +174,7 @@ impl<'t> Stream<'t> {
         }
         let record = self.logprobs.map(|top| LogSoftmax::of(logits).with_top(logits, top));
         let stops = self.tokenizer.stop_ids();
+        let mut masked = false;
         let token = if let Some(c) = &mut self.constraint {
             let first = match self.drawn.take() {
                 Some(d) => d,
@@ -180,6 +184,7 @@ impl<'t> Stream<'t> {
             match first {
                 FirstDraw::Allowed(t) => t,
                 FirstDraw::Refused => {
+                    masked = true;
                     c.mask(logits)?;
                     self.sampler.sample(logits, history)?
                 }
@@ -195,7 +200,10 @@ impl<'t> Stream<'t> {
             self.sampler.sample(logits, history)?
         };
         if stops.contains(&token) {
-            return Ok(self.end(String::new(), None, None, FinishReason::Stop, false));
+            return Ok(marked(
+                masked,
+                self.end(String::new(), None, None, FinishReason::Stop, false),
+            ));
         }
         let grammar_done = match &mut self.constraint {
             Some(c) => {
@@ -215,20 +223,30 @@ impl<'t> Stream<'t> {
         let piece = self.decoder.push(token);
         let s = self.stop.push(&piece);
         if s.stopped {
-            return Ok(self.end(s.emit, Some(token), logprob, FinishReason::Stop, true));
+            return Ok(marked(
+                masked,
+                self.end(s.emit, Some(token), logprob, FinishReason::Stop, true),
+            ));
         }
         if grammar_done {
             // Nothing but end-of-generation can follow: end here rather than spend a step on it.
-            return Ok(self.end(s.emit, Some(token), logprob, FinishReason::Stop, false));
+            return Ok(marked(
+                masked,
+                self.end(s.emit, Some(token), logprob, FinishReason::Stop, false),
+            ));
         }
         if self.generated.len() >= self.max_tokens || !room {
-            return Ok(self.end(s.emit, Some(token), logprob, FinishReason::Length, false));
+            return Ok(marked(
+                masked,
+                self.end(s.emit, Some(token), logprob, FinishReason::Length, false),
+            ));
         }
         Ok(StreamStep {
             text: s.emit,
             token: Some(token),
             logprob,
             finish: None,
+            masked,
         })
     }
 
@@ -288,8 +306,14 @@ impl<'t> Stream<'t> {
             token,
             logprob,
             finish: Some(why),
+            masked: false,
         }
     }
+}
+
+/// `step`, noting whether it computed the grammar's full mask.
+fn marked(masked: bool, step: StreamStep) -> StreamStep {
+    StreamStep { masked, ..step }
 }
 
 /// Whether drawing from the raw logits and keeping the token when the grammar allows it (else

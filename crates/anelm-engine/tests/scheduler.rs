@@ -507,3 +507,63 @@ fn a_cache_budget_releases_idle_sessions() {
     assert!(evictions >= 1);
     assert!(kept < 64 * 1024, "idle caches released: {kept} bytes kept");
 }
+
+#[test]
+fn concurrent_constrained_streams_take_the_tokens_of_masking_every_step_alone() {
+    let lm = model();
+    let grammar = anelm_engine::Grammar::JsonSchema(serde_json::json!({
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}}},
+        "required": ["name", "tags"]
+    }));
+    let constrained = |prompt: &str, mask_every_step: bool| {
+        let mut c = lm.constraint(&grammar).expect("compiles");
+        if mask_every_step {
+            c.mask_every_step();
+        }
+        Request {
+            prompt: lm.tokenizer.encode(prompt).expect("encode"),
+            stream: StreamOptions {
+                constraint: Some(c),
+                ..StreamOptions::greedy(40)
+            },
+        }
+    };
+    let prompts = &PROMPTS[..4];
+    // Alone, the full mask at every step.
+    let alone: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| {
+            let req = constrained(p, true);
+            let mut session = lm.model.new_session(512);
+            let opts = GenerateOptions {
+                stream: req.stream.clone(),
+                prefill_chunk: 128,
+            };
+            generate(
+                lm.model.as_ref(),
+                &lm.tokenizer,
+                &mut session,
+                &req.prompt,
+                &opts,
+                &mut |_| true,
+            )
+            .expect("generate")
+            .0
+        })
+        .collect();
+    // Together: the four streams' grammar work runs in parallel on the kernel pool, each
+    // checking its greedy draw before computing a mask.
+    let sched = Scheduler::start(lm.clone(), config(4, 8)).expect("start");
+    let rxs: Vec<_> = prompts.iter().map(|p| submit(&sched, constrained(p, false))).collect();
+    for (i, rx) in rxs.iter().enumerate() {
+        let (_, done) = collect(rx);
+        assert_eq!(done.tokens, alone[i], "{:?}", prompts[i]);
+    }
+    let m = sched.metrics();
+    let steps = m.constrained_steps_total.load(Ordering::Relaxed);
+    let masks = m.constraint_masks_total.load(Ordering::Relaxed);
+    let generated: usize = alone.iter().map(Vec::len).sum();
+    assert!(steps >= generated as u64, "steps {steps}, tokens {generated}");
+    assert!(masks > 0 && masks < steps, "masks {masks} of {steps} steps");
+}
