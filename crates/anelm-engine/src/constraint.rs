@@ -283,6 +283,8 @@ impl Constraint {
 
     /// Advance past the token taken (end-of-generation tokens end the constraint).
     pub fn accept(&mut self, token: u32) -> Result<(), ConstraintError> {
+        // A mask computed ahead belongs to the state before this token.
+        self.ready = None;
         if self.stop_ids.contains(&token) {
             return Ok(());
         }

@@ -109,8 +109,9 @@ pub struct Stream<'t> {
     /// Whether a constrained step may take the sampler's choice from the raw logits when the
     /// grammar allows it (see [`Stream::advance`]).
     check_first: bool,
-    /// This step's first draw, made by [`Stream::prepare`].
-    drawn: Option<FirstDraw>,
+    /// This step's first draw, made by [`Stream::prepare`], with the history length it was
+    /// made at (a draw left from a step whose `advance` never came is not taken).
+    drawn: Option<(usize, FirstDraw)>,
     generated: Vec<u32>,
     finished: Option<FinishReason>,
 }
@@ -177,9 +178,9 @@ impl<'t> Stream<'t> {
         let mut masked = false;
         let token = if let Some(c) = &mut self.constraint {
             let first = match self.drawn.take() {
-                Some(d) => d,
-                None if self.check_first => first_draw(&mut self.sampler, c, logits, history)?,
-                None => FirstDraw::Refused,
+                Some((at, d)) if at == history.len() => d,
+                _ if self.check_first => first_draw(&mut self.sampler, c, logits, history)?,
+                _ => FirstDraw::Refused,
             };
             match first {
                 FirstDraw::Allowed(t) => t,
@@ -255,7 +256,7 @@ impl<'t> Stream<'t> {
     /// scheduler can do it for several streams in parallel. Errors surface in `advance`, which
     /// then takes the same tokens as without this call.
     pub fn prepare(&mut self, logits: &[f32], history: &[u32]) {
-        if self.finished.is_some() || self.drawn.is_some() {
+        if self.finished.is_some() || self.drawn.is_some_and(|(at, _)| at == history.len()) {
             return;
         }
         let Some(c) = &mut self.constraint else {
@@ -263,11 +264,11 @@ impl<'t> Stream<'t> {
         };
         if self.check_first {
             match first_draw(&mut self.sampler, c, logits, history) {
-                Ok(d) => self.drawn = Some(d),
+                Ok(d) => self.drawn = Some((history.len(), d)),
                 Err(_) => return,
             }
         }
-        if !matches!(self.drawn, Some(FirstDraw::Allowed(_))) {
+        if !matches!(self.drawn, Some((_, FirstDraw::Allowed(_)))) {
             let _ = c.prepare();
         }
     }
