@@ -24,6 +24,7 @@ pub mod session;
 pub mod stop;
 pub mod stored_matrix;
 pub mod stream;
+pub mod threads;
 pub mod tools;
 mod wide;
 

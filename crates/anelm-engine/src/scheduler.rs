@@ -217,12 +217,7 @@ impl Scheduler {
         let (tx, rx) = sync_channel::<Job>(cfg.queue);
         let metrics = Arc::new(Metrics::default());
         let stop_now = Arc::new(AtomicBool::new(false));
-        anelm_kernels::pool::init_global(cfg.threads);
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(cfg.threads)
-            .thread_name(|i| format!("anelm-sched-{i}"))
-            .build()
-            .map_err(|e| EngineError::InvalidRequest(format!("could not start the thread pool: {e}")))?;
+        let pool = crate::threads::start_pools(cfg.threads, "anelm-sched")?;
         let vocab = model.model.info().vocab_size;
         let worker = {
             let (metrics, stop_now, cfg) = (metrics.clone(), stop_now.clone(), cfg.clone());
