@@ -20,37 +20,60 @@ fn model() -> LoadedModel {
     load_model(&path, &CpuBackend::new(), &mut |_, _| {}).expect("load SmolLM2")
 }
 
-/// Generate `max_tokens` at most under `grammar`, sampling at temperature 1 with `seed`.
-fn run(lm: &LoadedModel, prompt: &str, grammar: &Grammar, seed: u64, max_tokens: usize) -> (String, FinishReason) {
+/// The prompt's token ids, rendered as one user turn by the model's chat template.
+fn prompt_ids(lm: &LoadedModel, prompt: &str) -> Vec<u32> {
     let msgs = [anelm_model::chat_template::ChatMessage::new("user", prompt)];
     let text = lm
         .template
         .render(&msgs, true, &serde_json::Map::new())
         .expect("template");
-    let ids = lm.tokenizer.encode(&text).expect("encode");
+    lm.tokenizer.encode(&text).expect("encode")
+}
+
+/// Generate from `prompt` with `stream`: the token ids, the text and why it ended.
+fn generate_from(lm: &LoadedModel, prompt: &str, stream: StreamOptions) -> (Vec<u32>, String, FinishReason) {
     let opts = GenerateOptions {
-        stream: StreamOptions {
-            sampler: SamplerParams {
-                temperature: 1.0,
-                top_k: 0,
-                top_p: 1.0,
-                min_p: 0.0,
-                seed,
-                ..SamplerParams::default()
-            },
-            constraint: Some(lm.constraint(grammar).expect("compiles")),
-            ..StreamOptions::greedy(max_tokens)
-        },
+        stream,
         prefill_chunk: 128,
     };
     let mut session = lm.model.new_session(1024);
     let mut out = String::new();
-    let (_, stats) = generate(lm.model.as_ref(), &lm.tokenizer, &mut session, &ids, &opts, &mut |t| {
-        out.push_str(t);
-        true
-    })
+    let (tokens, stats) = generate(
+        lm.model.as_ref(),
+        &lm.tokenizer,
+        &mut session,
+        &prompt_ids(lm, prompt),
+        &opts,
+        &mut |t| {
+            out.push_str(t);
+            true
+        },
+    )
     .expect("generate");
-    (out, stats.finish)
+    (tokens, out, stats.finish)
+}
+
+/// Plain sampling at temperature 1 (no top-k, top-p or min-p) with `seed`, under `constraint`.
+fn temperature_one(seed: u64, constraint: anelm_engine::Constraint, max_tokens: usize) -> StreamOptions {
+    StreamOptions {
+        sampler: SamplerParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed,
+            ..SamplerParams::default()
+        },
+        constraint: Some(constraint),
+        ..StreamOptions::greedy(max_tokens)
+    }
+}
+
+/// Generate `max_tokens` at most under `grammar`, sampling at temperature 1 with `seed`.
+fn run(lm: &LoadedModel, prompt: &str, grammar: &Grammar, seed: u64, max_tokens: usize) -> (String, FinishReason) {
+    let stream = temperature_one(seed, lm.constraint(grammar).expect("compiles"), max_tokens);
+    let (_, text, finish) = generate_from(lm, prompt, stream);
+    (text, finish)
 }
 
 #[test]
@@ -124,29 +147,15 @@ fn invalid_grammars_are_refused_with_a_reason() {
 /// [`run`] greedily, with the grammar's mask computed at every step or only where the greedy
 /// draw from the raw logits is refused; the generated token ids.
 fn greedy_tokens(lm: &LoadedModel, prompt: &str, grammar: &Grammar, mask_every_step: bool) -> Vec<u32> {
-    let msgs = [anelm_model::chat_template::ChatMessage::new("user", prompt)];
-    let text = lm
-        .template
-        .render(&msgs, true, &serde_json::Map::new())
-        .expect("template");
-    let ids = lm.tokenizer.encode(&text).expect("encode");
     let mut constraint = lm.constraint(grammar).expect("compiles");
     if mask_every_step {
         constraint.mask_every_step();
     }
-    let opts = GenerateOptions {
-        stream: StreamOptions {
-            constraint: Some(constraint),
-            ..StreamOptions::greedy(80)
-        },
-        prefill_chunk: 128,
+    let stream = StreamOptions {
+        constraint: Some(constraint),
+        ..StreamOptions::greedy(80)
     };
-    let mut session = lm.model.new_session(1024);
-    let (tokens, _) = generate(lm.model.as_ref(), &lm.tokenizer, &mut session, &ids, &opts, &mut |_| {
-        true
-    })
-    .expect("generate");
-    tokens
+    generate_from(lm, prompt, stream).0
 }
 
 #[test]
@@ -200,18 +209,7 @@ fn checking_the_temperature_draw_first_keeps_the_masked_distribution() {
         }
         let mut count_a = 0u64;
         for seed in 0..trials {
-            let opts = StreamOptions {
-                sampler: SamplerParams {
-                    temperature: 1.0,
-                    top_k: 0,
-                    top_p: 1.0,
-                    min_p: 0.0,
-                    seed,
-                    ..SamplerParams::default()
-                },
-                constraint: Some(constraint.clone()),
-                ..StreamOptions::greedy(4)
-            };
+            let opts = temperature_one(seed, constraint.clone(), 4);
             let mut stream = anelm_engine::stream::Stream::new(&lm.tokenizer, &opts).expect("stream");
             let mut logits = row.clone();
             if prepared {

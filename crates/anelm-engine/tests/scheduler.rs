@@ -87,6 +87,25 @@ fn tokens_and_logprob_bits(rx: &Receiver<Event>) -> Answer {
     }
 }
 
+/// The tokens `req` generates alone, through the single-stream generation loop.
+fn run_alone(lm: &LoadedModel, req: &Request) -> Vec<u32> {
+    let mut session = lm.model.new_session(512);
+    let opts = GenerateOptions {
+        stream: req.stream.clone(),
+        prefill_chunk: 128,
+    };
+    generate(
+        lm.model.as_ref(),
+        &lm.tokenizer,
+        &mut session,
+        &req.prompt,
+        &opts,
+        &mut |_| true,
+    )
+    .expect("generate")
+    .0
+}
+
 const PROMPTS: [&str; 8] = [
     "The capital of France is",
     "def fibonacci(n):",
@@ -102,27 +121,7 @@ const PROMPTS: [&str; 8] = [
 fn eight_concurrent_greedy_streams_equal_each_run_alone() {
     let lm = model();
     // Alone: the single-stream generation loop, one request at a time.
-    let alone: Vec<Vec<u32>> = PROMPTS
-        .iter()
-        .map(|p| {
-            let req = request(&lm, p, 20);
-            let mut session = lm.model.new_session(512);
-            let opts = GenerateOptions {
-                stream: req.stream.clone(),
-                prefill_chunk: 128,
-            };
-            generate(
-                lm.model.as_ref(),
-                &lm.tokenizer,
-                &mut session,
-                &req.prompt,
-                &opts,
-                &mut |_| true,
-            )
-            .expect("generate")
-            .0
-        })
-        .collect();
+    let alone: Vec<Vec<u32>> = PROMPTS.iter().map(|p| run_alone(&lm, &request(&lm, p, 20))).collect();
     // Together: eight sessions, prompts of different lengths prefilling in 16-token chunks while
     // others decode, all in shared batched steps.
     let sched = Scheduler::start(lm.clone(), config(8, 16)).expect("start");
@@ -531,27 +530,7 @@ fn concurrent_constrained_streams_take_the_tokens_of_masking_every_step_alone() 
     };
     let prompts = &PROMPTS[..4];
     // Alone, the full mask at every step.
-    let alone: Vec<Vec<u32>> = prompts
-        .iter()
-        .map(|p| {
-            let req = constrained(p, true);
-            let mut session = lm.model.new_session(512);
-            let opts = GenerateOptions {
-                stream: req.stream.clone(),
-                prefill_chunk: 128,
-            };
-            generate(
-                lm.model.as_ref(),
-                &lm.tokenizer,
-                &mut session,
-                &req.prompt,
-                &opts,
-                &mut |_| true,
-            )
-            .expect("generate")
-            .0
-        })
-        .collect();
+    let alone: Vec<Vec<u32>> = prompts.iter().map(|p| run_alone(&lm, &constrained(p, true))).collect();
     // Together: the four streams' grammar work runs in parallel on the kernel pool, each
     // checking its greedy draw before computing a mask.
     let sched = Scheduler::start(lm.clone(), config(4, 8)).expect("start");
