@@ -20,10 +20,10 @@ use std::time::{Duration, Instant};
 use anelm_model::tokenizer::Tokenizer;
 
 use crate::error::{EngineError, Result};
-use crate::generate::FinishReason;
 use crate::loader::LoadedModel;
 use crate::model::{LogitsMode, StepItem};
 use crate::session::Session;
+use crate::stream::FinishReason;
 use crate::stream::{Stream, StreamOptions, TokenLogprob};
 
 /// How the scheduler is sized.

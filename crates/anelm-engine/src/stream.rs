@@ -6,12 +6,22 @@
 use anelm_model::tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::constraint::{Constraint, ConstraintError};
-use crate::generate::FinishReason;
 use crate::sampler::{Sampler, SamplerError, SamplerParams};
 use crate::stop::StopMatcher;
 
 /// Most alternatives a request may ask for per token (OpenAI's `top_logprobs` limit).
 pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// Why a stream's generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// A stop token was sampled.
+    Stop,
+    /// `max_tokens` or the context size was reached.
+    Length,
+    /// The caller asked to stop.
+    Cancelled,
+}
 
 /// How one stream decodes.
 #[derive(Clone, Debug)]
