@@ -647,45 +647,25 @@ pub(crate) fn meminfo_total(text: &str) -> Option<u64> {
     kb.checked_mul(1024)
 }
 
-/// SIMD features the CPU reports, and the kernel path anelm picks.
+/// SIMD features the CPU reports, the kernel path anelm picks, and any A/B switch set.
 fn simd_features() -> String {
-    let mut v: Vec<&str> = Vec::new();
-    #[cfg(target_arch = "x86_64")]
-    {
-        for (name, on) in [
-            ("sse4.2", std::arch::is_x86_feature_detected!("sse4.2")),
-            ("avx", std::arch::is_x86_feature_detected!("avx")),
-            ("avx2", std::arch::is_x86_feature_detected!("avx2")),
-            ("fma", std::arch::is_x86_feature_detected!("fma")),
-            ("f16c", std::arch::is_x86_feature_detected!("f16c")),
-            ("avx512f", std::arch::is_x86_feature_detected!("avx512f")),
-            ("avx512vnni", std::arch::is_x86_feature_detected!("avx512vnni")),
-        ] {
-            if on {
-                v.push(name);
-            }
-        }
-    }
-    #[cfg(target_arch = "aarch64")]
-    {
-        for (name, on) in [
-            ("neon", std::arch::is_aarch64_feature_detected!("neon")),
-            ("dotprod", std::arch::is_aarch64_feature_detected!("dotprod")),
-            ("fp16", std::arch::is_aarch64_feature_detected!("fp16")),
-            ("i8mm", std::arch::is_aarch64_feature_detected!("i8mm")),
-            ("bf16", std::arch::is_aarch64_feature_detected!("bf16")),
-        ] {
-            if on {
-                v.push(name);
-            }
-        }
-    }
+    let v: Vec<&str> = anelm_kernels::Features::get()
+        .list()
+        .into_iter()
+        .filter_map(|(name, on)| on.then_some(name))
+        .collect();
     let list = if v.is_empty() {
         "none detected".to_string()
     } else {
         v.join(" ")
     };
-    format!("{list} (kernels use {})", anelm_kernels::Isa::best().name())
+    let switches = anelm_kernels::Tuning::get().changed();
+    let switches = if switches.is_empty() {
+        String::new()
+    } else {
+        format!("; switches set: {}", switches.join(" "))
+    };
+    format!("{list} (kernels use {}{switches})", anelm_kernels::Isa::best().name())
 }
 
 #[cfg(test)]
