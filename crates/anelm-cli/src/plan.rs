@@ -244,7 +244,7 @@ fn calibrate(path: &std::path::Path, chip: Option<ChipProfile>) -> Result<(ChipP
         .and_then(|n| ChipProfile::by_name(&n));
     let base = chip.or(from_report).unwrap_or_default();
     let mut note = format!(
-        "calibrated from {}: {:.1} µs + bytes / {:.1} GB/s per dispatch (sweep on {}, largest residual {:.1} %),          host constants of the {} profile",
+        "calibrated from {}: {:.1} µs + bytes / {:.1} GB/s per dispatch (sweep on {}, largest residual {:.1} %), host constants of the {} profile",
         path.display(),
         cal.fit.fixed_us,
         cal.fit.gb_s,
