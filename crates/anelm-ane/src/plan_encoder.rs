@@ -82,7 +82,8 @@ pub fn plan_encoder(dims: &EncoderDims, opts: &PlanOptions) -> Result<EncoderPla
     for k in &layer {
         let fp16 = k.kernel.weight_bytes(crate::WeightMode::Fp16) as u64;
         let widest = h.max(f).max(3 * h);
-        if fp16 > opts.max_kernel_const_bytes || widest > opts.max_dim || h.max(f) > opts.max_conv_input_channels {
+        let l = &opts.limits;
+        if fp16 > l.max_kernel_const_bytes || widest > l.max_dim || h.max(f) > l.max_conv_input_channels {
             return Err(PlanError::DoesNotFit(format!(
                 "the encoder's {} kernel ({} MB of fp16 weights)",
                 k.role,

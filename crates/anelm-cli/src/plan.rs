@@ -58,6 +58,10 @@ pub struct PlanArgs {
     /// One JSON object on stdout (for `--chip`, or m3-max).
     #[arg(long)]
     pub json: bool,
+    /// Plan with the dispatch line fitted through an `anelm doctor --report` file's sweep (fixed
+    /// cost and bandwidth) on the report's chip profile (or `--chip`'s), instead of the profile's.
+    #[arg(long, value_name = "REPORT")]
+    pub calibrate: Option<PathBuf>,
     /// Encoders (embedding models): the text length in tokens the embeddings/s are modelled for.
     #[arg(long, default_value_t = 128)]
     pub seq_len: usize,
@@ -232,6 +236,31 @@ fn compare(p: &Plan, chip: &ChipProfile, host: &HostOptions, m: &Measured) {
     }
 }
 
+/// The chip profile fitted from the report at `path`: `chip` (or the profile of the chip the
+/// report names, else m3-max) with the report's dispatch line, and a line saying so.
+fn calibrate(path: &std::path::Path, chip: Option<ChipProfile>) -> Result<(ChipProfile, String)> {
+    let cal = crate::doctor_report::read_calibration(path)?;
+    let from_report = cal
+        .chip
+        .as_deref()
+        .and_then(crate::doctor_report::profile_name)
+        .and_then(|n| ChipProfile::by_name(&n));
+    let base = chip.or(from_report).unwrap_or_default();
+    let mut note = format!(
+        "calibrated from {}: {:.1} µs + bytes / {:.1} GB/s per dispatch (sweep on {}, largest residual {:.1} %), host constants of the {} profile",
+        path.display(),
+        cal.fit.fixed_us,
+        cal.fit.gb_s,
+        cal.device,
+        cal.fit.max_residual * 100.0,
+        base.name
+    );
+    if cal.device != "ane" {
+        note.push_str("; the sweep did not run on a Neural Engine, so this is that device's clock, not a chip's");
+    }
+    Ok((base.calibrated(&cal.fit), note))
+}
+
 /// Run `anelm plan`.
 pub fn run(a: PlanArgs) -> Result<()> {
     let path = match a.model {
@@ -245,9 +274,17 @@ pub fn run(a: PlanArgs) -> Result<()> {
         ),
         None => None,
     };
+    let calibrated = match &a.calibrate {
+        Some(report) => Some(calibrate(report, chip)?),
+        None => None,
+    };
+    let chip = calibrated.as_ref().map(|(c, _)| *c).or(chip);
     // Encoders (embedding models) have their own plan: 32 tokens per dispatch, no decode.
     if let Some(dims) = crate::plan_encoder::encoder_dims(&path)? {
         let model = path.display().to_string();
+        if let Some((_, note)) = calibrated.as_ref().filter(|_| !a.json) {
+            println!("{note}");
+        }
         return crate::plan_encoder::run(&model, &dims, a.weights.mode(), a.seq_len, chip, a.json);
     }
     let p = plan_model(&path, a.weights.mode())?;
@@ -257,10 +294,17 @@ pub fn run(a: PlanArgs) -> Result<()> {
     };
     let model = path.display().to_string();
     if a.json {
-        println!("{}", plan_json(&model, &p, &chip.unwrap_or_default(), &host, a.explain));
+        let mut v = plan_json(&model, &p, &chip.unwrap_or_default(), &host, a.explain);
+        if let Some((c, note)) = &calibrated {
+            v["calibrated"] = json!({"fixed_us": c.fixed_us, "gb_s": c.stream_gb_s, "from": note});
+        }
+        println!("{v}");
         return Ok(());
     }
     println!("{model}");
+    if let Some((_, note)) = &calibrated {
+        println!("{note}");
+    }
     let shown = chip.unwrap_or_default();
     print!("{}", p.report_host(&shown, &host));
     if a.explain {

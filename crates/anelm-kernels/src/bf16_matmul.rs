@@ -125,17 +125,8 @@ fn quantize_row_simd(src: &[f32], dst: &mut [u32]) -> usize {
 impl Bf16Matrix {
     /// Whether this CPU runs the `vdpbf16ps` kernel (AVX-512 F, BW and BF16; detected once).
     pub fn available() -> bool {
-        #[cfg(target_arch = "x86_64")]
-        {
-            static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-            *HAS.get_or_init(|| {
-                is_x86_feature_detected!("avx512f")
-                    && is_x86_feature_detected!("avx512bw")
-                    && is_x86_feature_detected!("avx512bf16")
-            })
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        false
+        let f = crate::Features::get();
+        f.avx512f && f.avx512bw && f.avx512bf16
     }
 
     /// Round a row-major `rows × cols` f32 matrix to bf16 and lay it out in panels.
