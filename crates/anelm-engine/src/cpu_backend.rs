@@ -34,7 +34,7 @@ impl CpuBackend {
     /// bound (`tests/minilm.rs`). Elsewhere, or with `ANELM_BF16=0` (for A/B runs), the same as
     /// [`CpuBackend::new`].
     pub fn for_embeddings() -> Self {
-        let off = std::env::var("ANELM_BF16").is_ok_and(|v| v.trim() == "0");
+        let off = !anelm_kernels::Tuning::get().bf16;
         Self {
             bf16: Bf16Matrix::available() && !off,
         }

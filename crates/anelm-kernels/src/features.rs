@@ -130,6 +130,8 @@ pub struct Tuning {
     pub attention_wide: bool,
     /// `ANELM_ENGINE_SIMD=base|avx2`: cap the engine's own f32 loops at this width.
     pub engine_simd: Option<String>,
+    /// `ANELM_BF16=0`: embedding models keep f32 matmuls instead of bf16 × bf16.
+    pub bf16: bool,
 }
 
 impl Default for Tuning {
@@ -143,6 +145,7 @@ impl Default for Tuning {
             gfni: true,
             attention_wide: true,
             engine_simd: None,
+            bf16: true,
         }
     }
 }
@@ -156,7 +159,7 @@ impl Tuning {
 
     /// The switches as `var` reads them (the environment, or a test's map).
     pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Tuning {
-        let on = |k: &str| var(k).as_deref() != Some("0");
+        let on = |k: &str| var(k).as_deref().map(str::trim) != Some("0");
         let named = |k: &str| var(k).filter(|v| !v.is_empty());
         Tuning {
             kernels: named("ANELM_KERNELS"),
@@ -167,6 +170,7 @@ impl Tuning {
             gfni: on("ANELM_GFNI"),
             attention_wide: on("ANELM_ATTN_WIDE"),
             engine_simd: named("ANELM_ENGINE_SIMD"),
+            bf16: on("ANELM_BF16"),
         }
     }
 
@@ -184,6 +188,7 @@ impl Tuning {
         flag("ANELM_PREFETCH", self.prefetch_successor, d.prefetch_successor);
         flag("ANELM_GFNI", self.gfni, d.gfni);
         flag("ANELM_ATTN_WIDE", self.attention_wide, d.attention_wide);
+        flag("ANELM_BF16", self.bf16, d.bf16);
         for (name, v) in [
             ("ANELM_KERNELS", &self.kernels),
             ("ANELM_WEIGHT_PREFETCH", &self.weight_prefetch),
