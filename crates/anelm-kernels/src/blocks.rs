@@ -51,7 +51,7 @@ pub fn unpack_q5_0(b: &[u8], q: &mut [i8; 32]) -> f32 {
 
 /// The 6-bit scale and minimum of sub-block `j` of a Q4_K block (ggml's get_scale_min_k4).
 #[inline]
-fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
+pub(crate) fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
     if j < 4 {
         (s[j] & 63, s[j + 4] & 63)
     } else {

@@ -1,0 +1,207 @@
+//! The packed Q4_K and Q6_K kernels (8-row groups, layouts in `packed_layout.rs`), AVX2
+//! (`maddubs` + `madd`) and AVX-512 VNNI (`vpdpbusd` on ymm registers).
+//!
+//! **Bit-exact with the row-major kernels** (scalar and SIMD alike): those reduce each 256-value
+//! super-block to exact integers — `Σ_j scale_j · (sub-block dot)`, and for Q4_K
+//! `Σ_j min_j · (sub-block Σx)` — then add `d·dx·sumi − dmin·dx·summins` to the row's f32 sum,
+//! super-block after super-block. Here the same integers come out of vector arithmetic for 8
+//! rows at once (every partial sum fits an i32, so their order does not matter), and the same
+//! f32 operations follow in the same order, separately rounded (no FMA).
+//!
+//! The weights are read unsigned: Q4_K's nibbles are already, and Q6_K's 6-bit values are taken
+//! without their offset of 32, which each sub-block sum gets back by starting at
+//! `−32·Σx` (`Activations::sub_offsets`, a broadcast load).
+
+use std::arch::x86_64::*;
+
+use crate::activations::Activations;
+use crate::packed_x86::{LaneBlocks, PREFETCH, acc_dot, acc_dot_vnni, f16x8, lane_entry};
+use crate::simd_x86::load256;
+
+/// Bytes of one 8-row group's Q4_K super-block (148 per row).
+const Q4_K_GROUP_BYTES: usize = 8 * 148;
+/// Bytes of one 8-row group's Q6_K super-block (210 per row).
+const Q6_K_GROUP_BYTES: usize = 8 * 210;
+
+/// 8 bytes at `b` widened to the 8 rows' i32 (unsigned, or signed when `SIGNED`).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn bytes_to_i32<const SIGNED: bool>(b: &[u8]) -> __m256i {
+    assert!(b.len() >= 8);
+    // SAFETY: the assertion guarantees 8 readable bytes; an unaligned 64-bit load.
+    let v = unsafe { _mm_loadl_epi64(b.as_ptr().cast()) };
+    if SIGNED {
+        _mm256_cvtepi8_epi32(v)
+    } else {
+        _mm256_cvtepu8_epi32(v)
+    }
+}
+
+/// Prefetch the group stream `PREFETCH` bytes ahead of `p`, `lines` cache lines (a prefetch
+/// never faults, so the address may lie past the group's end).
+#[inline(always)]
+fn prefetch(p: &[u8], lines: usize) {
+    for i in 0..lines {
+        // SAFETY: `_mm_prefetch` is SSE (baseline on x86-64) and only hints.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.as_ptr().wrapping_add(PREFETCH + 64 * i).cast()) };
+    }
+}
+
+macro_rules! define_q4_k_group {
+    ($entry:ident, $tile:ident, $features:literal, $dot:ident, $wide:literal) => {
+        lane_entry!($entry, $tile, $features, $wide);
+
+        #[inline]
+        #[target_feature(enable = $features)]
+        #[allow(clippy::needless_range_loop)] // `j` indexes the accumulators and the lanes alike
+        fn $tile<const L: usize>(blk: &[u8], x: &Activations, lane: usize, out: &mut [[f32; 8]]) {
+            let nb = x.cols / 256;
+            let xq = LaneBlocks::new(&x.q, lane, L, x.cols);
+            let xd = LaneBlocks::new(&x.d, lane, L, nb);
+            let xp = LaneBlocks::new(&x.kpairs, lane, L, 4 * nb);
+            let mask = _mm256_set1_epi8(0x0F);
+            let mut acc = [_mm256_setzero_ps(); L];
+            for (b, p) in blk.chunks_exact(Q4_K_GROUP_BYTES).enumerate().take(nb) {
+                let mut sumi = [_mm256_setzero_si256(); L];
+                for c in 0..4 {
+                    prefetch(&p[160 + 256 * c..], 4);
+                    for half in 0..2 {
+                        // Sub-block 2c (low nibbles) or 2c + 1 (high nibbles): elements
+                        // 64c + 32·half + 4k .. +4 of the 8 rows in vector k.
+                        let w: [__m256i; 8] = std::array::from_fn(|k| {
+                            let v = load256(&p[160 + 32 * (8 * c + k)..]);
+                            if half == 0 {
+                                _mm256_and_si256(v, mask)
+                            } else {
+                                _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask)
+                            }
+                        });
+                        let sc = bytes_to_i32::<false>(&p[32 + 8 * (2 * c + half)..]);
+                        let base = 256 * b + 64 * c + 32 * half;
+                        for j in 0..L {
+                            let group = |k: usize| _mm256_set1_epi32(xq.quad(j, base + 4 * k));
+                            let mut s0 = $dot(_mm256_setzero_si256(), w[0], group(0));
+                            let mut s1 = $dot(_mm256_setzero_si256(), w[1], group(1));
+                            for k in (2..8).step_by(2) {
+                                s0 = $dot(s0, w[k], group(k));
+                                s1 = $dot(s1, w[k + 1], group(k + 1));
+                            }
+                            sumi[j] = _mm256_add_epi32(sumi[j], _mm256_mullo_epi32(_mm256_add_epi32(s0, s1), sc));
+                        }
+                    }
+                }
+                // Minimum pairs `(m[2p], m[2p+1])` per row as i16, against each lane's pair of
+                // 32-value sums.
+                let mins: [__m256i; 4] = std::array::from_fn(|q| {
+                    // SAFETY: 16 bytes at 96 + 16q < 160 ≤ p.len(); an unaligned load.
+                    _mm256_cvtepu8_epi16(unsafe { _mm_loadu_si128(p[96 + 16 * q..112 + 16 * q].as_ptr().cast()) })
+                });
+                let d = f16x8(&p[0..16]);
+                let dmin = f16x8(&p[16..32]);
+                for j in 0..L {
+                    let pair = |q: usize| _mm256_set1_epi32(xp.get(j, 4 * b + q));
+                    let mut summins = _mm256_madd_epi16(mins[0], pair(0));
+                    for q in 1..4 {
+                        summins = _mm256_add_epi32(summins, _mm256_madd_epi16(mins[q], pair(q)));
+                    }
+                    let dx = _mm256_set1_ps(xd.get(j, b));
+                    let t = _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(sumi[j]));
+                    let m = _mm256_mul_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(summins));
+                    acc[j] = _mm256_add_ps(acc[j], _mm256_sub_ps(t, m));
+                }
+            }
+            for j in 0..L {
+                // SAFETY: `out[j]` holds exactly 8 f32; unaligned store.
+                unsafe { _mm256_storeu_ps(out[j].as_mut_ptr(), acc[j]) };
+            }
+        }
+    };
+}
+
+macro_rules! define_q6_k_group {
+    ($entry:ident, $tile:ident, $features:literal, $dot:ident, $wide:literal) => {
+        lane_entry!($entry, $tile, $features, $wide);
+
+        #[inline]
+        #[target_feature(enable = $features)]
+        #[allow(clippy::needless_range_loop)] // `j` indexes the accumulators and the lanes alike
+        fn $tile<const L: usize>(blk: &[u8], x: &Activations, lane: usize, out: &mut [[f32; 8]]) {
+            let nb = x.cols / 256;
+            let xq = LaneBlocks::new(&x.q, lane, L, x.cols);
+            let xd = LaneBlocks::new(&x.d, lane, L, nb);
+            let xo = LaneBlocks::new(&x.sub_offsets, lane, L, 16 * nb);
+            let (low, two) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+            let mut acc = [_mm256_setzero_ps(); L];
+            for (b, p) in blk.chunks_exact(Q6_K_GROUP_BYTES).enumerate().take(nb) {
+                prefetch(&p[144..], 8);
+                let mut sumi = [_mm256_setzero_si256(); L];
+                for h in 0..2 {
+                    prefetch(&p[144 + 512 * h + 512..], 8);
+                    for kk in 0..2 {
+                        // Stream `st`: elements 128h + 32st + 4k .. +4 (k = 4kk .. 4kk + 4), all
+                        // of sub-block 8h + 2st + kk: the low (st < 2) or high nibbles of `ql`
+                        // part st & 1, and bits 2st, 2st + 1 of `qh` as bits 4 and 5.
+                        for st in 0..4 {
+                            let w: [__m256i; 4] = std::array::from_fn(|i| {
+                                let k = 4 * kk + i;
+                                let ql = load256(&p[144 + 32 * ((2 * h + (st & 1)) * 8 + k)..]);
+                                let qh = load256(&p[1168 + 32 * (8 * h + k)..]);
+                                let nib = if st < 2 {
+                                    _mm256_and_si256(ql, low)
+                                } else {
+                                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql), low)
+                                };
+                                let high = match st {
+                                    0 => _mm256_slli_epi16::<4>(qh),
+                                    1 => _mm256_slli_epi16::<2>(qh),
+                                    2 => qh,
+                                    _ => _mm256_srli_epi16::<2>(qh),
+                                };
+                                _mm256_or_si256(nib, _mm256_and_si256(high, two))
+                            });
+                            let s = 8 * h + 2 * st + kk;
+                            let sc = bytes_to_i32::<true>(&p[16 + 8 * s..]);
+                            let base = 256 * b + 128 * h + 32 * st + 16 * kk;
+                            for j in 0..L {
+                                let group = |i: usize| _mm256_set1_epi32(xq.quad(j, base + 4 * i));
+                                let start = _mm256_set1_epi32(xo.get(j, 16 * b + s));
+                                let s0 = $dot(start, w[0], group(0));
+                                let s1 = $dot(_mm256_setzero_si256(), w[1], group(1));
+                                let s0 = $dot(s0, w[2], group(2));
+                                let s1 = $dot(s1, w[3], group(3));
+                                sumi[j] = _mm256_add_epi32(sumi[j], _mm256_mullo_epi32(_mm256_add_epi32(s0, s1), sc));
+                            }
+                        }
+                    }
+                }
+                let d = f16x8(&p[0..16]);
+                for j in 0..L {
+                    let dx = _mm256_set1_ps(xd.get(j, b));
+                    let t = _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(sumi[j]));
+                    acc[j] = _mm256_add_ps(acc[j], t);
+                }
+            }
+            for j in 0..L {
+                // SAFETY: `out[j]` holds exactly 8 f32; unaligned store.
+                unsafe { _mm256_storeu_ps(out[j].as_mut_ptr(), acc[j]) };
+            }
+        }
+    };
+}
+
+define_q4_k_group!(q4_k_group, q4_k_tile, "avx2,fma,f16c", acc_dot, 2);
+define_q4_k_group!(
+    q4_k_group_vnni,
+    q4_k_tile_vnni,
+    "avx2,fma,f16c,avx512vnni,avx512vl",
+    acc_dot_vnni,
+    4
+);
+define_q6_k_group!(q6_k_group, q6_k_tile, "avx2,fma,f16c", acc_dot, 2);
+define_q6_k_group!(
+    q6_k_group_vnni,
+    q6_k_tile_vnni,
+    "avx2,fma,f16c,avx512vnni,avx512vl",
+    acc_dot_vnni,
+    4
+);
