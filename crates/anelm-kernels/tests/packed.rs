@@ -251,7 +251,7 @@ fn packed(fmt: WeightFormat, rng: &mut Rng, rows: usize, cols: usize) -> Option<
 #[test]
 fn fused_loops_give_exactly_the_separate_results() {
     let mut rng = Rng(11);
-    for fmt in [WeightFormat::Q4_1, WeightFormat::Q8_0] {
+    for fmt in [WeightFormat::Q4_1, WeightFormat::Q8_0, WeightFormat::Q5_0] {
         let cols = 576;
         // q/k/v-like: unequal heights, one of them smaller than a task.
         let (Some(q), Some(k), Some(v)) = (
@@ -298,8 +298,9 @@ fn fused_loops_give_exactly_the_separate_results() {
                 assert_eq!(p.to_bits(), silu(*g, *u).to_bits(), "{fmt:?} lanes {lanes} [{i}]");
             }
             // Quantised for the next matmul by the tasks: exactly the serial quantisation, for
-            // both block encodings (Q8_1 for Q4_1 weights, Q8_0 for Q8_0), and the same output.
-            for next_fmt in [WeightFormat::Q4_1, WeightFormat::Q8_0] {
+            // both block encodings (Q8_1 for Q4_1 weights, Q8_0 for Q8_0, Q5_0 and Q4_0 with
+            // their 4-value offsets), and the same output.
+            for next_fmt in [WeightFormat::Q4_1, WeightFormat::Q8_0, WeightFormat::Q5_0, WeightFormat::Q4_0] {
                 let mut by_tasks = Activations::new();
                 let mut pair_q = vec![f32::NAN; lanes * 1536];
                 PackedMatrix::matmul_pair(&gate, &up, &act, &mut pair_q, &combine, Some((next_fmt, &mut by_tasks)))
