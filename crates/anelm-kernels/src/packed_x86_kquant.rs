@@ -142,7 +142,11 @@ macro_rules! define_q6_k_group {
                         // of sub-block 8h + 2st + kk: the low (st < 2) or high nibbles of `ql`
                         // part st & 1, and bits 2st, 2st + 1 of `qh` as bits 4 and 5.
                         for st in 0..4 {
-                            let w: [__m256i; 4] = std::array::from_fn(|i| {
+                            // Plain loops, not closures: a closure here was compiled on its
+                            // own, without the target features, and called per vector (the
+                            // kernel ran at a tenth of its speed).
+                            let mut w = [_mm256_setzero_si256(); 4];
+                            for i in 0..4 {
                                 let k = 4 * kk + i;
                                 let ql = load256(&p[144 + 32 * ((2 * h + (st & 1)) * 8 + k)..]);
                                 let qh = load256(&p[1168 + 32 * (8 * h + k)..]);
@@ -157,18 +161,17 @@ macro_rules! define_q6_k_group {
                                     2 => qh,
                                     _ => _mm256_srli_epi16::<2>(qh),
                                 };
-                                _mm256_or_si256(nib, _mm256_and_si256(high, two))
-                            });
+                                w[i] = _mm256_or_si256(nib, _mm256_and_si256(high, two));
+                            }
                             let s = 8 * h + 2 * st + kk;
                             let sc = bytes_to_i32::<true>(&p[16 + 8 * s..]);
                             let base = 256 * b + 128 * h + 32 * st + 16 * kk;
                             for j in 0..L {
-                                let group = |i: usize| _mm256_set1_epi32(xq.quad(j, base + 4 * i));
                                 let start = _mm256_set1_epi32(xo.get(j, 16 * b + s));
-                                let s0 = $dot(start, w[0], group(0));
-                                let s1 = $dot(_mm256_setzero_si256(), w[1], group(1));
-                                let s0 = $dot(s0, w[2], group(2));
-                                let s1 = $dot(s1, w[3], group(3));
+                                let s0 = $dot(start, w[0], _mm256_set1_epi32(xq.quad(j, base)));
+                                let s1 = $dot(_mm256_setzero_si256(), w[1], _mm256_set1_epi32(xq.quad(j, base + 4)));
+                                let s0 = $dot(s0, w[2], _mm256_set1_epi32(xq.quad(j, base + 8)));
+                                let s1 = $dot(s1, w[3], _mm256_set1_epi32(xq.quad(j, base + 12)));
                                 sumi[j] = _mm256_add_epi32(sumi[j], _mm256_mullo_epi32(_mm256_add_epi32(s0, s1), sc));
                             }
                         }
