@@ -46,12 +46,6 @@ pub(crate) fn pack_block(fmt: WeightFormat, rows: &[&[u8]], b: usize, dst: &mut 
     let r_n = rows.len();
     let bb = fmt.block_bytes();
     let src = |r: usize| &rows[r][b * bb..(b + 1) * bb];
-    // Copy 4 bytes of each row, row after row, as the vector at `at`.
-    let quad = |dst: &mut [u8], at: usize, from: &dyn Fn(usize) -> [u8; 4]| {
-        for r in 0..r_n {
-            dst[at + 4 * r..at + 4 * r + 4].copy_from_slice(&from(r));
-        }
-    };
     let four = |s: &[u8], at: usize| -> [u8; 4] { [s[at], s[at + 1], s[at + 2], s[at + 3]] };
     // The f16 `d` at byte `at` of every row, as the group's first `2R` bytes (or at `to`).
     let halves = |dst: &mut [u8], to: usize, at: usize| {
@@ -64,20 +58,20 @@ pub(crate) fn pack_block(fmt: WeightFormat, rows: &[&[u8]], b: usize, dst: &mut 
             halves(dst, 0, 0);
             halves(dst, 2 * r_n, 2);
             for k in 0..4 {
-                quad(dst, 4 * r_n + 4 * r_n * k, &|r| four(src(r), 4 + 4 * k));
+                quads(dst, 4 * r_n + 4 * r_n * k, r_n, |r| four(src(r), 4 + 4 * k));
             }
         }
         WeightFormat::Q8_0 => {
             halves(dst, 0, 0);
             let flip = if offset_q8 { 0x80 } else { 0 };
             for k in 0..8 {
-                quad(dst, 2 * r_n + 4 * r_n * k, &|r| four(src(r), 2 + 4 * k).map(|q| q ^ flip));
+                quads(dst, 2 * r_n + 4 * r_n * k, r_n, |r| four(src(r), 2 + 4 * k).map(|q| q ^ flip));
             }
         }
         WeightFormat::Q4_0 => {
             halves(dst, 0, 0);
             for k in 0..4 {
-                quad(dst, 2 * r_n + 4 * r_n * k, &|r| four(src(r), 2 + 4 * k));
+                quads(dst, 2 * r_n + 4 * r_n * k, r_n, |r| four(src(r), 2 + 4 * k));
             }
         }
         WeightFormat::Q5_0 => {
@@ -91,7 +85,7 @@ pub(crate) fn pack_block(fmt: WeightFormat, rows: &[&[u8]], b: usize, dst: &mut 
                 }
             }
             for k in 0..4 {
-                quad(dst, 6 * r_n + 4 * r_n * k, &|r| four(src(r), 6 + 4 * k));
+                quads(dst, 6 * r_n + 4 * r_n * k, r_n, |r| four(src(r), 6 + 4 * k));
             }
         }
         WeightFormat::Q4_K => {
@@ -112,7 +106,7 @@ pub(crate) fn pack_block(fmt: WeightFormat, rows: &[&[u8]], b: usize, dst: &mut 
             }
             for c in 0..4 {
                 for k in 0..8 {
-                    quad(dst, 20 * r_n + 4 * r_n * (8 * c + k), &|r| four(src(r), 16 + 32 * c + 4 * k));
+                    quads(dst, 20 * r_n + 4 * r_n * (8 * c + k), r_n, |r| four(src(r), 16 + 32 * c + 4 * k));
                 }
             }
         }
@@ -127,16 +121,24 @@ pub(crate) fn pack_block(fmt: WeightFormat, rows: &[&[u8]], b: usize, dst: &mut 
                 for t in 0..2 {
                     for k in 0..8 {
                         let at = 18 * r_n + 4 * r_n * ((2 * h + t) * 8 + k);
-                        quad(dst, at, &|r| four(src(r), 64 * h + 32 * t + 4 * k));
+                        quads(dst, at, r_n, |r| four(src(r), 64 * h + 32 * t + 4 * k));
                     }
                 }
                 for k in 0..8 {
                     let at = 146 * r_n + 4 * r_n * (8 * h + k);
-                    quad(dst, at, &|r| four(src(r), 128 + 32 * h + 4 * k));
+                    quads(dst, at, r_n, |r| four(src(r), 128 + 32 * h + 4 * k));
                 }
             }
         }
         // `pack_in_groups` calls this only for formats with a `row_block_bytes`.
         _ => debug_assert!(false, "{fmt:?} has no packed layout"),
+    }
+}
+
+/// 4 bytes of each of `r_n` rows, row after row, as the vector at byte `at` of `dst`.
+#[inline(always)]
+fn quads(dst: &mut [u8], at: usize, r_n: usize, from: impl Fn(usize) -> [u8; 4]) {
+    for (r, d) in dst[at..at + 4 * r_n].chunks_exact_mut(4).enumerate() {
+        d.copy_from_slice(&from(r));
     }
 }
