@@ -520,10 +520,14 @@ impl PackedMatrix {
         // SAFETY: a 16-row layout is only built where `wide_kernel_available()` held (AVX-512
         // F/BW/VL/VNNI besides AVX2, FMA, F16C); `tile.len() ≤ MAX_LANES`, the lanes exist.
         unsafe {
-            if self.fmt == WeightFormat::Q8_0 {
-                crate::packed_x86_wide::q8_0_group_wide(blk, x, lane0, tile)
-            } else {
-                crate::packed_x86_wide::q4_1_group_wide(blk, x, lane0, tile)
+            use crate::{packed_x86_ggml_order as legacy, packed_x86_wide as wide};
+            match self.fmt {
+                WeightFormat::Q8_0 => wide::q8_0_group_wide(blk, x, lane0, tile),
+                WeightFormat::Q4_1 => wide::q4_1_group_wide(blk, x, lane0, tile),
+                WeightFormat::Q4_0 => legacy::q4_0_group_wide(blk, x, lane0, tile),
+                WeightFormat::Q5_0 => legacy::q5_0_group_wide(blk, x, lane0, tile),
+                // `pack_in_groups` builds no other 16-row layout (`has_wide_kernel`).
+                _ => tile.iter_mut().for_each(|t| t.fill(f32::NAN)),
             }
         }
     }
@@ -563,7 +567,10 @@ const SPLIT_MAX_UNITS: usize = 128;
 
 /// Whether `fmt` has 16-row kernels (the others pack in 8-row groups on every CPU).
 fn has_wide_kernel(fmt: WeightFormat) -> bool {
-    matches!(fmt, WeightFormat::Q4_1 | WeightFormat::Q8_0)
+    matches!(
+        fmt,
+        WeightFormat::Q4_1 | WeightFormat::Q8_0 | WeightFormat::Q4_0 | WeightFormat::Q5_0
+    )
 }
 
 /// Whether this CPU has the 16-row (AVX-512 VNNI) kernels.

@@ -112,7 +112,7 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
-/// The formats packed in 8-row groups only, each against its row-major kernels: Q4_K and Q6_K
+/// The K-quant and legacy formats, each layout against its row-major kernels: Q4_K and Q6_K
 /// bit for bit against the scalar reference and every SIMD path (their row-major kernels reduce
 /// each super-block to exact integers, as the packed ones do); Q4_0 and Q5_0 bit for bit
 /// against the row-major SIMD tile (ggml's AVX2 accumulation order, which they keep) and within
@@ -138,9 +138,16 @@ fn packed_k_quant_and_legacy_kernels_match_their_row_major_kernels() {
                 println!("no packed kernel on this CPU");
                 return;
             };
-            assert_eq!(packed.group_rows(), PACK_ROWS, "{fmt:?} has 8-row kernels only");
-            let wide = PackedMatrix::pack_with_group_rows(fmt, &w, rows, cols, WIDE_GROUP_ROWS).expect("pack");
-            assert!(wide.is_none(), "{fmt:?} has no 16-row kernels");
+            // 16-row groups for Q4_0/Q5_0 where the CPU has the wide kernels and the rows allow.
+            let has_wide = matches!(fmt, WeightFormat::Q4_0 | WeightFormat::Q5_0);
+            let wide_expected = has_wide && wide_kernel_available() && rows % WIDE_GROUP_ROWS == 0;
+            let want_rows = if wide_expected { WIDE_GROUP_ROWS } else { PACK_ROWS };
+            assert_eq!(packed.group_rows(), want_rows, "{fmt:?} {rows} rows");
+            let layouts: Vec<PackedMatrix> = [PACK_ROWS, WIDE_GROUP_ROWS]
+                .into_iter()
+                .filter_map(|g| PackedMatrix::pack_with_group_rows(fmt, &w, rows, cols, g).expect("pack"))
+                .collect();
+            assert_eq!(layouts.len(), if wide_expected { 2 } else { 1 }, "{fmt:?} {rows} rows");
             let stored_per_row_block = fmt.block_bytes() + if fmt == WeightFormat::Q4_K { 4 } else { 0 };
             assert_eq!(packed.bytes(), rows * blocks * stored_per_row_block, "{fmt:?} size");
             for lanes in [1usize, 2, 3, 4, 5, 7, 17, 40] {
@@ -149,16 +156,22 @@ fn packed_k_quant_and_legacy_kernels_match_their_row_major_kernels() {
                 act.quantize(fmt, &x, lanes, cols).expect("quantize activations");
                 let scalar = row_major(Isa::Scalar, fmt, &w, rows, cols, &act);
                 assert!(scalar.iter().any(|v| *v != 0.0), "a test of zeros proves nothing");
-                for &isa in &simd {
-                    let mut got = vec![f32::NAN; lanes * rows];
-                    packed.matmul_with(isa, &act, &mut got).expect("packed");
-                    let what = format!("{} {fmt:?} {rows}x{cols} lanes {lanes}", isa.name());
-                    let tile = row_major(isa, fmt, &w, rows, cols, &act);
-                    assert!(same_bits(&got, &tile), "{what}: differs from the row-major {} kernel", isa.name());
-                    if matches!(fmt, WeightFormat::Q4_K | WeightFormat::Q6_K) {
-                        assert!(same_bits(&got, &scalar), "{what}: differs from the scalar reference");
-                    } else {
-                        assert_within_tolerance(&got, &scalar, cols, &what);
+                for p in &layouts {
+                    for &isa in &simd {
+                        let mut got = vec![f32::NAN; lanes * rows];
+                        if p.group_rows() == WIDE_GROUP_ROWS && isa == Isa::Avx2 {
+                            assert!(p.matmul_with(isa, &act, &mut got).is_err(), "wide layout on AVX2");
+                            continue;
+                        }
+                        p.matmul_with(isa, &act, &mut got).expect("packed");
+                        let what = format!("{} {fmt:?} {rows}x{cols} groups of {} lanes {lanes}", isa.name(), p.group_rows());
+                        let tile = row_major(isa, fmt, &w, rows, cols, &act);
+                        assert!(same_bits(&got, &tile), "{what}: differs from the row-major {} kernel", isa.name());
+                        if matches!(fmt, WeightFormat::Q4_K | WeightFormat::Q6_K) {
+                            assert!(same_bits(&got, &scalar), "{what}: differs from the scalar reference");
+                        } else {
+                            assert_within_tolerance(&got, &scalar, cols, &what);
+                        }
                     }
                 }
             }
@@ -181,17 +194,22 @@ fn packed_kernels_stay_exact_at_the_ends_of_the_ranges() {
                 _ => rng.vec(rows * cols),
             };
             let w = encode(fmt, &wf, rows, cols);
-            let Some(packed) = PackedMatrix::pack(fmt, &w, rows, cols).expect("pack") else {
-                return;
-            };
             let x: Vec<f32> = (0..2 * cols).map(|i| if i % 2 == 0 { 1.0 } else { -1.0 }).collect();
             let mut act = Activations::new();
             act.quantize(fmt, &x, 2, cols).expect("quantize");
-            for isa in [Isa::Avx2, Isa::Avx2Vnni].into_iter().filter(|i| i.available()) {
-                let mut got = vec![f32::NAN; 2 * rows];
-                packed.matmul_with(isa, &act, &mut got).expect("packed");
-                let tile = row_major(isa, fmt, &w, rows, cols, &act);
-                assert!(same_bits(&got, &tile), "{} {fmt:?} pattern {pattern}", isa.name());
+            for g in [PACK_ROWS, WIDE_GROUP_ROWS] {
+                let Some(packed) = PackedMatrix::pack_with_group_rows(fmt, &w, rows, cols, g).expect("pack") else {
+                    continue;
+                };
+                for isa in [Isa::Avx2, Isa::Avx2Vnni].into_iter().filter(|i| i.available()) {
+                    if g == WIDE_GROUP_ROWS && isa == Isa::Avx2 {
+                        continue;
+                    }
+                    let mut got = vec![f32::NAN; 2 * rows];
+                    packed.matmul_with(isa, &act, &mut got).expect("packed");
+                    let tile = row_major(isa, fmt, &w, rows, cols, &act);
+                    assert!(same_bits(&got, &tile), "{} {fmt:?} groups of {g} pattern {pattern}", isa.name());
+                }
             }
         }
     }
