@@ -520,8 +520,10 @@ impl PackedMatrix {
         // SAFETY: a 16-row layout is only built where `wide_kernel_available()` held (AVX-512
         // F/BW/VL/VNNI besides AVX2, FMA, F16C); `tile.len() ≤ MAX_LANES`, the lanes exist.
         unsafe {
-            use crate::{packed_x86_ggml_order as legacy, packed_x86_wide as wide};
+            use crate::{packed_x86_ggml_order as legacy, packed_x86_kquant as kq, packed_x86_wide as wide};
             match self.fmt {
+                WeightFormat::Q4_K => kq::q4_k_group_wide(blk, x, lane0, tile),
+                WeightFormat::Q6_K => kq::q6_k_group_wide(blk, x, lane0, tile),
                 WeightFormat::Q8_0 => wide::q8_0_group_wide(blk, x, lane0, tile),
                 WeightFormat::Q4_1 => wide::q4_1_group_wide(blk, x, lane0, tile),
                 WeightFormat::Q4_0 => legacy::q4_0_group_wide(blk, x, lane0, tile),
@@ -569,7 +571,12 @@ const SPLIT_MAX_UNITS: usize = 128;
 fn has_wide_kernel(fmt: WeightFormat) -> bool {
     matches!(
         fmt,
-        WeightFormat::Q4_1 | WeightFormat::Q8_0 | WeightFormat::Q4_0 | WeightFormat::Q5_0
+        WeightFormat::Q4_1
+            | WeightFormat::Q8_0
+            | WeightFormat::Q4_0
+            | WeightFormat::Q5_0
+            | WeightFormat::Q4_K
+            | WeightFormat::Q6_K
     )
 }
 

@@ -1,5 +1,6 @@
-//! The packed Q4_K and Q6_K kernels (8-row groups, layouts in `packed_layout.rs`), AVX2
-//! (`maddubs` + `madd`) and AVX-512 VNNI (`vpdpbusd` on ymm registers).
+//! The packed Q4_K and Q6_K kernels (layouts in `packed_layout.rs`): 8-row groups on AVX2
+//! (`maddubs` + `madd`) and AVX-512 VNNI (`vpdpbusd` on ymm registers), 16-row groups on
+//! AVX-512 VNNI (zmm registers).
 //!
 //! **Bit-exact with the row-major kernels** (scalar and SIMD alike): those reduce each 256-value
 //! super-block to exact integers — `Σ_j scale_j · (sub-block dot)`, and for Q4_K
@@ -16,6 +17,7 @@ use std::arch::x86_64::*;
 
 use crate::activations::Activations;
 use crate::packed_x86::{LaneBlocks, PREFETCH, acc_dot, acc_dot_vnni, f16x8, lane_entry};
+use crate::packed_x86_wide::{WIDE_ROWS, f16x16, load512, prefetch_ahead, weight_prefetch_nta};
 use crate::simd_x86::load256;
 
 /// Bytes of one 8-row group's Q4_K super-block (148 per row).
@@ -208,3 +210,173 @@ define_q6_k_group!(
     acc_dot_vnni,
     4
 );
+
+/// 16 bytes at `b` widened to the 16 rows' i32 (unsigned, or signed when `SIGNED`).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn bytes_to_i32x16<const SIGNED: bool>(b: &[u8]) -> __m512i {
+    assert!(b.len() >= 16);
+    // SAFETY: the assertion guarantees 16 readable bytes; an unaligned load.
+    let v = unsafe { _mm_loadu_si128(b.as_ptr().cast()) };
+    if SIGNED {
+        _mm512_cvtepi8_epi32(v)
+    } else {
+        _mm512_cvtepu8_epi32(v)
+    }
+}
+
+/// The entry of a 16-row kernel: tiles of 4 lanes, then 2, then 1, with the weight stream
+/// prefetched as the other wide kernels do it (`weight_prefetch_nta`).
+macro_rules! wide_lanes {
+    ($entry:ident, $tile:ident) => {
+        #[doc = "`out[l][r] = row r of the 16-row group · x[lane0 + l]` for `l < out.len() ≤ MAX_LANES`."]
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        pub(crate) fn $entry(blk: &[u8], x: &Activations, lane0: usize, out: &mut [[f32; WIDE_ROWS]]) {
+            let n = out.len();
+            let nta = weight_prefetch_nta();
+            let mut l = 0;
+            while l < n {
+                let m = if n - l >= 4 { 4 } else { (n - l).min(2) };
+                let tile = &mut out[l..l + m];
+                match (m, nta) {
+                    (4, true) => $tile::<4, true>(blk, x, lane0 + l, tile),
+                    (4, false) => $tile::<4, false>(blk, x, lane0 + l, tile),
+                    (2, true) => $tile::<2, true>(blk, x, lane0 + l, tile),
+                    (2, false) => $tile::<2, false>(blk, x, lane0 + l, tile),
+                    (_, true) => $tile::<1, true>(blk, x, lane0 + l, tile),
+                    (_, false) => $tile::<1, false>(blk, x, lane0 + l, tile),
+                }
+                l += m;
+            }
+        }
+    };
+}
+
+wide_lanes!(q4_k_group_wide, q4_k_tile_wide);
+wide_lanes!(q6_k_group_wide, q6_k_tile_wide);
+
+/// [`q4_k_group`] on 16 rows: 2368 bytes per (group, super-block), the 8-row layout with every
+/// 8 replaced by 16; the same integers and f32 operations per row, so the same bits.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::needless_range_loop)] // `j` indexes the accumulators and the lanes alike
+fn q4_k_tile_wide<const L: usize, const NTA: bool>(blk: &[u8], x: &Activations, lane: usize, out: &mut [[f32; WIDE_ROWS]]) {
+    let nb = x.cols / 256;
+    let xq = LaneBlocks::new(&x.q, lane, L, x.cols);
+    let xd = LaneBlocks::new(&x.d, lane, L, nb);
+    let xp = LaneBlocks::new(&x.kpairs, lane, L, 4 * nb);
+    let mask = _mm512_set1_epi8(0x0F);
+    let mut acc = [_mm512_setzero_ps(); L];
+    for (b, p) in blk.chunks_exact(16 * 148).enumerate().take(nb) {
+        let mut sumi = [_mm512_setzero_si512(); L];
+        for c in 0..4 {
+            prefetch_ahead::<NTA>(&p[320 + 512 * c..], 8);
+            for half in 0..2 {
+                let mut w = [_mm512_setzero_si512(); 8];
+                for k in 0..8 {
+                    let v = load512(&p[320 + 64 * (8 * c + k)..]);
+                    w[k] = if half == 0 {
+                        _mm512_and_si512(v, mask)
+                    } else {
+                        _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask)
+                    };
+                }
+                let sc = bytes_to_i32x16::<false>(&p[64 + 16 * (2 * c + half)..]);
+                let base = 256 * b + 64 * c + 32 * half;
+                for j in 0..L {
+                    let mut s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], _mm512_set1_epi32(xq.quad(j, base)));
+                    let mut s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], _mm512_set1_epi32(xq.quad(j, base + 4)));
+                    for k in (2..8).step_by(2) {
+                        s0 = _mm512_dpbusd_epi32(s0, w[k], _mm512_set1_epi32(xq.quad(j, base + 4 * k)));
+                        s1 = _mm512_dpbusd_epi32(s1, w[k + 1], _mm512_set1_epi32(xq.quad(j, base + 4 * k + 4)));
+                    }
+                    sumi[j] = _mm512_add_epi32(sumi[j], _mm512_mullo_epi32(_mm512_add_epi32(s0, s1), sc));
+                }
+            }
+        }
+        let mut mins = [_mm512_setzero_si512(); 4];
+        for q in 0..4 {
+            // SAFETY: 32 bytes at 192 + 32q < 320 ≤ p.len(); an unaligned load.
+            mins[q] = _mm512_cvtepu8_epi16(unsafe { _mm256_loadu_si256(p[192 + 32 * q..224 + 32 * q].as_ptr().cast()) });
+        }
+        let d = f16x16(&p[0..32]);
+        let dmin = f16x16(&p[32..64]);
+        for j in 0..L {
+            let mut summins = _mm512_madd_epi16(mins[0], _mm512_set1_epi32(xp.get(j, 4 * b)));
+            for q in 1..4 {
+                summins = _mm512_add_epi32(summins, _mm512_madd_epi16(mins[q], _mm512_set1_epi32(xp.get(j, 4 * b + q))));
+            }
+            let dx = _mm512_set1_ps(xd.get(j, b));
+            let t = _mm512_mul_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(sumi[j]));
+            let m = _mm512_mul_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(summins));
+            acc[j] = _mm512_add_ps(acc[j], _mm512_sub_ps(t, m));
+        }
+    }
+    for j in 0..L {
+        // SAFETY: `out[j]` holds exactly 16 f32; unaligned store.
+        unsafe { _mm512_storeu_ps(out[j].as_mut_ptr(), acc[j]) };
+    }
+}
+
+/// [`q6_k_group`] on 16 rows: 3360 bytes per (group, super-block), the 8-row layout with every
+/// 8 replaced by 16; the same integers and f32 operations per row, so the same bits.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::needless_range_loop)] // `j` indexes the accumulators and the lanes alike
+fn q6_k_tile_wide<const L: usize, const NTA: bool>(blk: &[u8], x: &Activations, lane: usize, out: &mut [[f32; WIDE_ROWS]]) {
+    let nb = x.cols / 256;
+    let xq = LaneBlocks::new(&x.q, lane, L, x.cols);
+    let xd = LaneBlocks::new(&x.d, lane, L, nb);
+    let xo = LaneBlocks::new(&x.sub_offsets, lane, L, 16 * nb);
+    let (low, two) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
+    let mut acc = [_mm512_setzero_ps(); L];
+    for (b, p) in blk.chunks_exact(16 * 210).enumerate().take(nb) {
+        let mut sumi = [_mm512_setzero_si512(); L];
+        for h in 0..2 {
+            prefetch_ahead::<NTA>(&p[288 + 1024 * h..], 16);
+            prefetch_ahead::<NTA>(&p[2336 + 512 * h..], 8);
+            for kk in 0..2 {
+                for st in 0..4 {
+                    let mut w = [_mm512_setzero_si512(); 4];
+                    for i in 0..4 {
+                        let k = 4 * kk + i;
+                        let ql = load512(&p[288 + 64 * ((2 * h + (st & 1)) * 8 + k)..]);
+                        let qh = load512(&p[2336 + 64 * (8 * h + k)..]);
+                        let nib = if st < 2 {
+                            _mm512_and_si512(ql, low)
+                        } else {
+                            _mm512_and_si512(_mm512_srli_epi16::<4>(ql), low)
+                        };
+                        let high = match st {
+                            0 => _mm512_slli_epi16::<4>(qh),
+                            1 => _mm512_slli_epi16::<2>(qh),
+                            2 => qh,
+                            _ => _mm512_srli_epi16::<2>(qh),
+                        };
+                        w[i] = _mm512_or_si512(nib, _mm512_and_si512(high, two));
+                    }
+                    let s = 8 * h + 2 * st + kk;
+                    let sc = bytes_to_i32x16::<true>(&p[32 + 16 * s..]);
+                    let base = 256 * b + 128 * h + 32 * st + 16 * kk;
+                    for j in 0..L {
+                        let start = _mm512_set1_epi32(xo.get(j, 16 * b + s));
+                        let s0 = _mm512_dpbusd_epi32(start, w[0], _mm512_set1_epi32(xq.quad(j, base)));
+                        let s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], _mm512_set1_epi32(xq.quad(j, base + 4)));
+                        let s0 = _mm512_dpbusd_epi32(s0, w[2], _mm512_set1_epi32(xq.quad(j, base + 8)));
+                        let s1 = _mm512_dpbusd_epi32(s1, w[3], _mm512_set1_epi32(xq.quad(j, base + 12)));
+                        sumi[j] = _mm512_add_epi32(sumi[j], _mm512_mullo_epi32(_mm512_add_epi32(s0, s1), sc));
+                    }
+                }
+            }
+        }
+        let d = f16x16(&p[0..32]);
+        for j in 0..L {
+            let dx = _mm512_set1_ps(xd.get(j, b));
+            acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(sumi[j])));
+        }
+    }
+    for j in 0..L {
+        // SAFETY: `out[j]` holds exactly 16 f32; unaligned store.
+        unsafe { _mm512_storeu_ps(out[j].as_mut_ptr(), acc[j]) };
+    }
+}

@@ -138,9 +138,8 @@ fn packed_k_quant_and_legacy_kernels_match_their_row_major_kernels() {
                 println!("no packed kernel on this CPU");
                 return;
             };
-            // 16-row groups for Q4_0/Q5_0 where the CPU has the wide kernels and the rows allow.
-            let has_wide = matches!(fmt, WeightFormat::Q4_0 | WeightFormat::Q5_0);
-            let wide_expected = has_wide && wide_kernel_available() && rows % WIDE_GROUP_ROWS == 0;
+            // 16-row groups where the CPU has the wide kernels and the rows allow.
+            let wide_expected = wide_kernel_available() && rows % WIDE_GROUP_ROWS == 0;
             let want_rows = if wide_expected { WIDE_GROUP_ROWS } else { PACK_ROWS };
             assert_eq!(packed.group_rows(), want_rows, "{fmt:?} {rows} rows");
             let layouts: Vec<PackedMatrix> = [PACK_ROWS, WIDE_GROUP_ROWS]
