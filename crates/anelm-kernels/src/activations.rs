@@ -1,7 +1,7 @@
 //! `Activations`: activation rows converted to the dot format llama.cpp pairs with each weight
 //! format (its `vec_dot_type`), so the matmul runs integer dot products per block exactly as
 //! ggml's CPU path does: F32→F32, F16→F16, BF16→BF16, Q4_0/Q5_0/Q8_0→Q8_0, Q4_1→Q8_1,
-//! Q4_K/Q6_K→Q8_K.
+//! Q4_K/Q5_K/Q6_K→Q8_K.
 
 use crate::error::{KernelError, check_len};
 use crate::format::WeightFormat;
@@ -176,7 +176,7 @@ impl ActKind {
             WeightFormat::BF16 => Self::BF16,
             WeightFormat::Q4_0 | WeightFormat::Q5_0 | WeightFormat::Q8_0 => Self::Q8_0,
             WeightFormat::Q4_1 => Self::Q8_1,
-            WeightFormat::Q4_K | WeightFormat::Q6_K => Self::Q8K,
+            WeightFormat::Q4_K | WeightFormat::Q5_K | WeightFormat::Q6_K => Self::Q8K,
         }
     }
 }
@@ -400,7 +400,7 @@ impl Activations {
         self.kpairs.clear();
         self.sub_offsets.clear();
         match self.fmt {
-            WeightFormat::Q4_K => self.kpairs.extend(self.bsums.chunks_exact(4).map(|s| {
+            WeightFormat::Q4_K | WeightFormat::Q5_K => self.kpairs.extend(self.bsums.chunks_exact(4).map(|s| {
                 // Each 32-value sum is within ±32·127, so it fits an i16.
                 let (a, b) = (s[0] + s[1], s[2] + s[3]);
                 (a & 0xFFFF) | (b << 16)
