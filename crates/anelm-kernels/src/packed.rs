@@ -503,6 +503,8 @@ impl PackedMatrix {
                 (WeightFormat::Q5_0, false) => legacy::q5_0_group(blk, x, lane0, tile),
                 (WeightFormat::Q4_K, true) => kq::q4_k_group_vnni(blk, x, lane0, tile),
                 (WeightFormat::Q4_K, false) => kq::q4_k_group(blk, x, lane0, tile),
+                (WeightFormat::Q5_K, true) => kq::q5_k_group_vnni(blk, x, lane0, tile),
+                (WeightFormat::Q5_K, false) => kq::q5_k_group(blk, x, lane0, tile),
                 (WeightFormat::Q6_K, true) => kq::q6_k_group_vnni(blk, x, lane0, tile),
                 (WeightFormat::Q6_K, false) => kq::q6_k_group(blk, x, lane0, tile),
                 // `pack_in_groups` builds nothing else.
@@ -523,6 +525,7 @@ impl PackedMatrix {
             use crate::{packed_x86_ggml_order as legacy, packed_x86_kquant as kq, packed_x86_wide as wide};
             match self.fmt {
                 WeightFormat::Q4_K => kq::q4_k_group_wide(blk, x, lane0, tile),
+                WeightFormat::Q5_K => kq::q5_k_group_wide(blk, x, lane0, tile),
                 WeightFormat::Q6_K => kq::q6_k_group_wide(blk, x, lane0, tile),
                 WeightFormat::Q8_0 => wide::q8_0_group_wide(blk, x, lane0, tile),
                 WeightFormat::Q4_1 => wide::q4_1_group_wide(blk, x, lane0, tile),
@@ -576,6 +579,7 @@ fn has_wide_kernel(fmt: WeightFormat) -> bool {
             | WeightFormat::Q4_0
             | WeightFormat::Q5_0
             | WeightFormat::Q4_K
+            | WeightFormat::Q5_K
             | WeightFormat::Q6_K
     )
 }

@@ -20,6 +20,9 @@
 //!   one `madd` applies a pair of minimums to a pair of activation sums); then for chunk `c < 4`
 //!   and `k < 8` bytes `32c + 4k .. +4` of each row's 128 quant bytes (low nibbles are
 //!   sub-block `2c`, high nibbles sub-block `2c + 1`).
+//! - **Q5_K** (`180R`): Q4_K's layout (its nibbles taken from bytes 48.. of the block), then
+//!   for `k < 8` bytes `4k .. +4` of each row's 32 `qh` bytes (bit `2c + h` of a byte: the fifth
+//!   bit of the value vector `k` of chunk `c` holds there, low nibble for `h = 0`, high for 1).
 //! - **Q6_K** (`210R`, as stored): `R` f16 `d`; the 16 int8 sub-block scales, sub-block after
 //!   sub-block; then `ql` for half `h < 2`, part `t < 2`, `k < 8`: bytes `64h + 32t + 4k .. +4`
 //!   of each row; then `qh` for `h < 2`, `k < 8`: bytes `32h + 4k .. +4` of each row.
@@ -34,6 +37,7 @@ pub(crate) fn row_block_bytes(fmt: WeightFormat) -> Option<usize> {
         WeightFormat::Q4_0 => Some(18),
         WeightFormat::Q5_0 => Some(22),
         WeightFormat::Q4_K => Some(148),
+        WeightFormat::Q5_K => Some(180),
         WeightFormat::Q6_K => Some(210),
         _ => None,
     }
@@ -88,7 +92,7 @@ pub(crate) fn pack_block(fmt: WeightFormat, rows: &[&[u8]], b: usize, dst: &mut 
                 quads(dst, 6 * r_n + 4 * r_n * k, r_n, |r| four(src(r), 6 + 4 * k));
             }
         }
-        WeightFormat::Q4_K => {
+        WeightFormat::Q4_K | WeightFormat::Q5_K => {
             halves(dst, 0, 0);
             halves(dst, 2 * r_n, 2);
             for r in 0..r_n {
@@ -104,9 +108,16 @@ pub(crate) fn pack_block(fmt: WeightFormat, rows: &[&[u8]], b: usize, dst: &mut 
                     dst[at + 1] = mn[2 * p + 1];
                 }
             }
+            // Q5_K's nibbles follow its 32 `qh` bytes; those go after the Q4_K layout.
+            let qs = if fmt == WeightFormat::Q5_K { 48 } else { 16 };
             for c in 0..4 {
                 for k in 0..8 {
-                    quads(dst, 20 * r_n + 4 * r_n * (8 * c + k), r_n, |r| four(src(r), 16 + 32 * c + 4 * k));
+                    quads(dst, 20 * r_n + 4 * r_n * (8 * c + k), r_n, |r| four(src(r), qs + 32 * c + 4 * k));
+                }
+            }
+            if fmt == WeightFormat::Q5_K {
+                for k in 0..8 {
+                    quads(dst, 148 * r_n + 4 * r_n * k, r_n, |r| four(src(r), 16 + 4 * k));
                 }
             }
         }

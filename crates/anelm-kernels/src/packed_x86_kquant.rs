@@ -1,4 +1,4 @@
-//! The packed Q4_K and Q6_K kernels (layouts in `packed_layout.rs`): 8-row groups on AVX2
+//! The packed Q4_K, Q5_K and Q6_K kernels (layouts in `packed_layout.rs`): 8-row groups on AVX2
 //! (`maddubs` + `madd`) and AVX-512 VNNI (`vpdpbusd` on ymm registers), 16-row groups on
 //! AVX-512 VNNI (zmm registers).
 //!
@@ -20,8 +20,10 @@ use crate::packed_x86::{LaneBlocks, PREFETCH, acc_dot, acc_dot_vnni, f16x8, lane
 use crate::packed_x86_wide::{WIDE_ROWS, f16x16, load512, prefetch_ahead, weight_prefetch_nta};
 use crate::simd_x86::load256;
 
-/// Bytes of one 8-row group's Q4_K super-block (148 per row).
-const Q4_K_GROUP_BYTES: usize = 8 * 148;
+/// Bytes per row of a Q4_K super-block in the packed layout (Q5_K: 32 more, its fifth bits).
+const Q4_K_ROW_BYTES: usize = 148;
+/// Where a group's fifth bits start in the Q5_K layout, per row of the group.
+const Q5_K_HIGH_BITS: usize = 148;
 /// Bytes of one 8-row group's Q6_K super-block (210 per row).
 const Q6_K_GROUP_BYTES: usize = 8 * 210;
 /// Bytes of one 16-row group's Q6_K super-block.
@@ -51,8 +53,11 @@ fn prefetch(p: &[u8], lines: usize) {
     }
 }
 
+/// Q4_K, or with `$fifth` Q5_K (the same layout plus, at `148R`, for `k < 8` bytes `4k .. +4`
+/// of each row's 32 `qh` bytes: bit `2c + half` of a byte is the fifth bit of the value that
+/// vector `k` of chunk `c` holds at that byte, low nibbles for `half` 0, high for 1).
 macro_rules! define_q4_k_group {
-    ($entry:ident, $tile:ident, $features:literal, $dot:ident, $wide:literal) => {
+    ($entry:ident, $tile:ident, $features:literal, $dot:ident, $wide:literal, $fifth:literal) => {
         lane_entry!($entry, $tile, $features, $wide);
 
         #[inline]
@@ -63,23 +68,40 @@ macro_rules! define_q4_k_group {
             let xq = LaneBlocks::new(&x.q, lane, L, x.cols);
             let xd = LaneBlocks::new(&x.d, lane, L, nb);
             let xp = LaneBlocks::new(&x.kpairs, lane, L, 4 * nb);
-            let mask = _mm256_set1_epi8(0x0F);
+            let (mask, five) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x10));
+            let group_bytes = 8 * (Q4_K_ROW_BYTES + if $fifth { 32 } else { 0 });
             let mut acc = [_mm256_setzero_ps(); L];
-            for (b, p) in blk.chunks_exact(Q4_K_GROUP_BYTES).enumerate().take(nb) {
+            for (b, p) in blk.chunks_exact(group_bytes).enumerate().take(nb) {
                 let mut sumi = [_mm256_setzero_si256(); L];
                 for c in 0..4 {
                     prefetch(&p[160 + 256 * c..], 4);
+                    if $fifth && c == 0 {
+                        prefetch(&p[8 * Q5_K_HIGH_BITS..], 4);
+                    }
                     for half in 0..2 {
                         // Sub-block 2c (low nibbles) or 2c + 1 (high nibbles): elements
                         // 64c + 32·half + 4k .. +4 of the 8 rows in vector k.
-                        let w: [__m256i; 8] = std::array::from_fn(|k| {
+                        let mut w = [_mm256_setzero_si256(); 8];
+                        for k in 0..8 {
                             let v = load256(&p[160 + 32 * (8 * c + k)..]);
-                            if half == 0 {
+                            w[k] = if half == 0 {
                                 _mm256_and_si256(v, mask)
                             } else {
                                 _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask)
+                            };
+                            if $fifth {
+                                // Bit 2c + half of each byte to bit 4 (16-bit shifts: what
+                                // crosses into the neighbouring byte lands outside bit 4).
+                                let qh = load256(&p[8 * Q5_K_HIGH_BITS + 32 * k..]);
+                                let bit = (2 * c + half) as i32;
+                                let h = if bit <= 4 {
+                                    _mm256_sll_epi16(qh, _mm_cvtsi32_si128(4 - bit))
+                                } else {
+                                    _mm256_srl_epi16(qh, _mm_cvtsi32_si128(bit - 4))
+                                };
+                                w[k] = _mm256_or_si256(w[k], _mm256_and_si256(h, five));
                             }
-                        });
+                        }
                         let sc = bytes_to_i32::<false>(&p[32 + 8 * (2 * c + half)..]);
                         let base = 256 * b + 64 * c + 32 * half;
                         for j in 0..L {
@@ -196,13 +218,23 @@ macro_rules! define_q6_k_group {
     };
 }
 
-define_q4_k_group!(q4_k_group, q4_k_tile, "avx2,fma,f16c", acc_dot, 2);
+define_q4_k_group!(q4_k_group, q4_k_tile, "avx2,fma,f16c", acc_dot, 2, false);
 define_q4_k_group!(
     q4_k_group_vnni,
     q4_k_tile_vnni,
     "avx2,fma,f16c,avx512vnni,avx512vl",
     acc_dot_vnni,
-    4
+    4,
+    false
+);
+define_q4_k_group!(q5_k_group, q5_k_tile, "avx2,fma,f16c", acc_dot, 2, true);
+define_q4_k_group!(
+    q5_k_group_vnni,
+    q5_k_tile_vnni,
+    "avx2,fma,f16c,avx512vnni,avx512vl",
+    acc_dot_vnni,
+    4,
+    true
 );
 define_q6_k_group!(q6_k_group, q6_k_tile, "avx2,fma,f16c", acc_dot, 2);
 define_q6_k_group!(
@@ -255,24 +287,47 @@ macro_rules! wide_lanes {
 }
 
 wide_lanes!(q4_k_group_wide, q4_k_tile_wide);
+wide_lanes!(q5_k_group_wide, q5_k_tile_wide);
 wide_lanes!(q6_k_group_wide, q6_k_tile_wide);
 
-/// [`q4_k_group`] on 16 rows: 2368 bytes per (group, super-block), the 8-row layout with every
-/// 8 replaced by 16; the same integers and f32 operations per row, so the same bits.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn q4_k_tile_wide<const L: usize, const NTA: bool>(blk: &[u8], x: &Activations, lane: usize, out: &mut [[f32; WIDE_ROWS]]) {
+    q45_k_tile_wide::<L, NTA, false>(blk, x, lane, out)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn q5_k_tile_wide<const L: usize, const NTA: bool>(blk: &[u8], x: &Activations, lane: usize, out: &mut [[f32; WIDE_ROWS]]) {
+    q45_k_tile_wide::<L, NTA, true>(blk, x, lane, out)
+}
+
+/// [`q4_k_group`] (Q5_K with `FIFTH`) on 16 rows: 2368 (2880) bytes per (group, super-block),
+/// the 8-row layout with every 8 replaced by 16; the same integers and f32 operations per row,
+/// so the same bits.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[allow(clippy::needless_range_loop)] // `j` indexes the accumulators and the lanes alike
-fn q4_k_tile_wide<const L: usize, const NTA: bool>(blk: &[u8], x: &Activations, lane: usize, out: &mut [[f32; WIDE_ROWS]]) {
+fn q45_k_tile_wide<const L: usize, const NTA: bool, const FIFTH: bool>(
+    blk: &[u8],
+    x: &Activations,
+    lane: usize,
+    out: &mut [[f32; WIDE_ROWS]],
+) {
     let nb = x.cols / 256;
     let xq = LaneBlocks::new(&x.q, lane, L, x.cols);
     let xd = LaneBlocks::new(&x.d, lane, L, nb);
     let xp = LaneBlocks::new(&x.kpairs, lane, L, 4 * nb);
-    let mask = _mm512_set1_epi8(0x0F);
+    let (mask, five) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x10));
+    let group_bytes = 16 * (Q4_K_ROW_BYTES + if FIFTH { 32 } else { 0 });
     let mut acc = [_mm512_setzero_ps(); L];
-    for (b, p) in blk.chunks_exact(16 * 148).enumerate().take(nb) {
+    for (b, p) in blk.chunks_exact(group_bytes).enumerate().take(nb) {
         let mut sumi = [_mm512_setzero_si512(); L];
         for c in 0..4 {
             prefetch_ahead::<NTA>(&p[320 + 512 * c..], 8);
+            if FIFTH && c == 0 {
+                prefetch_ahead::<false>(&p[16 * Q5_K_HIGH_BITS..], 8);
+            }
             for half in 0..2 {
                 let mut w = [_mm512_setzero_si512(); 8];
                 for k in 0..8 {
@@ -282,6 +337,16 @@ fn q4_k_tile_wide<const L: usize, const NTA: bool>(blk: &[u8], x: &Activations, 
                     } else {
                         _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask)
                     };
+                    if FIFTH {
+                        let qh = load512(&p[16 * Q5_K_HIGH_BITS + 64 * k..]);
+                        let bit = (2 * c + half) as i32;
+                        let h = if bit <= 4 {
+                            _mm512_sll_epi16(qh, _mm_cvtsi32_si128(4 - bit))
+                        } else {
+                            _mm512_srl_epi16(qh, _mm_cvtsi32_si128(bit - 4))
+                        };
+                        w[k] = _mm512_or_si512(w[k], _mm512_and_si512(h, five));
+                    }
                 }
                 let sc = bytes_to_i32x16::<false>(&p[64 + 16 * (2 * c + half)..]);
                 let base = 256 * b + 64 * c + 32 * half;

@@ -1,6 +1,6 @@
 //! The interleaved (packed) kernels against the row-major ones: Q4_1 and Q8_0 against the scalar
 //! reference with the tolerance rule of `simd_vs_scalar.rs` (integer block dots are exact, only
-//! the f32 accumulation order differs), Q4_K, Q6_K, Q5_0 and Q4_0 bit for bit (see their test). Shapes cover several pool tasks, lane counts across the kernel's lane tiles
+//! the f32 accumulation order differs), Q4_K, Q5_K, Q6_K, Q5_0 and Q4_0 bit for bit (see their test). Shapes cover several pool tasks, lane counts across the kernel's lane tiles
 //! (1, 2, 4 and remainders, more than one call's `MAX_LANES`), and a width that is not a multiple
 //! of 256. Packing refuses what it has no kernel for.
 
@@ -112,8 +112,8 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
-/// The K-quant and legacy formats, each layout against its row-major kernels: Q4_K and Q6_K
-/// bit for bit against the scalar reference and every SIMD path (their row-major kernels reduce
+/// The K-quant and legacy formats, each layout against its row-major kernels: Q4_K, Q5_K and
+/// Q6_K bit for bit against the scalar reference and every SIMD path (their row-major kernels reduce
 /// each super-block to exact integers, as the packed ones do); Q4_0 and Q5_0 bit for bit
 /// against the row-major SIMD tile (ggml's AVX2 accumulation order, which they keep) and within
 /// the usual tolerance of the scalar reference. Column counts at several multiples of the block,
@@ -123,7 +123,13 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
 fn packed_k_quant_and_legacy_kernels_match_their_row_major_kernels() {
     let mut rng = Rng(17);
     let simd: Vec<Isa> = [Isa::Avx2, Isa::Avx2Vnni].into_iter().filter(|i| i.available()).collect();
-    for fmt in [WeightFormat::Q4_K, WeightFormat::Q6_K, WeightFormat::Q5_0, WeightFormat::Q4_0] {
+    for fmt in [
+        WeightFormat::Q4_K,
+        WeightFormat::Q5_K,
+        WeightFormat::Q6_K,
+        WeightFormat::Q5_0,
+        WeightFormat::Q4_0,
+    ] {
         let block = fmt.block_elems();
         for (rows, blocks) in [(8usize, 1usize), (16, 2), (24, 3), (64, 5), (200, 4), (13, 2), (100, 1)] {
             let cols = blocks * block;
@@ -147,7 +153,9 @@ fn packed_k_quant_and_legacy_kernels_match_their_row_major_kernels() {
                 .filter_map(|g| PackedMatrix::pack_with_group_rows(fmt, &w, rows, cols, g).expect("pack"))
                 .collect();
             assert_eq!(layouts.len(), if wide_expected { 2 } else { 1 }, "{fmt:?} {rows} rows");
-            let stored_per_row_block = fmt.block_bytes() + if fmt == WeightFormat::Q4_K { 4 } else { 0 };
+            // Q4_K and Q5_K unpack their 12 bytes of 6-bit scales into 16.
+            let unpacked = matches!(fmt, WeightFormat::Q4_K | WeightFormat::Q5_K);
+            let stored_per_row_block = fmt.block_bytes() + if unpacked { 4 } else { 0 };
             assert_eq!(packed.bytes(), rows * blocks * stored_per_row_block, "{fmt:?} size");
             for lanes in [1usize, 2, 3, 4, 5, 7, 17, 40] {
                 let x: Vec<f32> = rng.vec(lanes * cols).iter().map(|v| v * 3.0).collect();
@@ -166,7 +174,7 @@ fn packed_k_quant_and_legacy_kernels_match_their_row_major_kernels() {
                         let what = format!("{} {fmt:?} {rows}x{cols} groups of {} lanes {lanes}", isa.name(), p.group_rows());
                         let tile = row_major(isa, fmt, &w, rows, cols, &act);
                         assert!(same_bits(&got, &tile), "{what}: differs from the row-major {} kernel", isa.name());
-                        if matches!(fmt, WeightFormat::Q4_K | WeightFormat::Q6_K) {
+                        if matches!(fmt, WeightFormat::Q4_K | WeightFormat::Q5_K | WeightFormat::Q6_K) {
                             assert!(same_bits(&got, &scalar), "{what}: differs from the scalar reference");
                         } else {
                             assert_within_tolerance(&got, &scalar, cols, &what);
@@ -184,7 +192,13 @@ fn packed_k_quant_and_legacy_kernels_match_their_row_major_kernels() {
 fn packed_kernels_stay_exact_at_the_ends_of_the_ranges() {
     let mut rng = Rng(23);
     let (rows, cols) = (16usize, 512usize);
-    for fmt in [WeightFormat::Q4_K, WeightFormat::Q6_K, WeightFormat::Q5_0, WeightFormat::Q4_0] {
+    for fmt in [
+        WeightFormat::Q4_K,
+        WeightFormat::Q5_K,
+        WeightFormat::Q6_K,
+        WeightFormat::Q5_0,
+        WeightFormat::Q4_0,
+    ] {
         for pattern in 0..3 {
             // Weights: alternating ±1 (each block's extremes), all +1, or random.
             let wf: Vec<f32> = match pattern {
