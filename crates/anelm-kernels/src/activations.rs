@@ -322,7 +322,8 @@ impl Activations {
         self.bsums.resize(blocks, 0);
         self.neg_offsets.resize(if with_sums { 0 } else { blocks }, 0);
         let quad_mul = quad_offset(weight_fmt);
-        self.quad_offsets.resize(if quad_mul.is_some() { 8 * blocks } else { 0 }, 0);
+        self.quad_offsets
+            .resize(if quad_mul.is_some() { 8 * blocks } else { 0 }, 0);
         Ok(Some(BlockWriter {
             q: self.q.as_mut_ptr(),
             d: self.d.as_mut_ptr(),
@@ -363,7 +364,8 @@ impl Activations {
         }
         self.quad_offsets.clear();
         if let Some(m) = quad_offset(self.fmt) {
-            self.quad_offsets.extend(self.q.chunks_exact(4).map(|c| m * quad_sum(c)));
+            self.quad_offsets
+                .extend(self.q.chunks_exact(4).map(|c| m * quad_sum(c)));
         }
     }
 

@@ -69,7 +69,9 @@ pub(crate) fn pack_block(fmt: WeightFormat, rows: &[&[u8]], b: usize, dst: &mut 
             halves(dst, 0, 0);
             let flip = if offset_q8 { 0x80 } else { 0 };
             for k in 0..8 {
-                quads(dst, 2 * r_n + 4 * r_n * k, r_n, |r| four(src(r), 2 + 4 * k).map(|q| q ^ flip));
+                quads(dst, 2 * r_n + 4 * r_n * k, r_n, |r| {
+                    four(src(r), 2 + 4 * k).map(|q| q ^ flip)
+                });
             }
         }
         WeightFormat::Q4_0 => {
@@ -112,7 +114,9 @@ pub(crate) fn pack_block(fmt: WeightFormat, rows: &[&[u8]], b: usize, dst: &mut 
             let qs = if fmt == WeightFormat::Q5_K { 48 } else { 16 };
             for c in 0..4 {
                 for k in 0..8 {
-                    quads(dst, 20 * r_n + 4 * r_n * (8 * c + k), r_n, |r| four(src(r), qs + 32 * c + 4 * k));
+                    quads(dst, 20 * r_n + 4 * r_n * (8 * c + k), r_n, |r| {
+                        four(src(r), qs + 32 * c + 4 * k)
+                    });
                 }
             }
             if fmt == WeightFormat::Q5_K {

@@ -47,7 +47,11 @@ macro_rules! define_group {
                 }
                 let d = f16x8(&p[0..16]);
                 let ddx: [__m256; L] = std::array::from_fn(|j| _mm256_mul_ps(d, _mm256_set1_ps(xd.get(j, b))));
-                let fifth_bits = if $fifth { load256(&p[16..48]) } else { _mm256_setzero_si256() };
+                let fifth_bits = if $fifth {
+                    load256(&p[16..48])
+                } else {
+                    _mm256_setzero_si256()
+                };
                 for k in 0..8 {
                     let v = load256(&p[QS + 32 * (k % 4)..]);
                     let mut w = if k < 4 {
@@ -159,7 +163,11 @@ macro_rules! define_wide_group {
                 for j in 0..L {
                     ddx[j] = _mm512_mul_ps(d, _mm512_set1_ps(xd.get(j, b)));
                 }
-                let fifth_bits = if $fifth { load512(&p[32..96]) } else { _mm512_setzero_si512() };
+                let fifth_bits = if $fifth {
+                    load512(&p[32..96])
+                } else {
+                    _mm512_setzero_si512()
+                };
                 for k in 0..8 {
                     let v = load512(&p[QS + 64 * (k % 4)..]);
                     let mut w = if k < 4 {

@@ -195,7 +195,11 @@ macro_rules! define_q6_k_group {
                             for j in 0..L {
                                 let start = _mm256_set1_epi32(xo.get(j, 16 * b + s));
                                 let s0 = $dot(start, w[0], _mm256_set1_epi32(xq.quad(j, base)));
-                                let s1 = $dot(_mm256_setzero_si256(), w[1], _mm256_set1_epi32(xq.quad(j, base + 4)));
+                                let s1 = $dot(
+                                    _mm256_setzero_si256(),
+                                    w[1],
+                                    _mm256_set1_epi32(xq.quad(j, base + 4)),
+                                );
                                 let s0 = $dot(s0, w[2], _mm256_set1_epi32(xq.quad(j, base + 8)));
                                 let s1 = $dot(s1, w[3], _mm256_set1_epi32(xq.quad(j, base + 12)));
                                 sumi[j] = _mm256_add_epi32(sumi[j], _mm256_mullo_epi32(_mm256_add_epi32(s0, s1), sc));
@@ -292,13 +296,23 @@ wide_lanes!(q6_k_group_wide, q6_k_tile_wide);
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn q4_k_tile_wide<const L: usize, const NTA: bool>(blk: &[u8], x: &Activations, lane: usize, out: &mut [[f32; WIDE_ROWS]]) {
+fn q4_k_tile_wide<const L: usize, const NTA: bool>(
+    blk: &[u8],
+    x: &Activations,
+    lane: usize,
+    out: &mut [[f32; WIDE_ROWS]],
+) {
     q45_k_tile_wide::<L, NTA, false>(blk, x, lane, out)
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn q5_k_tile_wide<const L: usize, const NTA: bool>(blk: &[u8], x: &Activations, lane: usize, out: &mut [[f32; WIDE_ROWS]]) {
+fn q5_k_tile_wide<const L: usize, const NTA: bool>(
+    blk: &[u8],
+    x: &Activations,
+    lane: usize,
+    out: &mut [[f32; WIDE_ROWS]],
+) {
     q45_k_tile_wide::<L, NTA, true>(blk, x, lane, out)
 }
 
@@ -352,7 +366,8 @@ fn q45_k_tile_wide<const L: usize, const NTA: bool, const FIFTH: bool>(
                 let base = 256 * b + 64 * c + 32 * half;
                 for j in 0..L {
                     let mut s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], _mm512_set1_epi32(xq.quad(j, base)));
-                    let mut s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], _mm512_set1_epi32(xq.quad(j, base + 4)));
+                    let mut s1 =
+                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], _mm512_set1_epi32(xq.quad(j, base + 4)));
                     for k in (2..8).step_by(2) {
                         s0 = _mm512_dpbusd_epi32(s0, w[k], _mm512_set1_epi32(xq.quad(j, base + 4 * k)));
                         s1 = _mm512_dpbusd_epi32(s1, w[k + 1], _mm512_set1_epi32(xq.quad(j, base + 4 * k + 4)));
@@ -364,14 +379,18 @@ fn q45_k_tile_wide<const L: usize, const NTA: bool, const FIFTH: bool>(
         let mut mins = [_mm512_setzero_si512(); 4];
         for q in 0..4 {
             // SAFETY: 32 bytes at 192 + 32q < 320 ≤ p.len(); an unaligned load.
-            mins[q] = _mm512_cvtepu8_epi16(unsafe { _mm256_loadu_si256(p[192 + 32 * q..224 + 32 * q].as_ptr().cast()) });
+            mins[q] =
+                _mm512_cvtepu8_epi16(unsafe { _mm256_loadu_si256(p[192 + 32 * q..224 + 32 * q].as_ptr().cast()) });
         }
         let d = f16x16(&p[0..32]);
         let dmin = f16x16(&p[32..64]);
         for j in 0..L {
             let mut summins = _mm512_madd_epi16(mins[0], _mm512_set1_epi32(xp.get(j, 4 * b)));
             for q in 1..4 {
-                summins = _mm512_add_epi32(summins, _mm512_madd_epi16(mins[q], _mm512_set1_epi32(xp.get(j, 4 * b + q))));
+                summins = _mm512_add_epi32(
+                    summins,
+                    _mm512_madd_epi16(mins[q], _mm512_set1_epi32(xp.get(j, 4 * b + q))),
+                );
             }
             let dx = _mm512_set1_ps(xd.get(j, b));
             let t = _mm512_mul_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(sumi[j]));
@@ -390,7 +409,12 @@ fn q45_k_tile_wide<const L: usize, const NTA: bool, const FIFTH: bool>(
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[allow(clippy::needless_range_loop)] // `j` indexes the accumulators and the lanes alike
-fn q6_k_tile_wide<const L: usize, const NTA: bool>(blk: &[u8], x: &Activations, lane: usize, out: &mut [[f32; WIDE_ROWS]]) {
+fn q6_k_tile_wide<const L: usize, const NTA: bool>(
+    blk: &[u8],
+    x: &Activations,
+    lane: usize,
+    out: &mut [[f32; WIDE_ROWS]],
+) {
     let nb = x.cols / 256;
     let xq = LaneBlocks::new(&x.q, lane, L, x.cols);
     let xd = LaneBlocks::new(&x.d, lane, L, nb);
@@ -404,7 +428,9 @@ fn q6_k_tile_wide<const L: usize, const NTA: bool>(blk: &[u8], x: &Activations, 
             // `ql` and `qh` reads left a third of each block to the hardware prefetcher: the
             // 1-lane 9216 × 2560 bench ran at 20 GB/s, half the 8-row kernel's rate).
             for line in (0..Q6_K_WIDE_BYTES / 2).step_by(64) {
-                let ahead = p.as_ptr().wrapping_add(2 * Q6_K_WIDE_BYTES + h * Q6_K_WIDE_BYTES / 2 + line);
+                let ahead = p
+                    .as_ptr()
+                    .wrapping_add(2 * Q6_K_WIDE_BYTES + h * Q6_K_WIDE_BYTES / 2 + line);
                 // A prefetch only hints and never faults, so the address may lie past the matrix.
                 if NTA {
                     _mm_prefetch::<_MM_HINT_NTA>(ahead.cast())
@@ -438,7 +464,8 @@ fn q6_k_tile_wide<const L: usize, const NTA: bool>(blk: &[u8], x: &Activations, 
                     for j in 0..L {
                         let start = _mm512_set1_epi32(xo.get(j, 16 * b + s));
                         let s0 = _mm512_dpbusd_epi32(start, w[0], _mm512_set1_epi32(xq.quad(j, base)));
-                        let s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], _mm512_set1_epi32(xq.quad(j, base + 4)));
+                        let s1 =
+                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], _mm512_set1_epi32(xq.quad(j, base + 4)));
                         let s0 = _mm512_dpbusd_epi32(s0, w[2], _mm512_set1_epi32(xq.quad(j, base + 8)));
                         let s1 = _mm512_dpbusd_epi32(s1, w[3], _mm512_set1_epi32(xq.quad(j, base + 12)));
                         sumi[j] = _mm512_add_epi32(sumi[j], _mm512_mullo_epi32(_mm512_add_epi32(s0, s1), sc));

@@ -73,7 +73,16 @@ fn packed_kernels_match_the_scalar_reference() {
                             continue;
                         }
                         p.matmul_with(isa, &act, &mut got).expect("packed");
-                        assert_within_tolerance(&got, &want, cols, &format!("{} {fmt:?} {rows}x{cols} groups of {} lanes {lanes}", isa.name(), p.group_rows()));
+                        assert_within_tolerance(
+                            &got,
+                            &want,
+                            cols,
+                            &format!(
+                                "{} {fmt:?} {rows}x{cols} groups of {} lanes {lanes}",
+                                isa.name(),
+                                p.group_rows()
+                            ),
+                        );
                         // The same integer block dots and FMAs in the same order: both group
                         // heights and both instruction sets give identical bits.
                         match &first {
@@ -122,7 +131,10 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
 #[test]
 fn packed_k_quant_and_legacy_kernels_match_their_row_major_kernels() {
     let mut rng = Rng(17);
-    let simd: Vec<Isa> = [Isa::Avx2, Isa::Avx2Vnni].into_iter().filter(|i| i.available()).collect();
+    let simd: Vec<Isa> = [Isa::Avx2, Isa::Avx2Vnni]
+        .into_iter()
+        .filter(|i| i.available())
+        .collect();
     for fmt in [
         WeightFormat::Q4_K,
         WeightFormat::Q5_K,
@@ -140,7 +152,10 @@ fn packed_k_quant_and_legacy_kernels_match_their_row_major_kernels() {
                 continue;
             }
             let Some(packed) = packed else {
-                assert!(simd.is_empty(), "this CPU has AVX2, so {fmt:?} with rows % 8 == 0 must pack");
+                assert!(
+                    simd.is_empty(),
+                    "this CPU has AVX2, so {fmt:?} with rows % 8 == 0 must pack"
+                );
                 println!("no packed kernel on this CPU");
                 return;
             };
@@ -171,9 +186,17 @@ fn packed_k_quant_and_legacy_kernels_match_their_row_major_kernels() {
                             continue;
                         }
                         p.matmul_with(isa, &act, &mut got).expect("packed");
-                        let what = format!("{} {fmt:?} {rows}x{cols} groups of {} lanes {lanes}", isa.name(), p.group_rows());
+                        let what = format!(
+                            "{} {fmt:?} {rows}x{cols} groups of {} lanes {lanes}",
+                            isa.name(),
+                            p.group_rows()
+                        );
                         let tile = row_major(isa, fmt, &w, rows, cols, &act);
-                        assert!(same_bits(&got, &tile), "{what}: differs from the row-major {} kernel", isa.name());
+                        assert!(
+                            same_bits(&got, &tile),
+                            "{what}: differs from the row-major {} kernel",
+                            isa.name()
+                        );
                         if matches!(fmt, WeightFormat::Q4_K | WeightFormat::Q5_K | WeightFormat::Q6_K) {
                             assert!(same_bits(&got, &scalar), "{what}: differs from the scalar reference");
                         } else {
@@ -202,7 +225,9 @@ fn packed_kernels_stay_exact_at_the_ends_of_the_ranges() {
         for pattern in 0..3 {
             // Weights: alternating ±1 (each block's extremes), all +1, or random.
             let wf: Vec<f32> = match pattern {
-                0 => (0..rows * cols).map(|i| if (i / 3) % 2 == 0 { 1.0 } else { -1.0 }).collect(),
+                0 => (0..rows * cols)
+                    .map(|i| if (i / 3) % 2 == 0 { 1.0 } else { -1.0 })
+                    .collect(),
                 1 => vec![1.0; rows * cols],
                 _ => rng.vec(rows * cols),
             };
@@ -221,7 +246,11 @@ fn packed_kernels_stay_exact_at_the_ends_of_the_ranges() {
                     let mut got = vec![f32::NAN; 2 * rows];
                     packed.matmul_with(isa, &act, &mut got).expect("packed");
                     let tile = row_major(isa, fmt, &w, rows, cols, &act);
-                    assert!(same_bits(&got, &tile), "{} {fmt:?} groups of {g} pattern {pattern}", isa.name());
+                    assert!(
+                        same_bits(&got, &tile),
+                        "{} {fmt:?} groups of {g} pattern {pattern}",
+                        isa.name()
+                    );
                 }
             }
         }
@@ -331,7 +360,12 @@ fn fused_loops_give_exactly_the_separate_results() {
             // Quantised for the next matmul by the tasks: exactly the serial quantisation, for
             // both block encodings (Q8_1 for Q4_1 weights, Q8_0 for Q8_0, Q5_0 and Q4_0 with
             // their 4-value offsets), and the same output.
-            for next_fmt in [WeightFormat::Q4_1, WeightFormat::Q8_0, WeightFormat::Q5_0, WeightFormat::Q4_0] {
+            for next_fmt in [
+                WeightFormat::Q4_1,
+                WeightFormat::Q8_0,
+                WeightFormat::Q5_0,
+                WeightFormat::Q4_0,
+            ] {
                 let mut by_tasks = Activations::new();
                 let mut pair_q = vec![f32::NAN; lanes * 1536];
                 PackedMatrix::matmul_pair(&gate, &up, &act, &mut pair_q, &combine, Some((next_fmt, &mut by_tasks)))
