@@ -121,6 +121,7 @@ macro_rules! lane_entry {
     ($entry:ident, $tile:ident, $features:literal, $wide:literal) => {
         #[doc = "`out[l][r] = row r of the group · x[lane0 + l]` for `l < out.len() ≤ MAX_LANES`."]
         #[target_feature(enable = $features)]
+        #[allow(clippy::int_plus_one)] // `$wide` may be 1 (the ggml-order kernels on AVX2)
         pub(crate) fn $entry(blk: &[u8], x: &Activations, lane0: usize, out: &mut [[f32; 8]]) {
             let n = out.len();
             let mut l = 0;
