@@ -50,7 +50,19 @@ pub(crate) fn pack_block(fmt: WeightFormat, rows: &[&[u8]], b: usize, dst: &mut 
     let r_n = rows.len();
     let bb = fmt.block_bytes();
     let src = |r: usize| &rows[r][b * bb..(b + 1) * bb];
-    let four = |s: &[u8], at: usize| -> [u8; 4] { [s[at], s[at + 1], s[at + 2], s[at + 3]] };
+    // `count` consecutive 4-byte groups of each row's block from byte `from`, as vectors
+    // `0 .. count` at `to` (each vector 4 bytes of every row, row after row), XOR `flip`.
+    let interleave = |dst: &mut [u8], to: usize, from: usize, count: usize, flip: u8| {
+        for r in 0..r_n {
+            let s = &src(r)[from..from + 4 * count];
+            for (k, q) in s.chunks_exact(4).enumerate() {
+                let at = to + 4 * r_n * k + 4 * r;
+                for (d, &v) in dst[at..at + 4].iter_mut().zip(q) {
+                    *d = v ^ flip;
+                }
+            }
+        }
+    };
     // The f16 `d` at byte `at` of every row, as the group's first `2R` bytes (or at `to`).
     let halves = |dst: &mut [u8], to: usize, at: usize| {
         for r in 0..r_n {
@@ -61,24 +73,16 @@ pub(crate) fn pack_block(fmt: WeightFormat, rows: &[&[u8]], b: usize, dst: &mut 
         WeightFormat::Q4_1 => {
             halves(dst, 0, 0);
             halves(dst, 2 * r_n, 2);
-            for k in 0..4 {
-                quads(dst, 4 * r_n + 4 * r_n * k, r_n, |r| four(src(r), 4 + 4 * k));
-            }
+            interleave(dst, 4 * r_n, 4, 4, 0);
         }
         WeightFormat::Q8_0 => {
             halves(dst, 0, 0);
             let flip = if offset_q8 { 0x80 } else { 0 };
-            for k in 0..8 {
-                quads(dst, 2 * r_n + 4 * r_n * k, r_n, |r| {
-                    four(src(r), 2 + 4 * k).map(|q| q ^ flip)
-                });
-            }
+            interleave(dst, 2 * r_n, 2, 8, flip);
         }
         WeightFormat::Q4_0 => {
             halves(dst, 0, 0);
-            for k in 0..4 {
-                quads(dst, 2 * r_n + 4 * r_n * k, r_n, |r| four(src(r), 2 + 4 * k));
-            }
+            interleave(dst, 2 * r_n, 2, 4, 0);
         }
         WeightFormat::Q5_0 => {
             halves(dst, 0, 0);
@@ -90,9 +94,7 @@ pub(crate) fn pack_block(fmt: WeightFormat, rows: &[&[u8]], b: usize, dst: &mut 
                     dst[2 * r_n + 4 * r + i] = byte;
                 }
             }
-            for k in 0..4 {
-                quads(dst, 6 * r_n + 4 * r_n * k, r_n, |r| four(src(r), 6 + 4 * k));
-            }
+            interleave(dst, 6 * r_n, 6, 4, 0);
         }
         WeightFormat::Q4_K | WeightFormat::Q5_K => {
             halves(dst, 0, 0);
@@ -112,17 +114,10 @@ pub(crate) fn pack_block(fmt: WeightFormat, rows: &[&[u8]], b: usize, dst: &mut 
             }
             // Q5_K's nibbles follow its 32 `qh` bytes; those go after the Q4_K layout.
             let qs = if fmt == WeightFormat::Q5_K { 48 } else { 16 };
-            for c in 0..4 {
-                for k in 0..8 {
-                    quads(dst, 20 * r_n + 4 * r_n * (8 * c + k), r_n, |r| {
-                        four(src(r), qs + 32 * c + 4 * k)
-                    });
-                }
-            }
+            // Vector `8c + k` holds bytes `32c + 4k .. +4`: 32 consecutive groups.
+            interleave(dst, 20 * r_n, qs, 32, 0);
             if fmt == WeightFormat::Q5_K {
-                for k in 0..8 {
-                    quads(dst, 148 * r_n + 4 * r_n * k, r_n, |r| four(src(r), 16 + 4 * k));
-                }
+                interleave(dst, 148 * r_n, 16, 8, 0);
             }
         }
         WeightFormat::Q6_K => {
@@ -132,28 +127,13 @@ pub(crate) fn pack_block(fmt: WeightFormat, rows: &[&[u8]], b: usize, dst: &mut 
                     dst[2 * r_n + s * r_n + r] = src(r)[192 + s];
                 }
             }
-            for h in 0..2 {
-                for t in 0..2 {
-                    for k in 0..8 {
-                        let at = 18 * r_n + 4 * r_n * ((2 * h + t) * 8 + k);
-                        quads(dst, at, r_n, |r| four(src(r), 64 * h + 32 * t + 4 * k));
-                    }
-                }
-                for k in 0..8 {
-                    let at = 146 * r_n + 4 * r_n * (8 * h + k);
-                    quads(dst, at, r_n, |r| four(src(r), 128 + 32 * h + 4 * k));
-                }
-            }
+            // `ql` vector `(2h + t)·8 + k` holds bytes `64h + 32t + 4k`: 32 consecutive groups;
+            // `qh` vector `8h + k` bytes `128 + 32h + 4k`: 16.
+            interleave(dst, 18 * r_n, 0, 32, 0);
+            interleave(dst, 146 * r_n, 128, 16, 0);
         }
         // `pack_in_groups` calls this only for formats with a `row_block_bytes`.
         _ => debug_assert!(false, "{fmt:?} has no packed layout"),
     }
 }
 
-/// 4 bytes of each of `r_n` rows, row after row, as the vector at byte `at` of `dst`.
-#[inline(always)]
-fn quads(dst: &mut [u8], at: usize, r_n: usize, from: impl Fn(usize) -> [u8; 4]) {
-    for (r, d) in dst[at..at + 4 * r_n].chunks_exact_mut(4).enumerate() {
-        d.copy_from_slice(&from(r));
-    }
-}
