@@ -7,6 +7,7 @@
 //! scale multiply-broadcast, an FMA and Q4_1's scalar minimum term beside the dot itself; here
 //! that work is per (8 rows, lane, block). Single-stream decode and batched lanes both gain.
 //!
+//! Every format's layout is in `packed_layout.rs`; the Q4_1 and Q8_0 ones as an example.
 //! Layout (Q4_1, rows in groups of 8, `nb = cols / 32` blocks per row): group `g`, block `b` is
 //! 160 bytes at `(g · nb + b) · 160`:
 //! - `[0, 16)`: the 8 rows' f16 scales `d`; `[16, 32)`: their f16 minimums `m`;
@@ -120,7 +121,8 @@ impl std::fmt::Debug for PackedMatrix {
 
 impl PackedMatrix {
     /// Repack a row-major `rows × cols` matrix, when this CPU has a kernel for the packed form
-    /// and the shape fits it (Q4_1 or Q8_0, rows a multiple of 8); `Ok(None)` otherwise, and the
+    /// and the shape fits it (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K or Q6_K, rows a multiple of 8);
+    /// `Ok(None)` otherwise, and the
     /// row-major kernels serve the matrix as before. Groups of 16 rows where the CPU has the
     /// AVX-512 kernels and the rows allow it (`ANELM_PACK_WIDE=0` keeps 8, for A/B runs).
     pub fn pack(fmt: WeightFormat, w: &[u8], rows: usize, cols: usize) -> Result<Option<Self>, KernelError> {

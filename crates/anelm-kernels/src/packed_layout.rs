@@ -136,4 +136,3 @@ pub(crate) fn pack_block(fmt: WeightFormat, rows: &[&[u8]], b: usize, dst: &mut 
         _ => debug_assert!(false, "{fmt:?} has no packed layout"),
     }
 }
-
