@@ -8,6 +8,7 @@
 //! the figure includes cold-cache effects that one hot matrix hides.
 //!
 //! Options (after `--`): `--quick` (fewer formats/shapes), `--threads N` (default: all cores),
+//! `--formats Q4_K,Q6_K` (only these formats in the per-shape table),
 //! `--sweep-layers N` (the sweep's layer count, default SmolLM2's 30; 300 makes a step stream
 //! ~800 MB, more than any last-level cache), `--bandwidth-only` (print the streaming-read GB/s alone and stop),
 //! `--cpu-time` (with `--threads 1`: time by the thread's CPU clock instead of the wall clock, so
@@ -102,10 +103,13 @@ fn main() {
     } else {
         &[(1536, 576), (576, 1536), (9216, 2560)]
     };
-    let formats: Vec<WeightFormat> = if quick {
-        vec![WeightFormat::Q4_1, WeightFormat::Q8_0]
-    } else {
-        WeightFormat::ALL.to_vec()
+    let formats: Vec<WeightFormat> = match args.iter().position(|a| a == "--formats").and_then(|i| args.get(i + 1)) {
+        Some(list) => WeightFormat::ALL
+            .into_iter()
+            .filter(|f| list.split(',').any(|n| n.eq_ignore_ascii_case(f.name())))
+            .collect(),
+        None if quick => vec![WeightFormat::Q4_1, WeightFormat::Q8_0],
+        None => WeightFormat::ALL.to_vec(),
     };
     let mut seed = 1u64;
     let layers = args

@@ -1,7 +1,7 @@
 //! `Activations`: activation rows converted to the dot format llama.cpp pairs with each weight
 //! format (its `vec_dot_type`), so the matmul runs integer dot products per block exactly as
 //! ggml's CPU path does: F32→F32, F16→F16, BF16→BF16, Q4_0/Q5_0/Q8_0→Q8_0, Q4_1→Q8_1,
-//! Q4_K/Q6_K→Q8_K.
+//! Q4_K/Q5_K/Q6_K→Q8_K.
 
 use crate::error::{KernelError, check_len};
 use crate::format::WeightFormat;
@@ -176,7 +176,7 @@ impl ActKind {
             WeightFormat::BF16 => Self::BF16,
             WeightFormat::Q4_0 | WeightFormat::Q5_0 | WeightFormat::Q8_0 => Self::Q8_0,
             WeightFormat::Q4_1 => Self::Q8_1,
-            WeightFormat::Q4_K | WeightFormat::Q6_K => Self::Q8K,
+            WeightFormat::Q4_K | WeightFormat::Q5_K | WeightFormat::Q6_K => Self::Q8K,
         }
     }
 }
@@ -203,6 +203,16 @@ pub struct Activations {
     /// (its weights are stored as `w + 128`), loaded with the broadcast instead of computed
     /// per (lane, block) on the vector ports.
     pub(crate) neg_offsets: Vec<i32>,
+    /// Q4_0/Q5_0: per 4 values −8·Σq (Q4_0) or −16·Σq (Q5_0), the starting value of the packed
+    /// kernels' integer sums of 4 products (their weights are stored unsigned, without the
+    /// format's offset of 8 or 16), so each 4-product partial sum comes out exact.
+    pub(crate) quad_offsets: Vec<i32>,
+    /// Q4_K: per pair of 32-value sub-blocks `(Σq of the first, Σq of the second)` as two i16
+    /// in one i32, the operand of the packed kernel's `madd` against a pair of minimums.
+    pub(crate) kpairs: Vec<i32>,
+    /// Q6_K: per 16 values −32·Σq, the starting value of the packed kernel's sub-block sums
+    /// (its weights are read unsigned, without the format's offset of 32).
+    pub(crate) sub_offsets: Vec<i32>,
 }
 
 impl Default for Activations {
@@ -225,6 +235,9 @@ impl Activations {
             s: Vec::new(),
             bsums: Vec::new(),
             neg_offsets: Vec::new(),
+            quad_offsets: Vec::new(),
+            kpairs: Vec::new(),
+            sub_offsets: Vec::new(),
         }
     }
 
@@ -308,6 +321,9 @@ impl Activations {
         self.s.resize(if with_sums { blocks } else { 0 }, 0.0);
         self.bsums.resize(blocks, 0);
         self.neg_offsets.resize(if with_sums { 0 } else { blocks }, 0);
+        let quad_mul = quad_offset(weight_fmt);
+        self.quad_offsets
+            .resize(if quad_mul.is_some() { 8 * blocks } else { 0 }, 0);
         Ok(Some(BlockWriter {
             q: self.q.as_mut_ptr(),
             d: self.d.as_mut_ptr(),
@@ -322,6 +338,12 @@ impl Activations {
             } else {
                 self.neg_offsets.as_mut_ptr()
             },
+            quad: if quad_mul.is_some() {
+                self.quad_offsets.as_mut_ptr()
+            } else {
+                std::ptr::null_mut()
+            },
+            quad_mul: quad_mul.unwrap_or(0),
             blocks,
             _held: std::marker::PhantomData,
         }))
@@ -339,6 +361,11 @@ impl Activations {
         if !with_sums {
             // |Σq| ≤ 32 · 127, so −128·Σq fits an i32 with room to spare.
             self.neg_offsets.extend(self.bsums.iter().map(|&v| -128 * v));
+        }
+        self.quad_offsets.clear();
+        if let Some(m) = quad_offset(self.fmt) {
+            self.quad_offsets
+                .extend(self.q.chunks_exact(4).map(|c| m * quad_sum(c)));
         }
     }
 
@@ -372,7 +399,34 @@ impl Activations {
             }
             self.d[b] = 1.0 / iscale;
         }
+        self.kpairs.clear();
+        self.sub_offsets.clear();
+        match self.fmt {
+            WeightFormat::Q4_K | WeightFormat::Q5_K => self.kpairs.extend(self.bsums.chunks_exact(4).map(|s| {
+                // Each 32-value sum is within ±32·127, so it fits an i16.
+                let (a, b) = (s[0] + s[1], s[2] + s[3]);
+                (a & 0xFFFF) | (b << 16)
+            })),
+            WeightFormat::Q6_K => self.sub_offsets.extend(self.bsums.iter().map(|&v| -32 * v)),
+            _ => {}
+        }
     }
+}
+
+/// The multiplier of a 4-value sum in [`Activations::quad_offsets`] for weights in `fmt`
+/// (minus the offset its packed kernel leaves in the weights), or `None` if it has none.
+fn quad_offset(fmt: WeightFormat) -> Option<i32> {
+    match fmt {
+        WeightFormat::Q4_0 => Some(-8),
+        WeightFormat::Q5_0 => Some(-16),
+        _ => None,
+    }
+}
+
+/// The sum of 4 quants.
+#[inline]
+fn quad_sum(q: &[i8]) -> i32 {
+    q.iter().map(|&v| i32::from(v)).sum()
 }
 
 /// Fills an [`Activations`] block by block (see [`Activations::block_writer`]); holds it
@@ -385,6 +439,10 @@ pub struct BlockWriter<'a> {
     bsums: *mut i32,
     /// Null for Q8_1.
     neg: *mut i32,
+    /// 8 per block, for Q4_0/Q5_0; null otherwise.
+    quad: *mut i32,
+    /// Its multiplier (see [`quad_offset`]).
+    quad_mul: i32,
     blocks: usize,
     _held: std::marker::PhantomData<&'a mut Activations>,
 }
@@ -419,6 +477,11 @@ impl BlockWriter<'_> {
             }
             if !self.neg.is_null() {
                 *self.neg.add(block) = -128 * sum;
+            }
+            if !self.quad.is_null() {
+                for (k, c) in q.chunks_exact(4).enumerate() {
+                    *self.quad.add(8 * block + k) = self.quad_mul * quad_sum(c);
+                }
             }
         }
     }

@@ -51,7 +51,7 @@ pub fn unpack_q5_0(b: &[u8], q: &mut [i8; 32]) -> f32 {
 
 /// The 6-bit scale and minimum of sub-block `j` of a Q4_K block (ggml's get_scale_min_k4).
 #[inline]
-fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
+pub(crate) fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
     if j < 4 {
         (s[j] & 63, s[j + 4] & 63)
     } else {
@@ -79,6 +79,29 @@ pub fn unpack_q4_k(b: &[u8], q: &mut [i8; 256], sc: &mut [u8; 8], mn: &mut [u8; 
         for l in 0..32 {
             q[64 * chunk + l] = (src[l] & 0x0F) as i8;
             q[64 * chunk + 32 + l] = (src[l] >> 4) as i8;
+        }
+    }
+    (f16_at(b, 0), f16_at(b, 2))
+}
+
+/// Q5_K: { f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128] } → q in 0..32, 8 sub-block
+/// scales and minimums as Q4_K's; the low 4 bits of each value as Q4_K's nibbles, the fifth is
+/// bit `2c` (elements `64c + l`) or `2c + 1` (elements `64c + 32 + l`) of `qh[l]`.
+#[inline]
+pub fn unpack_q5_k(b: &[u8], q: &mut [i8; 256], sc: &mut [u8; 8], mn: &mut [u8; 8]) -> (f32, f32) {
+    let scales = &b[4..16];
+    let qh = &b[16..48];
+    let qs = &b[48..176];
+    for chunk in 0..4 {
+        for half in 0..2 {
+            (sc[2 * chunk + half], mn[2 * chunk + half]) = scale_min_k4(2 * chunk + half, scales);
+        }
+        let src = &qs[32 * chunk..32 * chunk + 32];
+        for l in 0..32 {
+            let h0 = ((qh[l] >> (2 * chunk)) & 1) << 4;
+            let h1 = ((qh[l] >> (2 * chunk + 1)) & 1) << 4;
+            q[64 * chunk + l] = ((src[l] & 0x0F) | h0) as i8;
+            q[64 * chunk + 32 + l] = ((src[l] >> 4) | h1) as i8;
         }
     }
     (f16_at(b, 0), f16_at(b, 2))

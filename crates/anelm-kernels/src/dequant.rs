@@ -47,10 +47,14 @@ pub fn dequantize_row(fmt: WeightFormat, src: &[u8], dst: &mut [f32]) -> Result<
                 }
             }
         }
-        WeightFormat::Q4_K => {
+        WeightFormat::Q4_K | WeightFormat::Q5_K => {
             let (mut q, mut sc, mut mn) = ([0i8; 256], [0u8; 8], [0u8; 8]);
             for (out, b) in dst.chunks_exact_mut(256).zip(src.chunks_exact(bb)) {
-                let (d, dmin) = unpack_q4_k(b, &mut q, &mut sc, &mut mn);
+                let (d, dmin) = if fmt == WeightFormat::Q5_K {
+                    unpack_q5_k(b, &mut q, &mut sc, &mut mn)
+                } else {
+                    unpack_q4_k(b, &mut q, &mut sc, &mut mn)
+                };
                 for j in 0..8 {
                     let (d1, m1) = (d * f32::from(sc[j]), dmin * f32::from(mn[j]));
                     for l in 0..32 {

@@ -22,13 +22,15 @@ pub enum WeightFormat {
     Q5_0,
     /// 256 × 4-bit in 8 sub-blocks with 6-bit scales and minimums.
     Q4_K,
+    /// 256 × 5-bit in 8 sub-blocks with 6-bit scales and minimums.
+    Q5_K,
     /// 256 × 6-bit in 16 sub-blocks with int8 scales.
     Q6_K,
 }
 
 impl WeightFormat {
     /// All formats.
-    pub const ALL: [WeightFormat; 9] = [
+    pub const ALL: [WeightFormat; 10] = [
         Self::F32,
         Self::F16,
         Self::BF16,
@@ -37,6 +39,7 @@ impl WeightFormat {
         Self::Q4_1,
         Self::Q5_0,
         Self::Q4_K,
+        Self::Q5_K,
         Self::Q6_K,
     ];
 
@@ -50,6 +53,7 @@ impl WeightFormat {
             6 => Self::Q5_0,
             8 => Self::Q8_0,
             12 => Self::Q4_K,
+            13 => Self::Q5_K,
             14 => Self::Q6_K,
             30 => Self::BF16,
             _ => return None,
@@ -66,6 +70,7 @@ impl WeightFormat {
             Self::Q5_0 => 6,
             Self::Q8_0 => 8,
             Self::Q4_K => 12,
+            Self::Q5_K => 13,
             Self::Q6_K => 14,
             Self::BF16 => 30,
         }
@@ -82,6 +87,7 @@ impl WeightFormat {
             Self::Q4_1 => "Q4_1",
             Self::Q5_0 => "Q5_0",
             Self::Q4_K => "Q4_K",
+            Self::Q5_K => "Q5_K",
             Self::Q6_K => "Q6_K",
         }
     }
@@ -91,7 +97,7 @@ impl WeightFormat {
         match self {
             Self::F32 | Self::F16 | Self::BF16 => 1,
             Self::Q8_0 | Self::Q4_0 | Self::Q4_1 | Self::Q5_0 => 32,
-            Self::Q4_K | Self::Q6_K => 256,
+            Self::Q4_K | Self::Q5_K | Self::Q6_K => 256,
         }
     }
 
@@ -105,6 +111,7 @@ impl WeightFormat {
             Self::Q4_1 => 20,
             Self::Q5_0 => 22,
             Self::Q4_K => 144,
+            Self::Q5_K => 176,
             Self::Q6_K => 210,
         }
     }

@@ -17,8 +17,13 @@ mod format;
 mod fp16;
 mod matmul;
 mod packed;
+mod packed_layout;
 #[cfg(target_arch = "x86_64")]
 mod packed_x86;
+#[cfg(target_arch = "x86_64")]
+mod packed_x86_ggml_order;
+#[cfg(target_arch = "x86_64")]
+mod packed_x86_kquant;
 #[cfg(target_arch = "x86_64")]
 mod packed_x86_wide;
 pub mod pool;

@@ -7,6 +7,7 @@
 //! scale multiply-broadcast, an FMA and Q4_1's scalar minimum term beside the dot itself; here
 //! that work is per (8 rows, lane, block). Single-stream decode and batched lanes both gain.
 //!
+//! Every format's layout is in `packed_layout.rs`; the Q4_1 and Q8_0 ones as an example.
 //! Layout (Q4_1, rows in groups of 8, `nb = cols / 32` blocks per row): group `g`, block `b` is
 //! 160 bytes at `(g · nb + b) · 160`:
 //! - `[0, 16)`: the 8 rows' f16 scales `d`; `[16, 32)`: their f16 minimums `m`;
@@ -120,7 +121,8 @@ impl std::fmt::Debug for PackedMatrix {
 
 impl PackedMatrix {
     /// Repack a row-major `rows × cols` matrix, when this CPU has a kernel for the packed form
-    /// and the shape fits it (Q4_1 or Q8_0, rows a multiple of 8); `Ok(None)` otherwise, and the
+    /// and the shape fits it (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K or Q6_K, rows a multiple of 8);
+    /// `Ok(None)` otherwise, and the
     /// row-major kernels serve the matrix as before. Groups of 16 rows where the CPU has the
     /// AVX-512 kernels and the rows allow it (`ANELM_PACK_WIDE=0` keeps 8, for A/B runs).
     pub fn pack(fmt: WeightFormat, w: &[u8], rows: usize, cols: usize) -> Result<Option<Self>, KernelError> {
@@ -138,7 +140,7 @@ impl PackedMatrix {
         release: &mut dyn FnMut(&[u8]),
     ) -> Result<Option<Self>, KernelError> {
         let wide = wide_kernel_available() && std::env::var("ANELM_PACK_WIDE").as_deref() != Ok("0");
-        let group_rows = if wide && rows.is_multiple_of(WIDE_GROUP_ROWS) {
+        let group_rows = if wide && rows.is_multiple_of(WIDE_GROUP_ROWS) && has_wide_kernel(fmt) {
             WIDE_GROUP_ROWS
         } else {
             PACK_ROWS
@@ -175,8 +177,13 @@ impl PackedMatrix {
         group_rows: usize,
         release: &mut dyn FnMut(&[u8]),
     ) -> Result<Option<Self>, KernelError> {
-        let supported = matches!(fmt, WeightFormat::Q4_1 | WeightFormat::Q8_0);
-        if !supported || !rows.is_multiple_of(group_rows) || rows == 0 || !kernel_available() {
+        let Some(row_block) = crate::packed_layout::row_block_bytes(fmt) else {
+            return Ok(None);
+        };
+        if !rows.is_multiple_of(group_rows) || rows == 0 || !kernel_available() {
+            return Ok(None);
+        }
+        if group_rows == WIDE_GROUP_ROWS && !has_wide_kernel(fmt) {
             return Ok(None);
         }
         let rb = fmt.row_bytes(cols)?;
@@ -186,41 +193,29 @@ impl PackedMatrix {
             w.len(),
             "bytes",
         )?;
-        let nb = cols / 32;
-        let bb = fmt.block_bytes();
+        let nb = cols / fmt.block_elems();
         let r_n = group_rows;
-        let gb = r_n * bb;
-        let mut data = WeightBytes::zeroed(w.len())?;
+        let gb = r_n * row_block;
+        let total = (rows / r_n)
+            .checked_mul(nb)
+            .and_then(|n| n.checked_mul(gb))
+            .ok_or(KernelError::Overflow)?;
+        let mut data = WeightBytes::zeroed(total)?;
         let group_src = r_n * rb;
         let groups_per_release = (1 << 20) / group_src.max(1) + 1;
         let mut released = 0;
+        let mut rows_of_group: Vec<&[u8]> = Vec::with_capacity(r_n);
         for g in 0..rows / r_n {
             if g > 0 && g % groups_per_release == 0 {
                 release(&w[released..g * group_src]);
                 released = g * group_src;
             }
+            rows_of_group.clear();
+            rows_of_group.extend((0..r_n).map(|r| &w[(g * r_n + r) * rb..(g * r_n + r + 1) * rb]));
             for b in 0..nb {
                 let dst = &mut data[(g * nb + b) * gb..(g * nb + b + 1) * gb];
-                for r in 0..r_n {
-                    let src = &w[(g * r_n + r) * rb + b * bb..][..bb];
-                    dst[2 * r..2 * r + 2].copy_from_slice(&src[0..2]);
-                    if fmt == WeightFormat::Q4_1 {
-                        dst[2 * r_n + 2 * r..2 * r_n + 2 * r + 2].copy_from_slice(&src[2..4]);
-                        for k in 0..4 {
-                            let at = 4 * r_n + 4 * r_n * k + 4 * r;
-                            dst[at..at + 4].copy_from_slice(&src[4 + 4 * k..8 + 4 * k]);
-                        }
-                    } else {
-                        for k in 0..8 {
-                            let at = 2 * r_n + 4 * r_n * k + 4 * r;
-                            dst[at..at + 4].copy_from_slice(&src[2 + 4 * k..6 + 4 * k]);
-                            if r_n == WIDE_GROUP_ROWS {
-                                // The wide kernel reads w + 128 as unsigned (see its docs).
-                                dst[at..at + 4].iter_mut().for_each(|q| *q ^= 0x80);
-                            }
-                        }
-                    }
-                }
+                // The wide Q8_0 kernel reads w + 128 as unsigned (see its docs).
+                crate::packed_layout::pack_block(fmt, &rows_of_group, b, dst, r_n == WIDE_GROUP_ROWS);
             }
         }
         release(&w[released..]);
@@ -254,7 +249,8 @@ impl PackedMatrix {
         self.cols
     }
 
-    /// Bytes held (equal to the stored matrix's).
+    /// Bytes held (the stored matrix's, plus Q4_K's unpacked sub-block scales: 148 bytes per
+    /// 256 weights instead of 144).
     pub fn bytes(&self) -> usize {
         self.data.len()
     }
@@ -484,7 +480,7 @@ impl PackedMatrix {
     /// The bytes of row group `g` (of this matrix's group height).
     #[cfg(target_arch = "x86_64")]
     fn group_bytes(&self, g: usize) -> &[u8] {
-        let len = (self.cols / 32) * self.group_rows * self.fmt.block_bytes();
+        let len = self.data.len() / (self.rows / self.group_rows);
         &self.data[g * len..(g + 1) * len]
     }
 
@@ -497,11 +493,24 @@ impl PackedMatrix {
         // SAFETY: `kernel_available()` held when this matrix was packed (AVX2, FMA, F16C; VNNI
         // only when detected); `tile.len() ≤ MAX_LANES` and the lanes exist (callers loop so).
         unsafe {
-            match (self.fmt == WeightFormat::Q8_0, vnni) {
-                (false, true) => crate::packed_x86::q4_1_group_vnni(blk, x, lane0, tile),
-                (false, false) => crate::packed_x86::q4_1_group(blk, x, lane0, tile),
-                (true, true) => crate::packed_x86::q8_0_group_vnni(blk, x, lane0, tile),
-                (true, false) => crate::packed_x86::q8_0_group(blk, x, lane0, tile),
+            use crate::{packed_x86 as p8, packed_x86_ggml_order as legacy, packed_x86_kquant as kq};
+            match (self.fmt, vnni) {
+                (WeightFormat::Q4_1, true) => p8::q4_1_group_vnni(blk, x, lane0, tile),
+                (WeightFormat::Q4_1, false) => p8::q4_1_group(blk, x, lane0, tile),
+                (WeightFormat::Q8_0, true) => p8::q8_0_group_vnni(blk, x, lane0, tile),
+                (WeightFormat::Q8_0, false) => p8::q8_0_group(blk, x, lane0, tile),
+                (WeightFormat::Q4_0, true) => legacy::q4_0_group_vnni(blk, x, lane0, tile),
+                (WeightFormat::Q4_0, false) => legacy::q4_0_group(blk, x, lane0, tile),
+                (WeightFormat::Q5_0, true) => legacy::q5_0_group_vnni(blk, x, lane0, tile),
+                (WeightFormat::Q5_0, false) => legacy::q5_0_group(blk, x, lane0, tile),
+                (WeightFormat::Q4_K, true) => kq::q4_k_group_vnni(blk, x, lane0, tile),
+                (WeightFormat::Q4_K, false) => kq::q4_k_group(blk, x, lane0, tile),
+                (WeightFormat::Q5_K, true) => kq::q5_k_group_vnni(blk, x, lane0, tile),
+                (WeightFormat::Q5_K, false) => kq::q5_k_group(blk, x, lane0, tile),
+                (WeightFormat::Q6_K, true) => kq::q6_k_group_vnni(blk, x, lane0, tile),
+                (WeightFormat::Q6_K, false) => kq::q6_k_group(blk, x, lane0, tile),
+                // `pack_in_groups` builds nothing else.
+                _ => tile.iter_mut().for_each(|t| t.fill(f32::NAN)),
             }
         }
     }
@@ -515,10 +524,17 @@ impl PackedMatrix {
         // SAFETY: a 16-row layout is only built where `wide_kernel_available()` held (AVX-512
         // F/BW/VL/VNNI besides AVX2, FMA, F16C); `tile.len() ≤ MAX_LANES`, the lanes exist.
         unsafe {
-            if self.fmt == WeightFormat::Q8_0 {
-                crate::packed_x86_wide::q8_0_group_wide(blk, x, lane0, tile)
-            } else {
-                crate::packed_x86_wide::q4_1_group_wide(blk, x, lane0, tile)
+            use crate::{packed_x86_ggml_order as legacy, packed_x86_kquant as kq, packed_x86_wide as wide};
+            match self.fmt {
+                WeightFormat::Q4_K => kq::q4_k_group_wide(blk, x, lane0, tile),
+                WeightFormat::Q5_K => kq::q5_k_group_wide(blk, x, lane0, tile),
+                WeightFormat::Q6_K => kq::q6_k_group_wide(blk, x, lane0, tile),
+                WeightFormat::Q8_0 => wide::q8_0_group_wide(blk, x, lane0, tile),
+                WeightFormat::Q4_1 => wide::q4_1_group_wide(blk, x, lane0, tile),
+                WeightFormat::Q4_0 => legacy::q4_0_group_wide(blk, x, lane0, tile),
+                WeightFormat::Q5_0 => legacy::q5_0_group_wide(blk, x, lane0, tile),
+                // `pack_in_groups` builds no other 16-row layout (`has_wide_kernel`).
+                _ => tile.iter_mut().for_each(|t| t.fill(f32::NAN)),
             }
         }
     }
@@ -555,6 +571,20 @@ const SPLIT_MIN_UNITS: usize = 8;
 /// Largest claim (~370 KB of Q4_1 at 576 columns), so a long matrix still spreads evenly.
 #[cfg(target_arch = "x86_64")]
 const SPLIT_MAX_UNITS: usize = 128;
+
+/// Whether `fmt` has 16-row kernels (the others pack in 8-row groups on every CPU).
+fn has_wide_kernel(fmt: WeightFormat) -> bool {
+    matches!(
+        fmt,
+        WeightFormat::Q4_1
+            | WeightFormat::Q8_0
+            | WeightFormat::Q4_0
+            | WeightFormat::Q5_0
+            | WeightFormat::Q4_K
+            | WeightFormat::Q5_K
+            | WeightFormat::Q6_K
+    )
+}
 
 /// Whether this CPU has the 16-row (AVX-512 VNNI) kernels.
 pub fn wide_kernel_available() -> bool {

@@ -9,9 +9,10 @@ use crate::simd_x86::load256;
 /// Lanes one call handles (the caller loops over more).
 pub(crate) const MAX_LANES: usize = 16;
 
+/// 8 f16 values as f32.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-fn f16x8(b: &[u8]) -> __m256 {
+pub(crate) fn f16x8(b: &[u8]) -> __m256 {
     assert!(b.len() >= 16);
     // SAFETY: the assertion guarantees 16 readable bytes; loadu has no alignment requirement.
     _mm256_cvtph_ps(unsafe { _mm_loadu_si128(b.as_ptr().cast()) })
@@ -63,14 +64,14 @@ impl LaneBlocks<i8> {
 /// nibbles or |int8| ≤ 127, activations within ±127, so no 16-bit pair sum can saturate).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn acc_dot(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
+pub(crate) fn acc_dot(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
     _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)))
 }
 
 /// `acc_dot` as one `vpdpbusd`.
 #[inline]
 #[target_feature(enable = "avx2,avx512vnni,avx512vl")]
-fn acc_dot_vnni(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
+pub(crate) fn acc_dot_vnni(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
     _mm256_dpbusd_epi32(acc, w, x)
 }
 
@@ -120,6 +121,7 @@ macro_rules! lane_entry {
     ($entry:ident, $tile:ident, $features:literal, $wide:literal) => {
         #[doc = "`out[l][r] = row r of the group · x[lane0 + l]` for `l < out.len() ≤ MAX_LANES`."]
         #[target_feature(enable = $features)]
+        #[allow(clippy::int_plus_one)] // `$wide` may be 1 (the ggml-order kernels on AVX2)
         pub(crate) fn $entry(blk: &[u8], x: &Activations, lane0: usize, out: &mut [[f32; 8]]) {
             let n = out.len();
             let mut l = 0;
@@ -141,8 +143,10 @@ macro_rules! lane_entry {
     };
 }
 
+pub(crate) use lane_entry;
+
 /// Bytes ahead of the current block that the group stream prefetches.
-const PREFETCH: usize = 1024;
+pub(crate) const PREFETCH: usize = 1024;
 
 macro_rules! define_group {
     ($entry:ident, $tile:ident, $features:literal, $dot:ident, $wide:literal) => {

@@ -35,7 +35,7 @@ pub(crate) fn available() -> bool {
 
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn load512(b: &[u8]) -> __m512i {
+pub(crate) fn load512(b: &[u8]) -> __m512i {
     assert!(b.len() >= 64);
     // SAFETY: the assertion guarantees 64 readable bytes; loadu has no alignment requirement.
     unsafe { _mm512_loadu_si512(b.as_ptr().cast()) }
@@ -44,7 +44,7 @@ fn load512(b: &[u8]) -> __m512i {
 /// 16 f16 values as f32.
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn f16x16(b: &[u8]) -> __m512 {
+pub(crate) fn f16x16(b: &[u8]) -> __m512 {
     assert!(b.len() >= 32);
     // SAFETY: the assertion guarantees 32 readable bytes; loadu has no alignment requirement.
     _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(b.as_ptr().cast()) })
@@ -79,7 +79,7 @@ fn is_amd() -> bool {
 /// Prefetch `lines` cache lines from `PREFETCH` bytes past `p` (a prefetch never faults, so the
 /// address may lie past the group's end), non-temporally when `NTA` (see [`weight_prefetch_nta`]).
 #[inline(always)]
-fn prefetch_ahead<const NTA: bool>(p: &[u8], lines: usize) {
+pub(crate) fn prefetch_ahead<const NTA: bool>(p: &[u8], lines: usize) {
     for i in 0..lines {
         let a = p.as_ptr().wrapping_add(PREFETCH + 64 * i).cast();
         // SAFETY: `_mm_prefetch` is SSE (baseline on x86-64) and only hints; no memory is read

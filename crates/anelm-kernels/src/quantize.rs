@@ -86,6 +86,11 @@ pub fn quantize_row(fmt: WeightFormat, src: &[f32], dst: &mut [u8]) -> Result<()
                 quantize_q4_k_block(x, b);
             }
         }
+        WeightFormat::Q5_K => {
+            for (b, x) in dst.chunks_exact_mut(bb).zip(src.chunks_exact(256)) {
+                quantize_q5_k_block(x, b);
+            }
+        }
         WeightFormat::Q6_K => {
             for (b, x) in dst.chunks_exact_mut(bb).zip(src.chunks_exact(256)) {
                 quantize_q6_k_block(x, b);
@@ -95,14 +100,17 @@ pub fn quantize_row(fmt: WeightFormat, src: &[f32], dst: &mut [u8]) -> Result<()
     Ok(())
 }
 
-fn quantize_q4_k_block(x: &[f32], b: &mut [u8]) {
+/// The shared part of Q4_K and Q5_K: per 32-value sub-block a scale and minimum as 6-bit
+/// multiples of the super-block's `d` and `dmin`, and the values as `0 ..= top`. Writes `d`,
+/// `dmin` and the 12 packed scale bytes (bytes 0..16 of both formats) and returns the values.
+fn quantize_k_scales(x: &[f32], b: &mut [u8], top: f32) -> [u8; 256] {
     let mut scale = [0f32; 8];
     let mut minv = [0f32; 8];
     for j in 0..8 {
         let s = &x[32 * j..32 * j + 32];
         let lo = s.iter().copied().fold(0.0f32, f32::min);
         let hi = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        scale[j] = (hi - lo) / 15.0;
+        scale[j] = (hi - lo) / top;
         minv[j] = -lo;
     }
     let d = round_f16(scale.iter().copied().fold(0.0, f32::max) / 63.0);
@@ -142,16 +150,34 @@ fn quantize_q4_k_block(x: &[f32], b: &mut [u8]) {
         for l in 0..32 {
             let v = x[32 * j + l];
             q[32 * j + l] = if ds > 0.0 {
-                ((v + m) / ds).round().clamp(0.0, 15.0) as u8
+                ((v + m) / ds).round().clamp(0.0, top) as u8
             } else {
                 0
             };
         }
     }
+    q
+}
+
+fn quantize_q4_k_block(x: &[f32], b: &mut [u8]) {
+    let q = quantize_k_scales(x, b, 15.0);
     let qs = &mut b[16..144];
     for chunk in 0..4 {
         for l in 0..32 {
             qs[32 * chunk + l] = q[64 * chunk + l] | (q[64 * chunk + 32 + l] << 4);
+        }
+    }
+}
+
+fn quantize_q5_k_block(x: &[f32], b: &mut [u8]) {
+    let q = quantize_k_scales(x, b, 31.0);
+    let (qh, qs) = b[16..176].split_at_mut(32);
+    qh.fill(0);
+    for chunk in 0..4 {
+        for l in 0..32 {
+            let (lo, hi) = (q[64 * chunk + l], q[64 * chunk + 32 + l]);
+            qs[32 * chunk + l] = (lo & 0x0F) | ((hi & 0x0F) << 4);
+            qh[l] |= ((lo >> 4) << (2 * chunk)) | ((hi >> 4) << (2 * chunk + 1));
         }
     }
 }

@@ -7,7 +7,7 @@
 use std::arch::x86_64::*;
 
 use crate::activations::{ActKind, Activations};
-use crate::blocks::{unpack_q4_k, unpack_q6_k};
+use crate::blocks::{unpack_q4_k, unpack_q5_k, unpack_q6_k};
 use crate::format::WeightFormat;
 use crate::fp16::{bf16_to_f32, f16_to_f32};
 
@@ -165,10 +165,14 @@ pub(crate) fn dot_row(fmt: WeightFormat, row: &[u8], x: &Activations, lane0: usi
         ActKind::Q8K => {
             let nb = cols / 256;
             let mut q = [0i8; 256];
-            if fmt == WeightFormat::Q4_K {
+            if matches!(fmt, WeightFormat::Q4_K | WeightFormat::Q5_K) {
                 let (mut sc, mut mn) = ([0u8; 8], [0u8; 8]);
                 for (ib, b) in row.chunks_exact(bb).enumerate() {
-                    let (d, dmin) = unpack_q4_k(b, &mut q, &mut sc, &mut mn);
+                    let (d, dmin) = if fmt == WeightFormat::Q5_K {
+                        unpack_q5_k(b, &mut q, &mut sc, &mut mn)
+                    } else {
+                        unpack_q4_k(b, &mut q, &mut sc, &mut mn)
+                    };
                     for (l, a) in acc.iter_mut().enumerate() {
                         let blk = (lane0 + l) * nb + ib;
                         let xq = &x.q[256 * blk..256 * blk + 256];

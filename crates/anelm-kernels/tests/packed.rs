@@ -1,6 +1,6 @@
-//! The interleaved (packed) Q4_1 and Q8_0 kernels against the scalar row-major reference, with the same
-//! tolerance rule as `simd_vs_scalar.rs`: integer block dots are exact, only the f32 accumulation
-//! order differs. Shapes cover several pool tasks, lane counts across the kernel's lane tiles
+//! The interleaved (packed) kernels against the row-major ones: Q4_1 and Q8_0 against the scalar
+//! reference with the tolerance rule of `simd_vs_scalar.rs` (integer block dots are exact, only
+//! the f32 accumulation order differs), Q4_K, Q5_K, Q6_K, Q5_0 and Q4_0 bit for bit (see their test). Shapes cover several pool tasks, lane counts across the kernel's lane tiles
 //! (1, 2, 4 and remainders, more than one call's `MAX_LANES`), and a width that is not a multiple
 //! of 256. Packing refuses what it has no kernel for.
 
@@ -63,8 +63,7 @@ fn packed_kernels_match_the_scalar_reference() {
                 let x: Vec<f32> = rng.vec(lanes * cols).iter().map(|v| v * 3.0).collect();
                 let mut act = Activations::new();
                 act.quantize(fmt, &x, lanes, cols).expect("quantize activations");
-                let mut want = vec![0.0; lanes * rows];
-                matmul_with(Isa::Scalar, fmt, &w, rows, cols, &act, &mut want).expect("scalar");
+                let want = row_major(Isa::Scalar, fmt, &w, rows, cols, &act);
                 let mut first: Option<Vec<f32>> = None;
                 for p in &layouts {
                     for isa in [Isa::Avx2, Isa::Avx2Vnni].into_iter().filter(|i| i.available()) {
@@ -74,15 +73,16 @@ fn packed_kernels_match_the_scalar_reference() {
                             continue;
                         }
                         p.matmul_with(isa, &act, &mut got).expect("packed");
-                        for (i, (g, s)) in got.iter().zip(&want).enumerate() {
-                            let tol = 1e-5 * (s.abs() + (cols as f32).sqrt() * 3.0);
-                            assert!(
-                                (g - s).abs() <= tol,
-                                "{} {fmt:?} {rows}x{cols} groups of {} lanes {lanes} [{i}]: {g} vs scalar {s}",
+                        assert_within_tolerance(
+                            &got,
+                            &want,
+                            cols,
+                            &format!(
+                                "{} {fmt:?} {rows}x{cols} groups of {} lanes {lanes}",
                                 isa.name(),
                                 p.group_rows()
-                            );
-                        }
+                            ),
+                        );
                         // The same integer block dots and FMAs in the same order: both group
                         // heights and both instruction sets give identical bits.
                         match &first {
@@ -101,6 +101,162 @@ fn packed_kernels_match_the_scalar_reference() {
     }
 }
 
+/// `matmul_with` on the row-major weights.
+fn row_major(isa: Isa, fmt: WeightFormat, w: &[u8], rows: usize, cols: usize, act: &Activations) -> Vec<f32> {
+    let mut out = vec![f32::NAN; act.lanes() * rows];
+    matmul_with(isa, fmt, w, rows, cols, act, &mut out).expect("row-major matmul");
+    out
+}
+
+/// The tolerance rule of `simd_vs_scalar.rs`: integer block dots are exact, only the f32
+/// accumulation order may differ from the scalar reference.
+fn assert_within_tolerance(got: &[f32], want: &[f32], cols: usize, what: &str) {
+    for (i, (g, s)) in got.iter().zip(want).enumerate() {
+        let tol = 1e-5 * (s.abs() + (cols as f32).sqrt() * 3.0);
+        assert!((g - s).abs() <= tol, "{what} [{i}]: {g} vs scalar {s}");
+    }
+}
+
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// The K-quant and legacy formats, each layout against its row-major kernels: Q4_K, Q5_K and
+/// Q6_K bit for bit against the scalar reference and every SIMD path (their row-major kernels reduce
+/// each super-block to exact integers, as the packed ones do); Q4_0 and Q5_0 bit for bit
+/// against the row-major SIMD tile (ggml's AVX2 accumulation order, which they keep) and within
+/// the usual tolerance of the scalar reference. Column counts at several multiples of the block,
+/// rows that are and are not a multiple of 8 (the latter must refuse to pack: the row-major
+/// kernels serve them), lane counts across every tile width and more than one call's lanes.
+#[test]
+fn packed_k_quant_and_legacy_kernels_match_their_row_major_kernels() {
+    let mut rng = Rng(17);
+    let simd: Vec<Isa> = [Isa::Avx2, Isa::Avx2Vnni]
+        .into_iter()
+        .filter(|i| i.available())
+        .collect();
+    for fmt in [
+        WeightFormat::Q4_K,
+        WeightFormat::Q5_K,
+        WeightFormat::Q6_K,
+        WeightFormat::Q5_0,
+        WeightFormat::Q4_0,
+    ] {
+        let block = fmt.block_elems();
+        for (rows, blocks) in [(8usize, 1usize), (16, 2), (24, 3), (64, 5), (200, 4), (13, 2), (100, 1)] {
+            let cols = blocks * block;
+            let w = encode(fmt, &rng.vec(rows * cols), rows, cols);
+            let packed = PackedMatrix::pack(fmt, &w, rows, cols).expect("pack");
+            if rows % PACK_ROWS != 0 {
+                assert!(packed.is_none(), "{fmt:?} {rows} rows: no group layout, must not pack");
+                continue;
+            }
+            let Some(packed) = packed else {
+                assert!(
+                    simd.is_empty(),
+                    "this CPU has AVX2, so {fmt:?} with rows % 8 == 0 must pack"
+                );
+                println!("no packed kernel on this CPU");
+                return;
+            };
+            // 16-row groups where the CPU has the wide kernels and the rows allow.
+            let wide_expected = wide_kernel_available() && rows % WIDE_GROUP_ROWS == 0;
+            let want_rows = if wide_expected { WIDE_GROUP_ROWS } else { PACK_ROWS };
+            assert_eq!(packed.group_rows(), want_rows, "{fmt:?} {rows} rows");
+            let layouts: Vec<PackedMatrix> = [PACK_ROWS, WIDE_GROUP_ROWS]
+                .into_iter()
+                .filter_map(|g| PackedMatrix::pack_with_group_rows(fmt, &w, rows, cols, g).expect("pack"))
+                .collect();
+            assert_eq!(layouts.len(), if wide_expected { 2 } else { 1 }, "{fmt:?} {rows} rows");
+            // Q4_K and Q5_K unpack their 12 bytes of 6-bit scales into 16.
+            let unpacked = matches!(fmt, WeightFormat::Q4_K | WeightFormat::Q5_K);
+            let stored_per_row_block = fmt.block_bytes() + if unpacked { 4 } else { 0 };
+            assert_eq!(packed.bytes(), rows * blocks * stored_per_row_block, "{fmt:?} size");
+            for lanes in [1usize, 2, 3, 4, 5, 7, 17, 40] {
+                let x: Vec<f32> = rng.vec(lanes * cols).iter().map(|v| v * 3.0).collect();
+                let mut act = Activations::new();
+                act.quantize(fmt, &x, lanes, cols).expect("quantize activations");
+                let scalar = row_major(Isa::Scalar, fmt, &w, rows, cols, &act);
+                assert!(scalar.iter().any(|v| *v != 0.0), "a test of zeros proves nothing");
+                for p in &layouts {
+                    for &isa in &simd {
+                        let mut got = vec![f32::NAN; lanes * rows];
+                        if p.group_rows() == WIDE_GROUP_ROWS && isa == Isa::Avx2 {
+                            assert!(p.matmul_with(isa, &act, &mut got).is_err(), "wide layout on AVX2");
+                            continue;
+                        }
+                        p.matmul_with(isa, &act, &mut got).expect("packed");
+                        let what = format!(
+                            "{} {fmt:?} {rows}x{cols} groups of {} lanes {lanes}",
+                            isa.name(),
+                            p.group_rows()
+                        );
+                        let tile = row_major(isa, fmt, &w, rows, cols, &act);
+                        assert!(
+                            same_bits(&got, &tile),
+                            "{what}: differs from the row-major {} kernel",
+                            isa.name()
+                        );
+                        if matches!(fmt, WeightFormat::Q4_K | WeightFormat::Q5_K | WeightFormat::Q6_K) {
+                            assert!(same_bits(&got, &scalar), "{what}: differs from the scalar reference");
+                        } else {
+                            assert_within_tolerance(&got, &scalar, cols, &what);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Extreme blocks (every weight at the top or bottom of its range, activations at ±127) keep
+/// the packed kernels' integer sums exact: a saturating or overflowing path would differ.
+#[test]
+fn packed_kernels_stay_exact_at_the_ends_of_the_ranges() {
+    let mut rng = Rng(23);
+    let (rows, cols) = (16usize, 512usize);
+    for fmt in [
+        WeightFormat::Q4_K,
+        WeightFormat::Q5_K,
+        WeightFormat::Q6_K,
+        WeightFormat::Q5_0,
+        WeightFormat::Q4_0,
+    ] {
+        for pattern in 0..3 {
+            // Weights: alternating ±1 (each block's extremes), all +1, or random.
+            let wf: Vec<f32> = match pattern {
+                0 => (0..rows * cols)
+                    .map(|i| if (i / 3) % 2 == 0 { 1.0 } else { -1.0 })
+                    .collect(),
+                1 => vec![1.0; rows * cols],
+                _ => rng.vec(rows * cols),
+            };
+            let w = encode(fmt, &wf, rows, cols);
+            let x: Vec<f32> = (0..2 * cols).map(|i| if i % 2 == 0 { 1.0 } else { -1.0 }).collect();
+            let mut act = Activations::new();
+            act.quantize(fmt, &x, 2, cols).expect("quantize");
+            for g in [PACK_ROWS, WIDE_GROUP_ROWS] {
+                let Some(packed) = PackedMatrix::pack_with_group_rows(fmt, &w, rows, cols, g).expect("pack") else {
+                    continue;
+                };
+                for isa in [Isa::Avx2, Isa::Avx2Vnni].into_iter().filter(|i| i.available()) {
+                    if g == WIDE_GROUP_ROWS && isa == Isa::Avx2 {
+                        continue;
+                    }
+                    let mut got = vec![f32::NAN; 2 * rows];
+                    packed.matmul_with(isa, &act, &mut got).expect("packed");
+                    let tile = row_major(isa, fmt, &w, rows, cols, &act);
+                    assert!(
+                        same_bits(&got, &tile),
+                        "{} {fmt:?} groups of {g} pattern {pattern}",
+                        isa.name()
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn packing_refuses_what_it_cannot_serve() {
     let mut rng = Rng(9);
@@ -112,13 +268,16 @@ fn packing_refuses_what_it_cannot_serve() {
             .is_none(),
         "12 rows"
     );
-    let q40 = encode(WeightFormat::Q4_0, &rng.vec(16 * cols), 16, cols);
+    let f16 = encode(WeightFormat::F16, &rng.vec(16 * cols), 16, cols);
     assert!(
-        PackedMatrix::pack(WeightFormat::Q4_0, &q40, 16, cols)
+        PackedMatrix::pack(WeightFormat::F16, &f16, 16, cols)
             .expect("pack")
             .is_none(),
-        "Q4_0"
+        "F16"
     );
+    // Nor a Q6_K byte count that does not match the shape.
+    let q6k = encode(WeightFormat::Q6_K, &rng.vec(8 * 256), 8, 256);
+    assert!(PackedMatrix::pack(WeightFormat::Q6_K, &q6k[..q6k.len() - 2], 8, 256).is_err());
     // A byte count that does not match the shape is an error, not a panic.
     assert!(PackedMatrix::pack(WeightFormat::Q4_1, &q41[..q41.len() - 1], 8, cols).is_err());
 }
@@ -152,7 +311,7 @@ fn packed(fmt: WeightFormat, rng: &mut Rng, rows: usize, cols: usize) -> Option<
 #[test]
 fn fused_loops_give_exactly_the_separate_results() {
     let mut rng = Rng(11);
-    for fmt in [WeightFormat::Q4_1, WeightFormat::Q8_0] {
+    for fmt in [WeightFormat::Q4_1, WeightFormat::Q8_0, WeightFormat::Q5_0] {
         let cols = 576;
         // q/k/v-like: unequal heights, one of them smaller than a task.
         let (Some(q), Some(k), Some(v)) = (
@@ -199,8 +358,14 @@ fn fused_loops_give_exactly_the_separate_results() {
                 assert_eq!(p.to_bits(), silu(*g, *u).to_bits(), "{fmt:?} lanes {lanes} [{i}]");
             }
             // Quantised for the next matmul by the tasks: exactly the serial quantisation, for
-            // both block encodings (Q8_1 for Q4_1 weights, Q8_0 for Q8_0), and the same output.
-            for next_fmt in [WeightFormat::Q4_1, WeightFormat::Q8_0] {
+            // both block encodings (Q8_1 for Q4_1 weights, Q8_0 for Q8_0, Q5_0 and Q4_0 with
+            // their 4-value offsets), and the same output.
+            for next_fmt in [
+                WeightFormat::Q4_1,
+                WeightFormat::Q8_0,
+                WeightFormat::Q5_0,
+                WeightFormat::Q4_0,
+            ] {
                 let mut by_tasks = Activations::new();
                 let mut pair_q = vec![f32::NAN; lanes * 1536];
                 PackedMatrix::matmul_pair(&gate, &up, &act, &mut pair_q, &combine, Some((next_fmt, &mut by_tasks)))

@@ -32,6 +32,7 @@ pub mod ggml {
     pub const Q4_1: u32 = 3;
     pub const Q8_0: u32 = 8;
     pub const Q4_K: u32 = 12;
+    pub const Q3_K: u32 = 11;
     pub const Q5_K: u32 = 13;
     pub const Q6_K: u32 = 14;
     pub const BF16: u32 = 30;
@@ -341,5 +342,6 @@ pub fn sample(version: u32, alignment: Option<u32>) -> Writer {
         .tensor("blk.0.half", &[3, 2, 2], ggml::F16, bytes(12 * 2, 4))
         .tensor("blk.0.kq", &[256, 2], ggml::Q4_K, bytes(2 * 144, 5))
         .tensor("blk.0.q5k", &[256], ggml::Q5_K, bytes(176, 6))
+        .tensor("blk.0.q3k", &[256], ggml::Q3_K, bytes(110, 8))
         .tensor("output.weight", &[256, 1, 1, 2], ggml::Q6_K, bytes(2 * 210, 7))
 }

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Regenerate crates/anelm-kernels/tests/fixtures/dequant-gguf-py.json: random K-quant blocks
+# (Q4_K, Q5_K, Q6_K) and their values as the PyPI `gguf` package's numpy dequantizers compute
+# them, an implementation independent of anelm's (`tests/dequant_vs_gguf_py.rs` compares).
+#
+# Creates (once) a virtualenv under the user cache with a pinned `gguf` and numpy. The CI never
+# runs this: the fixture is committed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+GGUF_VERSION="0.19.0"
+if [ -n "${XDG_CACHE_HOME:-}" ]; then
+  cache="$XDG_CACHE_HOME/anelm"
+elif [ "$(uname -s)" = "Darwin" ]; then
+  cache="$HOME/Library/Caches/anelm"
+else
+  cache="$HOME/.cache/anelm"
+fi
+venv="$cache/venv-dequant"
+stamp="$venv/.anelm-gguf-$GGUF_VERSION"
+PY="${PYTHON:-python3}"
+if [ ! -f "$stamp" ]; then
+  rm -rf "$venv"
+  "$PY" -m venv "$venv"
+  "$venv/bin/python" -m pip install --disable-pip-version-check "gguf==$GGUF_VERSION" numpy
+  touch "$stamp"
+fi
+
+"$venv/bin/python" - crates/anelm-kernels/tests/fixtures/dequant-gguf-py.json <<'PY'
+import json, sys
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from gguf.quants import dequantize
+
+rng = np.random.default_rng(29)
+BLOCKS = 4
+
+def f16_bytes(v):
+    return np.array([v], dtype=np.float16).tobytes()
+
+def block(name):
+    size = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[name]
+    b = bytearray(rng.integers(0, 256, size, dtype=np.uint8).tobytes())
+    scale = lambda: f16_bytes(rng.uniform(-0.05, 0.05))
+    if name == "Q6_K":
+        b[208:210] = scale()
+    else:
+        b[0:2] = scale()
+        b[2:4] = scale()
+    return bytes(b)
+
+out = {}
+for name, t in [("Q4_K", T.Q4_K), ("Q5_K", T.Q5_K), ("Q6_K", T.Q6_K)]:
+    data = b"".join(block(name) for _ in range(BLOCKS))
+    values = dequantize(np.frombuffer(data, dtype=np.uint8), t).astype(np.float32).reshape(-1)
+    out[name] = {
+        "bytes": data.hex(),
+        "f32_bits": [int(v) for v in values.view(np.uint32)],
+    }
+json.dump(out, open(sys.argv[1], "w"))
+print(f"wrote {sys.argv[1]}", file=sys.stderr)
+PY
