@@ -29,7 +29,7 @@ fn median_ns(mut f: impl FnMut()) -> f64 {
 }
 
 fn main() {
-    let wide = std::env::var("ANELM_ATTN_WIDE").as_deref() != Ok("0");
+    let wide = anelm_kernels::Tuning::get().attention_wide;
     println!(
         "512-bit loops: {}\n",
         if wide {

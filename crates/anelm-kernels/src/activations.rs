@@ -128,8 +128,8 @@ fn quantize_q8_block(src: &[f32], q: &mut [i8]) -> (f32, i32) {
 /// Whether this CPU runs [`quantize_block_avx512`] (detected once).
 #[cfg(target_arch = "x86_64")]
 fn wide_quantizer() -> bool {
-    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *HAS.get_or_init(|| is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw"))
+    let f = crate::Features::get();
+    f.avx512f && f.avx512bw
 }
 
 /// [`quantize_block_avx2`] on two 512-bit registers: the maximum and the sum reduce in

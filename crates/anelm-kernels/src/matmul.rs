@@ -27,7 +27,7 @@ impl Isa {
         static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
         *BEST.get_or_init(|| {
             let all = [Isa::Avx2Vnni, Isa::Avx2, Isa::Neon, Isa::Scalar];
-            if let Ok(v) = std::env::var("ANELM_KERNELS")
+            if let Some(v) = crate::Tuning::get().kernels.as_deref()
                 && let Some(isa) = all.into_iter().find(|i| i.name().eq_ignore_ascii_case(v.trim()))
                 && isa.available()
             {

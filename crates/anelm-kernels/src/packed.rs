@@ -139,7 +139,7 @@ impl PackedMatrix {
         cols: usize,
         release: &mut dyn FnMut(&[u8]),
     ) -> Result<Option<Self>, KernelError> {
-        let wide = wide_kernel_available() && std::env::var("ANELM_PACK_WIDE").as_deref() != Ok("0");
+        let wide = wide_kernel_available() && crate::Tuning::get().pack_wide;
         let group_rows = if wide && rows.is_multiple_of(WIDE_GROUP_ROWS) && has_wide_kernel(fmt) {
             WIDE_GROUP_ROWS
         } else {
@@ -590,8 +590,7 @@ fn has_wide_kernel(fmt: WeightFormat) -> bool {
 pub fn wide_kernel_available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *ON.get_or_init(|| kernel_available() && crate::packed_x86_wide::available())
+        kernel_available() && crate::packed_x86_wide::available()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -605,7 +604,7 @@ pub fn kernel_available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         use crate::matmul::Isa;
-        matches!(Isa::best(), Isa::Avx2 | Isa::Avx2Vnni) && std::env::var("ANELM_PACKED").as_deref() != Ok("0")
+        matches!(Isa::best(), Isa::Avx2 | Isa::Avx2Vnni) && crate::Tuning::get().packed
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -617,8 +616,7 @@ pub fn kernel_available() -> bool {
 /// it off for A/B runs).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // packing runs on x86-64 only
 fn prefetch_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("ANELM_PREFETCH").as_deref() != Ok("0"))
+    crate::Tuning::get().prefetch_successor
 }
 
 /// Base pointer of the output, shared by tasks that write disjoint rows.

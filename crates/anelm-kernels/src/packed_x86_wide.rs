@@ -26,11 +26,8 @@ const PREFETCH: usize = 2048;
 
 /// Whether this CPU runs the wide kernels (on top of the AVX2 path's AVX2, FMA and F16C).
 pub(crate) fn available() -> bool {
-    crate::simd_x86::available()
-        && is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx512bw")
-        && is_x86_feature_detected!("avx512vl")
-        && is_x86_feature_detected!("avx512vnni")
+    let f = crate::Features::get();
+    crate::simd_x86::available() && f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni
 }
 
 #[inline]
@@ -59,9 +56,9 @@ pub(crate) fn f16x16(b: &[u8]) -> __m512 {
 /// `ANELM_WEIGHT_PREFETCH=nta|t0` overrides the vendor default.
 pub(crate) fn weight_prefetch_nta() -> bool {
     static NTA: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *NTA.get_or_init(|| match std::env::var("ANELM_WEIGHT_PREFETCH").as_deref() {
-        Ok("nta") => true,
-        Ok("t0") => false,
+    *NTA.get_or_init(|| match crate::Tuning::get().weight_prefetch.as_deref() {
+        Some("nta") => true,
+        Some("t0") => false,
         _ => is_amd(),
     })
 }
@@ -156,8 +153,7 @@ pub(crate) fn q4_1_group_wide(blk: &[u8], x: &Activations, lane0: usize, out: &m
 
 /// Whether this CPU has GFNI (detected once; `ANELM_GFNI=0` turns its use off, for A/B runs).
 fn gfni() -> bool {
-    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *HAS.get_or_init(|| is_x86_feature_detected!("gfni") && std::env::var("ANELM_GFNI").as_deref() != Ok("0"))
+    crate::Features::get().gfni && crate::Tuning::get().gfni
 }
 
 /// The exact i32 dots of block `$b` of each of `L` lanes with the 16 rows whose 32 weights
@@ -292,7 +288,7 @@ mod tests {
 
     #[test]
     fn gfni_nibbles_give_the_shift_and_mask_results_bit_for_bit() {
-        if !(available() && is_x86_feature_detected!("gfni")) {
+        if !(available() && crate::Features::get().gfni) {
             eprintln!("skipped: this CPU lacks AVX-512 VNNI or GFNI (the dispatch never takes this path)");
             return;
         }

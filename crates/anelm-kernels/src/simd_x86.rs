@@ -13,7 +13,7 @@ use crate::fp16::{bf16_to_f32, f16_to_f32};
 
 /// Whether this CPU runs the AVX2 path (AVX2, FMA and F16C).
 pub(crate) fn available() -> bool {
-    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+    crate::Features::get().avx2_fma_f16c()
 }
 
 #[inline]
@@ -310,8 +310,7 @@ pub(crate) unsafe fn dot_rows4_f32(
 
 /// Whether this CPU has AVX-512F (detected once).
 fn has_avx512f() -> bool {
-    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *HAS.get_or_init(|| is_x86_feature_detected!("avx512f"))
+    crate::Features::get().avx512f
 }
 
 /// [`dot_rows4_f32`] with 512-bit vectors: 4 rows × 4 lanes in sixteen accumulators (AVX-512
@@ -460,7 +459,8 @@ fn dot_u8_i8_vnni(w: __m256i, x: __m256i) -> __m256i {
 
 /// Whether this CPU has AVX-512 VNNI with 256-bit vectors (used by [`dot_rows4_vnni`]).
 pub(crate) fn has_vnni() -> bool {
-    is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl")
+    let f = crate::Features::get();
+    f.avx512vnni && f.avx512vl
 }
 
 /// The register tile, generated once per instruction-set variant.
