@@ -216,12 +216,16 @@ fn load_with<T>(
     loader: impl FnOnce(&std::path::Path, &dyn Backend, &mut dyn FnMut(usize, usize)) -> Result<T>,
 ) -> Result<(T, DeviceReport)> {
     // The device first: `--device ane` on a machine without one fails before anything else.
+    let cpu = || match args.quantize {
+        Some(q) => CpuBackend::quantizing(q),
+        None => CpuBackend::new(),
+    };
     let (backend, report): (Box<dyn Backend>, DeviceReport) = match args.device {
-        DeviceArg::Cpu => (Box::new(CpuBackend::new()), DeviceReport::cpu()),
+        DeviceArg::Cpu => (Box::new(cpu()), DeviceReport::cpu()),
         DeviceArg::Ane => apple_backend(AppleAne::open_with(&apple_config(&args.ane))?, &args.ane),
         DeviceArg::Auto => match AppleAne::open_with(&apple_config(&args.ane)) {
             Ok(dev) => apple_backend(dev, &args.ane),
-            Err(_) => (Box::new(CpuBackend::new()), DeviceReport::cpu()),
+            Err(_) => (Box::new(cpu()), DeviceReport::cpu()),
         },
         DeviceArg::AneEmu => {
             let chip = args.ane.chip_profile()?;
@@ -241,6 +245,14 @@ fn load_with<T>(
             (Box::new(b), report)
         }
     };
+    if let (Some(q), Some(_)) = (args.quantize, &report.monitor) {
+        anyhow::bail!(
+            "--quantize {} re-encodes weights for the CPU backend; the Neural Engine ({}) stores its own \
+             (fp16, or int8 with --ane-weights int8)",
+            q.name(),
+            report.name
+        );
+    }
     let path = model_path(args)?;
     let verb = if report.monitor.is_some() {
         "compiling"

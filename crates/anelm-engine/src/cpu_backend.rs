@@ -11,16 +11,25 @@ use anelm_model::tensor_store::TensorStore;
 use crate::backend::{Backend, Dispatch, Kernel, KernelShape, KernelSpec};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
+use crate::load_quantize::{LoadQuantization, quantize_matrix};
 use crate::stored_matrix::StoredMatrix;
 
 /// Runs `KernelSpec`s on the host CPU through `anelm-kernels` (threads: the rayon pool).
 #[derive(Clone, Debug, Default)]
-pub struct CpuBackend;
+pub struct CpuBackend {
+    quantize: Option<LoadQuantization>,
+}
 
 impl CpuBackend {
-    /// The CPU backend.
+    /// The CPU backend, running every matrix in its stored format.
     pub fn new() -> Self {
-        Self
+        Self::default()
+    }
+
+    /// The CPU backend, re-encoding float (f32/f16/bf16) matrices to `q` as it compiles them
+    /// (`--quantize`; see [`crate::load_quantize`]).
+    pub fn quantizing(q: LoadQuantization) -> Self {
+        Self { quantize: Some(q) }
     }
 }
 
@@ -37,7 +46,13 @@ impl Backend for CpuBackend {
     }
 
     fn compile(&self, spec: &KernelSpec, weights: &Arc<dyn TensorStore>) -> Result<Box<dyn Kernel>> {
-        let load = |id: &crate::backend::WeightId| CpuMatrix::new(StoredMatrix::load(weights, &id.0)?);
+        let load = |id: &crate::backend::WeightId| {
+            let m = StoredMatrix::load(weights, &id.0)?;
+            CpuMatrix::new(match self.quantize {
+                Some(q) => quantize_matrix(m, q)?,
+                None => m,
+            })
+        };
         match spec {
             KernelSpec::Linear { w } | KernelSpec::LmHead { w } => Ok(Box::new(CpuLinear::new(vec![load(w)?], false)?)),
             KernelSpec::LinearResidual { w } => Ok(Box::new(CpuLinear::new(vec![load(w)?], true)?)),
