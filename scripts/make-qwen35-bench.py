@@ -146,8 +146,8 @@ def write_safetensors(path, shapes, make):
         f.write(text)
         for i, name in enumerate(names):
             f.write(to_bf16_bits(make(name)).tobytes())
-            print(f"\r{i + 1}/{len(names)} {name:60}", end="", file=sys.stderr)
-    print(file=sys.stderr)
+            if (i + 1) % 50 == 0 or i + 1 == len(names):
+                print(f"{i + 1}/{len(names)} tensors written", file=sys.stderr)
 
 
 def main():
@@ -162,9 +162,11 @@ def main():
     make = lambda name: random_tensor(name, shapes[name], a.seed)
     name = f"Qwen3.5-{a.size}-shaped-random"
     if a.format == "gguf-f16":
-        progress = lambda i, n, t: print(f"\r{i}/{n} {t:40}", end="", file=sys.stderr)
+        def progress(i, n, t):
+            if i == n or t.endswith(".attn_norm.weight"):
+                print(f"{i}/{n} tensors written ({t})", file=sys.stderr)
+
         qwen35_gguf.write(a.out, cfg, name, shapes, make, has_output=False, float_type="f16", progress=progress)
-        print(file=sys.stderr)
     else:
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ use crate::error::{EngineError, Result};
 use crate::load_quantize::{LoadQuantization, quantize_matrix};
 use crate::stored_matrix::StoredMatrix;
 
-/// Runs `KernelSpec`s on the host CPU through `anelm-kernels` (threads: the rayon pool).
+/// Runs `KernelSpec`s on the host CPU through `anelm-kernels` (threads: the kernel pool).
 #[derive(Clone, Debug, Default)]
 pub struct CpuBackend {
     quantize: Option<LoadQuantization>,

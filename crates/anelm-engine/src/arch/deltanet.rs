@@ -151,8 +151,9 @@ impl GatedDeltaNet {
     /// The conv runs lane by lane on the caller's thread (it is cheap and sequential per
     /// session). The recurrence runs on the kernel pool with one task per value head, and each
     /// task walks every lane in order: a head's state (dk·dv floats) stays in one core's cache
-    /// for the whole step instead of moving between cores token by token, and a prompt chunk
-    /// costs one hand-off to the pool per layer, not one per token.
+    /// for the whole step instead of moving between cores token by token, a prompt chunk
+    /// costs one hand-off to the pool per layer, not one per token, and consecutive tokens of a
+    /// session share a pass over the state (one pass per token instead of two).
     pub fn forward(
         &self,
         states: &mut [&mut RecurrentLayer],
@@ -225,18 +226,41 @@ impl GatedDeltaNet {
                 VHeadOrder::Grouped => vh / ratio,
                 VHeadOrder::Tiled => vh % s.n_k_heads,
             };
-            let mut delta = vec![0.0f32; dv];
-            for (lane, &si) in lane_state.iter().enumerate() {
-                let x = act.lane(lane);
-                let p = proj.lane(lane);
-                let (q, k) = (&x[kh * dk..(kh + 1) * dk], &x[kw + kh * dk..kw + (kh + 1) * dk]);
+            // Per lane: (q, k, v, z, β, decay) of this head.
+            let inputs = |lane: usize| {
+                let (x, p) = (act.lane(lane), proj.lane(lane));
+                let q = &x[kh * dk..(kh + 1) * dk];
+                let k = &x[kw + kh * dk..kw + (kh + 1) * dk];
                 let v = &x[2 * kw + vh * dv..2 * kw + (vh + 1) * dv];
                 let z = &p[cd + vh * dv..cd + (vh + 1) * dv];
                 let (b, a) = (p[cd + vw + vh], p[cd + vw + hv + vh]);
-                let beta = sigmoid(b);
                 let decay = (self.neg_a[vh] * softplus(a + self.dt_bias[vh])).exp();
+                (q, k, v, z, sigmoid(b), decay)
+            };
+            // `u` holds Sᵀk of the current lane once its pass over the state has decayed S;
+            // when the next lane continues the same session, that pass rides along with this
+            // lane's update (one pass over the state per token instead of two).
+            let (mut u, mut u_next) = (vec![0.0f32; dv], vec![0.0f32; dv]);
+            let mut primed = false;
+            for (lane, &si) in lane_state.iter().enumerate() {
+                let (q, k, v, z, beta, decay) = inputs(lane);
+                let sm = &mut *job.states[si];
                 let o = &mut *job.outs[lane];
-                delta_rule(&mut *job.states[si], q, k, v, beta, decay, &mut delta, o);
+                if !primed {
+                    decay_project(sm, k, decay, &mut u);
+                }
+                // δ = β(v − u), in place.
+                for (d, &vj) in u.iter_mut().zip(v) {
+                    *d = (vj - *d) * beta;
+                }
+                primed = lane_state.get(lane + 1) == Some(&si);
+                if primed {
+                    let (_, k_next, _, _, _, decay_next) = inputs(lane + 1);
+                    update_then_project(sm, k, q, &u, o, k_next, decay_next, &mut u_next);
+                    std::mem::swap(&mut u, &mut u_next);
+                } else {
+                    update(sm, k, q, &u, o);
+                }
                 gated_norm(o, &self.norm_w, z, self.eps);
             }
         });
@@ -271,36 +295,61 @@ multiversion! {
     }
 }
 
+// The delta rule on one head's state S (`[dk][dv]`, row i belongs to key channel i) for one
+// token: decay `S ← g·S`, `u = Sᵀk`, `δ = β(v − u)`, `S ← S + k·δᵀ`, readout `o = Sᵀq`. Split
+// into passes over S so that consecutive tokens of a session can share one (see
+// `GatedDeltaNet::forward`); every element sees the same operations in the same order either way.
+
 multiversion! {
-    /// The delta rule on one head's state `sm` (`[dk][dv]`): decay, `u = Sᵀk`,
-    /// `δ = β(v − u)`, `S ← S + k·δᵀ`, and the readout `o = Sᵀq`. Two passes over the state
-    /// (the decay rides along with `u`); `delta` is scratch of dv floats.
-    fn delta_rule(
-        sm: &mut [f32],
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        beta: f32,
-        decay: f32,
-        delta: &mut [f32],
-        o: &mut [f32],
-    ) = delta_rule_body {
-        let dv = o.len();
-        delta.fill(0.0);
+    /// First pass of a token: `S ← decay·S` and `u = Sᵀk`.
+    fn decay_project(sm: &mut [f32], k: &[f32], decay: f32, u: &mut [f32]) = decay_project_body {
+        let dv = u.len();
+        u.fill(0.0);
         for (row, &ki) in sm.chunks_exact_mut(dv).zip(k) {
-            for (sij, d) in row.iter_mut().zip(delta.iter_mut()) {
+            for (sij, uj) in row.iter_mut().zip(u.iter_mut()) {
                 *sij *= decay;
-                *d += *sij * ki;
+                *uj += *sij * ki;
             }
         }
-        for (d, &vj) in delta.iter_mut().zip(v) {
-            *d = (vj - *d) * beta;
-        }
+    }
+}
+
+multiversion! {
+    /// Last pass of a token: `S ← S + k·δᵀ` and `o = Sᵀq`.
+    fn update(sm: &mut [f32], k: &[f32], q: &[f32], delta: &[f32], o: &mut [f32]) = update_body {
+        let dv = o.len();
         o.fill(0.0);
         for ((row, &ki), &qi) in sm.chunks_exact_mut(dv).zip(k).zip(q) {
-            for ((sij, &dj), oj) in row.iter_mut().zip(&*delta).zip(o.iter_mut()) {
+            for ((sij, &dj), oj) in row.iter_mut().zip(delta).zip(o.iter_mut()) {
                 *sij += ki * dj;
                 *oj += *sij * qi;
+            }
+        }
+    }
+}
+
+multiversion! {
+    /// [`update`] of one token fused with [`decay_project`] of the session's next token
+    /// (`k_next`, `decay_next`, into `u_next`).
+    fn update_then_project(
+        sm: &mut [f32],
+        k: &[f32],
+        q: &[f32],
+        delta: &[f32],
+        o: &mut [f32],
+        k_next: &[f32],
+        decay_next: f32,
+        u_next: &mut [f32],
+    ) = update_then_project_body {
+        let dv = o.len();
+        o.fill(0.0);
+        u_next.fill(0.0);
+        for (((row, &ki), &qi), &kn) in sm.chunks_exact_mut(dv).zip(k).zip(q).zip(k_next) {
+            for (((sij, &dj), oj), un) in row.iter_mut().zip(delta).zip(o.iter_mut()).zip(u_next.iter_mut()) {
+                *sij += ki * dj;
+                *oj += *sij * qi;
+                *sij *= decay_next;
+                *un += *sij * kn;
             }
         }
     }
