@@ -160,7 +160,9 @@ mod tests {
     }
 
     fn matrix(format: WeightFormat, rows: usize, cols: usize) -> (StoredMatrix, Vec<f32>) {
-        let values: Vec<f32> = (0..rows * cols).map(|i| ((i * 37 % 101) as f32 - 50.0) / 64.0).collect();
+        let values: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 64.0)
+            .collect();
         let mut data = vec![0u8; format.row_bytes(cols).unwrap() * rows];
         let rb = format.row_bytes(cols).unwrap();
         for (src, dst) in values.chunks(cols).zip(data.chunks_mut(rb)) {
@@ -182,23 +184,39 @@ mod tests {
         let q = quantize_matrix(m, LoadQuantization::Q8_0).unwrap();
         assert_eq!((q.format, q.rows, q.cols), (WeightFormat::Q8_0, 70, 512));
         let back = q.to_f32().unwrap();
-        let worst = back.iter().zip(&values).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        let worst = back
+            .iter()
+            .zip(&values)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
         // |x| ≤ 0.79: bf16 rounding (≤ 2^-9 relative) plus half a Q8_0 step (amax / 254).
         assert!(worst < 0.79 / 254.0 + 0.79 / 256.0, "worst {worst}");
         let (m, _) = matrix(WeightFormat::F16, 3, 512);
-        assert_eq!(quantize_matrix(m, LoadQuantization::Q4K).unwrap().format, WeightFormat::Q4_K);
+        assert_eq!(
+            quantize_matrix(m, LoadQuantization::Q4K).unwrap().format,
+            WeightFormat::Q4_K
+        );
     }
 
     #[test]
     fn rows_the_target_cannot_hold_fall_back() {
         // 96 columns: not a multiple of Q4_K's 256, a multiple of Q8_0's 32.
         let (m, _) = matrix(WeightFormat::F32, 2, 96);
-        assert_eq!(quantize_matrix(m, LoadQuantization::Q4K).unwrap().format, WeightFormat::Q8_0);
+        assert_eq!(
+            quantize_matrix(m, LoadQuantization::Q4K).unwrap().format,
+            WeightFormat::Q8_0
+        );
         // 40 columns fit no block format: the matrix stays as it is.
         let (m, _) = matrix(WeightFormat::F32, 2, 40);
-        assert_eq!(quantize_matrix(m, LoadQuantization::Q8_0).unwrap().format, WeightFormat::F32);
+        assert_eq!(
+            quantize_matrix(m, LoadQuantization::Q8_0).unwrap().format,
+            WeightFormat::F32
+        );
         // Block formats are kept.
         let (m, _) = matrix(WeightFormat::Q4_0, 2, 64);
-        assert_eq!(quantize_matrix(m, LoadQuantization::Q8_0).unwrap().format, WeightFormat::Q4_0);
+        assert_eq!(
+            quantize_matrix(m, LoadQuantization::Q8_0).unwrap().format,
+            WeightFormat::Q4_0
+        );
     }
 }

@@ -14,6 +14,7 @@
 //!   format, not the encoder: on the 0.8B-shaped random Qwen3.5 (scripts/make-qwen35-bench-gguf.sh)
 //!   llama.cpp's own `llama-quantize` Q8_0 moves the logits of the F16 file by 0.314 of their
 //!   scale (cosine 0.950), `--quantize q8_0` by 0.291 (cosine 0.952).
+//!
 //! A wrong block layout, scale or row order is off by the whole scale.
 
 mod common;
@@ -61,7 +62,10 @@ fn compare(got: &[Vec<f32>], want: &[Vec<f32>]) -> (f64, f64) {
     assert!(scale > 0.0, "reference logits are all zero");
     let mut worst = (0.0f64, 1.0f64);
     for (g, w) in got.iter().zip(want) {
-        let d = g.iter().zip(w).fold(0.0f64, |m, (&a, &b)| m.max(f64::from((a - b).abs())));
+        let d = g
+            .iter()
+            .zip(w)
+            .fold(0.0f64, |m, (&a, &b)| m.max(f64::from((a - b).abs())));
         worst = (worst.0.max(d / scale), worst.1.min(common::cosine(g, w)));
     }
     worst
@@ -73,7 +77,9 @@ fn check(name: &str, q: LoadQuantization) {
     } else {
         ATTENTION_TOL
     };
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf").join(name);
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/hf")
+        .join(name);
     let text = std::fs::read_to_string(dir.join("reference.json")).expect("reference.json");
     let reference: Value = serde_json::from_str(&text).expect("reference.json is JSON");
     let tokens = common::ids(&reference["sequence"]["tokens"]);

@@ -256,7 +256,7 @@ impl GatedDeltaNet {
                 primed = lane_state.get(lane + 1) == Some(&si);
                 if primed {
                     let (_, k_next, _, _, _, decay_next) = inputs(lane + 1);
-                    update_then_project(sm, k, q, &u, o, k_next, decay_next, &mut u_next);
+                    update_then_project(sm, k, q, &u, o, (k_next, decay_next), &mut u_next);
                     std::mem::swap(&mut u, &mut u_next);
                 } else {
                     update(sm, k, q, &u, o);
@@ -330,17 +330,17 @@ multiversion! {
 
 multiversion! {
     /// [`update`] of one token fused with [`decay_project`] of the session's next token
-    /// (`k_next`, `decay_next`, into `u_next`).
+    /// (`next` = its k and decay, into `u_next`).
     fn update_then_project(
         sm: &mut [f32],
         k: &[f32],
         q: &[f32],
         delta: &[f32],
         o: &mut [f32],
-        k_next: &[f32],
-        decay_next: f32,
+        next: (&[f32], f32),
         u_next: &mut [f32],
     ) = update_then_project_body {
+        let (k_next, decay_next) = next;
         let dv = o.len();
         o.fill(0.0);
         u_next.fill(0.0);

@@ -581,7 +581,9 @@ impl LanguageModel for Qwen35 {
                         .iter_mut()
                         .map(|it| it.session.recurrent.get_mut(li))
                         .collect::<Option<Vec<&mut RecurrentLayer>>>()
-                        .ok_or_else(|| EngineError::Config("a session of another model was passed to Qwen3.5".into()))?;
+                        .ok_or_else(|| {
+                            EngineError::Config("a session of another model was passed to Qwen3.5".into())
+                        })?;
                     net.forward(&mut states, &lane_items, &proj, &mut conv, &mut mixed)?;
                     out.run(&[&mixed, &x], &mut y)?;
                 }
