@@ -8,6 +8,7 @@ use std::time::Duration;
 use anelm_mil::WeightFiles;
 
 use crate::error::AneError;
+use crate::limits::Limits;
 use crate::surface::Surface;
 
 /// A compiled program on a device.
@@ -60,6 +61,13 @@ pub trait AneDevice: Send + Sync {
             "{} cannot load a program without compiling it",
             self.name()
         )))
+    }
+
+    /// What this device accepts ([`Limits`]): the ANE backend plans every kernel under them, so the
+    /// planner and the device agree by construction. The default is the evidence-based
+    /// [`Limits::default`]; the emulator answers with the limits it enforces.
+    fn limits(&self) -> Limits {
+        Limits::default()
     }
 
     /// What besides the MIL text and weights decides whether a program compiles on this device

@@ -11,24 +11,10 @@ use crate::chip::ChipProfile;
 use crate::device::{AneDevice, DispatchTime, ProgramHandle, Signature};
 use crate::error::AneError;
 use crate::exec::{Executable, Tensor, round_fp16};
-use crate::rules::{DEFAULT_MAX_COMPILES, MAX_AXIS, MAX_PROGRAM_WEIGHT_BYTES, Rule};
+use crate::limits::Limits;
+use crate::rules::{DEFAULT_MAX_COMPILES, Rule};
 use crate::surface::Surface;
 use crate::validate::{load_validated, validate};
-
-/// Largest tensor dimension the emulator accepts: the per-op cap of 65,536 per axis
-/// ([`Rule::DimCap`] gives the evidence).
-pub const DEFAULT_MAX_DIM: usize = MAX_AXIS;
-
-/// Largest conv input width: 9216 is known to work (Qwen3.5-4B down projection, ane-runtime.md §3.4)
-/// and 32,000 is rejected (ane-hardware.md §3.6); nothing is known in between, so 16,384.
-pub const DEFAULT_MAX_CONV_INPUT_CHANNELS: usize = 16_384;
-
-/// Largest constant payload per kernel (at fp16 size): the biggest kernel known to run, a
-/// 65,536 × 4096 fp16 LM-head chunk of Qwen3.5-9B (ane-runtime.md §3.4, §11), 512 MiB.
-pub const DEFAULT_MAX_KERNEL_CONST_BYTES: u64 = 65_536 * 4096 * 2;
-
-/// Largest element count of any one tensor: the largest weight known to run (65,536 × 4096).
-pub const DEFAULT_MAX_TENSOR_ELEMENTS: usize = 65_536 * 4096;
 
 /// Default per-process budget of simultaneously loaded programs: 229, the most kernels seen
 /// loaded at once (FG, M3 Max; ane-hardware.md §4.7). Qwen3-4B's 226 fit.
@@ -48,16 +34,8 @@ pub struct EmuConfig {
     /// Per-process compile budget ([`Rule::CompileBudget`]; default 119, `None`: unlimited).
     /// Loads from the compile cache do not count.
     pub max_compiles: Option<usize>,
-    /// Most weight-file bytes one program may hand the compiler ([`Rule::ProgramWeights`]).
-    pub max_program_weight_bytes: u64,
-    /// Per-op dimension cap ([`Rule::DimCap`]).
-    pub max_dim: usize,
-    /// Conv input-channel cap ([`Rule::DimCap`]).
-    pub max_conv_input_channels: usize,
-    /// Element cap of any one tensor ([`Rule::DimCap`]).
-    pub max_tensor_elements: usize,
-    /// Per-kernel constant limit in bytes at fp16 size ([`Rule::KernelSize`]).
-    pub max_kernel_const_bytes: u64,
+    /// What the device accepts (the validator's caps; the planner's choices are unused here).
+    pub limits: Limits,
     /// Flush fp16 subnormals to zero after every op (the ANE appears to; ane-hardware.md §3.7).
     pub flush_subnormals: bool,
     /// **Test knob**: refuse at compile time ([`Rule::Refused`]) every program whose MIL text
@@ -108,11 +86,7 @@ impl Default for EmuConfig {
             max_loaded_programs: DEFAULT_MAX_LOADED,
             max_loaded_bytes: None,
             max_compiles: Some(DEFAULT_MAX_COMPILES),
-            max_program_weight_bytes: MAX_PROGRAM_WEIGHT_BYTES,
-            max_dim: DEFAULT_MAX_DIM,
-            max_conv_input_channels: DEFAULT_MAX_CONV_INPUT_CHANNELS,
-            max_tensor_elements: DEFAULT_MAX_TENSOR_ELEMENTS,
-            max_kernel_const_bytes: DEFAULT_MAX_KERNEL_CONST_BYTES,
+            limits: Limits::default(),
             flush_subnormals: true,
             refuse: Vec::new(),
         }
@@ -308,17 +282,21 @@ impl AneDevice for EmuAne {
         Ok(h)
     }
 
+    fn limits(&self) -> Limits {
+        self.cfg.limits
+    }
+
     fn cache_salt(&self) -> String {
         // Everything but the chip profile decides acceptance.
         let c = &self.cfg;
         format!(
             "ane-emu {} dim {} conv {} elems {} const {} weights {} align128 {} flush {} refuse {:?}",
             env!("CARGO_PKG_VERSION"),
-            c.max_dim,
-            c.max_conv_input_channels,
-            c.max_tensor_elements,
-            c.max_kernel_const_bytes,
-            c.max_program_weight_bytes,
+            c.limits.max_dim,
+            c.limits.max_conv_input_channels,
+            c.limits.max_tensor_elements,
+            c.limits.max_kernel_const_bytes,
+            c.limits.max_program_weight_bytes,
             c.chip.aligns_io_to_128(),
             c.flush_subnormals,
             c.refuse

@@ -34,10 +34,13 @@ pub mod apple;
 mod cache;
 mod chip;
 mod device;
+mod dispatch_sweep;
 mod emu;
 mod error;
 mod exec;
 mod kernel;
+mod kernel_run;
+mod limits;
 mod lower;
 mod plan;
 mod plan_host;
@@ -50,16 +53,22 @@ pub use apple::{AppleAne, AppleConfig, AppleError, Fallback, FfnForm, fallback};
 pub use cache::{CACHE_DIR_ENV, CacheOutcome, CompileCache, compile_or_load, content_id};
 pub use chip::{CHIPS, ChipProfile, FIT_TO_ANEMLL_RATIO, HostProfile, INT8_STREAM_EFFICIENCY, STREAM_TO_ANEMLL_RATIO};
 pub use device::{AneDevice, DispatchTime, ProgramHandle, Releasing, Signature, compile_and_load};
-pub use emu::{
-    DEFAULT_MAX_CONV_INPUT_CHANNELS, DEFAULT_MAX_DIM, DEFAULT_MAX_KERNEL_CONST_BYTES, DEFAULT_MAX_LOADED,
-    DEFAULT_MAX_TENSOR_ELEMENTS, EMU_REFUSE_ENV, EmuAne, EmuConfig, EmuStats,
+pub use dispatch_sweep::{
+    DEVICE_SWEEP_SIZES, DispatchFit, EMULATOR_SWEEP_SIZES, FitError, SweepError, SweepPoint, dispatch_sweep,
+    fit_dispatch,
 };
+pub use emu::{DEFAULT_MAX_LOADED, EMU_REFUSE_ENV, EmuAne, EmuConfig, EmuStats};
 pub use error::{AneError, LowerError, SurfaceError};
 pub use kernel::{AneKernel, WeightMode, WeightShape};
+pub use kernel_run::{LoadedProgram, ProgramLayout, RunCost, RunError};
+pub use limits::{
+    DEFAULT_MAX_CONV_INPUT_CHANNELS, DEFAULT_MAX_DIM, DEFAULT_MAX_KERNEL_CONST_BYTES, DEFAULT_MAX_TENSOR_ELEMENTS,
+    FFN_MAX_BYTES, LM_HEAD_MAX_ROWS, Limits,
+};
 pub use lower::{FfnChunkWeights, Lowered, blob_path, ffn_chunk_weights, lower};
 pub use plan::{
-    BlockLayout, FFN_MAX_BYTES, KernelRole, LM_HEAD_MAX_ROWS, LayerKind, LayerPlan, LinearAttention, ModelDims, Plan,
-    PlanError, PlanOptions, PlannedKernel, SlidingWindow, linear_chunk_rows, plan, plan_ffn,
+    BlockLayout, KernelRole, LayerKind, LayerPlan, LinearAttention, ModelDims, Plan, PlanError, PlanOptions,
+    PlannedKernel, SlidingWindow, linear_chunk_rows, plan, plan_ffn,
 };
 pub use plan_host::{DEFAULT_CONTEXT, HostOptions, HostRuntime, StepCost, StreamWork, Work, stream_work};
 pub use quant::{QuantizedMatrix, quantize_int8};

@@ -11,17 +11,10 @@ use std::fmt::{self, Write as _};
 use thiserror::Error;
 
 use crate::chip::ChipProfile;
-use crate::emu::{DEFAULT_MAX_CONV_INPUT_CHANNELS, DEFAULT_MAX_DIM, DEFAULT_MAX_KERNEL_CONST_BYTES};
 use crate::kernel::{AneKernel, WeightMode};
+use crate::limits::Limits;
 use crate::plan_host::HostOptions;
 use crate::surface::LANES;
-
-/// The FFN size rule of the C++ system: `ANE_FFN_CHUNK_MAX_BYTES` = 150 MiB of fp16 weights
-/// (`ane-runtime.md` §3.5; raised 48 → 72 → 150 MB as larger single kernels proved to work).
-pub const FFN_MAX_BYTES: u64 = 150 * 1024 * 1024;
-
-/// LM-head rows per chunk: 65,536 (`ane-runtime.md` §3.4; the per-op dimension cap).
-pub const LM_HEAD_MAX_ROWS: usize = 65_536;
 
 /// Gated-DeltaNet (linear attention) dimensions of a hybrid model such as Qwen3.5.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -217,34 +210,13 @@ pub struct LayerPlan {
     pub kernels: Vec<PlannedKernel>,
 }
 
-/// Planner settings.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// Planner settings: the weight storage and the device's limits.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct PlanOptions {
     /// Weight storage.
     pub weights: WeightMode,
-    /// FFN split threshold, bytes of fp16 weights ([`FFN_MAX_BYTES`]).
-    pub ffn_max_bytes: u64,
-    /// LM-head rows per chunk ([`LM_HEAD_MAX_ROWS`]).
-    pub lm_head_max_rows: usize,
-    /// The device's per-kernel constant limit at fp16 size (every kernel must fit).
-    pub max_kernel_const_bytes: u64,
-    /// The device's conv input-channel cap.
-    pub max_conv_input_channels: usize,
-    /// The device's per-op dimension cap.
-    pub max_dim: usize,
-}
-
-impl Default for PlanOptions {
-    fn default() -> Self {
-        PlanOptions {
-            weights: WeightMode::Fp16,
-            ffn_max_bytes: FFN_MAX_BYTES,
-            lm_head_max_rows: LM_HEAD_MAX_ROWS,
-            max_kernel_const_bytes: DEFAULT_MAX_KERNEL_CONST_BYTES,
-            max_conv_input_channels: DEFAULT_MAX_CONV_INPUT_CHANNELS,
-            max_dim: DEFAULT_MAX_DIM,
-        }
-    }
+    /// The device's limits and the planner's size choices under them.
+    pub limits: Limits,
 }
 
 impl PlanOptions {
@@ -425,13 +397,13 @@ fn output_proj(d: &ModelDims, kind: LayerKind) -> Result<PlannedKernel, PlanErro
 
 fn ffn(d: &ModelDims, opts: &PlanOptions) -> Result<Vec<PlannedKernel>, PlanError> {
     match d.block {
-        BlockLayout::PreNorm => plan_ffn(d.hidden, d.intermediate, opts),
+        BlockLayout::PreNorm => plan_ffn(d.hidden, d.intermediate, &opts.limits),
         BlockLayout::Sandwich => {
             let (h, f) = (d.hidden, d.intermediate);
-            if f > opts.max_conv_input_channels {
+            if f > opts.limits.max_conv_input_channels {
                 return Err(PlanError::DoesNotFit(format!(
                     "the down projection: it reads {f} channels, over the conv input cap of {}",
-                    opts.max_conv_input_channels
+                    opts.limits.max_conv_input_channels
                 )));
             }
             Ok(vec![
@@ -462,14 +434,14 @@ fn ffn(d: &ModelDims, opts: &PlanOptions) -> Result<Vec<PlannedKernel>, PlanErro
 /// The kernels a SwiGLU FFN of width `hidden` → `inter` → `hidden` becomes under `opts`: one
 /// [`AneKernel::SwiGluFfnResidual`], or accumulating [`AneKernel::FfnChunk`]s when one kernel
 /// would exceed the FFN limit or the conv input cap. The ANE backend compiles exactly these.
-pub fn plan_ffn(hidden: usize, inter: usize, opts: &PlanOptions) -> Result<Vec<PlannedKernel>, PlanError> {
+pub fn plan_ffn(hidden: usize, inter: usize, limits: &Limits) -> Result<Vec<PlannedKernel>, PlanError> {
     if hidden == 0 || inter == 0 {
         return Err(PlanError::BadDims(format!("an FFN of {hidden}→{inter} channels")));
     }
     let (h, f) = (hidden, inter);
     let total = 3 * (h as u64) * (f as u64) * 2;
-    let limit = opts.ffn_max_bytes.min(opts.max_kernel_const_bytes);
-    let conv_ok = |chunk: usize| chunk <= opts.max_conv_input_channels;
+    let limit = limits.ffn_max_bytes.min(limits.max_kernel_const_bytes);
+    let conv_ok = |chunk: usize| chunk <= limits.max_conv_input_channels;
     if total <= limit && conv_ok(f) {
         return Ok(vec![PlannedKernel {
             role: KernelRole::FfnResidual,
@@ -482,11 +454,11 @@ pub fn plan_ffn(hidden: usize, inter: usize, opts: &PlanOptions) -> Result<Vec<P
             ),
         }]);
     }
-    if 2 * h > opts.max_dim {
+    if 2 * h > limits.max_dim {
         return Err(PlanError::DoesNotFit(format!(
             "a chunked FFN: its packed x ‖ acc input has {} channels, over the {}-channel cap",
             2 * h,
-            opts.max_dim
+            limits.max_dim
         )));
     }
     let mut n = total.div_ceil(limit).max(2) as usize;
@@ -510,7 +482,7 @@ pub fn plan_ffn(hidden: usize, inter: usize, opts: &PlanOptions) -> Result<Vec<P
         format!(
             "the down projection would read {f} channels, over the conv input cap of {}, so the FFN is split into {n} \
              chunks of {chunk}",
-            opts.max_conv_input_channels
+            limits.max_conv_input_channels
         )
     };
     Ok((0..n)
@@ -535,10 +507,10 @@ pub fn plan_ffn(hidden: usize, inter: usize, opts: &PlanOptions) -> Result<Vec<P
 }
 
 /// Rows per chunk when a `[_, cols]` matrix is split by rows (the LM head): at most
-/// [`PlanOptions::lm_head_max_rows`], the per-op cap, and what fits the kernel size limit.
-pub fn linear_chunk_rows(cols: usize, opts: &PlanOptions) -> Result<usize, PlanError> {
-    let by_bytes = usize::try_from(opts.max_kernel_const_bytes / (2 * cols.max(1) as u64)).unwrap_or(usize::MAX);
-    let rows = opts.lm_head_max_rows.min(opts.max_dim).min(by_bytes);
+/// [`Limits::lm_head_max_rows`], the per-op cap, and what fits the kernel size limit.
+pub fn linear_chunk_rows(cols: usize, limits: &Limits) -> Result<usize, PlanError> {
+    let by_bytes = usize::try_from(limits.max_kernel_const_bytes / (2 * cols.max(1) as u64)).unwrap_or(usize::MAX);
+    let rows = limits.lm_head_max_rows.min(limits.max_dim).min(by_bytes);
     if rows == 0 {
         return Err(PlanError::DoesNotFit(format!("a matrix row of width {cols}")));
     }
@@ -547,14 +519,14 @@ pub fn linear_chunk_rows(cols: usize, opts: &PlanOptions) -> Result<usize, PlanE
 
 fn lm_head(d: &ModelDims, opts: &PlanOptions) -> Result<Vec<PlannedKernel>, PlanError> {
     let (v, h) = (d.vocab, d.hidden);
-    let rows = linear_chunk_rows(h, opts)?;
+    let rows = linear_chunk_rows(h, &opts.limits)?;
     let n = v.div_ceil(rows);
-    let cap = if rows == opts.lm_head_max_rows {
-        format!("{} rows per chunk (the per-op cap)", opts.lm_head_max_rows)
+    let cap = if rows == opts.limits.lm_head_max_rows {
+        format!("{} rows per chunk (the per-op cap)", opts.limits.lm_head_max_rows)
     } else {
         format!(
             "{rows} rows per chunk (what fits the {} kernel limit)",
-            mb(opts.max_kernel_const_bytes)
+            mb(opts.limits.max_kernel_const_bytes)
         )
     };
     Ok((0..n)
@@ -579,11 +551,11 @@ fn lm_head(d: &ModelDims, opts: &PlanOptions) -> Result<Vec<PlannedKernel>, Plan
 
 fn fits(k: &AneKernel, opts: &PlanOptions) -> Result<(), PlanError> {
     let bytes = k.fp16_weight_bytes() as u64;
-    if bytes > opts.max_kernel_const_bytes {
+    if bytes > opts.limits.max_kernel_const_bytes {
         return Err(PlanError::DoesNotFit(format!(
             "{k} ({} over the {} kernel limit)",
             mb(bytes),
-            mb(opts.max_kernel_const_bytes)
+            mb(opts.limits.max_kernel_const_bytes)
         )));
     }
     let widest = k
@@ -594,10 +566,10 @@ fn fits(k: &AneKernel, opts: &PlanOptions) -> Result<(), PlanError> {
         .chain(k.input_channels())
         .max()
         .unwrap_or(0);
-    if widest > opts.max_dim {
+    if widest > opts.limits.max_dim {
         return Err(PlanError::DoesNotFit(format!(
             "{k} (a dimension of {widest} > {})",
-            opts.max_dim
+            opts.limits.max_dim
         )));
     }
     Ok(())

@@ -34,6 +34,11 @@ pub const DEFAULT_CONTEXT: usize = 256;
 /// `ane-runtime.md` §6.3).
 const DELTANET_CONV: usize = 4;
 
+/// Rows per LM-head chunk in the C++ system: 65,536 for Qwen3.5, 32,768 for Qwen3
+/// (`ane-runtime.md` §3.4). Its chunking ignores any size limit.
+const CPP_LM_HEAD_ROWS_HYBRID: usize = 65_536;
+const CPP_LM_HEAD_ROWS_DENSE: usize = 32_768;
+
 /// Bytes of one fp16 surface row: 32 lanes × 2 bytes per channel.
 const ROW_BYTES: f64 = (LANES * 2) as f64;
 
@@ -99,6 +104,37 @@ impl HostRuntime {
             // ane-runtime.md §3.5 and §7.2: the chunked FFN is not W-lane batched; forward_batch runs
             // it per session.
             HostRuntime::AneCpp => !matches!(role, KernelRole::FfnChunk { .. }),
+        }
+    }
+
+    /// The LM-head kernels this runtime dispatches for `plan`, or `None` when it runs the LM head
+    /// on the host. anelm dispatches the planner's chunks, which fit the device's per-kernel limit.
+    /// The C++ system cuts fixed row chunks whatever their size and, when the device refuses
+    /// any chunk, frees them all and runs the LM head as an fp32 `cblas_sgemv` per stream
+    /// (`ane-runtime.md` §2.6, §3.9). The limit is on the constants handed to the compiler (stored
+    /// bytes): the 9B int8 chunks (268 MB stored, 537 MB expanded) run at the ANE's rate.
+    fn lm_head(self, plan: &Plan) -> Option<Vec<AneKernel>> {
+        match self {
+            HostRuntime::Anelm => Some(plan.lm_head.iter().map(|k| k.kernel.clone()).collect()),
+            HostRuntime::AneCpp => {
+                let d = &plan.dims;
+                let rows = if d.linear_attention.is_some() {
+                    CPP_LM_HEAD_ROWS_HYBRID
+                } else {
+                    CPP_LM_HEAD_ROWS_DENSE
+                };
+                let chunks: Vec<AneKernel> = (0..d.vocab.div_ceil(rows))
+                    .map(|i| AneKernel::LmHeadChunk {
+                        rows: rows.min(d.vocab - i * rows),
+                        cols: d.hidden,
+                    })
+                    .collect();
+                let limit = plan.options.limits.max_kernel_const_bytes;
+                let refused = chunks
+                    .iter()
+                    .any(|k| k.weight_bytes(plan.options.weights) as u64 > limit);
+                (!refused).then_some(chunks)
+            }
         }
     }
 
@@ -328,6 +364,8 @@ pub struct StepCost {
     pub deltanet: f64,
     /// Sampling (all streams).
     pub sampling: f64,
+    /// The LM head on the host, where the runtime fell back to the CPU (all streams).
+    pub lm_head_host: f64,
 }
 
 impl StepCost {
@@ -343,7 +381,13 @@ impl StepCost {
 
     /// The host's part, seconds.
     pub fn host(&self) -> f64 {
-        self.host_dispatch + self.surfaces + self.elementwise + self.attention + self.deltanet + self.sampling
+        self.host_dispatch
+            + self.surfaces
+            + self.elementwise
+            + self.attention
+            + self.deltanet
+            + self.sampling
+            + self.lm_head_host
     }
 
     /// Tokens per second.
@@ -352,7 +396,7 @@ impl StepCost {
     }
 
     /// `(name, seconds)` of every term, in a fixed order.
-    pub fn terms(&self) -> [(&'static str, f64); 8] {
+    pub fn terms(&self) -> [(&'static str, f64); 9] {
         [
             ("ane fixed", self.ane_fixed),
             ("ane streaming", self.ane_stream),
@@ -362,6 +406,7 @@ impl StepCost {
             ("host attention", self.attention),
             ("host deltanet", self.deltanet),
             ("host sampling", self.sampling),
+            ("host lm head (cpu fallback)", self.lm_head_host),
         ]
     }
 
@@ -375,6 +420,7 @@ impl StepCost {
         self.attention += o.attention;
         self.deltanet += o.deltanet;
         self.sampling += o.sampling;
+        self.lm_head_host += o.lm_head_host;
     }
 
     /// A table of the terms per token: ms and share of the step.
@@ -416,6 +462,13 @@ fn dispatch(cost: &mut StepCost, k: &AneKernel, mode: WeightMode, lanes: usize, 
         .seconds(chip);
 }
 
+/// One stream's LM head as an fp32 mat-vec on the host (the C++ fallback, `cblas_sgemv` over the
+/// fp32 `lm_head`): 2 flops and 4 bytes of weights per element.
+fn host_lm_head(dims: &ModelDims) -> Work {
+    let n = dims.vocab as f64 * dims.hidden as f64;
+    Work::new(2.0 * n, 4.0 * n)
+}
+
 fn add_streams(cost: &mut StepCost, w: &StreamWork, n: usize, chip: &ChipProfile) {
     let k = n as f64;
     cost.elementwise += w.elementwise.seconds(chip) * k;
@@ -434,11 +487,12 @@ impl Plan {
             ..StepCost::default()
         };
         let mode = self.options.weights;
+        let lm_head = host.runtime.lm_head(self);
         let mut left = streams;
         while left > 0 {
             let lanes = left.min(LANES);
             let mut group = StepCost::default();
-            for k in self.kernels() {
+            for k in self.layers.iter().flat_map(|l| &l.kernels) {
                 if lanes > 1 && !host.runtime.decode_batches(k.role) {
                     for _ in 0..lanes {
                         dispatch(&mut group, &k.kernel, mode, 1, chip, host.runtime);
@@ -447,10 +501,16 @@ impl Plan {
                     dispatch(&mut group, &k.kernel, mode, lanes, chip, host.runtime);
                 }
             }
+            for k in lm_head.iter().flatten() {
+                dispatch(&mut group, k, mode, lanes, chip, host.runtime);
+            }
             cost.add(&group);
             left -= lanes;
         }
         add_streams(&mut cost, &stream_work(&self.dims, host, true), streams, chip);
+        if lm_head.is_none() {
+            cost.lm_head_host = host_lm_head(&self.dims).seconds(chip) * streams as f64;
+        }
         cost
     }
 
@@ -568,9 +628,19 @@ mod tests {
             runtime: HostRuntime::AneCpp,
             context: 256,
         };
-        assert_eq!(p9.decode_cost(&chip, &cpp, 1).dispatches, 132);
-        assert_eq!(p9.decode_cost(&chip, &cpp, 4).dispatches, 132 + 3 * 64);
-        assert_eq!(p9.decode_cost(&chip, &HostOptions::default(), 4).dispatches, 132);
+        // fp16: the C++ system's 65,536-row LM-head chunks (536.9 MB) are over the kernel limit,
+        // so its LM head runs on the host, once per stream; anelm plans 7 chunks that fit.
+        let one = p9.decode_cost(&chip, &cpp, 1);
+        let four = p9.decode_cost(&chip, &cpp, 4);
+        assert_eq!(one.dispatches, 128);
+        assert_eq!(four.dispatches, 128 + 3 * 64);
+        assert!(one.lm_head_host > 0.0 && (four.lm_head_host / one.lm_head_host - 4.0).abs() < 1e-9);
+        let ours = p9.decode_cost(&chip, &HostOptions::default(), 4);
+        assert_eq!((ours.dispatches, ours.lm_head_host), (128 + 7, 0.0));
+        // int8: the same chunks store 268 MB and stay on the ANE.
+        let p9_int8 = plan(&nine, &PlanOptions::with_weights(WeightMode::INT8_PER_ROW)).unwrap();
+        let int8 = p9_int8.decode_cost(&chip, &cpp, 1);
+        assert_eq!((int8.dispatches, int8.lm_head_host), (132, 0.0));
         assert_eq!(HostRuntime::by_name("ANE_CPP"), Some(HostRuntime::AneCpp));
         assert_eq!(HostRuntime::by_name("gpu"), None);
     }

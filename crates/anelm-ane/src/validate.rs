@@ -59,12 +59,12 @@ pub(crate) fn validate(
         .iter()
         .map(|(_, b)| b.len() as u64)
         .fold(0u64, u64::saturating_add);
-    if weight_bytes > cfg.max_program_weight_bytes {
+    if weight_bytes > cfg.limits.max_program_weight_bytes {
         return Err(rule(
             Rule::ProgramWeights,
             format!(
                 "the program's weight files hold {weight_bytes} bytes, over the per-program limit of {} bytes",
-                cfg.max_program_weight_bytes
+                cfg.limits.max_program_weight_bytes
             ),
         ));
     }
@@ -97,12 +97,12 @@ pub(crate) fn validate(
     fp16_rules(f, &stmts)?;
     dim_rules(f, &stmts, cfg)?;
     let kernel_bytes = kernel_size(f);
-    if kernel_bytes > cfg.max_kernel_const_bytes {
+    if kernel_bytes > cfg.limits.max_kernel_const_bytes {
         return Err(rule(
             Rule::KernelSize,
             format!(
                 "the program's constants are {kernel_bytes} bytes as fp16, over the per-kernel limit of {} bytes",
-                cfg.max_kernel_const_bytes
+                cfg.limits.max_kernel_const_bytes
             ),
         ));
     }
@@ -379,36 +379,36 @@ fn dim_rules(f: &Function, stmts: &HashMap<&str, &Statement>, cfg: &EmuConfig) -
         if ty.dtype == DType::String {
             continue;
         }
-        if let Some(d) = ty.shape.iter().find(|&&d| d > cfg.max_dim) {
+        if let Some(d) = ty.shape.iter().find(|&&d| d > cfg.limits.max_dim) {
             return Err(rule(
                 Rule::DimCap,
                 format!(
                     "`{name}` is {ty}: dimension {d} exceeds the per-op cap of {}",
-                    cfg.max_dim
+                    cfg.limits.max_dim
                 ),
             ));
         }
         if ty.shape.contains(&0) {
             return Err(rule(Rule::DimCap, format!("`{name}` is {ty}: a dimension is 0")));
         }
-        if ty.num_elements().is_none_or(|n| n > cfg.max_tensor_elements) {
+        if ty.num_elements().is_none_or(|n| n > cfg.limits.max_tensor_elements) {
             return Err(rule(
                 Rule::DimCap,
                 format!(
                     "`{name}` is {ty}: more than the {} elements one tensor may hold",
-                    cfg.max_tensor_elements
+                    cfg.limits.max_tensor_elements
                 ),
             ));
         }
     }
     for st in f.body.iter().filter(|s| s.kind() == OpKind::Conv) {
         if let Some(&[_, ic, ..]) = weight_shape(st, stmts) {
-            if ic > cfg.max_conv_input_channels {
+            if ic > cfg.limits.max_conv_input_channels {
                 return Err(rule(
                     Rule::DimCap,
                     format!(
                         "conv `{}` reads {ic} input channels, over the conv input cap of {}",
-                        st.output.name, cfg.max_conv_input_channels
+                        st.output.name, cfg.limits.max_conv_input_channels
                     ),
                 ));
             }

@@ -172,7 +172,10 @@ fn the_emulator_loads_cached_programs_without_compiling() {
     assert_eq!(run(h2), run(h1));
     // A different emulator configuration is a different identifier.
     let strict = EmuAne::new(EmuConfig {
-        max_dim: 1024,
+        limits: anelm_ane::Limits {
+            max_dim: 1024,
+            ..anelm_ane::Limits::default()
+        },
         ..EmuConfig::default()
     });
     assert_ne!(strict.cache_salt(), ane.cache_salt());

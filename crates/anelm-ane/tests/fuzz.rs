@@ -2,16 +2,19 @@
 //! the character level (deletions, duplications, digit changes, token swaps) or with corrupted
 //! blob bytes, either compile — and then evaluate or fail cleanly — or are refused with an error.
 
-use anelm_ane::{AneDevice, AneKernel, EmuAne, EmuConfig, WeightMode, lower};
+use anelm_ane::{AneDevice, AneKernel, EmuAne, EmuConfig, Limits, WeightMode, lower};
 use anelm_mil::WeightFiles;
 use proptest::prelude::*;
 
 /// Small limits so that a mutated shape cannot ask for gigabytes.
 fn emu() -> EmuAne {
     EmuAne::new(EmuConfig {
-        max_dim: 4096,
-        max_tensor_elements: 1 << 18,
-        max_kernel_const_bytes: 1 << 20,
+        limits: Limits {
+            max_dim: 4096,
+            max_tensor_elements: 1 << 18,
+            max_kernel_const_bytes: 1 << 20,
+            ..Limits::default()
+        },
         ..EmuConfig::default()
     })
 }

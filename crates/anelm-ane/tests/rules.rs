@@ -232,7 +232,10 @@ fn cases() -> Vec<(Rule, EmuConfig, String, WeightFiles)> {
     let (wide, wide_w) = linear(65_537, 1);
     v.push((Rule::DimCap, d(), wide, wide_w));
     let small_cap = EmuConfig {
-        max_conv_input_channels: 32,
+        limits: anelm_ane::Limits {
+            max_conv_input_channels: 32,
+            ..anelm_ane::Limits::default()
+        },
         ..d()
     };
     v.push((Rule::DimCap, small_cap, text.clone(), weights.clone()));
@@ -244,14 +247,20 @@ fn cases() -> Vec<(Rule, EmuConfig, String, WeightFiles)> {
     );
     v.push((Rule::DimCap, d(), zero, none.clone()));
     let few_elements = EmuConfig {
-        max_tensor_elements: 1000,
+        limits: anelm_ane::Limits {
+            max_tensor_elements: 1000,
+            ..anelm_ane::Limits::default()
+        },
         ..d()
     };
     v.push((Rule::DimCap, few_elements, text.clone(), weights.clone()));
 
     // kernel-size: 8 KiB of constants against a 4 KiB limit.
     let tiny_limit = EmuConfig {
-        max_kernel_const_bytes: 4096,
+        limits: anelm_ane::Limits {
+            max_kernel_const_bytes: 4096,
+            ..anelm_ane::Limits::default()
+        },
         ..d()
     };
     v.push((Rule::KernelSize, tiny_limit, text.clone(), weights.clone()));
@@ -264,7 +273,10 @@ fn cases() -> Vec<(Rule, EmuConfig, String, WeightFiles)> {
 
     // program-weights-2gb: 8 KiB of weight files against a 1000-byte limit.
     let small_weights = EmuConfig {
-        max_program_weight_bytes: 1000,
+        limits: anelm_ane::Limits {
+            max_program_weight_bytes: 1000,
+            ..anelm_ane::Limits::default()
+        },
         ..d()
     };
     v.push((Rule::ProgramWeights, small_weights, text.clone(), weights.clone()));
@@ -409,7 +421,10 @@ fn program_weights_count_the_files_handed_to_the_compiler() {
     let bytes: usize = weights.iter().map(|(_, b)| b.len()).sum();
     let at = |max: usize| {
         EmuAne::new(EmuConfig {
-            max_program_weight_bytes: max as u64,
+            limits: anelm_ane::Limits {
+                max_program_weight_bytes: max as u64,
+                ..anelm_ane::Limits::default()
+            },
             ..EmuConfig::default()
         })
         .compile(&text, &weights)
@@ -417,7 +432,7 @@ fn program_weights_count_the_files_handed_to_the_compiler() {
     at(bytes).unwrap();
     let e = at(bytes - 1).unwrap_err();
     assert_eq!(e.rule(), Some(Rule::ProgramWeights), "{e}");
-    assert_eq!(EmuConfig::default().max_program_weight_bytes, 2_000_000_000);
+    assert_eq!(EmuConfig::default().limits.max_program_weight_bytes, 2_000_000_000);
 }
 
 #[test]

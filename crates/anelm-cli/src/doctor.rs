@@ -9,10 +9,15 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 use clap::Args;
 
-use anelm_ane::apple::{AppleAne, ProbeStep, macos_version};
-use anelm_ane::{AneDevice, AneKernel, EmuAne, EmuConfig, Surface, WeightMode, lower};
+use anelm_ane::apple::{AppleAne, ProbeStep, framework_version, macos_version};
+use anelm_ane::{
+    AneDevice, AneKernel, DEVICE_SWEEP_SIZES, DispatchFit, EMULATOR_SWEEP_SIZES, EmuAne, EmuConfig, Surface,
+    WeightMode, dispatch_sweep, lower,
+};
 use anelm_engine::{AneBackend, AneOptions, Backend, Batch, CpuBackend, Kernel, KernelSpec, WeightId};
 use anelm_model::tensor_store::TensorStore;
+
+use crate::doctor_report::{Console, MachineFacts, Outcome, SweepRecord, report_json, write_report};
 
 /// Arguments of `anelm doctor`.
 #[derive(Args, Debug)]
@@ -23,6 +28,10 @@ pub struct DoctorArgs {
     /// Also run the self-test on the emulated ANE when the real one opens.
     #[arg(long)]
     pub emulated: bool,
+    /// Also time a dispatch sweep and write everything as JSON to this file (the report to send
+    /// with an issue; `anelm plan --calibrate FILE` plans with its sweep).
+    #[arg(long, value_name = "FILE")]
+    pub report: Option<std::path::PathBuf>,
 }
 
 /// Rows and columns of the self-test kernel.
@@ -43,7 +52,7 @@ pub fn run(a: DoctorArgs) -> Result<()> {
     if a.dispatches == 0 {
         bail!("--dispatches must be at least 1");
     }
-    let mut out = std::io::stdout().lock();
+    let mut out = Console::new(std::io::stdout().lock());
     writeln!(
         out,
         "anelm doctor (anelm {}) — paste all of this into a bug report",
@@ -51,7 +60,8 @@ pub fn run(a: DoctorArgs) -> Result<()> {
     )?;
     writeln!(out)?;
     writeln!(out, "machine")?;
-    for (k, v) in machine() {
+    let machine = machine();
+    for (k, v) in &machine {
         writeln!(out, "  {k:<8} {v}")?;
     }
     writeln!(out)?;
@@ -67,12 +77,25 @@ pub fn run(a: DoctorArgs) -> Result<()> {
         "  ane-emu  ok (emulated Neural Engine, chip profile m3-max by default)"
     )?;
     let ane = AppleAne::open().map(Arc::new);
+    out.section("ane");
     match &ane {
-        Ok(_) => writeln!(out, "  ane      ok (AppleNeuralEngine.framework)")?,
-        Err(e) => writeln!(out, "  ane      unavailable: {e}")?,
+        Ok(_) => {
+            writeln!(out, "  ane      ok (AppleNeuralEngine.framework)")?;
+            out.record("open", Outcome::Ok, "AppleNeuralEngine.framework");
+        }
+        Err(e) => {
+            writeln!(out, "  ane      unavailable: {e}")?;
+            out.record("open", Outcome::Unavailable, &e.to_string());
+        }
     }
     for s in AppleAne::probe() {
         writeln!(out, "           {}", probe_line(&s))?;
+        let (outcome, detail) = match (&s.result, &ane) {
+            (Ok(d), _) => (Outcome::Ok, d.clone()),
+            (Err(e), Ok(_)) => (Outcome::Fail, e.clone()),
+            (Err(e), Err(_)) => (Outcome::Unavailable, e.clone()),
+        };
+        out.record(&format!("probe: {}", s.what), outcome, &detail);
     }
     out.flush()?;
     let mut passed = true;
@@ -95,12 +118,80 @@ pub fn run(a: DoctorArgs) -> Result<()> {
             passed &= fallback_test(&mut out, Arc::new(emulator()))?;
         }
     }
+    if let Some(path) = &a.report {
+        let sweep = match &ane {
+            Ok(dev) => sweep(&mut out, dev.as_ref(), &DEVICE_SWEEP_SIZES, a.dispatches)?,
+            Err(_) => sweep(&mut out, &EmuAne::default(), &EMULATOR_SWEEP_SIZES, a.dispatches)?,
+        };
+        let facts = MachineFacts {
+            chip: machine.iter().find(|(k, _)| *k == "cpu").map(|(_, v)| v.clone()),
+            macos: macos_version(),
+            framework: framework_version(),
+            ane_unavailable: ane.as_ref().err().map(|e| e.to_string()),
+            identifier_bytes: ane.as_ref().ok().map(|d| d.stats().identifier_bytes).filter(|&n| n > 0),
+            machine,
+        };
+        write_report(path, &report_json(&facts, &out.steps, Some(&sweep)))?;
+        writeln!(out)?;
+        writeln!(
+            out,
+            "report written to {} — please attach it to an issue (see the README)",
+            path.display()
+        )?;
+    }
     writeln!(out)?;
     if !passed {
         bail!("self-test failed (see the FAIL lines above)");
     }
     writeln!(out, "self-test passed")?;
     Ok(())
+}
+
+/// The dispatch sweep of the report on `dev`: one fp16 linear kernel per size, `repeats` timed
+/// dispatches each, and the line fitted through the medians. Printed and returned; a failure is
+/// recorded in the report, not fatal.
+fn sweep(out: &mut Console<impl Write>, dev: &dyn AneDevice, sizes: &[usize], repeats: usize) -> Result<SweepRecord> {
+    writeln!(out)?;
+    writeln!(out, "dispatch sweep on {} (fp16 linear kernels)", dev.name())?;
+    out.section(dev.name());
+    let points = dispatch_sweep(dev, sizes, repeats).map_err(|e| e.to_string());
+    match &points {
+        Ok(pts) => {
+            for p in pts {
+                writeln!(
+                    out,
+                    "  {:>5}×{:<5} {:>10.3} MB  ane {:.3} ms  wall {:.3} ms",
+                    p.size,
+                    p.size,
+                    p.bytes as f64 / 1e6,
+                    p.ane_seconds * 1e3,
+                    p.wall_seconds * 1e3
+                )?;
+            }
+            let fit = DispatchFit::of_sweep(pts)
+                .map(|f| {
+                    (
+                        (),
+                        format!(
+                            "{:.1} µs + bytes / {:.1} GB/s (largest residual {:.1} %)",
+                            f.fixed_us,
+                            f.gb_s,
+                            f.max_residual * 100.0
+                        ),
+                    )
+                })
+                .map_err(|e| e.to_string());
+            step(out, "dispatch line fitted", fit)?;
+        }
+        Err(e) => {
+            step::<()>(out, "dispatch sweep", Err(e.clone()))?;
+        }
+    }
+    Ok(SweepRecord {
+        device: dev.name().to_string(),
+        repeats,
+        points,
+    })
 }
 
 /// The emulator for the fallback check: it refuses the forms `ANELM_EMU_REFUSE` names (a test
@@ -172,13 +263,14 @@ impl TensorStore for MemStore {
 /// resadd → plain → chunked; LM head → CPU) when the device refuses a form. Prints each fallback
 /// with the device's reason, and checks both kernels against the CPU backend. Fallbacks are not
 /// failures; a kernel that cannot be built at all, or computes something else, is.
-fn fallback_test<D: AneDevice + 'static>(out: &mut impl Write, dev: Arc<D>) -> Result<bool> {
+fn fallback_test<D: AneDevice + 'static>(out: &mut Console<impl Write>, dev: Arc<D>) -> Result<bool> {
     writeln!(out)?;
     writeln!(
         out,
         "fallback chain on {} (int8 FFN with residual, int8 LM head)",
         dev.name()
     )?;
+    out.section(dev.name());
     let store: Arc<dyn TensorStore> = Arc::new(MemStore::fallback_model());
     let backend = AneBackend::new(
         Arc::clone(&dev),
@@ -258,9 +350,10 @@ fn probe_line(s: &ProbeStep) -> String {
 }
 
 /// Print one step's outcome and return whether it passed.
-fn step<T>(out: &mut impl Write, what: &str, r: Result<(T, String), String>) -> Result<Option<T>> {
+fn step<T>(out: &mut Console<impl Write>, what: &str, r: Result<(T, String), String>) -> Result<Option<T>> {
     match r {
         Ok((t, detail)) => {
+            out.record(what, Outcome::Ok, &detail);
             writeln!(
                 out,
                 "  ok    {what}{}",
@@ -274,6 +367,7 @@ fn step<T>(out: &mut impl Write, what: &str, r: Result<(T, String), String>) -> 
             Ok(Some(t))
         }
         Err(e) => {
+            out.record(what, Outcome::Fail, &e);
             writeln!(out, "  FAIL  {what}: {e}")?;
             out.flush()?;
             Ok(None)
@@ -333,9 +427,10 @@ pub(crate) fn median(mut v: Vec<Duration>) -> Duration {
 
 /// compile → load → evaluate → compare with the CPU → time → unload, for a 64×64 fp16 kernel
 /// and the same with int8 weights. Returns whether every step passed.
-fn self_test(out: &mut impl Write, dev: &dyn AneDevice, dispatches: usize) -> Result<bool> {
+fn self_test(out: &mut Console<impl Write>, dev: &dyn AneDevice, dispatches: usize) -> Result<bool> {
     writeln!(out)?;
     writeln!(out, "self-test on {}", dev.name())?;
+    out.section(dev.name());
     let (w, x) = test_data();
     let want: Vec<Vec<f32>> = x.iter().map(|v| reference(&w, v)).collect();
     let mut all = true;
@@ -348,7 +443,7 @@ fn self_test(out: &mut impl Write, dev: &dyn AneDevice, dispatches: usize) -> Re
 
 #[allow(clippy::too_many_arguments)]
 fn one_kernel(
-    out: &mut impl Write,
+    out: &mut Console<impl Write>,
     dev: &dyn AneDevice,
     label: &str,
     mode: WeightMode,
@@ -393,7 +488,7 @@ fn one_kernel(
 
 #[allow(clippy::too_many_arguments)]
 fn evaluate_and_time(
-    out: &mut impl Write,
+    out: &mut Console<impl Write>,
     dev: &dyn AneDevice,
     h: anelm_ane::ProgramHandle,
     label: &str,
@@ -552,45 +647,25 @@ pub(crate) fn meminfo_total(text: &str) -> Option<u64> {
     kb.checked_mul(1024)
 }
 
-/// SIMD features the CPU reports, and the kernel path anelm picks.
+/// SIMD features the CPU reports, the kernel path anelm picks, and any A/B switch set.
 fn simd_features() -> String {
-    let mut v: Vec<&str> = Vec::new();
-    #[cfg(target_arch = "x86_64")]
-    {
-        for (name, on) in [
-            ("sse4.2", std::arch::is_x86_feature_detected!("sse4.2")),
-            ("avx", std::arch::is_x86_feature_detected!("avx")),
-            ("avx2", std::arch::is_x86_feature_detected!("avx2")),
-            ("fma", std::arch::is_x86_feature_detected!("fma")),
-            ("f16c", std::arch::is_x86_feature_detected!("f16c")),
-            ("avx512f", std::arch::is_x86_feature_detected!("avx512f")),
-            ("avx512vnni", std::arch::is_x86_feature_detected!("avx512vnni")),
-        ] {
-            if on {
-                v.push(name);
-            }
-        }
-    }
-    #[cfg(target_arch = "aarch64")]
-    {
-        for (name, on) in [
-            ("neon", std::arch::is_aarch64_feature_detected!("neon")),
-            ("dotprod", std::arch::is_aarch64_feature_detected!("dotprod")),
-            ("fp16", std::arch::is_aarch64_feature_detected!("fp16")),
-            ("i8mm", std::arch::is_aarch64_feature_detected!("i8mm")),
-            ("bf16", std::arch::is_aarch64_feature_detected!("bf16")),
-        ] {
-            if on {
-                v.push(name);
-            }
-        }
-    }
+    let v: Vec<&str> = anelm_kernels::Features::get()
+        .list()
+        .into_iter()
+        .filter_map(|(name, on)| on.then_some(name))
+        .collect();
     let list = if v.is_empty() {
         "none detected".to_string()
     } else {
         v.join(" ")
     };
-    format!("{list} (kernels use {})", anelm_kernels::Isa::best().name())
+    let switches = anelm_kernels::Tuning::get().changed();
+    let switches = if switches.is_empty() {
+        String::new()
+    } else {
+        format!("; switches set: {}", switches.join(" "))
+    };
+    format!("{list} (kernels use {}{switches})", anelm_kernels::Isa::best().name())
 }
 
 #[cfg(test)]
@@ -669,18 +744,18 @@ mod tests {
 
     #[test]
     fn a_device_that_computes_the_wrong_thing_fails_the_comparison() {
-        let mut buf = Vec::new();
+        let mut buf = Console::new(Vec::new());
         assert!(!self_test(&mut buf, &Broken(EmuAne::default()), 2).unwrap());
-        let text = String::from_utf8(buf).unwrap();
+        let text = String::from_utf8(buf.out).unwrap();
         assert!(text.contains("FAIL  64×64 fp16 matches the CPU: max error"), "{text}");
         assert!(text.contains("ok    64×64 fp16 unloaded"), "{text}");
     }
 
     #[test]
     fn the_emulated_self_test_passes_and_a_broken_device_fails() {
-        let mut buf = Vec::new();
+        let mut buf = Console::new(Vec::new());
         assert!(self_test(&mut buf, &EmuAne::default(), 3).unwrap());
-        let text = String::from_utf8(buf).unwrap();
+        let text = String::from_utf8(buf.out).unwrap();
         assert!(text.contains("ok    64×64 fp16 matches the CPU"), "{text}");
         assert!(
             text.contains("ok    64×64 int8 timed: median of 3 dispatches"),
@@ -703,9 +778,9 @@ mod tests {
 
     #[test]
     fn the_fallback_check_lists_each_fallback_and_still_matches_the_cpu() {
-        let mut buf = Vec::new();
+        let mut buf = Console::new(Vec::new());
         assert!(fallback_test(&mut buf, refusing(&[])).unwrap());
-        let text = String::from_utf8(buf).unwrap();
+        let text = String::from_utf8(buf.out).unwrap();
         assert!(text.contains("no fallbacks: every kernel got its first form"), "{text}");
         assert!(
             text.contains("ok    ffn matches the CPU") && text.contains("ok    lm_head matches the CPU"),
@@ -715,9 +790,9 @@ mod tests {
         // int8 refused everywhere, the fused FFN refused, the LM head's 256-row output refused.
         let head = format!("[1, {FB_VOCAB}, 1, 32]> y = conv(");
         let dev = refusing(&["constexpr_blockwise_shift_scale", "xnorm", &head]);
-        let mut buf = Vec::new();
+        let mut buf = Console::new(Vec::new());
         assert!(fallback_test(&mut buf, dev).unwrap());
-        let text = String::from_utf8(buf).unwrap();
+        let text = String::from_utf8(buf.out).unwrap();
         assert!(text.contains("3 fallback(s):"), "{text}");
         assert!(text.contains("ffn gate: ffn resadd → ffn plain"), "{text}");
         assert!(text.contains("ffn gate: swiglu_ffn int8 → swiglu_ffn fp16"), "{text}");
@@ -726,9 +801,9 @@ mod tests {
         assert!(!text.contains("FAIL"), "{text}");
 
         // Every FFN form refused: the check fails and says so.
-        let mut buf = Vec::new();
+        let mut buf = Console::new(Vec::new());
         assert!(!fallback_test(&mut buf, refusing(&["wg"])).unwrap());
-        let text = String::from_utf8(buf).unwrap();
+        let text = String::from_utf8(buf.out).unwrap();
         assert!(
             text.contains("FAIL  ffn built") && text.contains("--device cpu"),
             "{text}"

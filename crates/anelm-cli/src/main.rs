@@ -9,6 +9,7 @@ mod chat;
 mod compile;
 mod default_model;
 mod doctor;
+mod doctor_report;
 mod embed;
 mod energy;
 mod generate;

@@ -58,6 +58,10 @@ pub struct PlanArgs {
     /// One JSON object on stdout (for `--chip`, or m3-max).
     #[arg(long)]
     pub json: bool,
+    /// Plan with the dispatch line fitted through an `anelm doctor --report` file's sweep (fixed
+    /// cost and bandwidth) on the report's chip profile (or `--chip`'s), instead of the profile's.
+    #[arg(long, value_name = "REPORT")]
+    pub calibrate: Option<PathBuf>,
 }
 
 /// Streams the rate table shows.
@@ -229,6 +233,31 @@ fn compare(p: &Plan, chip: &ChipProfile, host: &HostOptions, m: &Measured) {
     }
 }
 
+/// The chip profile fitted from the report at `path`: `chip` (or the profile of the chip the
+/// report names, else m3-max) with the report's dispatch line, and a line saying so.
+fn calibrate(path: &std::path::Path, chip: Option<ChipProfile>) -> Result<(ChipProfile, String)> {
+    let cal = crate::doctor_report::read_calibration(path)?;
+    let from_report = cal
+        .chip
+        .as_deref()
+        .and_then(crate::doctor_report::profile_name)
+        .and_then(|n| ChipProfile::by_name(&n));
+    let base = chip.or(from_report).unwrap_or_default();
+    let mut note = format!(
+        "calibrated from {}: {:.1} µs + bytes / {:.1} GB/s per dispatch (sweep on {}, largest residual {:.1} %), host constants of the {} profile",
+        path.display(),
+        cal.fit.fixed_us,
+        cal.fit.gb_s,
+        cal.device,
+        cal.fit.max_residual * 100.0,
+        base.name
+    );
+    if cal.device != "ane" {
+        note.push_str("; the sweep did not run on a Neural Engine, so this is that device's clock, not a chip's");
+    }
+    Ok((base.calibrated(&cal.fit), note))
+}
+
 /// Run `anelm plan`.
 pub fn run(a: PlanArgs) -> Result<()> {
     let path = match a.model {
@@ -247,12 +276,24 @@ pub fn run(a: PlanArgs) -> Result<()> {
         runtime: a.runtime.runtime(),
         context: a.context,
     };
+    let calibrated = match &a.calibrate {
+        Some(report) => Some(calibrate(report, chip)?),
+        None => None,
+    };
+    let chip = calibrated.as_ref().map(|(c, _)| *c).or(chip);
     let model = path.display().to_string();
     if a.json {
-        println!("{}", plan_json(&model, &p, &chip.unwrap_or_default(), &host, a.explain));
+        let mut v = plan_json(&model, &p, &chip.unwrap_or_default(), &host, a.explain);
+        if let Some((c, note)) = &calibrated {
+            v["calibrated"] = json!({"fixed_us": c.fixed_us, "gb_s": c.stream_gb_s, "from": note});
+        }
+        println!("{v}");
         return Ok(());
     }
     println!("{model}");
+    if let Some((_, note)) = &calibrated {
+        println!("{note}");
+    }
     let shown = chip.unwrap_or_default();
     print!("{}", p.report_host(&shown, &host));
     if a.explain {

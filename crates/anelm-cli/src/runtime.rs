@@ -25,15 +25,7 @@ pub fn in_pool<T: Send>(threads: Option<usize>, f: impl FnOnce() -> Result<T> + 
         Some(n) => n,
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
-    // Matmuls run on the kernel pool (spinning workers); the rayon pool runs the remaining
-    // parallel loops (attention).
-    anelm_kernels::pool::init_global(n);
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(n)
-        .thread_name(|i| format!("anelm-worker-{i}"))
-        .stack_size(8 << 20)
-        .build()
-        .context("could not start the thread pool")?;
+    let pool = anelm_engine::threads::start_pools(n, "anelm-worker").context("could not start the thread pools")?;
     pool.install(f)
 }
 
@@ -148,7 +140,6 @@ pub fn ane_options(a: &AneArgs) -> AneOptions {
         } else {
             CompileCache::user_default()
         },
-        ..AneOptions::default()
     }
 }
 

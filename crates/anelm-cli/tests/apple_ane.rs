@@ -107,3 +107,57 @@ fn bench_energy_needs_macos_powermetrics() {
         "{err}"
     );
 }
+
+/// `anelm doctor --report FILE` writes the JSON a Mac user sends: the machine, every step with
+/// its outcome and time, and the dispatch sweep fitted as fixed + bytes / bandwidth. Without a
+/// Neural Engine the ANE's steps say `unavailable` and the sweep runs on the emulator, whose
+/// clock (119 µs + bytes / 78 GB/s on m3-max) the fit recovers.
+#[test]
+fn doctor_report_writes_the_json_a_mac_user_sends() {
+    let path = std::env::temp_dir().join(format!("anelm-doctor-report-{}.json", std::process::id()));
+    let o = anelm(&["doctor", "--dispatches", "3", "--report", &path.display().to_string()]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
+    assert!(out.contains("report written to"), "{out}");
+    let text = std::fs::read_to_string(&path).expect("report");
+    let _ = std::fs::remove_file(&path);
+    let r: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(r["format"], "anelm-doctor-report");
+    assert_eq!(r["version"], 1);
+    for key in ["os", "arch", "cpu", "cores", "memory"] {
+        assert!(r["machine"][key].is_string(), "machine.{key}: {text}");
+    }
+    let steps = r["steps"].as_array().expect("steps");
+    assert!(
+        steps.iter().all(|s| s["ms"].as_f64().is_some_and(|m| m >= 0.0)),
+        "{text}"
+    );
+    assert!(
+        steps
+            .iter()
+            .any(|s| s["step"] == "64×64 fp16 compiled" && s["outcome"] == "ok"),
+        "{text}"
+    );
+    let sweep = &r["dispatch_sweep"];
+    assert_eq!(sweep["points"].as_array().map(Vec::len), Some(4), "{text}");
+    if !has_ane() {
+        assert_eq!(r["ane"]["available"], false);
+        assert!(r["identifier_bytes"].is_null());
+        let open = steps.iter().find(|s| s["step"] == "open").expect("open step");
+        assert_eq!(
+            (open["device"].as_str(), open["outcome"].as_str()),
+            (Some("ane"), Some("unavailable"))
+        );
+        assert!(steps.iter().any(|s| s["device"] == "ane-emu"), "{text}");
+        assert_eq!(sweep["device"], "ane-emu");
+        let fixed = sweep["fit"]["fixed_us"].as_f64().expect("fit");
+        let gb = sweep["fit"]["gb_s"].as_f64().expect("fit");
+        assert!(
+            (fixed - 119.0).abs() < 0.5 && (gb / 78.0 - 1.0).abs() < 0.01,
+            "{}",
+            sweep["fit"]
+        );
+    } else {
+        assert_eq!(sweep["device"], "ane");
+    }
+}

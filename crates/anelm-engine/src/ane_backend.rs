@@ -24,9 +24,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use anelm_ane::{
-    AneDevice, AneKernel, CacheOutcome, CompileCache, Fallback, FfnForm, KernelRole, LANES, PlanOptions, ProgramHandle,
-    Releasing, Rule, Surface, WeightMode, compile_and_load, compile_or_load, content_id, fallback, ffn_chunk_weights,
-    linear_chunk_rows, lower, plan_ffn,
+    AneDevice, AneKernel, CacheOutcome, CompileCache, Fallback, FfnForm, KernelRole, LANES, Limits, LoadedProgram,
+    ProgramLayout, Releasing, Rule, WeightMode, compile_and_load, compile_or_load, content_id, fallback,
+    ffn_chunk_weights, linear_chunk_rows, lower, plan_ffn,
 };
 use anelm_model::tensor_store::TensorStore;
 
@@ -41,8 +41,6 @@ use crate::stored_matrix::StoredMatrix;
 pub struct AneOptions {
     /// Weight storage in the programs (fp16, or int8 rows with fp16 scales).
     pub weights: WeightMode,
-    /// The planner's limits: FFN split threshold, LM-head chunk rows, device caps.
-    pub limits: PlanOptions,
     /// Compile-cache markers (`None`: `--no-ane-cache`).
     pub cache: Option<CompileCache>,
 }
@@ -51,7 +49,6 @@ impl Default for AneOptions {
     fn default() -> Self {
         AneOptions {
             weights: WeightMode::Fp16,
-            limits: PlanOptions::default(),
             cache: None,
         }
     }
@@ -249,7 +246,7 @@ impl<D: AneDevice + 'static> AneBackend<D> {
 
     /// Lower, compile (through the cache) and load one ANE program in `mode`. A device error is
     /// a [`Failure::Refused`]; a lowering error is fatal.
-    fn attempt(&self, kernel: &AneKernel, weights: &[&[f32]], mode: WeightMode) -> Built<Program> {
+    fn attempt(&self, kernel: &AneKernel, weights: &[&[f32]], mode: WeightMode) -> Built<LoadedProgram> {
         let key = (kernel.clone(), mode);
         if let Some(r) = lock(&self.refused).get(&key) {
             return Err(Failure::Refused(format!("refused earlier for the same shape: {r}")));
@@ -287,7 +284,7 @@ impl<D: AneDevice + 'static> AneBackend<D> {
             c.compiled.fetch_add(1, Ordering::Relaxed);
         }
         c.compile_ns.fetch_add(ns(start.elapsed()), Ordering::Relaxed);
-        Ok(Program {
+        Ok(LoadedProgram {
             handle,
             weight_bytes: kernel.weight_bytes(mode) as u64,
             outputs: kernel.output_channels(),
@@ -297,7 +294,7 @@ impl<D: AneDevice + 'static> AneBackend<D> {
 
     /// One program in the configured weight mode; an int8 program the device refuses is retried
     /// in fp16 (and the fallback recorded under `label`).
-    fn program(&self, label: &str, kernel: AneKernel, weights: &[&[f32]]) -> Built<Program> {
+    fn program(&self, label: &str, kernel: AneKernel, weights: &[&[f32]]) -> Built<LoadedProgram> {
         let mode = self.opts.weights;
         match self.attempt(&kernel, weights, mode) {
             Err(Failure::Refused(reason)) if mode != WeightMode::Fp16 => {
@@ -344,8 +341,8 @@ impl<D: AneDevice + 'static> AneBackend<D> {
 
     /// A linear layer as row chunks (`LmHeadChunk`s when more than one). On any failure the
     /// chunks already loaded are released.
-    fn rows(&self, label: &str, m: &Dense) -> Built<Vec<Program>> {
-        let per = linear_chunk_rows(m.cols, &self.opts.limits).map_err(|e| Failure::Refused(e.to_string()))?;
+    fn rows(&self, label: &str, m: &Dense) -> Built<Vec<LoadedProgram>> {
+        let per = linear_chunk_rows(m.cols, &self.device.limits()).map_err(|e| Failure::Refused(e.to_string()))?;
         let count = m.rows.div_ceil(per);
         let mut programs = Vec::with_capacity(count);
         // Releases the chunks already loaded if a later one fails.
@@ -370,17 +367,17 @@ impl<D: AneDevice + 'static> AneBackend<D> {
     }
 
     /// The FFN `x + D(silu(G·x) ⊙ U·x)` in one form. `planned` is the planner's split.
-    fn ffn_form(&self, label: &str, form: FfnForm, w: &FfnWeights<'_>, planned: &[AneKernel]) -> Built<Layout> {
+    fn ffn_form(&self, label: &str, form: FfnForm, w: &FfnWeights<'_>, planned: &[AneKernel]) -> Built<ProgramLayout> {
         let (hidden, inter) = (w.hidden, w.inter);
         let all = [w.gate, w.up, w.down];
         match form {
             FfnForm::Residual => {
                 let p = self.program(label, AneKernel::SwiGluFfnResidual { hidden, inter }, &all)?;
-                Ok(Layout::Residual(p))
+                Ok(ProgramLayout::Residual(p))
             }
             FfnForm::Plain => {
                 let p = self.program(label, AneKernel::SwiGluFfn { hidden, inter }, &all)?;
-                Ok(Layout::AddOnHost(p))
+                Ok(ProgramLayout::AddOnHost(p))
             }
             FfnForm::Chunked => {
                 let split;
@@ -389,9 +386,9 @@ impl<D: AneDevice + 'static> AneBackend<D> {
                 } else {
                     // Fits as one kernel but that was refused: the smallest split into ≥ 2 chunks.
                     let total = 3 * (hidden as u64) * (inter as u64) * 2;
-                    let opts = PlanOptions {
+                    let opts = Limits {
                         ffn_max_bytes: (total / 2).max(1),
-                        ..self.opts.limits
+                        ..self.device.limits()
                     };
                     split = plan_ffn(hidden, inter, &opts)
                         .map_err(|e| Failure::Refused(format!("no chunked form: {e}")))?
@@ -415,12 +412,12 @@ impl<D: AneDevice + 'static> AneBackend<D> {
                     programs.push(p);
                 }
                 guard.keep();
-                Ok(Layout::Chunks(programs))
+                Ok(ProgramLayout::Chunks(programs))
             }
         }
     }
 
-    fn kernel(&self, shape: KernelShape, layout: Layout) -> Box<dyn Kernel> {
+    fn kernel(&self, shape: KernelShape, layout: ProgramLayout) -> Box<dyn Kernel> {
         Box::new(AneRun {
             device: Arc::clone(&self.device),
             counters: Arc::clone(&self.counters),
@@ -481,7 +478,7 @@ impl<D: AneDevice + 'static> Backend for AneBackend<D> {
                     input: m.cols,
                     output: m.rows,
                 };
-                Ok(self.kernel(shape, Layout::Rows(programs)))
+                Ok(self.kernel(shape, ProgramLayout::Rows(programs)))
             }
             KernelSpec::LmHead { w } => {
                 let m = dense(weights, w)?;
@@ -490,7 +487,7 @@ impl<D: AneDevice + 'static> Backend for AneBackend<D> {
                     output: m.rows,
                 };
                 match self.rows(&label, &m) {
-                    Ok(programs) => Ok(self.kernel(shape, Layout::Rows(programs))),
+                    Ok(programs) => Ok(self.kernel(shape, ProgramLayout::Rows(programs))),
                     Err(Failure::Fatal(e)) => Err(e),
                     Err(Failure::Refused(reason)) => {
                         let role = KernelRole::LmHead { index: 0, count: 1 };
@@ -526,7 +523,7 @@ impl<D: AneDevice + 'static> Backend for AneBackend<D> {
                 let p = self
                     .program(&label, AneKernel::FusedLinear { parts, cols }, &data)
                     .map_err(|f| self.give_up(&label, f, &KernelRole::InputProj, FfnForm::Residual))?;
-                Ok(self.kernel(KernelShape { input: cols, output }, Layout::Rows(vec![p])))
+                Ok(self.kernel(KernelShape { input: cols, output }, ProgramLayout::Rows(vec![p])))
             }
             KernelSpec::LinearResidual { w } => {
                 let m = dense(weights, w)?;
@@ -539,7 +536,7 @@ impl<D: AneDevice + 'static> Backend for AneBackend<D> {
                         input: cols,
                         output: rows,
                     },
-                    Layout::Residual(p),
+                    ProgramLayout::Residual(p),
                 ))
             }
             KernelSpec::SwiGluResidual { gate, up, down } => {
@@ -551,7 +548,7 @@ impl<D: AneDevice + 'static> Backend for AneBackend<D> {
                     input: hidden,
                     output: hidden,
                 };
-                let planned: Vec<AneKernel> = plan_ffn(hidden, inter, &self.opts.limits)
+                let planned: Vec<AneKernel> = plan_ffn(hidden, inter, &self.device.limits())
                     .map_err(|e| self.err(e.to_string()))?
                     .into_iter()
                     .map(|k| k.kernel)
@@ -605,7 +602,7 @@ impl<D: AneDevice + 'static> Backend for AneBackend<D> {
                         input: hidden,
                         output: hidden,
                     },
-                    Layout::Chunks(vec![p]),
+                    ProgramLayout::Chunks(vec![p]),
                 ))
             }
         }
@@ -621,40 +618,11 @@ struct FfnWeights<'a> {
     inter: usize,
 }
 
-/// One loaded program of a kernel.
-struct Program {
-    handle: ProgramHandle,
-    kernel: AneKernel,
-    outputs: usize,
-    weight_bytes: u64,
-}
-
-/// How a kernel's programs combine.
-enum Layout {
-    /// `x` → every program; outputs concatenated in order (row chunks, or one fused linear).
-    Rows(Vec<Program>),
-    /// `(x, r)` → one program with inputs x and r.
-    Residual(Program),
-    /// `(x, r)` → one program on x; r added on the host (the plain FFN fallback).
-    AddOnHost(Program),
-    /// `(x, r)` → accumulating FFN chunks over the packed input `x ‖ acc`, acc starting at r.
-    Chunks(Vec<Program>),
-}
-
-impl Layout {
-    fn programs(&self) -> &[Program] {
-        match self {
-            Layout::Rows(p) | Layout::Chunks(p) => p,
-            Layout::Residual(p) | Layout::AddOnHost(p) => std::slice::from_ref(p),
-        }
-    }
-}
-
 struct AneRun<D: AneDevice> {
     device: Arc<D>,
     counters: Arc<Counters>,
     shape: KernelShape,
-    layout: Layout,
+    layout: ProgramLayout,
 }
 
 impl<D: AneDevice> Drop for AneRun<D> {
@@ -667,62 +635,12 @@ impl<D: AneDevice> Drop for AneRun<D> {
     }
 }
 
-/// Lanes `start..start + n` of `b` into a fresh surface (round to nearest even).
-fn pack(b: &Batch, start: usize, n: usize) -> Result<Surface> {
-    let mut s = Surface::new(b.channels());
-    for j in 0..n {
-        s.write_lane(j, b.lane(start + j)).map_err(surface_err)?;
-    }
-    Ok(s)
-}
-
-/// Channels of `s` into lanes `start..start + n` of `out` at channel `offset`.
-fn unpack(s: &Surface, out: &mut Batch, start: usize, n: usize, offset: usize) {
-    let w = s.lanes();
-    let halves = s.halves();
-    for j in 0..n {
-        let dst = &mut out.lane_mut(start + j)[offset..offset + s.channels()];
-        for (c, y) in dst.iter_mut().enumerate() {
-            *y = halves[c * w + j].to_f32();
-        }
-    }
-}
-
-fn surface_err(e: anelm_ane::SurfaceError) -> EngineError {
-    EngineError::Backend {
-        backend: "ane".into(),
-        message: e.to_string(),
-    }
-}
-
-struct Tally {
-    dispatch: Dispatch,
-    dispatches: u64,
-    bytes: u64,
-}
-
 impl<D: AneDevice> AneRun<D> {
     fn err(&self, message: impl Into<String>) -> EngineError {
         EngineError::Backend {
             backend: self.device.name().to_string(),
             message: message.into(),
         }
-    }
-
-    fn eval(&self, p: &Program, inputs: &[&Surface], tally: &mut Tally) -> Result<Surface> {
-        let mut out = [Surface::new(p.outputs)];
-        let t = self
-            .device
-            .evaluate(p.handle, inputs, &mut out)
-            .map_err(|e| self.err(format!("{}: {e}", p.kernel)))?;
-        tally.dispatches += 1;
-        tally.bytes += t.bytes;
-        tally.dispatch.weight_bytes += p.weight_bytes;
-        tally.dispatch.activation_bytes += t.bytes.saturating_sub(p.weight_bytes);
-        let m = tally.dispatch.modelled.get_or_insert(Duration::ZERO);
-        *m += t.ane;
-        let [out] = out;
-        Ok(out)
     }
 
     fn inputs<'a>(&self, inputs: &[&'a Batch]) -> Result<(&'a Batch, Option<&'a Batch>)> {
@@ -734,7 +652,7 @@ impl<D: AneDevice> AneRun<D> {
                 self.shape.input
             )));
         }
-        if matches!(self.layout, Layout::Rows(_)) {
+        if !self.layout.takes_residual() {
             return Ok((x, None));
         }
         let r = *inputs.get(1).ok_or_else(|| self.err("residual kernel run without r"))?;
@@ -761,62 +679,30 @@ impl<D: AneDevice> Kernel for AneRun<D> {
         let (x, r) = self.inputs(inputs)?;
         let lanes = x.lanes();
         out.resize(lanes, self.shape.output);
-        let mut tally = Tally {
-            dispatch: Dispatch {
+        let cost = self
+            .layout
+            .run(
+                &*self.device,
+                self.shape.input,
+                self.shape.output,
                 lanes,
-                ..Dispatch::default()
-            },
-            dispatches: 0,
-            bytes: 0,
-        };
-        for start in (0..lanes).step_by(LANES) {
-            let n = LANES.min(lanes - start);
-            let xs = pack(x, start, n)?;
-            match (&self.layout, r) {
-                (Layout::Rows(programs), _) => {
-                    let mut offset = 0;
-                    for p in programs {
-                        let y = self.eval(p, &[&xs], &mut tally)?;
-                        unpack(&y, out, start, n, offset);
-                        offset += p.outputs;
-                    }
-                }
-                (Layout::Residual(p), Some(r)) => {
-                    let rs = pack(r, start, n)?;
-                    let y = self.eval(p, &[&xs, &rs], &mut tally)?;
-                    unpack(&y, out, start, n, 0);
-                }
-                (Layout::AddOnHost(p), Some(r)) => {
-                    let y = self.eval(p, &[&xs], &mut tally)?;
-                    unpack(&y, out, start, n, 0);
-                    for j in start..start + n {
-                        for (o, &add) in out.lane_mut(j).iter_mut().zip(r.lane(j)) {
-                            *o += add;
-                        }
-                    }
-                }
-                (Layout::Chunks(programs), Some(r)) => {
-                    let h = self.shape.input;
-                    let mut packed = Surface::new(2 * h);
-                    packed.copy_channels_from(0, &xs).map_err(surface_err)?;
-                    let mut acc = pack(r, start, n)?;
-                    for p in programs {
-                        packed.copy_channels_from(h, &acc).map_err(surface_err)?;
-                        acc = self.eval(p, &[&packed], &mut tally)?;
-                    }
-                    unpack(&acc, out, start, n, 0);
-                }
-                (_, None) => return Err(self.err("residual kernel run without r")),
-            }
-        }
+                x.as_slice(),
+                r.map(Batch::as_slice),
+                out.as_mut_slice(),
+            )
+            .map_err(|e| self.err(e.to_string()))?;
         let elapsed = start_time.elapsed();
-        tally.dispatch.elapsed = elapsed;
         let c = &self.counters;
-        c.dispatches.fetch_add(tally.dispatches, Ordering::Relaxed);
-        c.bytes.fetch_add(tally.bytes, Ordering::Relaxed);
+        c.dispatches.fetch_add(cost.dispatches, Ordering::Relaxed);
+        c.bytes.fetch_add(cost.bytes, Ordering::Relaxed);
         c.host_ns.fetch_add(ns(elapsed), Ordering::Relaxed);
-        c.ane_ns
-            .fetch_add(ns(tally.dispatch.modelled.unwrap_or_default()), Ordering::Relaxed);
-        Ok(tally.dispatch)
+        c.ane_ns.fetch_add(ns(cost.ane), Ordering::Relaxed);
+        Ok(Dispatch {
+            lanes,
+            weight_bytes: cost.weight_bytes,
+            activation_bytes: cost.activation_bytes(),
+            elapsed,
+            modelled: (cost.dispatches > 0).then_some(cost.ane),
+        })
     }
 }

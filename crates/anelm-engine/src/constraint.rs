@@ -151,6 +151,7 @@ impl ConstraintFactory {
             stop_ids: self.stop_ids.clone(),
             vocab: self.vocab,
             ready: None,
+            mask_every_step: false,
         })
     }
 }
@@ -167,6 +168,9 @@ pub struct Constraint {
     vocab: usize,
     /// The next step's mask, when computed ahead ([`Constraint::prepare`]).
     ready: Option<llguidance::toktrie::SimpleVob>,
+    /// Never let a stream take the sampler's unmasked choice without a full mask (see
+    /// [`Constraint::mask_every_step`]).
+    mask_every_step: bool,
 }
 
 impl Clone for Constraint {
@@ -176,6 +180,7 @@ impl Clone for Constraint {
             stop_ids: self.stop_ids.clone(),
             vocab: self.vocab,
             ready: self.ready.clone(),
+            mask_every_step: self.mask_every_step,
         }
     }
 }
@@ -241,8 +246,45 @@ impl Constraint {
         Ok(())
     }
 
+    /// Whether the grammar allows `token` next, without computing the whole mask: a parse of
+    /// the token's bytes (microseconds) rather than a walk of the vocabulary. Exactly the
+    /// mask's answer: end-of-generation tokens where the grammar is complete, no id past the
+    /// vocabulary.
+    pub fn allows(&mut self, token: u32) -> Result<bool, ConstraintError> {
+        if self.stop_ids.contains(&token) {
+            return match self.matcher.is_stopped() {
+                true => Ok(!self.matcher.is_error()),
+                false => self
+                    .matcher
+                    .is_accepting()
+                    .map_err(|e| ConstraintError::Failed(e.to_string())),
+            };
+        }
+        if token as usize >= self.vocab || self.matcher.is_stopped() {
+            return Ok(false);
+        }
+        self.matcher
+            .validate_tokens(&[token])
+            .map(|n| n == 1)
+            .map_err(|e| ConstraintError::Failed(e.to_string()))
+    }
+
+    /// Compute the full mask at every step, never taking the sampler's unmasked choice after
+    /// a check with [`Constraint::allows`] (for tests and A/B measurements: the output is the
+    /// same, only slower).
+    pub fn mask_every_step(&mut self) {
+        self.mask_every_step = true;
+    }
+
+    /// Whether [`Constraint::mask_every_step`] was asked for.
+    pub fn masks_every_step(&self) -> bool {
+        self.mask_every_step
+    }
+
     /// Advance past the token taken (end-of-generation tokens end the constraint).
     pub fn accept(&mut self, token: u32) -> Result<(), ConstraintError> {
+        // A mask computed ahead belongs to the state before this token.
+        self.ready = None;
         if self.stop_ids.contains(&token) {
             return Ok(());
         }

@@ -9,7 +9,7 @@ use crate::error::{EngineError, Result};
 use crate::model::{LanguageModel, LogitsMode, StepItem};
 use crate::sampler::SamplerParams;
 use crate::session::Session;
-use crate::stream::{Stream, StreamOptions};
+use crate::stream::{FinishReason, Stream, StreamOptions};
 
 /// How to generate.
 #[derive(Clone, Debug)]
@@ -36,17 +36,6 @@ impl Default for GenerateOptions {
             prefill_chunk: 128,
         }
     }
-}
-
-/// Why generation ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FinishReason {
-    /// A stop token was sampled.
-    Stop,
-    /// `max_tokens` or the context size was reached.
-    Length,
-    /// The caller asked to stop.
-    Cancelled,
 }
 
 /// Counts and timings of one generation.

@@ -20,10 +20,10 @@ use std::time::{Duration, Instant};
 use anelm_model::tokenizer::Tokenizer;
 
 use crate::error::{EngineError, Result};
-use crate::generate::FinishReason;
 use crate::loader::LoadedModel;
 use crate::model::{LogitsMode, StepItem};
 use crate::session::Session;
+use crate::stream::FinishReason;
 use crate::stream::{Stream, StreamOptions, TokenLogprob};
 
 /// How the scheduler is sized.
@@ -167,6 +167,11 @@ pub struct Metrics {
     pub cache_evictions_total: AtomicU64,
     /// Tokens generated.
     pub generated_tokens_total: AtomicU64,
+    /// Steps of streams under a grammar (structured outputs, tool calls).
+    pub constrained_steps_total: AtomicU64,
+    /// Of those, steps that computed the grammar's full mask over the vocabulary (the others
+    /// took the sampler's draw after a check of that one token).
+    pub constraint_masks_total: AtomicU64,
     /// Places held in the queue by requests waiting for a session (a request is counted once its
     /// place is reserved, so the count never exceeds `SchedulerConfig::queue`).
     pub queue_depth: AtomicU64,
@@ -212,12 +217,7 @@ impl Scheduler {
         let (tx, rx) = sync_channel::<Job>(cfg.queue);
         let metrics = Arc::new(Metrics::default());
         let stop_now = Arc::new(AtomicBool::new(false));
-        anelm_kernels::pool::init_global(cfg.threads);
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(cfg.threads)
-            .thread_name(|i| format!("anelm-sched-{i}"))
-            .build()
-            .map_err(|e| EngineError::InvalidRequest(format!("could not start the thread pool: {e}")))?;
+        let pool = crate::threads::start_pools(cfg.threads, "anelm-sched")?;
         let vocab = model.model.info().vocab_size;
         let worker = {
             let (metrics, stop_now, cfg) = (metrics.clone(), stop_now.clone(), cfg.clone());
@@ -689,22 +689,31 @@ fn step(model: &dyn crate::model::LanguageModel, slots: &mut [Slot<'_>], cfg: &S
             return;
         }
     };
-    // Constrained streams' masks, computed across the kernel pool's threads before the serial
-    // loop: its workers are still spinning from the forward, so they start at once (a second
-    // pool would have to wait for those cores).
+    // Constrained streams' grammar work (the first draw's check, and the full mask where the
+    // grammar refuses it), done across the kernel pool's threads before the serial loop: its
+    // workers are still spinning from the forward, so they start at once (a second pool would
+    // have to wait for those cores).
     {
-        let constrained: Vec<std::sync::Mutex<&mut Stream<'_>>> = slots
+        let mut rows = vec![None; slots.len()];
+        for (row, (i, _, _)) in feed.iter().filter(|(_, _, wants)| *wants).enumerate() {
+            rows[*i] = Some(row);
+        }
+        let out_ref = &out;
+        let constrained: Vec<std::sync::Mutex<(&mut Stream<'_>, &[u32], usize)>> = slots
             .iter_mut()
-            .zip(0..)
-            .filter(|(_, i)| feed.iter().any(|(f, _, wants)| f == i && *wants))
-            .filter_map(|(s, _)| s.active.as_mut().map(|a| &mut a.stream))
-            .filter(|s| s.is_constrained())
-            .map(std::sync::Mutex::new)
+            .zip(rows)
+            .filter_map(|(slot, row)| {
+                let Slot { session, active, .. } = slot;
+                let a = active.as_mut()?;
+                (a.stream.is_constrained()).then_some(())?;
+                Some(std::sync::Mutex::new((&mut a.stream, session.tokens(), row?)))
+            })
             .collect();
         if constrained.len() > 1 {
             anelm_kernels::pool::global().run(constrained.len(), &|i| {
-                if let Ok(mut s) = constrained[i].lock() {
-                    s.prepare();
+                if let Ok(mut guard) = constrained[i].lock() {
+                    let (stream, history, row) = &mut *guard;
+                    stream.prepare(out_ref.lane(*row), history);
                 }
             });
         }
@@ -746,6 +755,12 @@ fn step(model: &dyn crate::model::LanguageModel, slots: &mut [Slot<'_>], cfg: &S
             }
         };
         a.first_token.get_or_insert_with(Instant::now);
+        if a.stream.is_constrained() {
+            metrics.constrained_steps_total.fetch_add(1, Ordering::Relaxed);
+            metrics
+                .constraint_masks_total
+                .fetch_add(u64::from(s.masked), Ordering::Relaxed);
+        }
         if s.token.is_some() {
             generated_now += 1;
             metrics.generated_tokens_total.fetch_add(1, Ordering::Relaxed);

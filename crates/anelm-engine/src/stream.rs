@@ -6,12 +6,22 @@
 use anelm_model::tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::constraint::{Constraint, ConstraintError};
-use crate::generate::FinishReason;
 use crate::sampler::{Sampler, SamplerError, SamplerParams};
 use crate::stop::StopMatcher;
 
 /// Most alternatives a request may ask for per token (OpenAI's `top_logprobs` limit).
 pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// Why a stream's generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// A stop token was sampled.
+    Stop,
+    /// `max_tokens` or the context size was reached.
+    Length,
+    /// The caller asked to stop.
+    Cancelled,
+}
 
 /// How one stream decodes.
 #[derive(Clone, Debug)]
@@ -91,6 +101,9 @@ pub struct StreamStep {
     pub logprob: Option<TokenLogprob>,
     /// Set when the stream ended with this step.
     pub finish: Option<FinishReason>,
+    /// The step ran under a grammar and computed its full mask (the draw from the raw logits
+    /// was refused, or could not be checked first).
+    pub masked: bool,
 }
 
 /// One request's decoding state (see the module docs).
@@ -103,8 +116,23 @@ pub struct Stream<'t> {
     ignore_eos: bool,
     logprobs: Option<usize>,
     constraint: Option<Constraint>,
+    /// Whether a constrained step may take the sampler's choice from the raw logits when the
+    /// grammar allows it (see [`Stream::advance`]).
+    check_first: bool,
+    /// This step's first draw, made by [`Stream::prepare`], with the history length it was
+    /// made at (a draw left from a step whose `advance` never came is not taken).
+    drawn: Option<(usize, FirstDraw)>,
     generated: Vec<u32>,
     finished: Option<FinishReason>,
+}
+
+/// The outcome of a constrained step's first draw from the raw logits.
+#[derive(Clone, Copy, Debug)]
+enum FirstDraw {
+    /// The grammar allows the token: the step takes it.
+    Allowed(u32),
+    /// The grammar refused it: the step masks and draws again.
+    Refused,
 }
 
 impl<'t> Stream<'t> {
@@ -119,6 +147,9 @@ impl<'t> Stream<'t> {
             ignore_eos: opts.ignore_eos,
             logprobs: opts.logprobs.map(|n| n.min(MAX_TOP_LOGPROBS)),
             constraint: opts.constraint.clone(),
+            check_first: opts.constraint.as_ref().is_some_and(|c| !c.masks_every_step())
+                && draw_then_check_is_exact(&opts.sampler),
+            drawn: None,
             generated: Vec::new(),
             finished: None,
         })
@@ -139,6 +170,12 @@ impl<'t> Stream<'t> {
     /// the sequence so far (prompt and generated), for the penalties; `room` says whether the
     /// context can hold another token after this one. A finished stream takes no more tokens: it
     /// returns an empty step with its finish reason.
+    ///
+    /// Under a grammar, where that gives exactly the masked distribution (greedy, or plain
+    /// temperature sampling), the sampler draws from the raw row first and the step keeps the
+    /// token when the grammar allows it — a check of one token's bytes; only a refused draw
+    /// pays for the full mask (a walk of the whole vocabulary) and a second draw. A model that
+    /// mostly writes what the grammar wants then mostly skips the mask.
     pub fn advance(&mut self, logits: &mut [f32], history: &[u32], room: bool) -> Result<StreamStep, StreamError> {
         if let Some(why) = self.finished {
             return Ok(StreamStep {
@@ -148,18 +185,36 @@ impl<'t> Stream<'t> {
         }
         let record = self.logprobs.map(|top| LogSoftmax::of(logits).with_top(logits, top));
         let stops = self.tokenizer.stop_ids();
-        if let Some(c) = &mut self.constraint {
-            c.mask(logits)?;
-        } else if self.ignore_eos {
-            for &s in stops {
-                if let Some(l) = logits.get_mut(s as usize) {
-                    *l = f32::NEG_INFINITY;
+        let mut masked = false;
+        let token = if let Some(c) = &mut self.constraint {
+            let first = match self.drawn.take() {
+                Some((at, d)) if at == history.len() => d,
+                _ if self.check_first => first_draw(&mut self.sampler, c, logits, history)?,
+                _ => FirstDraw::Refused,
+            };
+            match first {
+                FirstDraw::Allowed(t) => t,
+                FirstDraw::Refused => {
+                    masked = true;
+                    c.mask(logits)?;
+                    self.sampler.sample(logits, history)?
                 }
             }
-        }
-        let token = self.sampler.sample(logits, history)?;
+        } else {
+            if self.ignore_eos {
+                for &s in stops {
+                    if let Some(l) = logits.get_mut(s as usize) {
+                        *l = f32::NEG_INFINITY;
+                    }
+                }
+            }
+            self.sampler.sample(logits, history)?
+        };
         if stops.contains(&token) {
-            return Ok(self.end(String::new(), None, None, FinishReason::Stop, false));
+            return Ok(marked(
+                masked,
+                self.end(String::new(), None, None, FinishReason::Stop, false),
+            ));
         }
         let grammar_done = match &mut self.constraint {
             Some(c) => {
@@ -179,30 +234,51 @@ impl<'t> Stream<'t> {
         let piece = self.decoder.push(token);
         let s = self.stop.push(&piece);
         if s.stopped {
-            return Ok(self.end(s.emit, Some(token), logprob, FinishReason::Stop, true));
+            return Ok(marked(
+                masked,
+                self.end(s.emit, Some(token), logprob, FinishReason::Stop, true),
+            ));
         }
         if grammar_done {
             // Nothing but end-of-generation can follow: end here rather than spend a step on it.
-            return Ok(self.end(s.emit, Some(token), logprob, FinishReason::Stop, false));
+            return Ok(marked(
+                masked,
+                self.end(s.emit, Some(token), logprob, FinishReason::Stop, false),
+            ));
         }
         if self.generated.len() >= self.max_tokens || !room {
-            return Ok(self.end(s.emit, Some(token), logprob, FinishReason::Length, false));
+            return Ok(marked(
+                masked,
+                self.end(s.emit, Some(token), logprob, FinishReason::Length, false),
+            ));
         }
         Ok(StreamStep {
             text: s.emit,
             token: Some(token),
             logprob,
             finish: None,
+            masked,
         })
     }
 
-    /// Do the costly part of the next [`Stream::advance`] that does not need the logits (the
-    /// constraint's mask), so several streams can do it in parallel. Errors surface in
-    /// `advance`.
-    pub fn prepare(&mut self) {
-        if self.finished.is_none()
-            && let Some(c) = &mut self.constraint
-        {
+    /// Do the grammar work of the next [`Stream::advance`] on the same `logits` and `history`
+    /// (the first draw and its check, and the full mask where the grammar refuses it), so a
+    /// scheduler can do it for several streams in parallel. Errors surface in `advance`, which
+    /// then takes the same tokens as without this call.
+    pub fn prepare(&mut self, logits: &[f32], history: &[u32]) {
+        if self.finished.is_some() || self.drawn.is_some_and(|(at, _)| at == history.len()) {
+            return;
+        }
+        let Some(c) = &mut self.constraint else {
+            return;
+        };
+        if self.check_first {
+            match first_draw(&mut self.sampler, c, logits, history) {
+                Ok(d) => self.drawn = Some((history.len(), d)),
+                Err(_) => return,
+            }
+        }
+        if !matches!(self.drawn, Some((_, FirstDraw::Allowed(_)))) {
             let _ = c.prepare();
         }
     }
@@ -241,8 +317,38 @@ impl<'t> Stream<'t> {
             token,
             logprob,
             finish: Some(why),
+            masked: false,
         }
     }
+}
+
+/// `step`, noting whether it computed the grammar's full mask.
+fn marked(masked: bool, step: StreamStep) -> StreamStep {
+    StreamStep { masked, ..step }
+}
+
+/// Whether drawing from the raw logits and keeping the token when the grammar allows it (else
+/// masking and drawing again) takes tokens with exactly the masked distribution's
+/// probabilities. Greedy: an allowed argmax is the masked row's argmax (ties included, the
+/// lower id wins in both). Plain temperature sampling: a token `t` is taken with probability
+/// `p(t) + (1 − Z)·p(t)/Z = p(t)/Z` (`Z` the allowed mass), the masked softmax. Top-k, top-p and
+/// min-p cut the row by its unmasked ranks, which the mask would change, so they always mask.
+fn draw_then_check_is_exact(p: &SamplerParams) -> bool {
+    p.is_greedy() || (p.top_k == 0 && p.top_p >= 1.0 && p.min_p <= 0.0)
+}
+
+/// Draw from the raw logits and ask the grammar whether the token may come next.
+fn first_draw(
+    sampler: &mut Sampler,
+    constraint: &mut Constraint,
+    logits: &[f32],
+    history: &[u32],
+) -> Result<FirstDraw, StreamError> {
+    let t = sampler.sample(logits, history)?;
+    Ok(match constraint.allows(t)? {
+        true => FirstDraw::Allowed(t),
+        false => FirstDraw::Refused,
+    })
 }
 
 /// The normaliser of a row's log-softmax: `log p(i) = l(i) - max - ln Σ exp(l - max)`.

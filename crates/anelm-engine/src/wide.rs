@@ -26,9 +26,9 @@ pub(crate) enum Width {
 pub(crate) fn width() -> Width {
     static W: std::sync::OnceLock<Width> = std::sync::OnceLock::new();
     *W.get_or_init(|| {
-        let cap = match std::env::var("ANELM_ENGINE_SIMD").as_deref() {
-            Ok("base") => Width::Base,
-            Ok("avx2") => Width::Avx2,
+        let cap = match anelm_kernels::Tuning::get().engine_simd.as_deref() {
+            Some("base") => Width::Base,
+            Some("avx2") => Width::Avx2,
             _ => Width::Avx512,
         };
         detect().min(cap)

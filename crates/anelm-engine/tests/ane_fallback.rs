@@ -267,3 +267,27 @@ fn a_refused_projection_fails_the_load_and_releases_everything() {
     assert_eq!(device.stats().loaded, 0);
     assert_eq!(backend.stats().fallbacks, 0);
 }
+
+/// The backend plans under the device's own limits (`AneDevice::limits`): an emulator whose FFN
+/// threshold and kernel size are small gets FFN chunks and LM-head row chunks from the start —
+/// no program is refused, so no fallback — and the model still computes what the CPU does.
+#[test]
+fn the_backend_plans_under_the_devices_own_limits() {
+    let limits = anelm_ane::Limits {
+        // The 64 → 128 → 64 FFN is 49,152 fp16 bytes: split in two.
+        ffn_max_bytes: 30_000,
+        // The 512 × 64 LM head is 65,536 fp16 bytes: rows of at most 320.
+        max_kernel_const_bytes: 40_960,
+        ..anelm_ane::Limits::default()
+    };
+    let device = Arc::new(EmuAne::new(EmuConfig {
+        limits,
+        ..EmuConfig::default()
+    }));
+    let backend = AneBackend::new(Arc::clone(&device), AneOptions::default());
+    let model = load(&backend).expect("loads under the small limits");
+    assert!(fallbacks_of(&backend).is_empty());
+    // Per layer: qkv, output + residual, 2 FFN chunks; LM head: ⌈512 / 320⌉ = 2 chunks.
+    assert_eq!(device.stats().loaded, 4 * LAYERS + 2);
+    assert_matches_cpu("small limits", model.as_ref());
+}

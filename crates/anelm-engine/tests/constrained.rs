@@ -20,37 +20,60 @@ fn model() -> LoadedModel {
     load_model(&path, &CpuBackend::new(), &mut |_, _| {}).expect("load SmolLM2")
 }
 
-/// Generate `max_tokens` at most under `grammar`, sampling at temperature 1 with `seed`.
-fn run(lm: &LoadedModel, prompt: &str, grammar: &Grammar, seed: u64, max_tokens: usize) -> (String, FinishReason) {
+/// The prompt's token ids, rendered as one user turn by the model's chat template.
+fn prompt_ids(lm: &LoadedModel, prompt: &str) -> Vec<u32> {
     let msgs = [anelm_model::chat_template::ChatMessage::new("user", prompt)];
     let text = lm
         .template
         .render(&msgs, true, &serde_json::Map::new())
         .expect("template");
-    let ids = lm.tokenizer.encode(&text).expect("encode");
+    lm.tokenizer.encode(&text).expect("encode")
+}
+
+/// Generate from `prompt` with `stream`: the token ids, the text and why it ended.
+fn generate_from(lm: &LoadedModel, prompt: &str, stream: StreamOptions) -> (Vec<u32>, String, FinishReason) {
     let opts = GenerateOptions {
-        stream: StreamOptions {
-            sampler: SamplerParams {
-                temperature: 1.0,
-                top_k: 0,
-                top_p: 1.0,
-                min_p: 0.0,
-                seed,
-                ..SamplerParams::default()
-            },
-            constraint: Some(lm.constraint(grammar).expect("compiles")),
-            ..StreamOptions::greedy(max_tokens)
-        },
+        stream,
         prefill_chunk: 128,
     };
     let mut session = lm.model.new_session(1024);
     let mut out = String::new();
-    let (_, stats) = generate(lm.model.as_ref(), &lm.tokenizer, &mut session, &ids, &opts, &mut |t| {
-        out.push_str(t);
-        true
-    })
+    let (tokens, stats) = generate(
+        lm.model.as_ref(),
+        &lm.tokenizer,
+        &mut session,
+        &prompt_ids(lm, prompt),
+        &opts,
+        &mut |t| {
+            out.push_str(t);
+            true
+        },
+    )
     .expect("generate");
-    (out, stats.finish)
+    (tokens, out, stats.finish)
+}
+
+/// Plain sampling at temperature 1 (no top-k, top-p or min-p) with `seed`, under `constraint`.
+fn temperature_one(seed: u64, constraint: anelm_engine::Constraint, max_tokens: usize) -> StreamOptions {
+    StreamOptions {
+        sampler: SamplerParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed,
+            ..SamplerParams::default()
+        },
+        constraint: Some(constraint),
+        ..StreamOptions::greedy(max_tokens)
+    }
+}
+
+/// Generate `max_tokens` at most under `grammar`, sampling at temperature 1 with `seed`.
+fn run(lm: &LoadedModel, prompt: &str, grammar: &Grammar, seed: u64, max_tokens: usize) -> (String, FinishReason) {
+    let stream = temperature_one(seed, lm.constraint(grammar).expect("compiles"), max_tokens);
+    let (_, text, finish) = generate_from(lm, prompt, stream);
+    (text, finish)
 }
 
 #[test]
@@ -118,5 +141,89 @@ fn invalid_grammars_are_refused_with_a_reason() {
             }
             other => panic!("{bad:?}: expected Invalid, got {:?}", other.map(|_| ())),
         }
+    }
+}
+
+/// [`run`] greedily, with the grammar's mask computed at every step or only where the greedy
+/// draw from the raw logits is refused; the generated token ids.
+fn greedy_tokens(lm: &LoadedModel, prompt: &str, grammar: &Grammar, mask_every_step: bool) -> Vec<u32> {
+    let mut constraint = lm.constraint(grammar).expect("compiles");
+    if mask_every_step {
+        constraint.mask_every_step();
+    }
+    let stream = StreamOptions {
+        constraint: Some(constraint),
+        ..StreamOptions::greedy(80)
+    };
+    generate_from(lm, prompt, stream).0
+}
+
+#[test]
+fn checking_the_greedy_draw_first_takes_the_tokens_masking_every_step_takes() {
+    let lm = model();
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "title": {"type": "string"},
+            "year": {"type": "integer"},
+            "genres": {"type": "array", "items": {"type": "string"}, "maxItems": 3}
+        },
+        "required": ["title", "year", "genres"]
+    });
+    for (prompt, grammar) in [
+        ("Describe a film as JSON.", Grammar::JsonSchema(schema)),
+        ("Any JSON object.", Grammar::JsonObject),
+        ("A code?", Grammar::Regex("[0-9]{3}-[a-z]{2,6}".into())),
+    ] {
+        let checked = greedy_tokens(&lm, prompt, &grammar, false);
+        let masked = greedy_tokens(&lm, prompt, &grammar, true);
+        assert!(!checked.is_empty(), "{grammar:?}");
+        assert_eq!(checked, masked, "{grammar:?}");
+    }
+}
+
+/// The id of a text that is one token.
+fn single_token(lm: &LoadedModel, s: &str) -> u32 {
+    match lm.tokenizer.encode(s).expect("encode").as_slice() {
+        [t] => *t,
+        other => panic!("{s:?} is {} tokens", other.len()),
+    }
+}
+
+#[test]
+fn checking_the_temperature_draw_first_keeps_the_masked_distribution() {
+    // A row where the grammar (one of "a" or "b") allows half the mass: "a" 1, "b" 3, the
+    // refused "c" 4 (weights after exp), everything else negligible. Masked, "a" has 1/4.
+    let lm = model();
+    let (a, b, c) = (single_token(&lm, "a"), single_token(&lm, "b"), single_token(&lm, "c"));
+    let mut row = vec![-40.0f32; lm.tokenizer.vocab_size()];
+    row[a as usize] = 0.0;
+    row[b as usize] = 3f32.ln();
+    row[c as usize] = 4f32.ln();
+    let grammar = lm.constraint(&Grammar::Regex("[ab]".into())).expect("compiles");
+    let trials = 4000u64;
+    for (mask_every_step, prepared) in [(false, false), (false, true), (true, false)] {
+        let mut constraint = grammar.clone();
+        if mask_every_step {
+            constraint.mask_every_step();
+        }
+        let mut count_a = 0u64;
+        for seed in 0..trials {
+            let opts = temperature_one(seed, constraint.clone(), 4);
+            let mut stream = anelm_engine::stream::Stream::new(&lm.tokenizer, &opts).expect("stream");
+            let mut logits = row.clone();
+            if prepared {
+                stream.prepare(&logits, &[]);
+            }
+            let step = stream.advance(&mut logits, &[], true).expect("advance");
+            let t = step.token.expect("a token");
+            assert!(t == a || t == b, "refused token {t} taken");
+            count_a += u64::from(t == a);
+        }
+        // Binomial(4000, 1/4): mean 1000, sd 27.4; five sd either way.
+        assert!(
+            (863..=1137).contains(&count_a),
+            "mask_every_step {mask_every_step}, prepared {prepared}: \"a\" {count_a} of {trials}"
+        );
     }
 }

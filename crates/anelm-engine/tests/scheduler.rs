@@ -87,6 +87,25 @@ fn tokens_and_logprob_bits(rx: &Receiver<Event>) -> Answer {
     }
 }
 
+/// The tokens `req` generates alone, through the single-stream generation loop.
+fn run_alone(lm: &LoadedModel, req: &Request) -> Vec<u32> {
+    let mut session = lm.model.new_session(512);
+    let opts = GenerateOptions {
+        stream: req.stream.clone(),
+        prefill_chunk: 128,
+    };
+    generate(
+        lm.model.as_ref(),
+        &lm.tokenizer,
+        &mut session,
+        &req.prompt,
+        &opts,
+        &mut |_| true,
+    )
+    .expect("generate")
+    .0
+}
+
 const PROMPTS: [&str; 8] = [
     "The capital of France is",
     "def fibonacci(n):",
@@ -102,27 +121,7 @@ const PROMPTS: [&str; 8] = [
 fn eight_concurrent_greedy_streams_equal_each_run_alone() {
     let lm = model();
     // Alone: the single-stream generation loop, one request at a time.
-    let alone: Vec<Vec<u32>> = PROMPTS
-        .iter()
-        .map(|p| {
-            let req = request(&lm, p, 20);
-            let mut session = lm.model.new_session(512);
-            let opts = GenerateOptions {
-                stream: req.stream.clone(),
-                prefill_chunk: 128,
-            };
-            generate(
-                lm.model.as_ref(),
-                &lm.tokenizer,
-                &mut session,
-                &req.prompt,
-                &opts,
-                &mut |_| true,
-            )
-            .expect("generate")
-            .0
-        })
-        .collect();
+    let alone: Vec<Vec<u32>> = PROMPTS.iter().map(|p| run_alone(&lm, &request(&lm, p, 20))).collect();
     // Together: eight sessions, prompts of different lengths prefilling in 16-token chunks while
     // others decode, all in shared batched steps.
     let sched = Scheduler::start(lm.clone(), config(8, 16)).expect("start");
@@ -506,4 +505,44 @@ fn a_cache_budget_releases_idle_sessions() {
     assert_eq!(reused, 0, "with a 1-byte budget nothing idle is kept");
     assert!(evictions >= 1);
     assert!(kept < 64 * 1024, "idle caches released: {kept} bytes kept");
+}
+
+#[test]
+fn concurrent_constrained_streams_take_the_tokens_of_masking_every_step_alone() {
+    let lm = model();
+    let grammar = anelm_engine::Grammar::JsonSchema(serde_json::json!({
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}}},
+        "required": ["name", "tags"]
+    }));
+    let constrained = |prompt: &str, mask_every_step: bool| {
+        let mut c = lm.constraint(&grammar).expect("compiles");
+        if mask_every_step {
+            c.mask_every_step();
+        }
+        Request {
+            prompt: lm.tokenizer.encode(prompt).expect("encode"),
+            stream: StreamOptions {
+                constraint: Some(c),
+                ..StreamOptions::greedy(40)
+            },
+        }
+    };
+    let prompts = &PROMPTS[..4];
+    // Alone, the full mask at every step.
+    let alone: Vec<Vec<u32>> = prompts.iter().map(|p| run_alone(&lm, &constrained(p, true))).collect();
+    // Together: the four streams' grammar work runs in parallel on the kernel pool, each
+    // checking its greedy draw before computing a mask.
+    let sched = Scheduler::start(lm.clone(), config(4, 8)).expect("start");
+    let rxs: Vec<_> = prompts.iter().map(|p| submit(&sched, constrained(p, false))).collect();
+    for (i, rx) in rxs.iter().enumerate() {
+        let (_, done) = collect(rx);
+        assert_eq!(done.tokens, alone[i], "{:?}", prompts[i]);
+    }
+    let m = sched.metrics();
+    let steps = m.constrained_steps_total.load(Ordering::Relaxed);
+    let masks = m.constraint_masks_total.load(Ordering::Relaxed);
+    let generated: usize = alone.iter().map(Vec::len).sum();
+    assert!(steps >= generated as u64, "steps {steps}, tokens {generated}");
+    assert!(masks > 0 && masks < steps, "masks {masks} of {steps} steps");
 }

@@ -161,18 +161,14 @@ fn with_row_buffer<R>(d: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
 /// Whether this CPU has AVX2, FMA and F16C (detected once).
 #[cfg(target_arch = "x86_64")]
 fn avx2_f16c() -> bool {
-    use std::sync::OnceLock;
-    static HAS: OnceLock<bool> = OnceLock::new();
-    *HAS.get_or_init(|| crate::vector::avx2_fma() && is_x86_feature_detected!("f16c"))
+    crate::Features::get().avx2_fma_f16c()
 }
 
 /// Whether the 512-bit loops run (AVX-512F/DQ on top of AVX2/F16C; `ANELM_ATTN_WIDE=0` keeps the
-/// 256-bit ones, for A/B runs). Detected once.
+/// 256-bit ones, for A/B runs).
 #[cfg(target_arch = "x86_64")]
 fn wide() -> bool {
-    use std::sync::OnceLock;
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| avx2_f16c() && wide::available() && std::env::var("ANELM_ATTN_WIDE").as_deref() != Ok("0"))
+    avx2_f16c() && wide::available() && crate::Tuning::get().attention_wide
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -13,10 +13,10 @@ use std::arch::x86_64::*;
 // The same row prefetch and per-value widening as the 256-bit loops.
 use crate::attention_rows::x86::{Load8, ROWS_AHEAD, prefetch_first_rows, prefetch_row};
 
-/// Whether this CPU runs these loops (besides the AVX2/F16C the narrow ones need); the
-/// dispatcher caches the answer.
+/// Whether this CPU runs these loops (besides the AVX2/F16C the narrow ones need).
 pub(crate) fn available() -> bool {
-    is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512dq")
+    let f = crate::Features::get();
+    f.avx512f && f.avx512dq
 }
 
 /// Cached values in their storage type, loaded sixteen (or two rows of eight) at a time; one
@@ -295,7 +295,7 @@ mod tests {
     /// per-head reference, for every group size, pair count and an odd row left over.
     #[test]
     fn wide_loops_equal_per_head_dots_and_axpys_bit_for_bit() {
-        if !available() || !is_x86_feature_detected!("avx2") || !is_x86_feature_detected!("f16c") {
+        if !available() || !crate::Features::get().avx2_fma_f16c() {
             eprintln!("no AVX-512F/DQ here: the 512-bit loops are not used on this CPU");
             return;
         }

@@ -48,8 +48,7 @@ pub fn f32_to_f16_slice(src: &[f32], dst: &mut [u16]) {
 fn f32_to_f16_simd(src: &[f32], dst: &mut [u16]) -> usize {
     #[cfg(target_arch = "x86_64")]
     {
-        static F16C: OnceLock<bool> = OnceLock::new();
-        if *F16C.get_or_init(|| is_x86_feature_detected!("avx") && is_x86_feature_detected!("f16c")) {
+        if crate::Features::get().f16c {
             // SAFETY: AVX and F16C were detected just above.
             unsafe { f32_to_f16_f16c(src, dst) };
             return src.len() / 8 * 8;
@@ -88,8 +87,7 @@ pub fn round_f16_slice(v: &mut [f32]) {
 fn round_f16_simd(v: &mut [f32]) -> usize {
     #[cfg(target_arch = "x86_64")]
     {
-        static F16C: OnceLock<bool> = OnceLock::new();
-        if *F16C.get_or_init(|| is_x86_feature_detected!("avx") && is_x86_feature_detected!("f16c")) {
+        if crate::Features::get().f16c {
             // SAFETY: AVX and F16C were detected just above.
             unsafe { round_f16_f16c(v) };
             return v.len() / 8 * 8;

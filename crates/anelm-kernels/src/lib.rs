@@ -11,6 +11,7 @@ mod blocks;
 mod dequant;
 mod error;
 mod exp;
+mod features;
 mod format;
 mod fp16;
 mod matmul;
@@ -33,6 +34,7 @@ pub use attention_rows::{CacheRows, dot_rows_group, weighted_rows_group};
 pub use dequant::{dequantize_row, dot_reference};
 pub use error::KernelError;
 pub use exp::{exp_f32, silu_mul};
+pub use features::{Features, Tuning};
 pub use format::WeightFormat;
 pub use fp16::{
     bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, f32_to_f16_slice, round_bf16, round_f16, round_f16_slice,

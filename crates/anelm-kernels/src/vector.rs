@@ -55,30 +55,20 @@ fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
 /// `avx512f,avx512dq,avx512bw,avx512vl,avx2`).
 #[cfg(target_arch = "x86_64")]
 pub fn avx512() -> bool {
-    use std::sync::OnceLock;
-    static HAS: OnceLock<bool> = OnceLock::new();
-    *HAS.get_or_init(|| {
-        is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512dq")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vl")
-    })
+    crate::Features::get().avx512()
 }
 
 /// Whether this CPU runs AVX2 and FMA (detected once; every AVX2 CPU but a few VIA ones has both).
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn avx2_fma() -> bool {
-    use std::sync::OnceLock;
-    static HAS: OnceLock<bool> = OnceLock::new();
-    *HAS.get_or_init(|| avx2() && is_x86_feature_detected!("fma"))
+    let f = crate::Features::get();
+    f.avx2 && f.fma
 }
 
 /// Whether this CPU runs AVX2 (detected once).
 #[cfg(target_arch = "x86_64")]
 pub fn avx2() -> bool {
-    use std::sync::OnceLock;
-    static HAS: OnceLock<bool> = OnceLock::new();
-    *HAS.get_or_init(|| is_x86_feature_detected!("avx2"))
+    crate::Features::get().avx2
 }
 
 #[cfg(target_arch = "x86_64")]

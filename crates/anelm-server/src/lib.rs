@@ -337,6 +337,18 @@ async fn metrics(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Respons
             g(&m.cache_evictions_total),
         );
         put(
+            "constrained_steps_total",
+            "counter",
+            "decode steps of requests under a grammar (response_format, grammar, tool calls)",
+            g(&m.constrained_steps_total),
+        );
+        put(
+            "constraint_masks_total",
+            "counter",
+            "of those, steps that computed the grammar's full vocabulary mask",
+            g(&m.constraint_masks_total),
+        );
+        put(
             "generated_tokens_total",
             "counter",
             "tokens generated",

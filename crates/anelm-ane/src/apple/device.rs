@@ -109,6 +109,9 @@ pub struct AppleStats {
     pub dispatches: u64,
     /// True while direct evaluation through `_ANEClient` is in use.
     pub direct_eval: bool,
+    /// Length in bytes of the last `hexStringIdentifier` the framework gave (0: none yet); the
+    /// framework's own is 194 (three SHA-256 digests joined by `_`).
+    pub identifier_bytes: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -187,6 +190,7 @@ pub(crate) struct Device<R: Runtime> {
     cache_loads: AtomicU64,
     loads: AtomicU64,
     dispatches: AtomicU64,
+    identifier_bytes: AtomicUsize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -305,6 +309,7 @@ impl<R: Runtime> Device<R> {
             cache_loads: AtomicU64::new(0),
             loads: AtomicU64::new(0),
             dispatches: AtomicU64::new(0),
+            identifier_bytes: AtomicUsize::new(0),
         })
     }
 
@@ -325,6 +330,7 @@ impl<R: Runtime> Device<R> {
             loaded_bytes: self.loaded_bytes.load(Ordering::Relaxed),
             dispatches: self.dispatches.load(Ordering::Relaxed),
             direct_eval: self.direct.load(Ordering::Relaxed),
+            identifier_bytes: self.identifier_bytes.load(Ordering::Relaxed),
         }
     }
 
@@ -406,6 +412,9 @@ impl<R: Runtime> Device<R> {
 
     fn build(&self, k: &mut Kernel, mil_text: &str, weights: &WeightFiles, compile: bool) -> Result<(), AppleError> {
         let id = self.rt.hex_string_identifier(k.model);
+        if let Some(id) = &id {
+            self.identifier_bytes.store(id.len(), Ordering::Relaxed);
+        }
         let dir = model_dir(id.as_deref(), self.rt.local_model_path(k.model), &self.temp_root)?;
         let id = id.unwrap_or_default();
         k.label = kernel_label(&id, &k.sig, weights);

@@ -82,6 +82,24 @@ pub fn macos_version() -> Option<String> {
     })
 }
 
+/// The private framework's bundle description (an XML property list on the macOS versions that
+/// keep one beside the binary; binary lists and a missing file give no version).
+pub const ANE_FRAMEWORK_INFO_PLIST: &str =
+    "/System/Library/PrivateFrameworks/AppleNeuralEngine.framework/Versions/A/Resources/Info.plist";
+
+/// `<CFBundleShortVersionString> (<CFBundleVersion>)` of AppleNeuralEngine.framework, when its
+/// Info.plist is readable XML: which framework build a report came from.
+pub fn framework_version() -> Option<String> {
+    let text = std::fs::read_to_string(ANE_FRAMEWORK_INFO_PLIST).ok()?;
+    let short = plist_string(&text, "CFBundleShortVersionString");
+    let build = plist_string(&text, "CFBundleVersion");
+    match (short, build) {
+        (Some(s), Some(b)) => Some(format!("{s} ({b})")),
+        (Some(v), None) | (None, Some(v)) => Some(v),
+        (None, None) => None,
+    }
+}
+
 impl std::fmt::Debug for AppleAne {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AppleAne").field("stats", &self.stats()).finish()

@@ -715,3 +715,28 @@ fn signatures_come_from_the_mil() {
     assert_eq!(sig.inputs, vec![(64, 32), (96, 32)]);
     assert_eq!(sig.outputs, vec![(96, 32)]);
 }
+
+/// `anelm doctor --report`'s dispatch sweep on the device logic: every size compiles, loads,
+/// evaluates and is released; the identifier length the report shows is the framework's.
+#[test]
+fn the_dispatch_sweep_runs_on_the_device_and_records_the_identifier_length() {
+    let s = Setup::new("sweep");
+    let id = super::modeldir::tests::hex_identifier();
+    let dev = s.device(Script {
+        hex: Some(Some(id)),
+        ..Script::default()
+    });
+    assert_eq!(dev.stats().identifier_bytes, 0);
+    let pts = crate::dispatch_sweep::dispatch_sweep(&dev, &[64, 128], 3).unwrap();
+    assert_eq!(pts.iter().map(|p| p.size).collect::<Vec<_>>(), vec![64, 128]);
+    assert!(pts[1].bytes > pts[0].bytes, "{pts:?}");
+    assert!(
+        pts.iter()
+            .all(|p| p.ane_seconds.is_finite() && p.wall_seconds.is_finite())
+    );
+    let st = dev.stats();
+    assert_eq!(st.identifier_bytes, 194);
+    // One warm-up and three timed dispatches per size; nothing left loaded.
+    assert_eq!(st.dispatches, 8);
+    assert_eq!(st.loaded, 0);
+}
