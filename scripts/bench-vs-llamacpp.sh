@@ -29,7 +29,7 @@ fi
 [[ -f "$MODEL" ]] || { echo "no model file at $MODEL" >&2; exit 1; }
 LLAMA_BENCH="$(scripts/build-llama-bench.sh | tail -n 1)"
 cargo build --release --quiet -p anelm-cli
-ANELM=target/release/anelm
+ANELM="${CARGO_TARGET_DIR:-target}/release/anelm"
 BANDWIDTH="$(cargo bench --quiet -p anelm-kernels --bench matmul --no-run --message-format=json 2>/dev/null |
   python3 -c 'import json,sys
 for l in sys.stdin:

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 
-use anelm_engine::{Grammar, SamplerParams, StreamOptions};
+use anelm_engine::{Grammar, LoadQuantization, SamplerParams, StreamOptions};
 
 /// Where kernels run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -85,8 +85,16 @@ pub struct ModelArgs {
     /// Lay out chat prompts with the Jinja template in FILE instead of the model's own.
     #[arg(long, value_name = "FILE")]
     pub chat_template: Option<PathBuf>,
+    /// Re-encode the model's float (f32/f16/bf16) matrices at load for the CPU backend: q8_0,
+    /// q4_0 or q4_k (block formats of GGUF files are kept). Off by default.
+    #[arg(long, value_name = "FORMAT", value_parser = parse_quantize)]
+    pub quantize: Option<LoadQuantization>,
     #[command(flatten)]
     pub ane: AneArgs,
+}
+
+fn parse_quantize(name: &str) -> Result<LoadQuantization, String> {
+    LoadQuantization::parse(name).ok_or_else(|| format!("choose one of: {}", LoadQuantization::choices()))
 }
 
 /// Sampling and length options of the generating commands.

@@ -224,10 +224,14 @@ pub fn load_embedder(args: &ModelArgs, prompt: &EmbeddingPromptArgs) -> Result<E
 
 fn load_with<T>(
     args: &ModelArgs,
-    cpu: fn() -> CpuBackend,
+    cpu_backend: fn() -> CpuBackend,
     loader: impl FnOnce(&std::path::Path, &dyn Backend, &mut dyn FnMut(usize, usize)) -> Result<T>,
 ) -> Result<(T, DeviceReport)> {
     // The device first: `--device ane` on a machine without one fails before anything else.
+    let cpu = || match args.quantize {
+        Some(q) => CpuBackend::quantizing(q),
+        None => cpu_backend(),
+    };
     let (backend, report): (Box<dyn Backend>, DeviceReport) = match args.device {
         DeviceArg::Cpu => (Box::new(cpu()), DeviceReport::cpu()),
         DeviceArg::Ane => apple_backend(AppleAne::open_with(&apple_config(&args.ane))?, &args.ane),
@@ -253,6 +257,14 @@ fn load_with<T>(
             (Box::new(b), report)
         }
     };
+    if let (Some(q), Some(_)) = (args.quantize, &report.monitor) {
+        anyhow::bail!(
+            "--quantize {} re-encodes weights for the CPU backend; the Neural Engine ({}) stores its own \
+             (fp16, or int8 with --ane-weights int8)",
+            q.name(),
+            report.name
+        );
+    }
     let path = model_path(args)?;
     let verb = if report.monitor.is_some() {
         "compiling"

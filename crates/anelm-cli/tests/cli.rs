@@ -209,6 +209,37 @@ fn bad_inputs_give_one_line_errors() {
 }
 
 #[test]
+fn quantize_takes_known_formats_only_and_keeps_block_formats() {
+    // An unknown value is clap's usage error (exit 2), naming the choices.
+    let o = anelm(&["logits", "--quantize", "q3_x", "--token-ids", "1"]);
+    assert_eq!(o.status.code(), Some(2), "usage error");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("invalid value 'q3_x' for '--quantize <FORMAT>'")
+            && err.contains("choose one of: q8_0, q4_0, q4_k"),
+        "{err}"
+    );
+    // The Neural Engine stores its own weights.
+    assert_one_line_error(
+        &anelm(&[
+            "logits",
+            "--device",
+            "ane-emu",
+            "--quantize",
+            "q8_0",
+            "--token-ids",
+            "1",
+        ]),
+        "re-encodes weights for the CPU backend",
+    );
+    // The default model's matrices are all Q4_1 blocks: nothing to re-encode, same logits.
+    let args = ["logits", "--device", "cpu", "--token-ids", "504,3575,282"];
+    let plain = stdout(&anelm(&args));
+    let quantized = stdout(&anelm(&[&args[..], &["--quantize", "q8_0"]].concat()));
+    assert_eq!(plain, quantized);
+}
+
+#[test]
 fn missing_default_model_says_how_to_fetch_it() {
     let empty = std::env::temp_dir().join(format!("anelm-empty-cache-{}", std::process::id()));
     std::fs::create_dir_all(&empty).unwrap();

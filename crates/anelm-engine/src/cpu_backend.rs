@@ -11,6 +11,7 @@ use anelm_model::tensor_store::TensorStore;
 use crate::backend::{Backend, Dispatch, Kernel, KernelShape, KernelSpec};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
+use crate::load_quantize::{LoadQuantization, quantize_matrix};
 use crate::stored_matrix::StoredMatrix;
 
 /// Runs `KernelSpec`s on the host CPU through `anelm-kernels` (threads: the kernel pool).
@@ -18,13 +19,15 @@ use crate::stored_matrix::StoredMatrix;
 pub struct CpuBackend {
     /// Run f32/f16/bf16-stored matrices as bf16 × bf16 (see [`CpuBackend::for_embeddings`]).
     bf16: bool,
+    /// Re-encode float matrices at load (see [`CpuBackend::quantizing`]).
+    quantize: Option<LoadQuantization>,
 }
 
 impl CpuBackend {
     /// The CPU backend: every matrix in its stored format, activations in that format's dot
     /// format (what the decoders are checked against llama.cpp and transformers with).
     pub fn new() -> Self {
-        Self { bf16: false }
+        Self::default()
     }
 
     /// The CPU backend for embedding models: where the CPU has AVX512_BF16, matrices stored as
@@ -34,9 +37,18 @@ impl CpuBackend {
     /// bound (`tests/minilm.rs`). Elsewhere, or with `ANELM_BF16=0` (for A/B runs), the same as
     /// [`CpuBackend::new`].
     pub fn for_embeddings() -> Self {
-        let off = !anelm_kernels::Tuning::get().bf16;
         Self {
-            bf16: Bf16Matrix::available() && !off,
+            bf16: Bf16Matrix::available() && anelm_kernels::Tuning::get().bf16,
+            quantize: None,
+        }
+    }
+
+    /// The CPU backend, re-encoding float (f32/f16/bf16) matrices to `q` as it compiles them
+    /// (`--quantize`; see [`crate::load_quantize`]).
+    pub fn quantizing(q: LoadQuantization) -> Self {
+        Self {
+            bf16: false,
+            quantize: Some(q),
         }
     }
 
@@ -59,7 +71,14 @@ impl Backend for CpuBackend {
     }
 
     fn compile(&self, spec: &KernelSpec, weights: &Arc<dyn TensorStore>) -> Result<Box<dyn Kernel>> {
-        let load = |id: &crate::backend::WeightId| CpuMatrix::new(StoredMatrix::load(weights, &id.0)?, self.bf16);
+        let load = |id: &crate::backend::WeightId| {
+            let m = StoredMatrix::load(weights, &id.0)?;
+            let m = match self.quantize {
+                Some(q) => quantize_matrix(m, q)?,
+                None => m,
+            };
+            CpuMatrix::new(m, self.bf16)
+        };
         match spec {
             KernelSpec::Linear { w } | KernelSpec::LmHead { w } => Ok(Box::new(CpuLinear::new(vec![load(w)?], false)?)),
             KernelSpec::LinearResidual { w } => Ok(Box::new(CpuLinear::new(vec![load(w)?], true)?)),

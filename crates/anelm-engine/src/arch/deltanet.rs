@@ -9,11 +9,11 @@
 //! 4. decay first, then the delta rule: S ← g·S; u = Sᵀk; S ← S + β·k·(v − u)ᵀ; y = Sᵀq;
 //! 5. y per value head through the gated RMSNorm (plain `w`) times SiLU(z).
 
-use rayon::prelude::*;
-
+use crate::batch::Batch;
 use crate::error::{EngineError, Result};
 use crate::ops::{sigmoid, silu, softplus};
 use crate::session::RecurrentLayer;
+use crate::wide::multiversion;
 
 /// How value heads are ordered in a file's linear-attention tensors.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -75,8 +75,9 @@ impl DeltaNetShape {
 pub struct GatedDeltaNet {
     /// Dimensions.
     pub shape: DeltaNetShape,
-    /// Conv weights `[conv_dim][kernel]`.
-    pub conv_w: Vec<f32>,
+    /// Conv weights tap-major, `[kernel][conv_dim]` (the file's `[conv_dim][kernel]`
+    /// transposed at load, so the conv runs along the channels).
+    pub conv_taps: Vec<f32>,
     /// −exp(A_log) per value head.
     pub neg_a: Vec<f32>,
     /// dt_bias per value head.
@@ -90,7 +91,7 @@ pub struct GatedDeltaNet {
 }
 
 impl GatedDeltaNet {
-    /// Check the constants against the shape. `neg_a` is −exp(A_log) per value head (llama.cpp's
+    /// Check the constants against the shape; `conv_w` is `[conv_dim][kernel]` as files store it. `neg_a` is −exp(A_log) per value head (llama.cpp's
     /// `ssm_a`; Hugging Face files store `A_log`, see [`GatedDeltaNet::neg_a_from_log`]).
     pub fn new(
         shape: DeltaNetShape,
@@ -124,9 +125,11 @@ impl GatedDeltaNet {
         if norm_w.len() != shape.v_dim {
             return bad("norm.weight", norm_w.len(), shape.v_dim);
         }
+        let (cd, kk) = (shape.conv_dim(), shape.conv_kernel);
+        let conv_taps = (0..kk * cd).map(|i| conv_w[(i % cd) * kk + i / cd]).collect();
         Ok(Self {
             shape,
-            conv_w,
+            conv_taps,
             neg_a,
             dt_bias,
             norm_w,
@@ -140,81 +143,227 @@ impl GatedDeltaNet {
         a_log.iter().map(|a| -a.exp()).collect()
     }
 
-    /// One token: `proj` is the fused projection's output `[q k v | z | b | a]`, `out` receives
-    /// the gated, normalised output (V floats) for the output projection. `conv` is scratch of
-    /// `conv_dim` floats.
-    pub fn step(&self, st: &mut RecurrentLayer, proj: &[f32], conv: &mut [f32], out: &mut [f32]) {
+    /// The lanes of one step through the layer. `states[i]` is session `i`'s state and
+    /// `lane_state[lane]` the session a lane belongs to (a session's lanes in position order);
+    /// `proj` holds each lane's fused projection `[q k v | z | b | a]`; `act` is scratch; `out`
+    /// receives each lane's gated, normalised output (V floats) for the output projection.
+    ///
+    /// The conv runs lane by lane on the caller's thread (it is cheap and sequential per
+    /// session). The recurrence runs on the kernel pool with one task per value head, and each
+    /// task walks every lane in order: a head's state (dk·dv floats) stays in one core's cache
+    /// for the whole step instead of moving between cores token by token, a prompt chunk
+    /// costs one hand-off to the pool per layer, not one per token, and consecutive tokens of a
+    /// session share a pass over the state (one pass per token instead of two).
+    pub fn forward(
+        &self,
+        states: &mut [&mut RecurrentLayer],
+        lane_state: &[usize],
+        proj: &Batch,
+        act: &mut Batch,
+        out: &mut Batch,
+    ) -> Result<()> {
         let s = &self.shape;
         let (cd, kk) = (s.conv_dim(), s.conv_kernel);
-        let (kw, vw) = (s.key_width(), s.value_width());
-        let (mixed, rest) = proj.split_at(cd);
-        let (z, rest) = rest.split_at(vw);
-        let (b, a) = rest.split_at(s.n_v_heads);
-        // 1. Causal depthwise conv: history (oldest first) then the current input; SiLU.
-        let hist = kk - 1;
-        for (c, y) in conv.iter_mut().enumerate().take(cd) {
-            let w = &self.conv_w[c * kk..(c + 1) * kk];
-            let mut acc = w[hist] * mixed[c];
-            for (j, &wj) in w[..hist].iter().enumerate() {
-                acc += wj * st.conv[j * cd + c];
-            }
-            *y = silu(acc);
-        }
-        if hist > 0 {
-            st.conv.copy_within(cd.., 0);
-            st.conv[(hist - 1) * cd..].copy_from_slice(mixed);
-        }
-        // 2. l2-normalised q (scaled by 1/√dk) and k per key head.
-        let (q, kv) = conv[..cd].split_at_mut(kw);
-        let (k, v) = kv.split_at_mut(kw);
-        let qscale = 1.0 / (s.k_dim as f32).sqrt();
-        for (qh, kh) in q.chunks_mut(s.k_dim).zip(k.chunks_mut(s.k_dim)) {
-            l2_normalize(qh, qscale);
-            l2_normalize(kh, 1.0);
-        }
-        let (q, k, v) = (&*q, &*k, &*v);
-        let ratio = s.n_v_heads / s.n_k_heads;
+        let (kw, vw, hv) = (s.key_width(), s.value_width(), s.n_v_heads);
         let (dk, dv) = (s.k_dim, s.v_dim);
-        // 3.–5. Per value head, in parallel: decay, delta rule, readout, gated norm.
-        st.state
-            .par_chunks_mut(dk * dv)
-            .zip(out.par_chunks_mut(dv))
-            .enumerate()
-            .for_each(|(vh, (sm, o))| {
-                let kh = match self.order {
-                    VHeadOrder::Grouped => vh / ratio,
-                    VHeadOrder::Tiled => vh % s.n_k_heads,
-                };
-                let (qv, kvec) = (&q[kh * dk..(kh + 1) * dk], &k[kh * dk..(kh + 1) * dk]);
-                let vv = &v[vh * dv..(vh + 1) * dv];
-                let beta = sigmoid(b[vh]);
-                let decay = (self.neg_a[vh] * softplus(a[vh] + self.dt_bias[vh])).exp();
-                sm.iter_mut().for_each(|x| *x *= decay);
-                // u = Sᵀk, then delta = β(v − u).
-                let mut delta = vec![0.0f32; dv];
-                for (row, &ki) in sm.chunks_exact(dv).zip(kvec) {
-                    for (d, &sij) in delta.iter_mut().zip(row) {
-                        *d += sij * ki;
-                    }
+        let n = lane_state.len();
+        if proj.lanes() != n || proj.channels() != s.proj_width() {
+            return Err(EngineError::Config(format!(
+                "linear attention: projection is {}×{}, expected {n}×{}",
+                proj.lanes(),
+                proj.channels(),
+                s.proj_width()
+            )));
+        }
+        let bad_state = |st: &RecurrentLayer| st.conv.len() != s.conv_state_len() || st.state.len() != s.state_len();
+        if lane_state.iter().any(|&i| i >= states.len()) || states.iter().any(|st| bad_state(st)) {
+            return Err(EngineError::Config(
+                "linear attention: a lane names a missing or misshapen session state".into(),
+            ));
+        }
+        // 1.–2. Causal depthwise conv and SiLU, then l2-normalised q (scaled by 1/√dk) and k.
+        act.resize(n, cd);
+        let hist = kk - 1;
+        let qscale = 1.0 / (dk as f32).sqrt();
+        for (lane, &si) in lane_state.iter().enumerate() {
+            let st = &mut *states[si];
+            let mixed = &proj.lane(lane)[..cd];
+            let y = act.lane_mut(lane);
+            conv_silu(&self.conv_taps, &st.conv, mixed, y);
+            if hist > 0 {
+                st.conv.copy_within(cd.., 0);
+                st.conv[(hist - 1) * cd..].copy_from_slice(mixed);
+            }
+            let (q, k) = y[..2 * kw].split_at_mut(kw);
+            for (qh, kh) in q.chunks_mut(dk).zip(k.chunks_mut(dk)) {
+                l2_normalize(qh, qscale);
+                l2_normalize(kh, 1.0);
+            }
+        }
+        // 3.–5. One task per value head over every lane: decay, delta rule, readout, gated norm.
+        out.resize(n, vw);
+        let mut jobs: Vec<HeadJob<'_>> = (0..hv)
+            .map(|_| HeadJob {
+                states: Vec::with_capacity(states.len()),
+                outs: Vec::with_capacity(n),
+            })
+            .collect();
+        for st in states.iter_mut() {
+            for (job, sm) in jobs.iter_mut().zip(st.state.chunks_exact_mut(dk * dv)) {
+                job.states.push(sm);
+            }
+        }
+        for lane_out in out.as_mut_slice().chunks_exact_mut(vw) {
+            for (job, o) in jobs.iter_mut().zip(lane_out.chunks_exact_mut(dv)) {
+                job.outs.push(o);
+            }
+        }
+        let ratio = hv / s.n_k_heads;
+        let act = &*act;
+        anelm_kernels::pool::global().for_each_chunk_mut(&mut jobs, 1, &|vh, job| {
+            let Some(job) = job.first_mut() else { return };
+            let kh = match self.order {
+                VHeadOrder::Grouped => vh / ratio,
+                VHeadOrder::Tiled => vh % s.n_k_heads,
+            };
+            // Per lane: (q, k, v, z, β, decay) of this head.
+            let inputs = |lane: usize| {
+                let (x, p) = (act.lane(lane), proj.lane(lane));
+                let q = &x[kh * dk..(kh + 1) * dk];
+                let k = &x[kw + kh * dk..kw + (kh + 1) * dk];
+                let v = &x[2 * kw + vh * dv..2 * kw + (vh + 1) * dv];
+                let z = &p[cd + vh * dv..cd + (vh + 1) * dv];
+                let (b, a) = (p[cd + vw + vh], p[cd + vw + hv + vh]);
+                let decay = (self.neg_a[vh] * softplus(a + self.dt_bias[vh])).exp();
+                (q, k, v, z, sigmoid(b), decay)
+            };
+            // `u` holds Sᵀk of the current lane once its pass over the state has decayed S;
+            // when the next lane continues the same session, that pass rides along with this
+            // lane's update (one pass over the state per token instead of two).
+            let (mut u, mut u_next) = (vec![0.0f32; dv], vec![0.0f32; dv]);
+            let mut primed = false;
+            for (lane, &si) in lane_state.iter().enumerate() {
+                let (q, k, v, z, beta, decay) = inputs(lane);
+                let sm = &mut *job.states[si];
+                let o = &mut *job.outs[lane];
+                if !primed {
+                    decay_project(sm, k, decay, &mut u);
                 }
-                for (d, &vj) in delta.iter_mut().zip(vv) {
+                // δ = β(v − u), in place.
+                for (d, &vj) in u.iter_mut().zip(v) {
                     *d = (vj - *d) * beta;
                 }
-                o.fill(0.0);
-                for ((row, &ki), &qi) in sm.chunks_exact_mut(dv).zip(kvec).zip(qv) {
-                    for ((sij, &dj), oj) in row.iter_mut().zip(&delta).zip(o.iter_mut()) {
-                        *sij += ki * dj;
-                        *oj += *sij * qi;
-                    }
+                primed = lane_state.get(lane + 1) == Some(&si);
+                if primed {
+                    let (_, k_next, _, _, _, decay_next) = inputs(lane + 1);
+                    update_then_project(sm, k, q, &u, o, (k_next, decay_next), &mut u_next);
+                    std::mem::swap(&mut u, &mut u_next);
+                } else {
+                    update(sm, k, q, &u, o);
                 }
-                // Gated RMSNorm: rmsnorm(y) ⊙ w ⊙ silu(z).
-                let ms = o.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>() / dv as f64;
-                let r = 1.0 / (ms as f32 + self.eps).sqrt();
-                let zh = &z[vh * dv..(vh + 1) * dv];
-                for ((oj, &w), &zj) in o.iter_mut().zip(&self.norm_w).zip(zh) {
-                    *oj = (*oj * r) * w * silu(zj);
-                }
-            });
+                gated_norm(o, &self.norm_w, z, self.eps);
+            }
+        });
+        Ok(())
+    }
+}
+
+/// One value head's share of a step: its state in every session, its output in every lane.
+struct HeadJob<'a> {
+    states: Vec<&'a mut [f32]>,
+    outs: Vec<&'a mut [f32]>,
+}
+
+multiversion! {
+    /// Depthwise causal conv of one lane and SiLU: `taps` is `[kernel][conv_dim]` (tap-major, so
+    /// every loop runs along the channels), `hist` the previous `kernel − 1` inputs oldest first.
+    /// Per channel: `w[last]·x`, then `+ w[j]·hist[j]` in order of `j`, then SiLU.
+    fn conv_silu(taps: &[f32], hist: &[f32], x: &[f32], y: &mut [f32]) = conv_silu_body {
+        let cd = x.len();
+        let last = &taps[taps.len() - cd..];
+        for ((y, &w), &x) in y.iter_mut().zip(last).zip(x) {
+            *y = w * x;
+        }
+        for (h, w) in hist.chunks_exact(cd).zip(taps.chunks_exact(cd)) {
+            for ((y, &w), &h) in y.iter_mut().zip(w).zip(h) {
+                *y += w * h;
+            }
+        }
+        for y in y.iter_mut() {
+            *y = silu(*y);
+        }
+    }
+}
+
+// The delta rule on one head's state S (`[dk][dv]`, row i belongs to key channel i) for one
+// token: decay `S ← g·S`, `u = Sᵀk`, `δ = β(v − u)`, `S ← S + k·δᵀ`, readout `o = Sᵀq`. Split
+// into passes over S so that consecutive tokens of a session can share one (see
+// `GatedDeltaNet::forward`); every element sees the same operations in the same order either way.
+
+multiversion! {
+    /// First pass of a token: `S ← decay·S` and `u = Sᵀk`.
+    fn decay_project(sm: &mut [f32], k: &[f32], decay: f32, u: &mut [f32]) = decay_project_body {
+        let dv = u.len();
+        u.fill(0.0);
+        for (row, &ki) in sm.chunks_exact_mut(dv).zip(k) {
+            for (sij, uj) in row.iter_mut().zip(u.iter_mut()) {
+                *sij *= decay;
+                *uj += *sij * ki;
+            }
+        }
+    }
+}
+
+multiversion! {
+    /// Last pass of a token: `S ← S + k·δᵀ` and `o = Sᵀq`.
+    fn update(sm: &mut [f32], k: &[f32], q: &[f32], delta: &[f32], o: &mut [f32]) = update_body {
+        let dv = o.len();
+        o.fill(0.0);
+        for ((row, &ki), &qi) in sm.chunks_exact_mut(dv).zip(k).zip(q) {
+            for ((sij, &dj), oj) in row.iter_mut().zip(delta).zip(o.iter_mut()) {
+                *sij += ki * dj;
+                *oj += *sij * qi;
+            }
+        }
+    }
+}
+
+multiversion! {
+    /// [`update`] of one token fused with [`decay_project`] of the session's next token
+    /// (`next` = its k and decay, into `u_next`).
+    fn update_then_project(
+        sm: &mut [f32],
+        k: &[f32],
+        q: &[f32],
+        delta: &[f32],
+        o: &mut [f32],
+        next: (&[f32], f32),
+        u_next: &mut [f32],
+    ) = update_then_project_body {
+        let (k_next, decay_next) = next;
+        let dv = o.len();
+        o.fill(0.0);
+        u_next.fill(0.0);
+        for (((row, &ki), &qi), &kn) in sm.chunks_exact_mut(dv).zip(k).zip(q).zip(k_next) {
+            for (((sij, &dj), oj), un) in row.iter_mut().zip(delta).zip(o.iter_mut()).zip(u_next.iter_mut()) {
+                *sij += ki * dj;
+                *oj += *sij * qi;
+                *sij *= decay_next;
+                *un += *sij * kn;
+            }
+        }
+    }
+}
+
+multiversion! {
+    /// Gated RMSNorm of one head's output in place: `rmsnorm(o) ⊙ w ⊙ silu(z)` (mean of squares
+    /// summed in f64).
+    fn gated_norm(o: &mut [f32], w: &[f32], z: &[f32], eps: f32) = gated_norm_body {
+        let ms = o.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>() / o.len() as f64;
+        let r = 1.0 / (ms as f32 + eps).sqrt();
+        for ((oj, &w), &zj) in o.iter_mut().zip(w).zip(z) {
+            *oj = (*oj * r) * w * silu(zj);
+        }
     }
 }
 

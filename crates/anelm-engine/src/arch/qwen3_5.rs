@@ -568,7 +568,8 @@ impl LanguageModel for Qwen35 {
         let mut attn = Batch::zeros(n, q_dim);
         let mut mixed = Batch::zeros(n, vw);
         let mut y = Batch::default();
-        let mut conv = vec![0.0f32; cfg.deltanet.conv_dim()];
+        let mut conv = Batch::default();
+        let lane_items: Vec<usize> = lanes.iter().map(|l| l.item).collect();
         for (li, layer) in self.layers.iter().enumerate() {
             for lane in 0..n {
                 rms_norm(x.lane(lane), &layer.input_norm, eps, 0.0, xn.lane_mut(lane));
@@ -576,11 +577,14 @@ impl LanguageModel for Qwen35 {
             match &layer.mixer {
                 Mixer::Linear { proj: p, net, out } => {
                     p.run(&[&xn], &mut proj)?;
-                    // Token by token within each session (lanes are in position order).
-                    for (lane, l) in lanes.iter().enumerate() {
-                        let st = &mut items[l.item].session.recurrent[li];
-                        net.step(st, proj.lane(lane), &mut conv, mixed.lane_mut(lane));
-                    }
+                    let mut states = items
+                        .iter_mut()
+                        .map(|it| it.session.recurrent.get_mut(li))
+                        .collect::<Option<Vec<&mut RecurrentLayer>>>()
+                        .ok_or_else(|| {
+                            EngineError::Config("a session of another model was passed to Qwen3.5".into())
+                        })?;
+                    net.forward(&mut states, &lane_items, &proj, &mut conv, &mut mixed)?;
                     out.run(&[&mixed, &x], &mut y)?;
                 }
                 Mixer::Attention {
