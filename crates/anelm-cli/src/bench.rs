@@ -410,9 +410,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let size_mib = std::fs::metadata(&path)
-        .map(|m| m.len() as f64 / (1 << 20) as f64)
-        .unwrap_or(0.0);
+    let size_mib = model_bytes(&path) as f64 / (1 << 20) as f64;
     let threads = rayon::current_num_threads();
     let isa = anelm_kernels::Isa::best().name();
     let weight_bytes = streamed_weight_bytes(&path);
@@ -476,4 +474,21 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Bytes of a model on disk: the file, or for a Hugging Face directory its `.safetensors` files.
+fn model_bytes(path: &std::path::Path) -> u64 {
+    if !path.is_dir() {
+        return std::fs::metadata(path).map_or(0, |m| m.len());
+    }
+    std::fs::read_dir(path)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
 }
