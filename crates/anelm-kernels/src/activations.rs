@@ -59,6 +59,48 @@ fn quantize_block_avx2(src: &[f32], q: &mut [i8]) -> (f32, i32) {
 
 /// Q8_0/Q8_1 blocks of `x` into `q` (one per value), `d` and `bsums` (one per block), and `s`
 /// (`d·Σq` per block) when it is not empty.
+/// Q8_0/Q8_1 blocks per task when a long activation (a prefill chunk's) is quantised across the
+/// kernel pool; shorter ones run on the caller's thread. Every block is quantised on its own,
+/// so the split gives the same bytes.
+const PARALLEL_Q8_BLOCKS: usize = 512;
+
+/// Q8_K blocks per task, likewise.
+const PARALLEL_Q8K_BLOCKS: usize = 64;
+
+/// One task's share of a Q8_K quantisation: values, quants, scales, 16-value sums.
+type Q8kPart<'a> = (&'a [f32], &'a mut [i8], &'a mut [f32], &'a mut [i32]);
+
+/// One task's share of a Q8_0/Q8_1 quantisation: values, quants, scales, scaled sums, sums.
+type Q8Part<'a> = (&'a [f32], &'a mut [i8], &'a mut [f32], &'a mut [f32], &'a mut [i32]);
+
+/// [`quantize_q8_blocks`], split across the kernel pool when there are enough blocks.
+fn quantize_q8_blocks_on_pool(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32], bsums: &mut [i32]) {
+    let blocks = x.len() / 32;
+    if blocks < 2 * PARALLEL_Q8_BLOCKS || crate::pool::global().threads() < 2 {
+        return quantize_q8_blocks(x, q, d, s, bsums);
+    }
+    let n = blocks.div_ceil(PARALLEL_Q8_BLOCKS);
+    let s_parts: Vec<&mut [f32]> = if s.is_empty() {
+        (0..n).map(|_| <&mut [f32]>::default()).collect()
+    } else {
+        s.chunks_mut(PARALLEL_Q8_BLOCKS).collect()
+    };
+    let parts: Vec<std::sync::Mutex<Q8Part<'_>>> = x
+        .chunks(32 * PARALLEL_Q8_BLOCKS)
+        .zip(q.chunks_mut(32 * PARALLEL_Q8_BLOCKS))
+        .zip(d.chunks_mut(PARALLEL_Q8_BLOCKS))
+        .zip(s_parts)
+        .zip(bsums.chunks_mut(PARALLEL_Q8_BLOCKS))
+        .map(|((((x, q), d), s), b)| std::sync::Mutex::new((x, q, d, s, b)))
+        .collect();
+    crate::pool::global().run(parts.len(), &|i| {
+        if let Ok(mut part) = parts[i].lock() {
+            let (x, q, d, s, b) = &mut *part;
+            quantize_q8_blocks(x, q, d, s, b);
+        }
+    });
+}
+
 fn quantize_q8_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32], bsums: &mut [i32]) {
     let with_sums = !s.is_empty();
     #[cfg(target_arch = "x86_64")]
@@ -86,6 +128,35 @@ fn quantize_q8_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32], bsu
         if with_sums {
             s[b] = rs;
         }
+    }
+}
+
+/// Q8_K as ggml's reference, block by block: scale from the signed value of largest magnitude,
+/// iscale = −127/max; `bsums` gets each 16 values' sum.
+fn quantize_q8k_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], bsums: &mut [i32]) {
+    for (b, src) in x.chunks_exact(256).enumerate() {
+        let (mut amax, mut max) = (0.0f32, 0.0f32);
+        for &v in src {
+            if v.abs() > amax {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        let q = &mut q[256 * b..256 * b + 256];
+        if amax == 0.0 {
+            q.fill(0);
+            d[b] = 0.0;
+            bsums[16 * b..16 * b + 16].fill(0);
+            continue;
+        }
+        let iscale = -127.0 / max;
+        for (dst, &v) in q.iter_mut().zip(src) {
+            *dst = (round_even_small(iscale * v) as i32).min(127) as i8;
+        }
+        for j in 0..16 {
+            bsums[16 * b + j] = q[16 * j..16 * j + 16].iter().map(|&v| i32::from(v)).sum();
+        }
+        d[b] = 1.0 / iscale;
     }
 }
 
@@ -356,7 +427,7 @@ impl Activations {
         self.d.resize(blocks, 0.0);
         self.s.resize(if with_sums { blocks } else { 0 }, 0.0);
         self.bsums.resize(blocks, 0);
-        quantize_q8_blocks(x, &mut self.q, &mut self.d, &mut self.s, &mut self.bsums);
+        quantize_q8_blocks_on_pool(x, &mut self.q, &mut self.d, &mut self.s, &mut self.bsums);
         self.neg_offsets.clear();
         if !with_sums {
             // |Σq| ≤ 32 · 127, so −128·Σq fits an i32 with room to spare.
@@ -375,29 +446,23 @@ impl Activations {
         self.q.resize(x.len(), 0);
         self.d.resize(blocks, 0.0);
         self.bsums.resize(blocks * 16, 0);
-        for (b, src) in x.chunks_exact(256).enumerate() {
-            let (mut amax, mut max) = (0.0f32, 0.0f32);
-            for &v in src {
-                if v.abs() > amax {
-                    amax = v.abs();
-                    max = v;
+        let (q, d, bsums) = (&mut self.q, &mut self.d, &mut self.bsums);
+        if blocks >= 2 * PARALLEL_Q8K_BLOCKS && crate::pool::global().threads() > 1 {
+            let parts: Vec<std::sync::Mutex<Q8kPart<'_>>> = x
+                .chunks(256 * PARALLEL_Q8K_BLOCKS)
+                .zip(q.chunks_mut(256 * PARALLEL_Q8K_BLOCKS))
+                .zip(d.chunks_mut(PARALLEL_Q8K_BLOCKS))
+                .zip(bsums.chunks_mut(16 * PARALLEL_Q8K_BLOCKS))
+                .map(|(((x, q), d), b)| std::sync::Mutex::new((x, q, d, b)))
+                .collect();
+            crate::pool::global().run(parts.len(), &|i| {
+                if let Ok(mut part) = parts[i].lock() {
+                    let (x, q, d, b) = &mut *part;
+                    quantize_q8k_blocks(x, q, d, b);
                 }
-            }
-            let q = &mut self.q[256 * b..256 * b + 256];
-            if amax == 0.0 {
-                q.fill(0);
-                self.d[b] = 0.0;
-                self.bsums[16 * b..16 * b + 16].fill(0);
-                continue;
-            }
-            let iscale = -127.0 / max;
-            for (dst, &v) in q.iter_mut().zip(src) {
-                *dst = (round_even_small(iscale * v) as i32).min(127) as i8;
-            }
-            for j in 0..16 {
-                self.bsums[16 * b + j] = q[16 * j..16 * j + 16].iter().map(|&v| i32::from(v)).sum();
-            }
-            self.d[b] = 1.0 / iscale;
+            });
+        } else {
+            quantize_q8k_blocks(x, q, d, bsums);
         }
         self.kpairs.clear();
         self.sub_offsets.clear();
@@ -591,6 +656,9 @@ mod tests {
             (WeightFormat::Q4_1, 4, 576),
             (WeightFormat::Q8_0, 3, 1536),
             (WeightFormat::Q4_1, 37, 64),
+            // Prefill-sized: split across the kernel pool (≥ 2 × PARALLEL_Q8_BLOCKS blocks).
+            (WeightFormat::Q8_0, 64, 1024),
+            (WeightFormat::Q4_1, 40, 1024),
         ] {
             let x: Vec<f32> = (0..lanes * cols)
                 .map(|_| {
@@ -614,6 +682,43 @@ mod tests {
                 } else {
                     assert!(all.s.is_empty());
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn q8k_lanes_quantised_together_equal_each_lane_alone() {
+        // Q8_K (K-quant weights), decode-sized and split across the kernel pool
+        // (≥ 2 × PARALLEL_Q8K_BLOCKS blocks): each lane as on its own, bit for bit.
+        use super::Activations;
+        use crate::format::WeightFormat;
+        let mut seed = 11u64;
+        for (fmt, lanes, cols) in [
+            (WeightFormat::Q4_K, 2, 512),
+            (WeightFormat::Q4_K, 64, 1024),
+            (WeightFormat::Q6_K, 33, 2048),
+        ] {
+            let x: Vec<f32> = (0..lanes * cols)
+                .map(|_| {
+                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    (seed >> 40) as f32 / (1u64 << 24) as f32 * 6.0 - 3.0
+                })
+                .collect();
+            let mut all = Activations::new();
+            all.quantize(fmt, &x, lanes, cols).expect("quantize");
+            let nb = cols / 256;
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            for l in 0..lanes {
+                let mut one = Activations::new();
+                one.quantize(fmt, &x[l * cols..(l + 1) * cols], 1, cols)
+                    .expect("quantize");
+                assert_eq!(all.q[l * cols..(l + 1) * cols], one.q[..], "{fmt:?} lane {l}");
+                assert_eq!(
+                    all.bsums[16 * l * nb..16 * (l + 1) * nb],
+                    one.bsums[..],
+                    "{fmt:?} lane {l}"
+                );
+                assert_eq!(bits(&all.d[l * nb..(l + 1) * nb]), bits(&one.d), "{fmt:?} lane {l}");
             }
         }
     }
