@@ -645,6 +645,24 @@ mod tests {
         }
     }
 
+    /// `lanes × cols` values in [−3, 3) from `seed`, and their activations for `fmt`.
+    fn quantised_batch(
+        seed: &mut u64,
+        fmt: crate::format::WeightFormat,
+        lanes: usize,
+        cols: usize,
+    ) -> (Vec<f32>, super::Activations) {
+        let x: Vec<f32> = (0..lanes * cols)
+            .map(|_| {
+                *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                (*seed >> 40) as f32 / (1u64 << 24) as f32 * 6.0 - 3.0
+            })
+            .collect();
+        let mut all = super::Activations::new();
+        all.quantize(fmt, &x, lanes, cols).expect("quantize");
+        (x, all)
+    }
+
     #[test]
     fn lanes_quantised_together_equal_each_lane_alone() {
         // Each lane of a batch comes out as it does on its own (Q8_0 and Q8_1, decode- and
@@ -660,14 +678,7 @@ mod tests {
             (WeightFormat::Q8_0, 64, 1024),
             (WeightFormat::Q4_1, 40, 1024),
         ] {
-            let x: Vec<f32> = (0..lanes * cols)
-                .map(|_| {
-                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                    (seed >> 40) as f32 / (1u64 << 24) as f32 * 6.0 - 3.0
-                })
-                .collect();
-            let mut all = Activations::new();
-            all.quantize(fmt, &x, lanes, cols).expect("quantize");
+            let (x, all) = quantised_batch(&mut seed, fmt, lanes, cols);
             let nb = cols / 32;
             for l in 0..lanes {
                 let mut one = Activations::new();
@@ -698,14 +709,7 @@ mod tests {
             (WeightFormat::Q4_K, 64, 1024),
             (WeightFormat::Q6_K, 33, 2048),
         ] {
-            let x: Vec<f32> = (0..lanes * cols)
-                .map(|_| {
-                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                    (seed >> 40) as f32 / (1u64 << 24) as f32 * 6.0 - 3.0
-                })
-                .collect();
-            let mut all = Activations::new();
-            all.quantize(fmt, &x, lanes, cols).expect("quantize");
+            let (x, all) = quantised_batch(&mut seed, fmt, lanes, cols);
             let nb = cols / 256;
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             for l in 0..lanes {
