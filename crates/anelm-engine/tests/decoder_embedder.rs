@@ -11,13 +11,13 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use anelm_engine::backend::{Backend, Kernel, KernelSpec};
+use anelm_engine::backend::Backend;
 use anelm_engine::{CpuBackend, Embedder, EngineError};
 use anelm_model::tensor_store::TensorStore;
 use serde_json::Value;
 
 mod common;
-use common::cosine;
+use common::{NarrowCpu, cosine, embedding_cases};
 
 fn model_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/embeddings/qwen3-embedder")
@@ -26,49 +26,6 @@ fn model_dir() -> PathBuf {
 fn reference() -> Value {
     let text = std::fs::read_to_string(model_dir().join("reference.json")).expect("read reference.json");
     serde_json::from_str(&text).expect("reference JSON")
-}
-
-struct Case {
-    text: String,
-    ids: Vec<u32>,
-    embedding: Vec<f32>,
-}
-
-fn cases(v: &Value) -> Vec<Case> {
-    v.as_array()
-        .expect("cases")
-        .iter()
-        .map(|c| Case {
-            text: c["text"].as_str().expect("text").to_string(),
-            ids: c["token_ids"]
-                .as_array()
-                .expect("ids")
-                .iter()
-                .map(|i| i.as_u64().expect("id") as u32)
-                .collect(),
-            embedding: c["embedding"]
-                .as_array()
-                .expect("embedding")
-                .iter()
-                .map(|x| x.as_f64().expect("value") as f32)
-                .collect(),
-        })
-        .collect()
-}
-
-/// The CPU backend with 32-lane dispatches.
-struct NarrowCpu(CpuBackend);
-
-impl Backend for NarrowCpu {
-    fn name(&self) -> &str {
-        "cpu-32"
-    }
-    fn max_lanes(&self) -> usize {
-        32
-    }
-    fn compile(&self, spec: &KernelSpec, weights: &Arc<dyn TensorStore>) -> anelm_engine::Result<Box<dyn Kernel>> {
-        self.0.compile(spec, weights)
-    }
 }
 
 fn check(backend: &dyn Backend, label: &str) {
@@ -85,7 +42,7 @@ fn check(backend: &dyn Backend, label: &str) {
 
     for (key, instruction) in [("texts", None), ("query_texts", Some(prompt.to_string()))] {
         emb.set_instruction(instruction.clone()).expect("set the instruction");
-        let cases = cases(&fx[key]);
+        let cases = embedding_cases(&fx[key]);
         let lens: Vec<usize> = cases.iter().map(|c| c.ids.len()).collect();
         let (min, max) = (lens.iter().min().copied(), lens.iter().max().copied());
         assert!(
@@ -167,7 +124,7 @@ fn decoder_mean_and_first_token_pooling_follow_from_causality() {
     let store: Arc<dyn TensorStore> = Arc::new(SafetensorsDir::open(&dir).expect("open"));
     let trunk = DecoderTrunk::load(&hf, store, &NarrowCpu(CpuBackend::new()), &mut |_, _| {}).expect("load trunk");
     let fx = reference();
-    let long = cases(&fx["texts"])
+    let long = embedding_cases(&fx["texts"])
         .into_iter()
         .map(|c| c.ids)
         .max_by_key(Vec::len)

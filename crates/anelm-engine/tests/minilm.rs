@@ -8,14 +8,13 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use anelm_engine::backend::{Backend, Kernel, KernelSpec};
+use anelm_engine::backend::Backend;
 use anelm_engine::default_model::cache_dir;
 use anelm_engine::{CpuBackend, Embedder, EngineError};
-use anelm_model::tensor_store::TensorStore;
 use serde_json::Value;
 
 mod common;
-use common::cosine;
+use common::{NarrowCpu, cosine, embedding_cases};
 
 const FETCH: &str = "scripts/fetch-minilm.sh";
 
@@ -32,51 +31,6 @@ fn model_dir() -> PathBuf {
 fn fixture() -> Value {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/embeddings/minilm.json");
     serde_json::from_str(&std::fs::read_to_string(path).expect("read the fixture")).expect("fixture JSON")
-}
-
-struct Case {
-    text: String,
-    ids: Vec<u32>,
-    embedding: Vec<f32>,
-}
-
-fn cases(fx: &Value) -> Vec<Case> {
-    fx["texts"]
-        .as_array()
-        .expect("texts")
-        .iter()
-        .map(|c| Case {
-            text: c["text"].as_str().expect("text").to_string(),
-            ids: c["token_ids"]
-                .as_array()
-                .expect("token_ids")
-                .iter()
-                .map(|v| v.as_u64().expect("id") as u32)
-                .collect(),
-            embedding: c["embedding"]
-                .as_array()
-                .expect("embedding")
-                .iter()
-                .map(|v| v.as_f64().expect("value") as f32)
-                .collect(),
-        })
-        .collect()
-}
-
-/// The CPU backend with the Neural Engine's 32-lane dispatches, so the encoder's splitting of a
-/// forward into backend-sized pieces is exercised.
-struct NarrowCpu(CpuBackend);
-
-impl Backend for NarrowCpu {
-    fn name(&self) -> &str {
-        "cpu-32"
-    }
-    fn max_lanes(&self) -> usize {
-        32
-    }
-    fn compile(&self, spec: &KernelSpec, weights: &Arc<dyn TensorStore>) -> anelm_engine::Result<Box<dyn Kernel>> {
-        self.0.compile(spec, weights)
-    }
 }
 
 /// The exact CPU backend (f32 weights × f32 activations).
@@ -98,7 +52,7 @@ fn minilm_on_the_bf16_fast_path_matches_sentence_transformers() {
 
 fn check_against_fixture(backend: &dyn Backend, label: &str) {
     let fx = fixture();
-    let cases = cases(&fx);
+    let cases = embedding_cases(&fx["texts"]);
     assert!(cases.len() >= 20, "the fixture should hold at least 20 texts");
     let max = fx["max_seq_length"].as_u64().expect("max_seq_length") as usize;
     assert!(
@@ -152,7 +106,7 @@ fn check_against_fixture(backend: &dyn Backend, label: &str) {
 #[test]
 fn minilm_splits_forwards_and_lanes() {
     let fx = fixture();
-    let cases = cases(&fx);
+    let cases = embedding_cases(&fx["texts"]);
     let narrow = Embedder::load(&model_dir(), &NarrowCpu(CpuBackend::for_embeddings())).expect("load");
     // 250 texts, about 10k tokens: several forwards of TOKENS_PER_FORWARD tokens, each run in
     // 32-lane pieces.
@@ -186,7 +140,7 @@ fn minilm_on_the_emulated_neural_engine_matches_the_cpu() {
     use anelm_ane::EmuAne;
     use anelm_engine::{AneBackend, AneOptions};
     let fx = fixture();
-    let cases = cases(&fx);
+    let cases = embedding_cases(&fx["texts"]);
     let texts: Vec<&str> = cases.iter().map(|c| c.text.as_str()).collect();
     let cpu = Embedder::load(&model_dir(), &CpuBackend::new()).expect("load on the CPU");
     let backend = AneBackend::new(Arc::new(EmuAne::default()), AneOptions::default());

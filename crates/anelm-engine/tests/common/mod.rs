@@ -168,3 +168,54 @@ pub fn check_greedy_until_near_tie(lm: &LoadedModel, fx: &Value, noise_margin: f
         }
     }
 }
+
+/// One text of an embedding fixture: its token ids and the reference embedding.
+pub struct EmbeddingCase {
+    pub text: String,
+    pub ids: Vec<u32>,
+    pub embedding: Vec<f32>,
+}
+
+/// The cases of an embedding fixture's array (each `{"text", "token_ids", "embedding"}`).
+pub fn embedding_cases(cases: &Value) -> Vec<EmbeddingCase> {
+    cases
+        .as_array()
+        .expect("an array of cases")
+        .iter()
+        .map(|c| EmbeddingCase {
+            text: c["text"].as_str().expect("text").to_string(),
+            ids: c["token_ids"]
+                .as_array()
+                .expect("token_ids")
+                .iter()
+                .map(|v| v.as_u64().expect("id") as u32)
+                .collect(),
+            embedding: c["embedding"]
+                .as_array()
+                .expect("embedding")
+                .iter()
+                .map(|v| v.as_f64().expect("value") as f32)
+                .collect(),
+        })
+        .collect()
+}
+
+/// The CPU backend with the Neural Engine's 32-lane dispatches, so a model's splitting of a
+/// forward into backend-sized pieces is exercised.
+pub struct NarrowCpu(pub anelm_engine::CpuBackend);
+
+impl anelm_engine::backend::Backend for NarrowCpu {
+    fn name(&self) -> &str {
+        "cpu-32"
+    }
+    fn max_lanes(&self) -> usize {
+        32
+    }
+    fn compile(
+        &self,
+        spec: &anelm_engine::backend::KernelSpec,
+        weights: &std::sync::Arc<dyn anelm_model::tensor_store::TensorStore>,
+    ) -> anelm_engine::Result<Box<dyn anelm_engine::backend::Kernel>> {
+        self.0.compile(spec, weights)
+    }
+}
