@@ -22,6 +22,7 @@ use anelm_model::tensor_store::TensorStore;
 use serde_json::Value;
 
 use crate::arch::attention::Attention;
+use crate::arch::lm_head::compile_lm_head;
 use crate::arch::step::{commit_tokens, embed_lanes, plan_lanes, wanted_lanes};
 use crate::backend::{Backend, Kernel, KernelSpec, WeightId};
 use crate::batch::Batch;
@@ -367,20 +368,7 @@ impl Gemma3 {
         } else {
             naming.global("embed")
         };
-        let lm_head = backend.compile(
-            &KernelSpec::LmHead {
-                w: WeightId::new(head_name.clone()),
-            },
-            store,
-        )?;
-        if lm_head.shape().output != cfg.vocab_size || lm_head.shape().input != h {
-            return Err(EngineError::Config(format!(
-                "LM head '{head_name}' is {}×{}, expected {}×{h}",
-                lm_head.shape().output,
-                lm_head.shape().input,
-                cfg.vocab_size
-            )));
-        }
+        let lm_head = compile_lm_head(backend, store, &head_name, cfg.vocab_size, h)?;
         progress(n_layers + 1, n_layers + 1);
         let attn = |window: Option<usize>| Attention {
             n_heads: cfg.n_heads,

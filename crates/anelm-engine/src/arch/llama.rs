@@ -9,6 +9,7 @@ use anelm_model::hf_config::HfConfig;
 use anelm_model::tensor_store::TensorStore;
 
 use crate::arch::attention::Attention;
+use crate::arch::lm_head::compile_lm_head;
 use crate::arch::step::{commit_tokens, embed_lanes, plan_lanes, wanted_lanes};
 use crate::backend::{Backend, Kernel, KernelSpec, WeightId};
 use crate::batch::Batch;
@@ -333,21 +334,7 @@ impl Llama {
             } else {
                 naming.embed()
             };
-            let lm_head = backend.compile(
-                &KernelSpec::LmHead {
-                    w: WeightId::new(head_name),
-                },
-                store,
-            )?;
-            if lm_head.shape().output != cfg.vocab_size || lm_head.shape().input != h {
-                return Err(EngineError::Config(format!(
-                    "LM head '{head_name}' is {}×{}, expected {}×{h}",
-                    lm_head.shape().output,
-                    lm_head.shape().input,
-                    cfg.vocab_size
-                )));
-            }
-            Some(lm_head)
+            Some(compile_lm_head(backend, store, head_name, cfg.vocab_size, h)?)
         } else {
             None
         };

@@ -7,5 +7,6 @@ pub mod bert_tensors;
 pub mod deltanet;
 pub mod gemma3;
 pub mod llama;
+pub(crate) mod lm_head;
 pub mod qwen3_5;
 pub(crate) mod step;

@@ -25,6 +25,7 @@ use serde_json::Value;
 
 use crate::arch::attention::Attention;
 use crate::arch::deltanet::{DeltaNetShape, GatedDeltaNet, VHeadOrder};
+use crate::arch::lm_head::compile_lm_head;
 use crate::arch::step::{commit_tokens, embed_lanes, plan_lanes, wanted_lanes};
 use crate::backend::{Backend, Kernel, KernelSpec, WeightId};
 use crate::batch::Batch;
@@ -475,17 +476,7 @@ impl Qwen35 {
         } else {
             embed_name
         };
-        let lm_head = compile(KernelSpec::LmHead {
-            w: WeightId::new(head_name.clone()),
-        })?;
-        if lm_head.shape().output != cfg.vocab_size || lm_head.shape().input != h {
-            return Err(EngineError::Config(format!(
-                "LM head '{head_name}' is {}×{}, expected {}×{h}",
-                lm_head.shape().output,
-                lm_head.shape().input,
-                cfg.vocab_size
-            )));
-        }
+        let lm_head = compile_lm_head(backend, store, &head_name, cfg.vocab_size, h)?;
         progress(n_layers + 1, n_layers + 1);
         let info = ModelInfo {
             architecture: "qwen3_5".into(),
