@@ -7,20 +7,8 @@
 
 use anelm_kernels::{Bf16Activations, Bf16Matrix, KernelError, round_bf16};
 
-struct Rng(u64);
-impl Rng {
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                self.0 = self
-                    .0
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
-}
+mod common;
+use common::Rng;
 
 /// |got − want| within f32 summation error: a few ulps of the sum of |terms|.
 fn close(got: f32, want: f32, abs_sum: f64, cols: usize) -> bool {

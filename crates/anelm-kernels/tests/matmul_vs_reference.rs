@@ -1,30 +1,11 @@
 //! Every format: matmul (activation quantised to the weight's dot format) against the f64
 //! reference dot on random data, lanes agreeing exactly, and size errors instead of panics.
 
-use anelm_kernels::{Activations, WeightFormat, dot_reference, matmul, quantize_row};
+use anelm_kernels::{Activations, WeightFormat, dot_reference, matmul};
 
-struct Rng(u64);
-impl Rng {
-    fn f(&mut self) -> f32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.f()).collect()
-    }
-}
-
-fn encode(fmt: WeightFormat, w: &[f32], rows: usize, cols: usize) -> Vec<u8> {
-    let rb = fmt.row_bytes(cols).unwrap();
-    let mut out = vec![0u8; rb * rows];
-    for r in 0..rows {
-        quantize_row(fmt, &w[r * cols..(r + 1) * cols], &mut out[r * rb..(r + 1) * rb]).unwrap();
-    }
-    out
-}
+mod common;
+use common::Rng;
+use common::encode;
 
 #[test]
 fn matmul_matches_reference_dot_for_every_format() {

@@ -5,33 +5,12 @@
 //! of 256. Packing refuses what it has no kernel for.
 
 use anelm_kernels::{
-    Activations, Isa, PACK_ROWS, PackedMatrix, WIDE_GROUP_ROWS, WeightFormat, matmul_with, quantize_row,
-    wide_kernel_available,
+    Activations, Isa, PACK_ROWS, PackedMatrix, WIDE_GROUP_ROWS, WeightFormat, matmul_with, wide_kernel_available,
 };
 
-struct Rng(u64);
-impl Rng {
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                self.0 = self
-                    .0
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
-}
-
-fn encode(fmt: WeightFormat, w: &[f32], rows: usize, cols: usize) -> Vec<u8> {
-    let rb = fmt.row_bytes(cols).expect("row bytes");
-    let mut out = vec![0u8; rb * rows];
-    for r in 0..rows {
-        quantize_row(fmt, &w[r * cols..(r + 1) * cols], &mut out[r * rb..(r + 1) * rb]).expect("quantize");
-    }
-    out
-}
+mod common;
+use common::Rng;
+use common::encode;
 
 #[test]
 fn packed_kernels_match_the_scalar_reference() {

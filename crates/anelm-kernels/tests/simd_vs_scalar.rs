@@ -4,30 +4,11 @@
 //! 1e-5 relative to the magnitude of the sum plus its terms' scale. A wrong block, scale, nibble
 //! order or sign is off by whole units and fails.
 
-use anelm_kernels::{Activations, Isa, WeightFormat, matmul_with, quantize_row};
+use anelm_kernels::{Activations, Isa, WeightFormat, matmul_with};
 
-struct Rng(u64);
-impl Rng {
-    fn f(&mut self) -> f32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.f()).collect()
-    }
-}
-
-fn encode(fmt: WeightFormat, w: &[f32], rows: usize, cols: usize) -> Vec<u8> {
-    let rb = fmt.row_bytes(cols).expect("row bytes");
-    let mut out = vec![0u8; rb * rows];
-    for r in 0..rows {
-        quantize_row(fmt, &w[r * cols..(r + 1) * cols], &mut out[r * rb..(r + 1) * rb]).expect("quantize");
-    }
-    out
-}
+mod common;
+use common::Rng;
+use common::encode;
 
 fn simd_isas() -> Vec<Isa> {
     [Isa::Avx2, Isa::Avx2Vnni, Isa::Neon]
