@@ -35,6 +35,9 @@ use std::path::PathBuf;
 use anelm_engine::{CpuBackend, LanguageModel, LogitsMode, StepItem, load_model_weights};
 use serde_json::Value;
 
+mod common;
+use common::matrix;
+
 /// Largest allowed max |Δlogit| relative to the largest |logit| of the reference.
 const REL_TOL: f64 = 1e-4;
 
@@ -79,20 +82,6 @@ fn ids(v: &Value) -> Vec<u32> {
         .expect("token list")
         .iter()
         .map(|t| u32::try_from(t.as_u64().expect("token id")).expect("token id fits u32"))
-        .collect()
-}
-
-fn matrix(v: &Value) -> Vec<Vec<f32>> {
-    v.as_array()
-        .expect("logit rows")
-        .iter()
-        .map(|r| {
-            r.as_array()
-                .expect("logit row")
-                .iter()
-                .map(|x| x.as_f64().expect("logit") as f32)
-                .collect()
-        })
         .collect()
 }
 

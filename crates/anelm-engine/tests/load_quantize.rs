@@ -22,6 +22,7 @@ mod common;
 use std::path::PathBuf;
 
 use anelm_engine::{CpuBackend, LanguageModel, LoadQuantization, LogitsMode, StepItem, load_model_weights};
+use common::matrix;
 use serde_json::Value;
 
 /// (max |Δ| / max |logit|, lowest cosine) allowed for the attention-only fixtures.
@@ -39,20 +40,6 @@ fn logits_of(model: &dyn LanguageModel, tokens: &[u32]) -> Vec<Vec<f32>> {
         }])
         .expect("forward");
     (0..out.lanes()).map(|i| out.lane(i).to_vec()).collect()
-}
-
-fn matrix(v: &Value) -> Vec<Vec<f32>> {
-    v.as_array()
-        .expect("logit rows")
-        .iter()
-        .map(|r| {
-            r.as_array()
-                .expect("logit row")
-                .iter()
-                .map(|x| x.as_f64().expect("logit") as f32)
-                .collect()
-        })
-        .collect()
 }
 
 /// max |Δ| over all rows ÷ the reference's largest |logit|, and the lowest row cosine.

@@ -219,3 +219,18 @@ impl anelm_engine::backend::Backend for NarrowCpu {
         self.0.compile(spec, weights)
     }
 }
+
+/// A JSON array of rows of numbers (a fixture's logits) as f32 rows.
+pub fn matrix(v: &Value) -> Vec<Vec<f32>> {
+    v.as_array()
+        .expect("logit rows")
+        .iter()
+        .map(|r| {
+            r.as_array()
+                .expect("logit row")
+                .iter()
+                .map(|x| x.as_f64().expect("logit") as f32)
+                .collect()
+        })
+        .collect()
+}
