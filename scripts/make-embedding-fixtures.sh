@@ -4,7 +4,9 @@
 # (scripts/make-embedding-fixtures.py), the reference crates/anelm-engine/tests/minilm.rs checks
 # anelm against; and crates/anelm-engine/tests/fixtures/embeddings/qwen3-embedder/, a tiny
 # random-weight Qwen3 decoder embedder with its reference.json
-# (scripts/make-decoder-embedder-fixture.py, checked by tests/decoder_embedder.rs).
+# (scripts/make-decoder-embedder-fixture.py, checked by tests/decoder_embedder.rs), and the same
+# model as a GGUF in llama.cpp's layout with its pooling type (qwen3-embedder.gguf,
+# scripts/make-decoder-embedder-gguf.py).
 #
 # Creates (once) a virtualenv under the user cache with pinned sentence-transformers, transformers
 # and torch from PyPI. The PyPI torch wheel for Linux is a CUDA build whose import needs the CUDA
@@ -16,6 +18,7 @@ cd "$(dirname "$0")/.."
 TORCH_VERSION="2.15.0"
 TRANSFORMERS_VERSION="5.24.0"
 ST_VERSION="6.2.0"
+GGUF_VERSION="0.19.0"
 
 if [ -n "${XDG_CACHE_HOME:-}" ]; then
   cache="$XDG_CACHE_HOME/anelm"
@@ -25,7 +28,7 @@ else
   cache="$HOME/.cache/anelm"
 fi
 venv="$cache/venv-embeddings"
-stamp="$venv/.anelm-torch-$TORCH_VERSION-transformers-$TRANSFORMERS_VERSION-st-$ST_VERSION"
+stamp="$venv/.anelm-torch-$TORCH_VERSION-transformers-$TRANSFORMERS_VERSION-st-$ST_VERSION-gguf-$GGUF_VERSION"
 
 PY="${PYTHON:-python3}"
 command -v "$PY" >/dev/null 2>&1 || { echo "error: python3 (>= 3.10) is needed (set PYTHON=...)" >&2; exit 1; }
@@ -34,7 +37,7 @@ if [ ! -f "$stamp" ]; then
   echo "creating $venv (torch $TORCH_VERSION, sentence-transformers $ST_VERSION; about 3 GB) ..." >&2
   [ -x "$venv/bin/python" ] || "$PY" -m venv "$venv"
   "$venv/bin/python" -m pip install --disable-pip-version-check \
-    "torch==$TORCH_VERSION" "transformers==$TRANSFORMERS_VERSION" "sentence-transformers==$ST_VERSION" >&2
+    "torch==$TORCH_VERSION" "transformers==$TRANSFORMERS_VERSION" "sentence-transformers==$ST_VERSION" "gguf==$GGUF_VERSION" >&2
   touch "$stamp"
 fi
 
@@ -47,3 +50,4 @@ rm -rf "$qwen"
 HF_HUB_OFFLINE=1 "$venv/bin/python" scripts/make-decoder-embedder-fixture.py "$qwen"
 # sentence-transformers writes a model card; the fixture does not need it.
 rm -f "$qwen/README.md"
+"$venv/bin/python" scripts/make-decoder-embedder-gguf.py "$qwen" "$qwen.gguf"

@@ -80,8 +80,8 @@ pub struct BenchArgs {
     /// Energy: seconds of idle baseline sampled before generating.
     #[arg(long, default_value_t = 5.0)]
     pub energy_idle: f64,
-    /// Benchmark an embedding model instead (--model: a sentence-transformers directory,
-    /// default all-MiniLM-L6-v2): texts/s and tokens/s over --texts short texts.
+    /// Benchmark an embedding model instead (--model: a sentence-transformers directory or an
+    /// embedding GGUF, default all-MiniLM-L6-v2): texts/s and tokens/s over --texts short texts.
     #[arg(long)]
     pub embeddings: bool,
     /// Embedding benchmark: number of texts (10-60 words each).

@@ -30,8 +30,8 @@ pub struct EmbedArgs {
     /// Texts per model call.
     #[arg(long, default_value_t = 256)]
     pub batch: usize,
-    /// The embedding model: a sentence-transformers directory (default: all-MiniLM-L6-v2 in the
-    /// model cache).
+    /// The embedding model: a sentence-transformers directory, or an embedding model's GGUF
+    /// (one with `<arch>.pooling_type`; default: all-MiniLM-L6-v2 in the model cache).
     #[command(flatten)]
     pub model: ModelArgs,
     #[command(flatten)]

@@ -80,8 +80,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SECS")]
     pub idle_unload: Option<u64>,
     /// Also serve /v1/embeddings with this embedding model (a sentence-transformers directory,
-    /// e.g. the one scripts/fetch-minilm.sh installs).
-    #[arg(long, value_name = "DIR")]
+    /// e.g. the one scripts/fetch-minilm.sh installs, or an embedding model's GGUF).
+    #[arg(long, value_name = "PATH")]
     pub embedding_model: Option<PathBuf>,
     #[command(flatten)]
     pub embedding_prompt: EmbeddingPromptArgs,
@@ -139,7 +139,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let path = model_path(&a.model)?;
     let model_id = a.model_id.clone().unwrap_or_else(|| name_of(&path));
     // What /v1/embeddings serves: the --embedding-model, or --model itself when it is one.
-    let embedding_only = Embedder::is_embedding_dir(&path);
+    let embedding_only = Embedder::is_embedding_model(&path);
     if embedding_only && a.embedding_model.is_some() {
         anyhow::bail!("--model is already an embedding model; give --embedding-model only beside a chat model");
     }

@@ -181,3 +181,31 @@ fn a_decoder_embedder_takes_its_prompt_by_name_or_text() {
     assert_eq!(err.trim_end().lines().count(), 1, "one-line error, got: {err}");
     assert!(err.contains("no prompt 'nope'") && err.contains("query"), "{err}");
 }
+
+/// An embedding model's GGUF (the tiny Qwen3 embedder with `qwen3.pooling_type` = last):
+/// `anelm embed` takes it like a directory and writes sentence-transformers' vectors.
+#[test]
+fn an_embedding_gguf_embeds_like_its_directory() {
+    let fixtures = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../anelm-engine/tests/fixtures/embeddings");
+    let v: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixtures.join("qwen3-embedder/reference.json")).expect("reference"),
+    )
+    .expect("json");
+    let cases: Vec<&Value> = v["texts"].as_array().expect("texts").iter().take(3).collect();
+    let texts: Vec<&str> = cases.iter().map(|c| c["text"].as_str().expect("text")).collect();
+    let gguf = fixtures.join("qwen3-embedder.gguf");
+    let mut args = vec!["--model", gguf.to_str().expect("utf-8 path")];
+    args.extend(&texts);
+    let out = lines(&embed(&args, None));
+    assert_eq!(out.len(), cases.len());
+    for ((index, got), case) in out.iter().zip(&cases) {
+        let want: Vec<f64> = case["embedding"]
+            .as_array()
+            .expect("embedding")
+            .iter()
+            .map(|x| x.as_f64().expect("number"))
+            .collect();
+        let cos = cosine(got, &want);
+        assert!(cos >= 0.9999, "text {index}: cosine {cos}");
+    }
+}

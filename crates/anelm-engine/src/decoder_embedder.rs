@@ -10,6 +10,7 @@
 
 use std::sync::Arc;
 
+use anelm_model::gguf::GgufFile;
 use anelm_model::hf_config::HfConfig;
 use anelm_model::tensor_store::TensorStore;
 
@@ -49,10 +50,27 @@ impl DecoderTrunk {
                 store
             };
         let model = Llama::load_trunk(cfg, &store, TensorNaming::HuggingFace, backend, progress)?;
-        Ok(Self {
+        Ok(Self::with_model(model, backend))
+    }
+
+    /// Load a Llama-family GGUF (`qwen3`, `llama`) without its LM head (embedding models'
+    /// GGUFs have none).
+    pub fn load_gguf(
+        gguf: &Arc<GgufFile>,
+        backend: &dyn Backend,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self> {
+        let cfg = LlamaConfig::from_gguf(gguf)?;
+        let store: Arc<dyn TensorStore> = gguf.clone();
+        let model = Llama::load_trunk(cfg, &store, TensorNaming::Gguf, backend, progress)?;
+        Ok(Self::with_model(model, backend))
+    }
+
+    fn with_model(model: Llama, backend: &dyn Backend) -> Self {
+        Self {
             model,
             step_tokens: backend.max_lanes().clamp(1, MAX_STEP_TOKENS),
-        })
+        }
     }
 
     /// Hidden width (the length of one pooled vector per mode).

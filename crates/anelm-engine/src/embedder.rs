@@ -1,6 +1,6 @@
 //! `Embedder`: a sentence-transformers model directory (a BERT encoder, or a Llama-family
-//! decoder such as Qwen3-Embedding; then pooling and optional normalisation) loaded for
-//! embedding texts. Inputs are tokenized (after an optional instruction prefix), packed into
+//! decoder such as Qwen3-Embedding; then pooling and optional normalisation), or a decoder
+//! embedder's GGUF (pooling from its `<arch>.pooling_type`), loaded for embedding texts. Inputs are tokenized (after an optional instruction prefix), packed into
 //! shared forwards (many inputs per forward, never one forward per input, never padded),
 //! pooled and normalised as the directory's `modules.json` says.
 
@@ -8,6 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anelm_model::encoder_tokenizer::EncoderTokenizer;
+use anelm_model::gguf::GgufFile;
 use anelm_model::hf_config::HfConfig;
 use anelm_model::safetensors_dir::SafetensorsDir;
 use anelm_model::sentence_config::SentenceConfig;
@@ -18,7 +19,8 @@ use crate::arch::bert::{Bert, BertConfig, spans};
 use crate::backend::Backend;
 use crate::decoder_embedder::DecoderTrunk;
 use crate::error::{EngineError, Result};
-use crate::pooling::{PoolingMode, l2_normalize, pool};
+use crate::loader::gguf_tokenizer;
+use crate::pooling::{PoolingMode, l2_normalize, pool, pooling_from_gguf};
 
 /// Most tokens one forward packs when the backend's dispatches are shorter than an input (the
 /// Neural Engine's 32 lanes): each kernel then runs the forward in dispatch-sized pieces.
@@ -86,17 +88,32 @@ impl Embedder {
         path.is_dir() && path.join("modules.json").is_file()
     }
 
-    /// Load a sentence-transformers directory, compiling the encoder's kernels on `backend`.
-    pub fn load(dir: &Path, backend: &dyn Backend) -> Result<Self> {
-        Self::load_with_progress(dir, backend, &mut |_, _| {})
+    /// Whether `path` is an embedding model [`Embedder::load`] takes: a sentence-transformers
+    /// directory, or a GGUF file whose metadata names a pooling type (`<arch>.pooling_type`
+    /// other than none), as llama.cpp's converter writes for embedding models.
+    pub fn is_embedding_model(path: &Path) -> bool {
+        if path.is_dir() {
+            return Self::is_embedding_dir(path);
+        }
+        path.is_file() && GgufFile::open(path).is_ok_and(|g| gguf_pooling_code(&g).is_some_and(|c| c != 0))
+    }
+
+    /// Load a sentence-transformers directory or an embedding model's GGUF, compiling the
+    /// model's kernels on `backend`.
+    pub fn load(path: &Path, backend: &dyn Backend) -> Result<Self> {
+        Self::load_with_progress(path, backend, &mut |_, _| {})
     }
 
     /// [`Embedder::load`], calling `progress(done, total)` after each layer.
     pub fn load_with_progress(
-        dir: &Path,
+        path: &Path,
         backend: &dyn Backend,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
+        if path.is_file() {
+            return Self::load_gguf(path, backend, progress);
+        }
+        let dir = path;
         let st = SentenceConfig::from_dir(dir)?.ok_or_else(|| {
             EngineError::Config(format!(
                 "{} has no modules.json: point at a sentence-transformers model directory (scripts/fetch-minilm.sh fetches one)",
@@ -173,6 +190,50 @@ impl Embedder {
         };
         model.set_instruction(instruction)?;
         Ok(model)
+    }
+
+    /// A decoder embedder's GGUF: the Llama-family trunk (`qwen3`, `llama`), the GGUF's
+    /// tokenizer, the pooling its metadata names, and L2 normalisation (GGUF does not record
+    /// a Normalize module; llama.cpp's embeddings endpoint normalises by default, and so do the
+    /// sentence-transformers configs of the models published as GGUF). Inputs may be as long as
+    /// the training context.
+    fn load_gguf(path: &Path, backend: &dyn Backend, progress: &mut dyn FnMut(usize, usize)) -> Result<Self> {
+        let gguf = Arc::new(GgufFile::open(path)?);
+        let arch = gguf.architecture().unwrap_or("").to_string();
+        let code = gguf_pooling_code(&gguf).ok_or_else(|| {
+            EngineError::Config(format!(
+                "{} has no {arch}.pooling_type: it is not an embedding model's GGUF (serve it with --model as a chat model, \
+                 or convert the embedding model with llama.cpp's convert_hf_to_gguf.py)",
+                path.display()
+            ))
+        })?;
+        let pooling = pooling_from_gguf(code)?;
+        if !matches!(arch.as_str(), "qwen3" | "llama") {
+            return Err(EngineError::Config(format!(
+                "embedding GGUFs of architecture '{arch}' are not supported (qwen3 or llama decoders; BERT encoders as a sentence-transformers directory)"
+            )));
+        }
+        let tokenizer = gguf_tokenizer(&gguf)?;
+        let model = DecoderTrunk::load_gguf(&gguf, backend, progress)?;
+        check_vocab(tokenizer.vocab_size(), model.vocab_size())?;
+        let info = EmbedderInfo {
+            architecture: arch,
+            dimensions: model.hidden_size(),
+            max_tokens: model.context_length().max(2),
+            vocab_size: model.vocab_size(),
+            pooling: vec![pooling],
+            normalize: true,
+        };
+        Ok(Self {
+            trunk: Trunk::Decoder {
+                model: Box::new(model),
+                tokenizer: Box::new(tokenizer),
+            },
+            info,
+            prompts: Vec::new(),
+            instruction: None,
+            include_prompt: true,
+        })
     }
 
     /// The text of the model's prompt called `name` (`config_sentence_transformers.json`).
@@ -300,10 +361,16 @@ impl Embedder {
     }
 }
 
+/// `<arch>.pooling_type` of a GGUF, when it has one.
+fn gguf_pooling_code(g: &GgufFile) -> Option<u64> {
+    let arch = g.architecture()?;
+    g.get_u64(&format!("{arch}.pooling_type"))
+}
+
 fn check_vocab(tokenizer: usize, model: usize) -> Result<()> {
     if tokenizer > model {
         return Err(EngineError::Config(format!(
-            "tokenizer.json has {tokenizer} tokens but the model's vocabulary is {model}: the directory mixes two models"
+            "the tokenizer has {tokenizer} tokens but the model's vocabulary is {model}: the files belong to two models"
         )));
     }
     Ok(())

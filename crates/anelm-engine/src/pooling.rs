@@ -6,6 +6,29 @@ use std::ops::Range;
 pub use anelm_model::sentence_config::PoolingMode;
 
 use crate::batch::Batch;
+use crate::error::{EngineError, Result};
+
+/// The pooling a GGUF embedding model asks for in its `<arch>.pooling_type` metadata, in
+/// llama.cpp's numbering (`enum llama_pooling_type`: 0 none, 1 mean, 2 cls, 3 last, 4 rank).
+/// `None` and rank are refused: the first is a model without a sentence vector (a chat model),
+/// the second a reranker, which scores pairs instead of embedding texts.
+pub fn pooling_from_gguf(code: u64) -> Result<PoolingMode> {
+    match code {
+        1 => Ok(PoolingMode::Mean),
+        2 => Ok(PoolingMode::Cls),
+        3 => Ok(PoolingMode::LastToken),
+        0 => Err(EngineError::Config(
+            "the GGUF's pooling_type is 0 (none): it has no sentence embedding; use an embedding model's GGUF".into(),
+        )),
+        4 => Err(EngineError::Config(
+            "the GGUF's pooling_type is 4 (rank): it is a reranker, which anelm does not serve; use an embedding model"
+                .into(),
+        )),
+        other => Err(EngineError::Config(format!(
+            "the GGUF's pooling_type is {other}, which llama.cpp does not define (0 none, 1 mean, 2 cls, 3 last, 4 rank)"
+        ))),
+    }
+}
 
 /// Pool the lanes `span` of `states` with each of `modes`, concatenated in the given order.
 /// `span` must be non-empty.
@@ -57,6 +80,17 @@ pub fn l2_normalize(v: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gguf_pooling_codes_follow_llama_cpp() {
+        assert_eq!(pooling_from_gguf(1).ok(), Some(PoolingMode::Mean));
+        assert_eq!(pooling_from_gguf(2).ok(), Some(PoolingMode::Cls));
+        assert_eq!(pooling_from_gguf(3).ok(), Some(PoolingMode::LastToken));
+        for (code, says) in [(0, "none"), (4, "reranker"), (9, "does not define")] {
+            let err = pooling_from_gguf(code).expect_err("refused").to_string();
+            assert!(err.contains(says), "{code}: {err}");
+        }
+    }
 
     fn states() -> Batch {
         // Three lanes of two channels.

@@ -188,3 +188,59 @@ fn an_instruction_is_refused_when_pooling_leaves_the_prompt_out() {
     emb.set_instruction(None).expect("no instruction is fine");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The same embedder as a GGUF (`fixtures/embeddings/qwen3-embedder.gguf`, written from the
+/// directory by scripts/make-decoder-embedder-gguf.py in llama.cpp's `qwen3` layout with
+/// `qwen3.pooling_type` = 3, last token; llama.cpp's own server reproduces the reference from
+/// it, see docs/field-guide.md): its pooling comes from the metadata, its tokenizer from the
+/// GGUF, and its vectors equal sentence-transformers' for every text, with and without the
+/// query prompt.
+#[test]
+fn qwen3_embedder_gguf_takes_its_pooling_from_the_metadata() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/embeddings/qwen3-embedder.gguf");
+    assert!(Embedder::is_embedding_model(&path));
+    for backend in [&CpuBackend::new() as &dyn Backend, &NarrowCpu(CpuBackend::new())] {
+        let mut emb = Embedder::load(&path, backend).expect("load the GGUF embedder");
+        let info = emb.info().clone();
+        assert_eq!(info.architecture, "qwen3");
+        assert_eq!(info.dimensions, 64);
+        assert_eq!(info.pooling, [anelm_engine::pooling::PoolingMode::LastToken]);
+        assert!(info.normalize);
+        assert_eq!(info.max_tokens, 512, "a GGUF embeds up to its training context");
+        let fx = reference();
+        let prompt = fx["query_prompt"].as_str().expect("query_prompt").to_string();
+        for (key, instruction) in [("texts", None), ("query_texts", Some(prompt))] {
+            emb.set_instruction(instruction).expect("set the instruction");
+            let cases = embedding_cases(&fx[key]);
+            // sentence-transformers truncated at 64 tokens; the GGUF does not, so texts are
+            // compared by their tokens where they were truncated.
+            let untruncated: Vec<_> = cases.iter().filter(|c| c.ids.len() < 64).collect();
+            assert!(untruncated.len() >= 5, "{key}: {} short texts", untruncated.len());
+            let texts: Vec<&str> = untruncated.iter().map(|c| c.text.as_str()).collect();
+            let ids = emb.tokenize(&texts).expect("tokenize");
+            let by_text = emb.embed(&texts).expect("embed texts");
+            for ((c, got), v) in untruncated.iter().zip(&ids).zip(&by_text) {
+                assert_eq!(got, &c.ids, "{key}: token ids of {:?}", c.text);
+                let cos = cosine(v, &c.embedding);
+                assert!(cos >= 0.9999, "{key}: cosine {cos:.7} for {:?}", c.text);
+            }
+            let seqs: Vec<Vec<u32>> = cases.iter().map(|c| c.ids.clone()).collect();
+            for (c, v) in cases.iter().zip(emb.embed_tokens(&seqs).expect("embed tokens")) {
+                let cos = cosine(&v, &c.embedding);
+                assert!(cos >= 0.9999, "{key}: cosine {cos:.7} for the tokens of {:?}", c.text);
+            }
+        }
+    }
+}
+
+/// A chat model's GGUF (no `pooling_type`) is not an embedding model: `is_embedding_model`
+/// says so and loading it as one fails with a message naming the missing key.
+#[test]
+fn a_chat_gguf_is_not_an_embedding_model() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf/qwen3_5.gguf");
+    assert!(!Embedder::is_embedding_model(&path));
+    match Embedder::load(&path, &CpuBackend::new()) {
+        Err(EngineError::Config(m)) => assert!(m.contains("qwen35.pooling_type"), "{m}"),
+        other => panic!("expected a config error, got {:?}", other.map(|e| e.info().clone())),
+    }
+}
