@@ -5,13 +5,17 @@
 //! An encoder is the ANE's best case: every token of a batch is a W-lane, and the texts of a
 //! call are packed (no padding), so every dispatch carries [`LANES`] tokens whatever the texts'
 //! lengths. A step is one dispatch of every kernel for 32 tokens; embeddings/s is tokens/s
-//! divided by the text length. The model counts the dispatches only (fixed cost plus bytes at
-//! the chip's streaming rate, as [`ChipProfile::weights_dispatch_seconds`]); the host's share
-//! (LayerNorm, bias + GELU, and attention, which grows with the text length) is not modelled.
+//! divided by the text length. A step costs its dispatches (fixed cost plus bytes at the chip's
+//! streaming rate, as [`ChipProfile::weights_dispatch_seconds`]) plus the host's work between
+//! them, counted as the decoder plan counts it ([`crate::plan_host`]): the per-dispatch call,
+//! surface packing, and per token the embedding sum, LayerNorms, biases and GELU, and
+//! bidirectional attention over the token's own text, which grows with the text's length.
+//! Nothing overlaps (the evaluate call is synchronous).
 
 use crate::chip::ChipProfile;
 use crate::kernel::AneKernel;
 use crate::plan::{PlanError, PlanOptions};
+use crate::plan_host::{HostRuntime, StepCost, Work, dispatch};
 use crate::surface::LANES;
 
 /// Shapes of a BERT-family encoder (from its `config.json`).
@@ -21,6 +25,8 @@ pub struct EncoderDims {
     pub hidden: usize,
     /// FFN width.
     pub intermediate: usize,
+    /// Attention heads.
+    pub heads: usize,
     /// Encoder layers.
     pub layers: usize,
     /// Longest text in tokens (position table).
@@ -52,10 +58,16 @@ pub struct EncoderPlan {
 /// residual, each one kernel within the device limits.
 pub fn plan_encoder(dims: &EncoderDims, opts: &PlanOptions) -> Result<EncoderPlan, PlanError> {
     let (h, f) = (dims.hidden, dims.intermediate);
-    if h == 0 || f == 0 || dims.layers == 0 || dims.max_positions == 0 {
+    if h == 0 || f == 0 || dims.layers == 0 || dims.max_positions == 0 || dims.heads == 0 {
         return Err(PlanError::BadDims(format!(
-            "hidden {h}, intermediate {f}, layers {} and max positions {} must be positive",
-            dims.layers, dims.max_positions
+            "hidden {h}, intermediate {f}, heads {}, layers {} and max positions {} must be positive",
+            dims.heads, dims.layers, dims.max_positions
+        )));
+    }
+    if !h.is_multiple_of(dims.heads) {
+        return Err(PlanError::BadDims(format!(
+            "hidden {h} does not divide into {} heads",
+            dims.heads
         )));
     }
     let layer = vec![
@@ -118,8 +130,9 @@ impl EncoderPlan {
             * self.dims.layers as u64
     }
 
-    /// Modelled ANE time of one step (every kernel once, 32 tokens), seconds.
-    pub fn step_seconds(&self, chip: &ChipProfile) -> f64 {
+    /// Modelled ANE time of one step (every kernel once, 32 tokens), seconds: the dispatches
+    /// alone, without the host's work.
+    pub fn ane_step_seconds(&self, chip: &ChipProfile) -> f64 {
         let layer: f64 = self
             .layer
             .iter()
@@ -131,20 +144,97 @@ impl EncoderPlan {
         layer * self.dims.layers as f64
     }
 
-    /// Modelled tokens/s with many texts packed into full 32-token steps.
-    pub fn tokens_per_s(&self, chip: &ChipProfile) -> f64 {
-        LANES as f64 / self.step_seconds(chip)
+    /// One step of 32 tokens from texts of `seq_len` tokens, by term: every kernel dispatched
+    /// once for the 32 lanes, and each token's host work.
+    pub fn step_cost(&self, chip: &ChipProfile, seq_len: usize) -> StepCost {
+        let mut cost = StepCost {
+            tokens: LANES,
+            ..StepCost::default()
+        };
+        for _ in 0..self.dims.layers {
+            for k in &self.layer {
+                dispatch(
+                    &mut cost,
+                    &k.kernel,
+                    self.options.weights,
+                    LANES,
+                    chip,
+                    HostRuntime::Anelm,
+                );
+            }
+        }
+        let (elementwise, attention) = self.token_work(seq_len);
+        cost.elementwise = elementwise.seconds(chip) * LANES as f64;
+        cost.attention = attention.seconds(chip) * LANES as f64;
+        cost
+    }
+
+    /// One token's host work for texts of `seq_len` tokens: (elementwise, attention).
+    fn token_work(&self, seq_len: usize) -> (Work, Work) {
+        let d = &self.dims;
+        let (h, f, nh, l) = (
+            d.hidden as f64,
+            d.intermediate as f64,
+            d.heads as f64,
+            seq_len.clamp(1, d.max_positions) as f64,
+        );
+        let hd = h / nh;
+        // A LayerNorm of n: mean, variance, scale and shift (~8 flops); read x, γ, β, write y.
+        let layer_norm = |n: f64| Work {
+            flops: 8.0 * n,
+            bytes: 16.0 * n,
+            ..Work::default()
+        };
+        let mut e = Work::default();
+        // Word + position + type rows summed, then the embedding LayerNorm; pooling and the
+        // final normalisation add one pass over the hidden state per token.
+        e.add(Work {
+            flops: 3.0 * h,
+            bytes: 16.0 * h,
+            ..Work::default()
+        });
+        e.add(layer_norm(h));
+        for _ in 0..d.layers {
+            e.add(layer_norm(h).scaled(2.0));
+            // Biases of q‖k‖v, the output and the down projection; the up projection's bias
+            // and erf GELU (~20 flops) over the FFN width.
+            e.add(Work {
+                flops: 5.0 * h + 21.0 * f,
+                bytes: 8.0 * 5.0 * h + 8.0 * f,
+                ..Work::default()
+            });
+        }
+        // Bidirectional attention over the token's own text: q·k and p·v per head over every
+        // position, softmax; K and V of the text read once per token.
+        let per_layer = Work {
+            flops: nh * l * (4.0 * hd + 5.0),
+            bytes: 2.0 * l * h * 4.0 + nh * l * 8.0,
+            ..Work::default()
+        };
+        let a = per_layer.scaled(d.layers as f64);
+        (e, a)
+    }
+
+    /// Modelled tokens/s with many texts of `seq_len` tokens packed into full 32-token steps,
+    /// host work included.
+    pub fn tokens_per_s(&self, chip: &ChipProfile, seq_len: usize) -> f64 {
+        self.step_cost(chip, seq_len).tok_s()
     }
 
     /// Modelled embeddings/s for texts of `seq_len` tokens, packed (tokens/s ÷ length).
     pub fn embeddings_per_s(&self, chip: &ChipProfile, seq_len: usize) -> f64 {
-        self.tokens_per_s(chip) / seq_len.max(1) as f64
+        self.tokens_per_s(chip, seq_len) / seq_len.max(1) as f64
     }
 
     /// Modelled time of one text of `seq_len` tokens alone (its steps, the last one partly
-    /// empty), seconds.
+    /// empty: the dispatches cost a full step, the host's token work only the text's tokens),
+    /// seconds.
     pub fn single_text_seconds(&self, chip: &ChipProfile, seq_len: usize) -> f64 {
-        seq_len.max(1).div_ceil(LANES) as f64 * self.step_seconds(chip)
+        let seq_len = seq_len.max(1);
+        let c = self.step_cost(chip, seq_len);
+        let per_step = c.ane() + c.host_dispatch + c.surfaces;
+        let per_token = (c.elementwise + c.attention) / LANES as f64;
+        seq_len.div_ceil(LANES) as f64 * per_step + seq_len as f64 * per_token
     }
 }
 
@@ -157,6 +247,7 @@ mod tests {
         EncoderDims {
             hidden: 384,
             intermediate: 1536,
+            heads: 12,
             layers: 6,
             max_positions: 512,
         }
@@ -169,13 +260,29 @@ mod tests {
         // q, k, v, o (384²) and up, down (384·1536), fp16.
         assert_eq!(p.weight_bytes_per_step(), 6 * (4 * 384 * 384 + 2 * 384 * 1536) * 2);
         let chip = ChipProfile::m3_max();
-        let step = p.step_seconds(&chip);
+        let ane = p.ane_step_seconds(&chip);
         // 24 fixed costs at least, plus the bytes.
-        assert!(step > 24.0 * chip.fixed_us * 1e-6);
-        let tok = p.tokens_per_s(&chip);
-        assert!((tok - 32.0 / step).abs() < 1e-6 * tok);
-        assert!((p.embeddings_per_s(&chip, 128) * 4.0 - p.embeddings_per_s(&chip, 32)).abs() < 1e-6 * tok);
-        assert!((p.single_text_seconds(&chip, 33) - 2.0 * step).abs() < 1e-12);
+        assert!(ane > 24.0 * chip.fixed_us * 1e-6);
+        let c = p.step_cost(&chip, 64);
+        assert_eq!(c.dispatches, 24);
+        assert!(
+            (c.ane() - ane).abs() < 1e-12 * ane,
+            "the step's ANE part is the dispatches"
+        );
+        assert!(c.host() > 0.0 && c.attention > 0.0 && c.elementwise > 0.0 && c.surfaces > 0.0);
+        let tok = p.tokens_per_s(&chip, 64);
+        assert!((tok - 32.0 / (ane + c.host())).abs() < 1e-6 * tok);
+        assert!((p.embeddings_per_s(&chip, 64) * 64.0 - tok).abs() < 1e-6 * tok);
+        // Attention grows with the text; the dispatches do not.
+        let long = p.step_cost(&chip, 256);
+        assert!(long.attention > 3.0 * c.attention && (long.ane() - c.ane()).abs() < 1e-15);
+        assert!(p.tokens_per_s(&chip, 256) < tok);
+        // One text of 33 tokens pays two steps of dispatches, but the host work of 33 tokens.
+        let one = p.single_text_seconds(&chip, 33);
+        let c33 = p.step_cost(&chip, 33);
+        let fixed = c33.ane() + c33.host_dispatch + c33.surfaces;
+        let per_token = (c33.elementwise + c33.attention) / 32.0;
+        assert!((one - (2.0 * fixed + 33.0 * per_token)).abs() < 1e-12);
         // int8 weights stream fewer bytes.
         let int8 = plan_encoder(&minilm(), &PlanOptions::with_weights(WeightMode::Int8 { block: None })).expect("int8");
         assert!(int8.weight_bytes_per_step() < p.weight_bytes_per_step());
@@ -189,9 +296,16 @@ mod tests {
             plan_encoder(&d, &PlanOptions::default()),
             Err(PlanError::BadDims(_))
         ));
+        d = minilm();
+        d.heads = 5;
+        assert!(matches!(
+            plan_encoder(&d, &PlanOptions::default()),
+            Err(PlanError::BadDims(_))
+        ));
         let huge = EncoderDims {
             hidden: 20_000,
             intermediate: 80_000,
+            heads: 16,
             layers: 2,
             max_positions: 512,
         };

@@ -221,14 +221,14 @@ impl Work {
         }
     }
 
-    fn add(&mut self, o: Work) {
+    pub(crate) fn add(&mut self, o: Work) {
         self.flops += o.flops;
         self.bytes += o.bytes;
         self.elements += o.elements;
         self.soft_elements += o.soft_elements;
     }
 
-    fn scaled(self, k: f64) -> Work {
+    pub(crate) fn scaled(self, k: f64) -> Work {
         Work {
             flops: self.flops * k,
             bytes: self.bytes * k,
@@ -449,7 +449,15 @@ impl StepCost {
     }
 }
 
-fn dispatch(cost: &mut StepCost, k: &AneKernel, mode: WeightMode, lanes: usize, chip: &ChipProfile, rt: HostRuntime) {
+/// One dispatch of `k` carrying `lanes` lanes, ANE and host, added to `cost`.
+pub(crate) fn dispatch(
+    cost: &mut StepCost,
+    k: &AneKernel,
+    mode: WeightMode,
+    lanes: usize,
+    chip: &ChipProfile,
+    rt: HostRuntime,
+) {
     let weights = k.weight_bytes(mode) as u64;
     let io = k.io_bytes() as u64;
     let ane = chip.weights_dispatch_seconds(weights, io, mode);

@@ -285,7 +285,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
         if let Some((_, note)) = calibrated.as_ref().filter(|_| !a.json) {
             println!("{note}");
         }
-        return crate::plan_encoder::run(&model, &dims, a.weights.mode(), a.seq_len, chip, a.json);
+        return crate::plan_encoder::run(&model, &dims, a.weights.mode(), a.seq_len, chip, a.json, a.explain);
     }
     let p = plan_model(&path, a.weights.mode())?;
     let host = HostOptions {

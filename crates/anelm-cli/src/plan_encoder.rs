@@ -26,13 +26,7 @@ pub fn encoder_dims(path: &Path) -> Result<Option<EncoderDims>> {
     if hf.model_type != "bert" {
         return Ok(None);
     }
-    let c = BertConfig::from_hf(&hf)?;
-    Ok(Some(EncoderDims {
-        hidden: c.hidden_size,
-        intermediate: c.intermediate_size,
-        layers: c.n_layers,
-        max_positions: c.max_positions,
-    }))
+    Ok(Some(BertConfig::from_hf(&hf)?.encoder_dims()))
 }
 
 /// Print the encoder plan (or its JSON) for one chip or every chip.
@@ -43,6 +37,7 @@ pub fn run(
     seq_len: usize,
     chip: Option<ChipProfile>,
     as_json: bool,
+    explain: bool,
 ) -> Result<()> {
     if seq_len == 0 || seq_len > dims.max_positions {
         anyhow::bail!("--seq-len must be from 1 to {} for this model", dims.max_positions);
@@ -79,24 +74,34 @@ pub fn run(
         None => CHIPS.to_vec(),
     };
     println!(
-        "\nmodelled per chip, texts of {seq_len} tokens (ANE dispatches only: the host's LayerNorm, GELU and \
-         attention are not modelled):"
+        "\nmodelled per chip, texts of {seq_len} tokens (a step: the dispatches, then the host's surfaces, \
+         LayerNorms, biases, GELU and attention over each text; nothing overlaps):"
     );
-    println!("| chip | step ms | tokens/s | embeddings/s | one text ms |\n| --- | ---: | ---: | ---: | ---: |");
+    println!(
+        "| chip | step ms | ANE ms | host ms | tokens/s | embeddings/s | one text ms |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+    );
     for c in &chips {
+        let cost = p.step_cost(c, seq_len);
         println!(
-            "| {} | {:.2} | {:.0} | {:.1} | {:.2} |",
+            "| {} | {:.2} | {:.2} | {:.2} | {:.0} | {:.1} | {:.2} |",
             c.name,
-            p.step_seconds(c) * 1e3,
-            p.tokens_per_s(c),
+            cost.seconds() * 1e3,
+            cost.ane() * 1e3,
+            cost.host() * 1e3,
+            cost.tok_s(),
             p.embeddings_per_s(c, seq_len),
             p.single_text_seconds(c, seq_len) * 1e3
         );
+    }
+    if explain {
+        println!("\nwhere a step's time goes on {} (per token):", shown.name);
+        print!("{}", p.step_cost(&shown, seq_len).explain());
     }
     Ok(())
 }
 
 fn plan_json(model: &str, p: &EncoderPlan, chip: &ChipProfile, seq_len: usize) -> serde_json::Value {
+    let cost = p.step_cost(chip, seq_len);
     json!({
         "model": model,
         "kind": "encoder",
@@ -107,8 +112,16 @@ fn plan_json(model: &str, p: &EncoderPlan, chip: &ChipProfile, seq_len: usize) -
         "dispatches_per_step": p.dispatches_per_step(),
         "tokens_per_step": LANES,
         "weight_bytes_per_step": p.weight_bytes_per_step(),
-        "step_ms": p.step_seconds(chip) * 1e3,
-        "tokens_per_s": p.tokens_per_s(chip),
+        "step_ms": cost.seconds() * 1e3,
+        "ane_step_ms": cost.ane() * 1e3,
+        "host_step_ms": cost.host() * 1e3,
+        "ms_per_token": cost
+            .terms()
+            .iter()
+            .filter(|(_, t)| *t > 0.0)
+            .map(|(name, t)| (name.to_string(), json!(t * 1e3 / LANES as f64)))
+            .collect::<serde_json::Map<_, _>>(),
+        "tokens_per_s": cost.tok_s(),
         "embeddings_per_s": p.embeddings_per_s(chip, seq_len),
         "single_text_ms": p.single_text_seconds(chip, seq_len) * 1e3,
     })

@@ -39,6 +39,26 @@ fn an_encoder_plan_models_tokens_and_embeddings_per_second() {
     let emb = v["embeddings_per_s"].as_f64().expect("embeddings_per_s");
     assert!((tok - 32.0 / (step / 1e3)).abs() < 1e-6 * tok, "{v}");
     assert!((emb - tok / 64.0).abs() < 1e-6 * emb, "{v}");
+    // The step is the dispatches plus the host's work, which includes attention over the text.
+    let (ane, host) = (
+        v["ane_step_ms"].as_f64().expect("ane"),
+        v["host_step_ms"].as_f64().expect("host"),
+    );
+    assert!(
+        ane > 0.0 && host > 0.0 && (ane + host - step).abs() < 1e-9 * step,
+        "{v}"
+    );
+    assert!(
+        v["ms_per_token"]["host attention"].as_f64().is_some_and(|t| t > 0.0),
+        "{v}"
+    );
+    let long: Value =
+        serde_json::from_slice(&plan(&["--model", &model, "--seq-len", "256", "--chip", "m3-max", "--json"]).stdout)
+            .expect("JSON");
+    assert!(
+        long["host_step_ms"].as_f64().expect("host") > host,
+        "longer texts cost the host more: {long}"
+    );
     assert!(
         (v["single_text_ms"].as_f64().expect("single") - 2.0 * step).abs() < 1e-9,
         "{v}"

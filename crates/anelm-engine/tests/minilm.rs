@@ -161,18 +161,13 @@ fn minilm_on_the_emulated_neural_engine_matches_the_cpu() {
 /// W-lane step) cost `dispatches_per_step` dispatches, 33 tokens two steps' worth.
 #[test]
 fn the_encoder_plan_counts_the_emulators_dispatches() {
-    use anelm_ane::{EmuAne, EncoderDims, PlanOptions, plan_encoder};
+    use anelm_ane::{EmuAne, PlanOptions, plan_encoder};
     use anelm_engine::arch::bert::BertConfig;
     use anelm_engine::{AneBackend, AneOptions};
     let dir = model_dir();
     let hf = anelm_model::hf_config::HfConfig::from_file(&dir.join("config.json")).expect("config.json");
     let c = BertConfig::from_hf(&hf).expect("bert config");
-    let dims = EncoderDims {
-        hidden: c.hidden_size,
-        intermediate: c.intermediate_size,
-        layers: c.n_layers,
-        max_positions: c.max_positions,
-    };
+    let dims = c.encoder_dims();
     let plan = plan_encoder(&dims, &PlanOptions::default()).expect("plan");
     let backend = AneBackend::new(Arc::new(EmuAne::default()), AneOptions::default());
     let monitor = backend.monitor();

@@ -61,6 +61,17 @@ fn need<T>(v: Option<T>, key: &str) -> Result<T> {
 }
 
 impl BertConfig {
+    /// The planner's view of this encoder (`anelm plan`, `anelm_ane::plan_encoder`).
+    pub fn encoder_dims(&self) -> anelm_ane::EncoderDims {
+        anelm_ane::EncoderDims {
+            hidden: self.hidden_size,
+            intermediate: self.intermediate_size,
+            heads: self.n_heads,
+            layers: self.n_layers,
+            max_positions: self.max_positions,
+        }
+    }
+
     /// From a Hugging Face `config.json` with `model_type` `bert`.
     pub fn from_hf(c: &HfConfig) -> Result<Self> {
         if c.model_type != "bert" {
