@@ -45,6 +45,7 @@ mod lower;
 mod plan;
 mod plan_encoder;
 mod plan_host;
+mod plan_serve;
 mod quant;
 mod rules;
 mod surface;
@@ -73,6 +74,7 @@ pub use plan::{
 };
 pub use plan_encoder::{EncoderDims, EncoderKernel, EncoderPlan, plan_encoder};
 pub use plan_host::{DEFAULT_CONTEXT, HostOptions, HostRuntime, StepCost, StreamWork, Work, stream_work};
+pub use plan_serve::ServeLoad;
 pub use quant::{QuantizedMatrix, quantize_int8};
 pub use rules::{
     DEFAULT_MAX_COMPILES, FG_MAX_LOADED_BYTES, MAX_AXIS, MAX_PROGRAM_OUTPUTS, MAX_PROGRAM_WEIGHT_BYTES,
