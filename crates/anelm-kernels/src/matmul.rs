@@ -252,7 +252,9 @@ pub fn matmul_with(
         let end = ((c + 1) * chunk).min(rows);
         let mut r = c * chunk;
         #[cfg(target_arch = "x86_64")]
-        if matches!(isa, Isa::Avx2 | Isa::Avx2Vnni) && (crate::simd_x86::tiles(fmt) || fmt == WeightFormat::F32) {
+        let float = matches!(fmt, WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16);
+        #[cfg(target_arch = "x86_64")]
+        if matches!(isa, Isa::Avx2 | Isa::Avx2Vnni) && (crate::simd_x86::tiles(fmt) || float) {
             use crate::simd_x86::TILE_ROWS;
             let mut tile = [[0f32; TILE_ROWS]; LANE_GROUP];
             while r + TILE_ROWS <= end {
@@ -262,8 +264,8 @@ pub fn matmul_with(
                     let n = (lanes - lane0).min(LANE_GROUP);
                     // SAFETY: these ISAs are only used after `available()` confirmed their features.
                     unsafe {
-                        if fmt == WeightFormat::F32 {
-                            crate::simd_x86::dot_rows4_f32(rows4, x, lane0, &mut tile[..n])
+                        if float {
+                            crate::simd_x86::dot_rows4_float(fmt, rows4, x, lane0, &mut tile[..n])
                         } else if isa == Isa::Avx2Vnni {
                             crate::simd_x86::dot_rows4_vnni(fmt, rows4, x, lane0, &mut tile[..n])
                         } else {

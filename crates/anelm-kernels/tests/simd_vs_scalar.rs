@@ -86,3 +86,37 @@ fn simd_matches_scalar_for_every_format() {
         }
     }
 }
+
+/// A float matmul gives each lane the same bits whatever lanes share its batch: the register
+/// tiles of several lanes and the row-by-row path of a lone lane (decode) sum every (row, lane)
+/// in one order, so a stream's output does not depend on the streams decoding beside it.
+#[test]
+fn float_matmuls_give_a_lane_the_same_bits_in_any_batch() {
+    let mut rng = Rng(13);
+    for fmt in [WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16] {
+        for &(rows, cols) in &[(22usize, 770usize), (9, 83)] {
+            let w = encode(fmt, &rng.vec(rows * cols), rows, cols);
+            let lanes = 7;
+            let x = rng.vec(lanes * cols);
+            for isa in simd_isas().into_iter().chain([Isa::Scalar]) {
+                let mut act = Activations::new();
+                act.quantize(fmt, &x, lanes, cols).expect("activations");
+                let mut all = vec![0.0; lanes * rows];
+                matmul_with(isa, fmt, &w, rows, cols, &act, &mut all).expect("batch");
+                for lane in 0..lanes {
+                    let mut one = Activations::new();
+                    one.quantize(fmt, &x[lane * cols..(lane + 1) * cols], 1, cols)
+                        .expect("one lane");
+                    let mut alone = vec![0.0; rows];
+                    matmul_with(isa, fmt, &w, rows, cols, &one, &mut alone).expect("alone");
+                    let batch = &all[lane * rows..(lane + 1) * rows];
+                    assert!(
+                        batch.iter().zip(&alone).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{} {fmt:?} {rows}x{cols} lane {lane}: {batch:?} vs alone {alone:?}",
+                        isa.name()
+                    );
+                }
+            }
+        }
+    }
+}
