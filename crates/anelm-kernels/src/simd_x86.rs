@@ -331,8 +331,8 @@ fn float_tile_rows(fmt: WeightFormat, w: &[u8], xs: &[f32], cols: usize) -> f32 
         k += 8;
     }
     let mut s = hsum_f32(acc);
-    for kk in main..cols {
-        s += scalar_w(fmt, w, kk) * xs[kk];
+    for (kk, &xv) in xs.iter().enumerate().take(cols).skip(main) {
+        s += scalar_w(fmt, w, kk) * xv;
     }
     s
 }
@@ -427,8 +427,8 @@ fn float_tile_512_rows<const R: usize>(fmt: WeightFormat, w: [&[u8]; R], xs: &[f
     }
     std::array::from_fn(|r| {
         let mut s = _mm512_reduce_add_ps(acc[r]);
-        for kk in main..cols {
-            s += scalar_w(fmt, w[r], kk) * xs[kk];
+        for (kk, &xv) in xs.iter().enumerate().take(cols).skip(main) {
+            s += scalar_w(fmt, w[r], kk) * xv;
         }
         s
     })
