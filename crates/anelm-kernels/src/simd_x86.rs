@@ -469,8 +469,8 @@ fn float_tile_512<const L: usize>(
     for j in 0..L {
         for r in 0..TILE_ROWS {
             let mut s = _mm512_reduce_add_ps(acc[j][r]);
-            for kk in main..cols {
-                s += scalar_w(fmt, w[r], kk) * xs[j][kk];
+            for (kk, &xv) in xs[j].iter().enumerate().take(cols).skip(main) {
+                s += scalar_w(fmt, w[r], kk) * xv;
             }
             out[j][r] = s;
         }
@@ -506,8 +506,8 @@ fn float_tile<const L: usize>(
     for j in 0..L {
         for r in 0..TILE_ROWS {
             let mut s = hsum_f32(acc[j][r]);
-            for kk in main..cols {
-                s += scalar_w(fmt, w[r], kk) * xs[j][kk];
+            for (kk, &xv) in xs[j].iter().enumerate().take(cols).skip(main) {
+                s += scalar_w(fmt, w[r], kk) * xv;
             }
             out[j][r] = s;
         }
