@@ -156,12 +156,7 @@ fn a_decoder_embedder_takes_its_prompt_by_name_or_text() {
     let prompt = v["query_prompt"].as_str().expect("query_prompt");
     let case = &v["query_texts"][1];
     let text = case["text"].as_str().expect("text");
-    let want: Vec<f64> = case["embedding"]
-        .as_array()
-        .expect("embedding")
-        .iter()
-        .map(|x| x.as_f64().expect("number"))
-        .collect();
+    let want = embedding_of(case);
     let model = dir.to_str().expect("utf-8 path");
     for flags in [["--embedding-prompt", "query"], ["--embedding-instruction", prompt]] {
         let out = lines(&embed(&["--model", model, flags[0], flags[1], text], None));
@@ -199,13 +194,17 @@ fn an_embedding_gguf_embeds_like_its_directory() {
     let out = lines(&embed(&args, None));
     assert_eq!(out.len(), cases.len());
     for ((index, got), case) in out.iter().zip(&cases) {
-        let want: Vec<f64> = case["embedding"]
-            .as_array()
-            .expect("embedding")
-            .iter()
-            .map(|x| x.as_f64().expect("number"))
-            .collect();
-        let cos = cosine(got, &want);
+        let cos = cosine(got, &embedding_of(case));
         assert!(cos >= 0.9999, "text {index}: cosine {cos}");
     }
+}
+
+/// The `embedding` array of a reference case.
+fn embedding_of(case: &Value) -> Vec<f64> {
+    case["embedding"]
+        .as_array()
+        .expect("embedding")
+        .iter()
+        .map(|x| x.as_f64().expect("number"))
+        .collect()
 }
