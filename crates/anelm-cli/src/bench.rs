@@ -8,10 +8,10 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 
-use anelm_engine::{LanguageModel, LoadedModel, LogitsMode, StepItem, Stream, StreamOptions};
+use anelm_engine::{ForwardCost, LanguageModel, LoadedModel, LogitsMode, StepItem, Stream, StreamOptions};
 
 use crate::args::ModelArgs;
-use crate::runtime::{DeviceReport, load, load_reporting, model_path};
+use crate::runtime::{load, load_reporting, model_path};
 
 /// Arguments of `anelm bench`.
 #[derive(Args, Debug)]
@@ -215,10 +215,9 @@ struct Figure {
     modelled: Option<f64>,
 }
 
-/// Tokens per modelled ANE second since the device's counters were last reset.
-fn modelled_rate(device: &DeviceReport, tokens: usize) -> Option<f64> {
-    let s = device.stats()?;
-    let t = s.ane_time.as_secs_f64();
+/// Tokens per modelled ANE second of the forwards that cost `cost` (emulated devices only).
+fn modelled_rate(cost: &ForwardCost, tokens: usize) -> Option<f64> {
+    let t = cost.modelled?.as_secs_f64();
     (t > 0.0).then(|| tokens as f64 / t)
 }
 
@@ -252,15 +251,16 @@ fn bench_tokens(n: usize, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
-fn prefill_once(model: &dyn LanguageModel, tokens: &[u32]) -> Result<f64> {
+/// One prefill of `tokens`: tokens per second, and what its forward cost.
+fn prefill_once(model: &dyn LanguageModel, tokens: &[u32]) -> Result<(f64, ForwardCost)> {
     let mut session = model.new_session(tokens.len() + 1);
     let t = Instant::now();
-    model.forward(&mut [StepItem {
+    let (_, cost) = model.forward_with_cost(&mut [StepItem {
         session: &mut session,
         tokens,
         logits: LogitsMode::Last,
     }])?;
-    Ok(tokens.len() as f64 / t.elapsed().as_secs_f64())
+    Ok((tokens.len() as f64 / t.elapsed().as_secs_f64(), cost))
 }
 
 /// Bytes of weights one decode step streams, for a GGUF file (else `None`): every tensor of two
@@ -283,8 +283,9 @@ fn streamed_weight_bytes(path: &std::path::Path) -> Option<u64> {
 }
 
 /// `n` greedy decode steps of `firsts.len()` streams at once (stream `i` starting from
-/// `firsts[i]`, at position 0), one batched forward per step; aggregate tokens per second.
-fn decode_batch(lm: &LoadedModel, firsts: &[u32], n: usize) -> Result<f64> {
+/// `firsts[i]`, at position 0), one batched forward per step; aggregate tokens per second and
+/// what the forwards cost.
+fn decode_batch(lm: &LoadedModel, firsts: &[u32], n: usize) -> Result<(f64, ForwardCost)> {
     let model = lm.model.as_ref();
     let mut sessions: Vec<_> = firsts.iter().map(|_| model.new_session(n + 1)).collect();
     // Each stream picks its tokens through the engine's `Stream`, as a temperature-0 request in
@@ -298,6 +299,7 @@ fn decode_batch(lm: &LoadedModel, firsts: &[u32], n: usize) -> Result<f64> {
         .map(|_| Stream::new(&lm.tokenizer, &opts))
         .collect::<std::result::Result<Vec<_>, _>>()?;
     let mut toks = firsts.to_vec();
+    let mut cost = ForwardCost::default();
     let t = Instant::now();
     for _ in 0..n {
         let mut items: Vec<StepItem<'_>> = sessions
@@ -309,7 +311,8 @@ fn decode_batch(lm: &LoadedModel, firsts: &[u32], n: usize) -> Result<f64> {
                 logits: LogitsMode::Last,
             })
             .collect();
-        let mut out = model.forward(&mut items)?;
+        let (mut out, step) = model.forward_with_cost(&mut items)?;
+        cost.merge(&step);
         drop(items);
         for (lane, (tok, stream)) in toks.iter_mut().zip(&mut streams).enumerate() {
             let history = sessions[lane].tokens();
@@ -317,7 +320,7 @@ fn decode_batch(lm: &LoadedModel, firsts: &[u32], n: usize) -> Result<f64> {
             *tok = step.token.unwrap_or(0);
         }
     }
-    Ok((n * firsts.len()) as f64 / t.elapsed().as_secs_f64())
+    Ok(((n * firsts.len()) as f64 / t.elapsed().as_secs_f64(), cost))
 }
 
 /// Most streams one `--parallel` level decodes (each holds a session with its own cache).
@@ -362,14 +365,18 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let tokens = bench_tokens(p, vocab);
         prefill_once(model, &tokens)?; // warm-up
         device.reset();
-        let rates = (0..a.repetitions)
-            .map(|_| prefill_once(model, &tokens))
-            .collect::<Result<Vec<_>>>()?;
+        let mut cost = ForwardCost::default();
+        let mut rates = Vec::with_capacity(a.repetitions);
+        for _ in 0..a.repetitions {
+            let (rate, c) = prefill_once(model, &tokens)?;
+            rates.push(rate);
+            cost.merge(&c);
+        }
         figures.push(Figure {
             test: format!("pp{p}"),
             tokens: p,
             rates,
-            modelled: modelled_rate(&device, p * a.repetitions),
+            modelled: modelled_rate(&cost, p * a.repetitions),
         });
     }
     for &n in a.n_gen.iter().filter(|&&n| n > 0) {
@@ -383,12 +390,15 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
         device.reset();
         let mut rates: Vec<Vec<f64>> = vec![Vec::new(); a.parallel.len()];
+        let mut costs = vec![ForwardCost::default(); a.parallel.len()];
         for _ in 0..a.repetitions {
-            for (r, &b) in rates.iter_mut().zip(&a.parallel) {
-                r.push(decode_batch(&lm, &firsts[..b], n)?);
+            for ((r, cost), &b) in rates.iter_mut().zip(&mut costs).zip(&a.parallel) {
+                let (rate, c) = decode_batch(&lm, &firsts[..b], n)?;
+                r.push(rate);
+                cost.merge(&c);
             }
         }
-        for (rates, &b) in rates.into_iter().zip(&a.parallel) {
+        for ((rates, cost), &b) in rates.into_iter().zip(&costs).zip(&a.parallel) {
             figures.push(Figure {
                 test: if b == 1 {
                     format!("tg{n}")
@@ -397,12 +407,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 },
                 tokens: n * b,
                 rates,
-                // Modelled time is not split by level: only a single level gets the column.
-                modelled: if a.parallel.len() == 1 {
-                    modelled_rate(&device, n * b * a.repetitions)
-                } else {
-                    None
-                },
+                // Each level's own forwards: their costs say its modelled time.
+                modelled: modelled_rate(cost, n * b * a.repetitions),
             });
         }
     }

@@ -90,6 +90,47 @@ pub struct Dispatch {
     pub modelled: Option<Duration>,
 }
 
+/// What one forward pass cost: the [`Dispatch`] values of every kernel it ran, summed. Returned
+/// by [`crate::LanguageModel::forward_with_cost`], so a caller times its own forward without a
+/// counter shared with every other stream.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ForwardCost {
+    /// Kernel dispatches.
+    pub dispatches: usize,
+    /// Weight bytes read.
+    pub weight_bytes: u64,
+    /// Activation bytes in and out.
+    pub activation_bytes: u64,
+    /// Host wall time inside the kernels.
+    pub kernel_time: Duration,
+    /// Modelled accelerator time of the dispatches that have one (the emulator's).
+    pub modelled: Option<Duration>,
+}
+
+impl ForwardCost {
+    /// Count one dispatch.
+    pub fn add(&mut self, d: Dispatch) {
+        self.dispatches += 1;
+        self.weight_bytes += d.weight_bytes;
+        self.activation_bytes += d.activation_bytes;
+        self.kernel_time += d.elapsed;
+        if let Some(m) = d.modelled {
+            self.modelled = Some(self.modelled.unwrap_or_default() + m);
+        }
+    }
+
+    /// Add another forward's cost (several forwards of one measurement).
+    pub fn merge(&mut self, o: &ForwardCost) {
+        self.dispatches += o.dispatches;
+        self.weight_bytes += o.weight_bytes;
+        self.activation_bytes += o.activation_bytes;
+        self.kernel_time += o.kernel_time;
+        if let Some(m) = o.modelled {
+            self.modelled = Some(self.modelled.unwrap_or_default() + m);
+        }
+    }
+}
+
 /// A place kernels run: the CPU, the Neural Engine, or its emulator.
 pub trait Backend: Send + Sync {
     /// Short name for logs and errors (`cpu`, `ane`, `ane-emu`).

@@ -32,7 +32,7 @@ pub mod tools;
 mod wide;
 
 pub use ane_backend::{AneBackend, AneMonitor, AneOptions, AneStats, KernelFallback};
-pub use backend::{Backend, Dispatch, Kernel, KernelSpec, WeightId};
+pub use backend::{Backend, Dispatch, ForwardCost, Kernel, KernelSpec, WeightId};
 pub use batch::Batch;
 pub use constraint::{Constraint, ConstraintError, ConstraintFactory, Grammar};
 pub use cpu_backend::CpuBackend;

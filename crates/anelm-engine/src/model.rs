@@ -1,5 +1,6 @@
 //! The interface every architecture implements, and the request shape of one forward step.
 
+use crate::backend::ForwardCost;
 use crate::batch::Batch;
 use crate::error::Result;
 use crate::session::Session;
@@ -47,6 +48,12 @@ pub trait LanguageModel: Send + Sync {
     /// A fresh session of up to `ctx_size` positions.
     fn new_session(&self, ctx_size: usize) -> Session;
     /// Run one step for every item (all their tokens as lanes of one batched pass) and return
-    /// the requested logit rows, items in order, tokens in order within an item.
-    fn forward(&self, items: &mut [StepItem<'_>]) -> Result<Batch>;
+    /// the requested logit rows, items in order, tokens in order within an item, with what the
+    /// pass's kernels cost.
+    fn forward_with_cost(&self, items: &mut [StepItem<'_>]) -> Result<(Batch, ForwardCost)>;
+
+    /// [`LanguageModel::forward_with_cost`] for callers that do not time it.
+    fn forward(&self, items: &mut [StepItem<'_>]) -> Result<Batch> {
+        self.forward_with_cost(items).map(|(logits, _)| logits)
+    }
 }

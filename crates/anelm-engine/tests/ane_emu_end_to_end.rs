@@ -43,15 +43,20 @@ fn load(path: &Path, backend: &dyn Backend) -> Box<dyn LanguageModel> {
     load_model_weights(path, backend, &mut |_, _| {}).unwrap_or_else(|e| panic!("load {}: {e}", path.display()))
 }
 
-/// One forward of `tokens` on `model`, returning the last row of logits.
-fn step(model: &dyn LanguageModel, session: &mut anelm_engine::Session, tokens: &[u32]) -> Vec<f32> {
+/// One forward of `tokens` on `model`, returning the last row of logits and what the forward
+/// says it cost.
+fn step(
+    model: &dyn LanguageModel,
+    session: &mut anelm_engine::Session,
+    tokens: &[u32],
+) -> (Vec<f32>, anelm_engine::ForwardCost) {
     let mut items = [StepItem {
         session,
         tokens,
         logits: LogitsMode::Last,
     }];
-    let logits = model.forward(&mut items).expect("forward");
-    logits.lane(0).to_vec()
+    let (logits, cost) = model.forward_with_cost(&mut items).expect("forward");
+    (logits.lane(0).to_vec(), cost)
 }
 
 /// The CPU backend on `store`'s tensors dequantised to f32 (what the ANE backend lowers from).
@@ -147,11 +152,11 @@ fn check(
     for i in 0..STEPS {
         let before = device.stats().dispatches;
         backend.reset_dispatch_stats();
-        let logits: Vec<Vec<f32>> = models
+        let (logits, costs): (Vec<Vec<f32>>, Vec<_>) = models
             .iter()
             .zip(sessions.iter_mut())
             .map(|(m, s)| step(*m, s, &input))
-            .collect();
+            .unzip();
         let [cpu, exact, ane] = [&logits[0], &logits[1], &logits[2]];
         if i > 0 {
             let per_token = device.stats().dispatches - before;
@@ -168,6 +173,18 @@ fn check(
                 (modelled / predicted - 1.0).abs() < 0.01,
                 "{name} step {i}: modelled {modelled} s vs planned {predicted} s"
             );
+            // The forward's own cost says the same, without the shared counters.
+            let own = costs[2];
+            assert_eq!(
+                own.dispatches as u64, per_token,
+                "{name} step {i}: the forward's dispatches"
+            );
+            let own_modelled = own.modelled.expect("the emulator models every dispatch").as_secs_f64();
+            assert!(
+                (own_modelled - modelled).abs() <= 1e-9 + 1e-6 * modelled,
+                "{name} step {i}: forward cost {own_modelled} s vs the backend's counter {modelled} s"
+            );
+            assert_eq!(costs[0].modelled, None, "the CPU backend models nothing");
         }
         let (ce, cc) = (cosine(ane, exact), cosine(ane, cpu));
         worst_exact = worst_exact.min(ce);
@@ -294,7 +311,7 @@ fn concurrent_sessions_share_dispatches_and_do_not_mix() {
         .map(|s| {
             let mut sess = ane.new_session(16);
             step(ane.as_ref(), &mut sess, &prompt(s));
-            step(ane.as_ref(), &mut sess, &[7])
+            step(ane.as_ref(), &mut sess, &[7]).0
         })
         .collect();
     for n in [1usize, 4, 32, 40] {

@@ -24,7 +24,7 @@ use serde_json::Value;
 use crate::arch::attention::Attention;
 use crate::arch::lm_head::compile_lm_head;
 use crate::arch::step::{commit_tokens, embed_lanes, plan_lanes, wanted_lanes};
-use crate::backend::{Backend, Kernel, KernelSpec, WeightId};
+use crate::backend::{Backend, ForwardCost, Kernel, KernelSpec, WeightId};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
 use crate::model::{LanguageModel, ModelInfo, StepItem};
@@ -425,7 +425,8 @@ impl LanguageModel for Gemma3 {
         )
     }
 
-    fn forward(&self, items: &mut [StepItem<'_>]) -> Result<Batch> {
+    fn forward_with_cost(&self, items: &mut [StepItem<'_>]) -> Result<(Batch, ForwardCost)> {
+        let mut cost = ForwardCost::default();
         let cfg = &self.cfg;
         let (h, hd, ffn) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
         let q_dim = cfg.n_heads * hd;
@@ -434,7 +435,7 @@ impl LanguageModel for Gemma3 {
         let lanes = plan_lanes(items, cfg.vocab_size)?;
         let n = lanes.len();
         if n == 0 {
-            return Ok(Batch::zeros(0, cfg.vocab_size));
+            return Ok((Batch::zeros(0, cfg.vocab_size), cost));
         }
         let mut x = embed_lanes(&self.embed, items, n, (h as f32).sqrt())?;
         let angles = |rope: &Rope| -> Vec<Vec<(f32, f32)>> {
@@ -464,7 +465,7 @@ impl LanguageModel for Gemma3 {
             for lane in 0..n {
                 rms_norm(x.lane(lane), &layer.input_norm, eps, 0.0, xn.lane_mut(lane));
             }
-            layer.qkv.run(&[&xn], &mut qkv)?;
+            cost.add(layer.qkv.run(&[&xn], &mut qkv)?);
             for (lane, cs) in angles.iter().enumerate() {
                 let row = qkv.lane_mut(lane);
                 let (q, kv) = row.split_at_mut(q_dim);
@@ -477,12 +478,12 @@ impl LanguageModel for Gemma3 {
             }
             attention.append(items, &lanes, li, &qkv, q_dim, q_dim + kv_dim);
             attention.run(items, &lanes, li, &qkv, 0, hd, &mut attn);
-            layer.o.run(&[&attn], &mut y)?;
+            cost.add(layer.o.run(&[&attn], &mut y)?);
             add_normed(&mut x, &y, &layer.post_attn_norm, eps, &mut tmp[..h]);
             for lane in 0..n {
                 rms_norm(x.lane(lane), &layer.pre_ffn_norm, eps, 0.0, xn.lane_mut(lane));
             }
-            layer.gate_up.run(&[&xn], &mut gu)?;
+            cost.add(layer.gate_up.run(&[&xn], &mut gu)?);
             for lane in 0..n {
                 let (g, u) = gu.lane(lane).split_at(ffn);
                 let gelu = if cfg.gelu_f16 { gelu_tanh_f16 } else { gelu_tanh };
@@ -490,7 +491,7 @@ impl LanguageModel for Gemma3 {
                     *a = gelu(g) * u;
                 }
             }
-            layer.down.run(&[&act], &mut y)?;
+            cost.add(layer.down.run(&[&act], &mut y)?);
             add_normed(&mut x, &y, &layer.post_ffn_norm, eps, &mut tmp[..h]);
         }
         commit_tokens(items);
@@ -503,7 +504,7 @@ impl LanguageModel for Gemma3 {
         if wanted.is_empty() {
             logits.resize(0, cfg.vocab_size);
         } else {
-            self.lm_head.run(&[&normed], &mut logits)?;
+            cost.add(self.lm_head.run(&[&normed], &mut logits)?);
         }
         if let Some(cap) = cfg.final_softcap {
             logits
@@ -511,7 +512,7 @@ impl LanguageModel for Gemma3 {
                 .iter_mut()
                 .for_each(|v| *v = cap * (*v / cap).tanh());
         }
-        Ok(logits)
+        Ok((logits, cost))
     }
 }
 

@@ -11,7 +11,7 @@ use anelm_model::tensor_store::TensorStore;
 use crate::arch::attention::Attention;
 use crate::arch::lm_head::compile_lm_head;
 use crate::arch::step::{commit_tokens, embed_lanes, plan_lanes, wanted_lanes};
-use crate::backend::{Backend, Kernel, KernelSpec, WeightId};
+use crate::backend::{Backend, ForwardCost, Kernel, KernelSpec, WeightId};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
 use crate::model::{LanguageModel, ModelInfo, StepItem};
@@ -375,11 +375,11 @@ impl Llama {
     /// states (hidden-size rows) of the rows the items ask for instead of their logits: what a
     /// decoder embedder pools.
     pub fn hidden_states(&self, items: &mut [StepItem<'_>]) -> Result<Batch> {
-        self.trunk(items)
+        self.trunk(items, &mut ForwardCost::default())
     }
 
     /// Every layer over the items' tokens, then the final norm of the wanted rows.
-    fn trunk(&self, items: &mut [StepItem<'_>]) -> Result<Batch> {
+    fn trunk(&self, items: &mut [StepItem<'_>], cost: &mut ForwardCost) -> Result<Batch> {
         let cfg = &self.cfg;
         let (h, hd) = (cfg.hidden_size, cfg.head_dim);
         let q_dim = cfg.n_heads * hd;
@@ -404,7 +404,7 @@ impl Llama {
             for lane in 0..n {
                 rms_norm(x.lane(lane), &layer.attn_norm, cfg.rms_eps, 0.0, xn.lane_mut(lane));
             }
-            layer.qkv.run(&[&xn], &mut qkv)?;
+            cost.add(layer.qkv.run(&[&xn], &mut qkv)?);
             // Decode steps: QK-norm, RoPE and the cache append inside the attention tasks.
             let prep = |lane: usize, head: &mut [f32], is_query: bool| {
                 if let Some((wq, wk)) = &layer.qk_norm {
@@ -429,12 +429,12 @@ impl Llama {
                 self.attention.append(items, &lanes, li, &qkv, q_dim, q_dim + kv_dim);
                 self.attention.run(items, &lanes, li, &qkv, 0, hd, &mut attn);
             }
-            layer.out_residual.run(&[&attn, &x], &mut y)?;
+            cost.add(layer.out_residual.run(&[&attn, &x], &mut y)?);
             std::mem::swap(&mut x, &mut y);
             for lane in 0..n {
                 rms_norm(x.lane(lane), &layer.ffn_norm, cfg.rms_eps, 0.0, xn.lane_mut(lane));
             }
-            layer.ffn_residual.run(&[&xn, &x], &mut y)?;
+            cost.add(layer.ffn_residual.run(&[&xn, &x], &mut y)?);
             std::mem::swap(&mut x, &mut y);
         }
         commit_tokens(items);
@@ -458,17 +458,18 @@ impl LanguageModel for Llama {
         Session::new(self.attention.cache(&vec![None; self.cfg.n_layers]), ctx)
     }
 
-    fn forward(&self, items: &mut [StepItem<'_>]) -> Result<Batch> {
+    fn forward_with_cost(&self, items: &mut [StepItem<'_>]) -> Result<(Batch, ForwardCost)> {
         let lm_head = self.lm_head.as_ref().ok_or_else(|| {
             EngineError::InvalidRequest("this model was loaded as an embedding trunk: it has no LM head".into())
         })?;
-        let normed = self.trunk(items)?;
+        let mut cost = ForwardCost::default();
+        let normed = self.trunk(items, &mut cost)?;
         let mut logits = Batch::default();
         if normed.lanes() == 0 {
             logits.resize(0, self.cfg.vocab_size);
         } else {
-            lm_head.run(&[&normed], &mut logits)?;
+            cost.add(lm_head.run(&[&normed], &mut logits)?);
         }
-        Ok(logits)
+        Ok((logits, cost))
     }
 }

@@ -27,7 +27,7 @@ use crate::arch::attention::Attention;
 use crate::arch::deltanet::{DeltaNetShape, GatedDeltaNet, VHeadOrder};
 use crate::arch::lm_head::compile_lm_head;
 use crate::arch::step::{commit_tokens, embed_lanes, plan_lanes, wanted_lanes};
-use crate::backend::{Backend, Kernel, KernelSpec, WeightId};
+use crate::backend::{Backend, ForwardCost, Kernel, KernelSpec, WeightId};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
 use crate::model::{LanguageModel, ModelInfo, StepItem};
@@ -533,7 +533,8 @@ impl LanguageModel for Qwen35 {
         Session::with_recurrent(self.attention.cache(&vec![None; self.cfg.n_layers()]), recurrent, ctx)
     }
 
-    fn forward(&self, items: &mut [StepItem<'_>]) -> Result<Batch> {
+    fn forward_with_cost(&self, items: &mut [StepItem<'_>]) -> Result<(Batch, ForwardCost)> {
+        let mut cost = ForwardCost::default();
         let cfg = &self.cfg;
         let (h, hd) = (cfg.hidden_size, cfg.head_dim);
         let q_dim = cfg.n_heads * hd;
@@ -542,7 +543,7 @@ impl LanguageModel for Qwen35 {
         let lanes = plan_lanes(items, cfg.vocab_size)?;
         let n = lanes.len();
         if n == 0 {
-            return Ok(Batch::zeros(0, cfg.vocab_size));
+            return Ok((Batch::zeros(0, cfg.vocab_size), cost));
         }
         let mut x = embed_lanes(&self.embed, items, n, 1.0)?;
         let angles: Vec<Vec<(f32, f32)>> = lanes
@@ -567,7 +568,7 @@ impl LanguageModel for Qwen35 {
             }
             match &layer.mixer {
                 Mixer::Linear { proj: p, net, out } => {
-                    p.run(&[&xn], &mut proj)?;
+                    cost.add(p.run(&[&xn], &mut proj)?);
                     let mut states = items
                         .iter_mut()
                         .map(|it| it.session.recurrent.get_mut(li))
@@ -576,7 +577,7 @@ impl LanguageModel for Qwen35 {
                             EngineError::Config("a session of another model was passed to Qwen3.5".into())
                         })?;
                     net.forward(&mut states, &lane_items, &proj, &mut conv, &mut mixed)?;
-                    out.run(&[&mixed, &x], &mut y)?;
+                    cost.add(out.run(&[&mixed, &x], &mut y)?);
                 }
                 Mixer::Attention {
                     qkv,
@@ -584,7 +585,7 @@ impl LanguageModel for Qwen35 {
                     k_norm,
                     out,
                 } => {
-                    qkv.run(&[&xn], &mut proj)?;
+                    cost.add(qkv.run(&[&xn], &mut proj)?);
                     // Per head: [query | gate] (2·hd) for q heads, then k, then v.
                     for (lane, cs) in angles.iter().enumerate() {
                         let row = proj.lane_mut(lane);
@@ -611,14 +612,14 @@ impl LanguageModel for Qwen35 {
                             }
                         }
                     }
-                    out.run(&[&attn, &x], &mut y)?;
+                    cost.add(out.run(&[&attn, &x], &mut y)?);
                 }
             }
             std::mem::swap(&mut x, &mut y);
             for lane in 0..n {
                 rms_norm(x.lane(lane), &layer.post_norm, eps, 0.0, xn.lane_mut(lane));
             }
-            layer.ffn_residual.run(&[&xn, &x], &mut y)?;
+            cost.add(layer.ffn_residual.run(&[&xn, &x], &mut y)?);
             std::mem::swap(&mut x, &mut y);
         }
         commit_tokens(items);
@@ -631,8 +632,8 @@ impl LanguageModel for Qwen35 {
         if wanted.is_empty() {
             logits.resize(0, cfg.vocab_size);
         } else {
-            self.lm_head.run(&[&normed], &mut logits)?;
+            cost.add(self.lm_head.run(&[&normed], &mut logits)?);
         }
-        Ok(logits)
+        Ok((logits, cost))
     }
 }
