@@ -64,7 +64,7 @@ pub fn plan_encoder(dims: &EncoderDims, opts: &PlanOptions) -> Result<EncoderPla
             dims.heads, dims.layers, dims.max_positions
         )));
     }
-    if !h.is_multiple_of(dims.heads) {
+    if h % dims.heads != 0 {
         return Err(PlanError::BadDims(format!(
             "hidden {h} does not divide into {} heads",
             dims.heads

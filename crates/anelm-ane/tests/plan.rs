@@ -468,6 +468,9 @@ fn smollm2_full_model_compile_time() {
     }
 }
 
+/// A serve row of the C++ README: model, weights, and aggregate tok/s at c1, c2 and c4.
+type ServeRow = (&'static str, fn() -> ModelDims, WeightMode, [f64; 3]);
+
 /// The serve table as `benchmark_parallel.py` measured it: Σ generated tokens ÷ wall time, where
 /// the wall also holds each request's inline prefill (`ane-runtime.md` §7.2, §10.1). The prompt
 /// length is not published, so it is fitted on one row (4B int8 c1) and must come out as a
@@ -488,7 +491,7 @@ fn serve_rows_with_each_requests_prefill() {
     eprintln!("fitted prompt length: {prompt:.1} tokens (on 4B int8 serve c1)");
     assert!((10.0..=60.0).contains(&prompt), "prompt {prompt:.1} tokens");
     let load = ServeLoad::cpp_readme(prompt);
-    let rows: [(&str, fn() -> ModelDims, WeightMode, [f64; 3]); 4] = [
+    let rows: [ServeRow; 4] = [
         ("4B int8", qwen35_4b, INT8, [10.53, 15.95, 28.62]),
         ("4B fp16", qwen35_4b, WeightMode::Fp16, [8.62, 12.59, 20.75]),
         ("9B int8", qwen35_9b, INT8, [5.76, 5.81, 6.57]),
