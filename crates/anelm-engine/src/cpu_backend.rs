@@ -15,19 +15,65 @@ use crate::load_quantize::{LoadQuantization, quantize_matrix};
 use crate::stored_matrix::StoredMatrix;
 
 /// Runs `KernelSpec`s on the host CPU through `anelm-kernels` (threads: the kernel pool).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct CpuBackend {
-    /// Run f32/f16/bf16-stored matrices as bf16 × bf16 (see [`CpuBackend::for_embeddings`]).
-    bf16: bool,
+    /// Which float matrices run as bf16 × bf16.
+    bf16: Bf16Policy,
     /// Re-encode float matrices at load (see [`CpuBackend::quantizing`]).
     quantize: Option<LoadQuantization>,
 }
 
+/// Which float matrices a [`CpuBackend`] multiplies as bf16 × bf16 (`vdpbf16ps`, f32 sums).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Bf16Policy {
+    /// None: every float matrix with f32 activations.
+    #[default]
+    Off,
+    /// Matrices stored as bf16: their weights are bf16 already, and the activations are rounded
+    /// to bf16 as llama.cpp's BF16 dot and a bf16 transformers model round them.
+    StoredBf16,
+    /// Every f32, f16 or bf16 matrix, rounded to bf16 at load (embedding models).
+    AllFloats,
+}
+
+impl Bf16Policy {
+    /// `policy` where this CPU has AVX512_BF16 and `ANELM_BF16` is not 0, else `Off`.
+    fn where_available(policy: Bf16Policy) -> Bf16Policy {
+        if Bf16Matrix::available() && anelm_kernels::Tuning::get().bf16 {
+            policy
+        } else {
+            Bf16Policy::Off
+        }
+    }
+
+    /// Whether a matrix stored as `format` runs as bf16.
+    fn covers(self, format: WeightFormat) -> bool {
+        match self {
+            Bf16Policy::Off => false,
+            Bf16Policy::StoredBf16 => format == WeightFormat::BF16,
+            Bf16Policy::AllFloats => matches!(format, WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16),
+        }
+    }
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl CpuBackend {
     /// The CPU backend: every matrix in its stored format, activations in that format's dot
-    /// format (what the decoders are checked against llama.cpp and transformers with).
+    /// format (what the decoders are checked against llama.cpp and transformers with). Matrices
+    /// stored as bf16 (Hugging Face bf16 checkpoints, BF16 GGUFs) run as bf16 × bf16 with f32
+    /// sums where the CPU has AVX512_BF16 — the activations rounded to bf16, as llama.cpp's BF16
+    /// dot rounds them — at twice the multiply rate of the f32 tile; `ANELM_BF16=0` keeps f32
+    /// activations.
     pub fn new() -> Self {
-        Self::default()
+        Self {
+            bf16: Bf16Policy::where_available(Bf16Policy::StoredBf16),
+            quantize: None,
+        }
     }
 
     /// The CPU backend for embedding models: where the CPU has AVX512_BF16, matrices stored as
@@ -38,7 +84,7 @@ impl CpuBackend {
     /// [`CpuBackend::new`].
     pub fn for_embeddings() -> Self {
         Self {
-            bf16: Bf16Matrix::available() && anelm_kernels::Tuning::get().bf16,
+            bf16: Bf16Policy::where_available(Bf16Policy::AllFloats),
             quantize: None,
         }
     }
@@ -47,14 +93,15 @@ impl CpuBackend {
     /// (`--quantize`; see [`crate::load_quantize`]).
     pub fn quantizing(q: LoadQuantization) -> Self {
         Self {
-            bf16: false,
+            bf16: Bf16Policy::Off,
             quantize: Some(q),
         }
     }
 
-    /// Whether this backend runs float matrices as bf16.
+    /// Whether this backend runs every float matrix (f32, f16, bf16) as bf16
+    /// ([`CpuBackend::for_embeddings`] on a CPU with AVX512_BF16).
     pub fn bf16(&self) -> bool {
-        self.bf16
+        self.bf16 == Bf16Policy::AllFloats
     }
 }
 
@@ -77,7 +124,8 @@ impl Backend for CpuBackend {
                 Some(q) => quantize_matrix(m, q)?,
                 None => m,
             };
-            CpuMatrix::new(m, self.bf16)
+            let bf16 = self.bf16.covers(m.format);
+            CpuMatrix::new(m, bf16)
         };
         match spec {
             KernelSpec::Linear { w } | KernelSpec::LmHead { w } => Ok(Box::new(CpuLinear::new(vec![load(w)?], false)?)),
@@ -140,7 +188,7 @@ fn check_inputs<'a>(
 struct CpuMatrix {
     m: StoredMatrix,
     packed: Option<anelm_kernels::PackedMatrix>,
-    /// The weights rounded to bf16, on a [`CpuBackend::for_embeddings`] backend.
+    /// The weights as bf16, where the backend's [`Bf16Policy`] covers the matrix.
     bf16: Option<Bf16Matrix>,
 }
 
