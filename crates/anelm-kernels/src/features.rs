@@ -233,6 +233,16 @@ mod tests {
             assert_eq!(f.avx2, std::arch::is_x86_feature_detected!("avx2"));
             assert_eq!(f.avx512vnni, std::arch::is_x86_feature_detected!("avx512vnni"));
         }
+        #[cfg(target_arch = "aarch64")]
+        {
+            assert!(f.neon, "NEON is in every aarch64 CPU");
+            assert_eq!(f.dotprod, std::arch::is_aarch64_feature_detected!("dotprod"));
+            assert_eq!(
+                crate::Isa::NeonDot.available(),
+                f.dotprod,
+                "sdot kernels only with dotprod"
+            );
+        }
         if f.avx512() {
             assert!(f.avx512f && f.avx512vl);
         }
