@@ -564,10 +564,10 @@ impl PackedMatrix {
         if dotprod {
             // SAFETY: `fused` passes `dotprod` only for `Isa::NeonDot`, after `available()`
             // confirmed the dotprod extension; NEON is in every aarch64 CPU.
-            unsafe { crate::packed_neon::group_sdot(self.fmt, blk, x, lane0, tile) }
+            unsafe { crate::packed_neon::sdot::group(self.fmt, blk, x, lane0, tile) }
         } else {
             // SAFETY: NEON is in every aarch64 CPU (the targets' baseline).
-            unsafe { crate::packed_neon::group_smull(self.fmt, blk, x, lane0, tile) }
+            unsafe { crate::packed_neon::smull::group(self.fmt, blk, x, lane0, tile) }
         }
     }
 

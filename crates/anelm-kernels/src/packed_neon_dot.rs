@@ -7,7 +7,8 @@
 //! and 32-bit lane in one instruction, the activation's 4-byte group picked by index from one
 //! register), and `smull` (widening multiplies and pairwise adds) for cores without dotprod.
 //! `sdot`'s intrinsics are not stable in Rust 1.95 (`stdarch_neon_dotprod`), so it is written as
-//! inline assembly, in a function compiled for dotprod.
+//! inline assembly, in a function compiled for dotprod; for it to inline, every kernel that
+//! calls it is compiled for dotprod too (`packed_neon`'s two instantiations).
 
 use std::arch::aarch64::*;
 use std::arch::asm;
@@ -27,30 +28,18 @@ pub(crate) fn dot_zero() -> DotAcc {
     [vdupq_n_s32(0); 4]
 }
 
-/// `acc` plus, for each of the 8 rows, Σ over `k < 4`, `i < 4` of `w[k][row] byte i · x byte
-/// 4k + i`: 16 columns whose activations are the 16 bytes of `x`. `SDOT` picks `sdot`, which
-/// only an entry point compiled for dotprod and run where `Features::dotprod` holds may ask for.
+/// The 8 row sums of `sdot_quad`'s accumulator: rows 0–3, rows 4–7.
 #[inline]
 #[target_feature(enable = "neon")]
-pub(crate) fn dot_quad<const SDOT: bool>(acc: DotAcc, w: &Quad, x: int8x16_t) -> DotAcc {
-    if SDOT {
-        // SAFETY: `SDOT` is true only under `packed_neon::group_sdot`, which `PackedMatrix` calls
-        // only for `Isa::NeonDot`, after `available()` confirmed the dotprod extension.
-        unsafe { sdot_quad(acc, w, x) }
-    } else {
-        smull_quad(acc, w, x)
-    }
+pub(crate) fn sdot_finish(acc: DotAcc) -> [int32x4_t; 2] {
+    [acc[0], acc[1]]
 }
 
-/// The 8 row sums: rows 0–3, rows 4–7.
+/// The 8 row sums of `smull_quad`'s accumulator: rows 0–3, rows 4–7.
 #[inline]
 #[target_feature(enable = "neon")]
-pub(crate) fn dot_finish<const SDOT: bool>(acc: DotAcc) -> [int32x4_t; 2] {
-    if SDOT {
-        [acc[0], acc[1]]
-    } else {
-        [vpaddq_s32(acc[0], acc[1]), vpaddq_s32(acc[2], acc[3])]
-    }
+pub(crate) fn smull_finish(acc: DotAcc) -> [int32x4_t; 2] {
+    [vpaddq_s32(acc[0], acc[1]), vpaddq_s32(acc[2], acc[3])]
 }
 
 /// `acc[i] += Σ_j w[4i + j] · x[4L + j]`, one `sdot` by element.
@@ -58,7 +47,8 @@ macro_rules! sdot_lane {
     ($acc:expr, $w:expr, $x:expr, $lane:literal) => {{
         let mut acc: int32x4_t = $acc;
         // SAFETY: SIMD only: registers in, register out, no memory or flags touched. It expands
-        // only in `sdot_quad`, compiled for dotprod, which runs only where the CPU has it.
+        // only in `sdot_quad`, compiled for dotprod; its callers (the `packed_neon::sdot`
+        // kernels) run only where `Features::dotprod` holds.
         unsafe {
             asm!(
                 concat!("sdot {acc:v}.4s, {w:v}.16b, {x:v}.4b[", $lane, "]"),
@@ -72,11 +62,13 @@ macro_rules! sdot_lane {
     }};
 }
 
-/// [`dot_quad`] with `sdot` by element (ARMv8.2 dotprod): each instruction adds four products to
-/// each of four rows, the activation group picked by index from `x`.
+/// `acc` plus, for each of the 8 rows, Σ over `k < 4`, `i < 4` of `w[k][row] byte i · x byte
+/// 4k + i` (16 columns whose activations are the 16 bytes of `x`), with `sdot` by element
+/// (ARMv8.2 dotprod): each instruction adds four products to each of four rows, the activation
+/// group picked by index from `x`.
 #[inline]
 #[target_feature(enable = "neon,dotprod")]
-fn sdot_quad(acc: DotAcc, w: &Quad, x: int8x16_t) -> DotAcc {
+pub(crate) fn sdot_quad(acc: DotAcc, w: &Quad, x: int8x16_t) -> DotAcc {
     let [mut a, mut b, c, d] = acc;
     a = sdot_lane!(a, w[0][0], x, "0");
     b = sdot_lane!(b, w[0][1], x, "0");
@@ -89,11 +81,12 @@ fn sdot_quad(acc: DotAcc, w: &Quad, x: int8x16_t) -> DotAcc {
     [a, b, c, d]
 }
 
-/// [`dot_quad`] with `smull`/`smull2` into 16-bit products and `sadalp` into 32-bit pair sums
-/// (one product per 16-bit lane, so nothing can overflow whatever the bytes).
+/// [`sdot_quad`] with `smull`/`smull2` into 16-bit products and `sadalp` into 32-bit pair sums
+/// (one product per 16-bit lane, so nothing can overflow whatever the bytes), for any aarch64
+/// CPU.
 #[inline]
 #[target_feature(enable = "neon")]
-fn smull_quad(acc: DotAcc, w: &Quad, x: int8x16_t) -> DotAcc {
+pub(crate) fn smull_quad(acc: DotAcc, w: &Quad, x: int8x16_t) -> DotAcc {
     let [mut r01, mut r23, mut r45, mut r67] = acc;
     let x32 = vreinterpretq_s32_s8(x);
     let groups = [
