@@ -306,6 +306,18 @@ fn packed_matmul_checks_its_inputs() {
     act.quantize(WeightFormat::Q4_1, &rng.vec(cols), 1, cols)
         .expect("quantize");
     assert!(packed.matmul(&act, &mut vec![0.0; rows - 1]).is_err(), "short output");
+    // An instruction set this CPU lacks, or that has no kernel for this layout, is an error, never
+    // run: on aarch64 without dotprod, `NeonDot`; on x86-64, the NEON paths.
+    for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx2Vnni, Isa::Neon, Isa::NeonDot] {
+        let mut out = vec![0.0; rows];
+        let served = isa.available() && isa != Isa::Scalar && runs_layout(isa, packed.group_rows());
+        assert_eq!(
+            packed.matmul_with(isa, &act, &mut out).is_ok(),
+            served,
+            "{}",
+            isa.name()
+        );
+    }
 }
 
 /// Pack `rows × cols` random weights, or `None` on a CPU without the packed kernels.
