@@ -641,13 +641,14 @@ pub fn wide_kernel_available() -> bool {
 /// every aarch64 CPU). `ANELM_KERNELS=scalar` (or, on x86-64, any non-x86 path), or
 /// `ANELM_PACKED=0`, turns packing off for A/B runs.
 pub fn kernel_available() -> bool {
-    use crate::matmul::Isa;
     #[cfg(target_arch = "x86_64")]
     {
+        use crate::matmul::Isa;
         matches!(Isa::best(), Isa::Avx2 | Isa::Avx2Vnni) && crate::Tuning::get().packed
     }
     #[cfg(target_arch = "aarch64")]
     {
+        use crate::matmul::Isa;
         matches!(Isa::best(), Isa::Neon | Isa::NeonDot) && crate::Tuning::get().packed
     }
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
