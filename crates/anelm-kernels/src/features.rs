@@ -113,7 +113,8 @@ impl Features {
 /// lacks.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tuning {
-    /// `ANELM_KERNELS=scalar|avx2|avx2+vnni|neon`: the matmul path to use instead of the best.
+    /// `ANELM_KERNELS=scalar|avx2|avx2+vnni|neon|neon+dotprod`: the matmul path to use instead of
+    /// the best.
     pub kernels: Option<String>,
     /// `ANELM_PACKED=0`: keep matrices row-major (no interleaved packing at load).
     pub packed: bool,
