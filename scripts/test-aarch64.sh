@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The kernel crate's tests on aarch64 from an x86-64 Linux host, under qemu user-mode emulation:
 # the NEON kernels (row-major and packed, with `sdot` and with `smull`) against the scalar
-# reference. Runs them twice: on qemu's default CPU (which has dotprod, so `Isa::NeonDot` and
+# reference. Lints the crate for aarch64 first (clippy on the host does not see that code), then
+# runs the tests twice: on qemu's default CPU (which has dotprod, so `Isa::NeonDot` and
 # the `sdot` kernels run) and as a Cortex-A53 (no dotprod: only the `smull` kernels).
 #
 # Installs what it needs when missing: the Rust target `aarch64-unknown-linux-gnu` (rustup) and,
@@ -55,6 +56,9 @@ fi
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER="$LINKER"
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L $SYSROOT"
 
+# The host's clippy never sees the aarch64-only code (the NEON kernels): lint it for this target.
+echo "== cargo clippy -p anelm-kernels --target $TARGET"
+cargo clippy -p anelm-kernels --target "$TARGET" --all-targets -- -D warnings
 echo "== anelm-kernels tests on $TARGET under qemu (default CPU: NEON + dotprod)"
 cargo test --release -p anelm-kernels --target "$TARGET" "$@"
 echo "== anelm-kernels tests on $TARGET under qemu (Cortex-A53: NEON without dotprod)"
