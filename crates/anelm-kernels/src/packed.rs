@@ -199,6 +199,11 @@ impl PackedMatrix {
         if group_rows == WIDE_GROUP_ROWS && !has_wide_kernel(fmt) {
             return Ok(None);
         }
+        // A layout x86 has kernels for is not necessarily one the NEON kernels read.
+        #[cfg(target_arch = "aarch64")]
+        if !crate::packed_neon::serves(fmt) {
+            return Ok(None);
+        }
         let nb = cols / fmt.block_elems();
         let r_n = group_rows;
         let gb = r_n * row_block;

@@ -16,8 +16,24 @@
 
 use std::arch::aarch64::*;
 
+use crate::format::WeightFormat;
 use crate::packed::PACK_ROWS;
 use crate::packed_neon_dot::{Quad, load_rows8};
+
+/// Whether these kernels read `fmt`'s packed layout (`PackedMatrix::pack` leaves every other
+/// format row-major on aarch64, whatever layouts `packed_layout.rs` knows).
+pub(crate) fn serves(fmt: WeightFormat) -> bool {
+    matches!(
+        fmt,
+        WeightFormat::Q4_1
+            | WeightFormat::Q8_0
+            | WeightFormat::Q4_0
+            | WeightFormat::Q5_0
+            | WeightFormat::Q4_K
+            | WeightFormat::Q5_K
+            | WeightFormat::Q6_K
+    )
+}
 
 /// Lanes one call handles (the caller loops over more); tiles of [`TILE_LANES`] inside.
 pub(crate) const MAX_LANES: usize = 16;
@@ -149,7 +165,7 @@ macro_rules! neon_kernels {
                 WeightFormat::Q4_K => in_tiles!(q4_k_tile, blk, x, lane0, out),
                 WeightFormat::Q5_K => in_tiles!(q5_k_tile, blk, x, lane0, out),
                 WeightFormat::Q6_K => in_tiles!(q6_k_tile, blk, x, lane0, out),
-                // `pack_in_groups` builds nothing else.
+                // `pack_in_groups` builds nothing else here (`serves`).
                 _ => out.iter_mut().for_each(|t| t.fill(f32::NAN)),
             }
         }

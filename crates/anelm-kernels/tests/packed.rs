@@ -263,6 +263,38 @@ fn packed_kernels_stay_exact_at_the_ends_of_the_ranges() {
     }
 }
 
+/// Whatever packs on this CPU has a kernel behind it: every format of `WeightFormat::ALL` that
+/// `pack` accepts gives the scalar reference's values (bit for bit on NEON) on every packed ISA.
+/// A layout added for one architecture without kernels on another would pack there and fail here.
+#[test]
+fn every_format_that_packs_runs() {
+    let mut rng = Rng(29);
+    let (rows, lanes) = (16usize, 5usize);
+    for fmt in WeightFormat::ALL {
+        let cols = 2 * fmt.block_elems().max(32);
+        let w = encode(fmt, &rng.vec(rows * cols), rows, cols);
+        let Some(packed) = PackedMatrix::pack(fmt, &w, rows, cols).expect("pack") else {
+            continue;
+        };
+        let mut act = Activations::new();
+        act.quantize(fmt, &rng.vec(lanes * cols), lanes, cols)
+            .expect("quantize activations");
+        let want = row_major(Isa::Scalar, fmt, &w, rows, cols, &act);
+        for isa in packed_isas()
+            .into_iter()
+            .filter(|&i| runs_layout(i, packed.group_rows()))
+        {
+            let mut got = vec![f32::NAN; lanes * rows];
+            packed.matmul_with(isa, &act, &mut got).expect("packed");
+            let what = format!("{} {fmt:?}", isa.name());
+            assert_within_tolerance(&got, &want, cols, &what);
+            if exact_to_scalar(isa) {
+                assert!(same_bits(&got, &want), "{what}: differs from the scalar reference");
+            }
+        }
+    }
+}
+
 #[test]
 fn packing_refuses_what_it_cannot_serve() {
     let mut rng = Rng(9);
