@@ -144,19 +144,25 @@ fn main() {
                 if isas.is_empty() || (lanes == 1 && !quick) {
                     isas.push(Isa::Scalar);
                 }
-                // The interleaved layout too, where this CPU packs the format (`packed` row).
+                // The interleaved layout too, where this CPU packs the format (`packed` row, on
+                // `Isa::best()`); on aarch64 with dotprod also `packed neon`, the `smull`
+                // kernels, for an A/B of `sdot`.
                 let packed = PackedMatrix::pack(fmt, &w, rows, cols).expect("pack");
-                let runs = isas
-                    .iter()
-                    .map(|&i| (Some(i), i.name()))
-                    .chain(packed.iter().map(|_| (None, "packed")));
-                for (isa, name) in runs.collect::<Vec<_>>() {
+                let mut packed_isas = vec![(Isa::best(), "packed")];
+                if Isa::best() == Isa::NeonDot {
+                    packed_isas.push((Isa::Neon, "packed neon"));
+                }
+                let runs = isas.iter().map(|&i| (i, false, i.name())).chain(
+                    packed
+                        .iter()
+                        .flat_map(|_| packed_isas.iter().map(|&(i, n)| (i, true, n))),
+                );
+                for (isa, on_packed, name) in runs.collect::<Vec<_>>() {
                     let t = median_time(
                         || {
-                            match (isa, &packed) {
-                                (Some(isa), _) => matmul_with(isa, fmt, &w, rows, cols, &act, &mut out),
-                                (None, Some(p)) => p.matmul(&act, &mut out),
-                                (None, None) => unreachable!("a packed run exists only for a packed matrix"),
+                            match &packed {
+                                Some(p) if on_packed => p.matmul_with(isa, &act, &mut out),
+                                _ => matmul_with(isa, fmt, &w, rows, cols, &act, &mut out),
                             }
                             .expect("matmul");
                             black_box(&out);

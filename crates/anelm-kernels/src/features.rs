@@ -113,7 +113,8 @@ impl Features {
 /// lacks.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tuning {
-    /// `ANELM_KERNELS=scalar|avx2|avx2+vnni|neon`: the matmul path to use instead of the best.
+    /// `ANELM_KERNELS=scalar|avx2|avx2+vnni|neon|neon+dotprod`: the matmul path to use instead of
+    /// the best.
     pub kernels: Option<String>,
     /// `ANELM_PACKED=0`: keep matrices row-major (no interleaved packing at load).
     pub packed: bool,
@@ -232,6 +233,16 @@ mod tests {
         {
             assert_eq!(f.avx2, std::arch::is_x86_feature_detected!("avx2"));
             assert_eq!(f.avx512vnni, std::arch::is_x86_feature_detected!("avx512vnni"));
+        }
+        #[cfg(target_arch = "aarch64")]
+        {
+            assert!(f.neon, "NEON is in every aarch64 CPU");
+            assert_eq!(f.dotprod, std::arch::is_aarch64_feature_detected!("dotprod"));
+            assert_eq!(
+                crate::Isa::NeonDot.available(),
+                f.dotprod,
+                "sdot kernels only with dotprod"
+            );
         }
         if f.avx512() {
             assert!(f.avx512f && f.avx512vl);

@@ -18,6 +18,12 @@ mod fp16;
 mod matmul;
 mod packed;
 mod packed_layout;
+#[cfg(target_arch = "aarch64")]
+mod packed_neon;
+#[cfg(target_arch = "aarch64")]
+mod packed_neon_dot;
+#[cfg(target_arch = "aarch64")]
+mod packed_neon_kquant;
 #[cfg(target_arch = "x86_64")]
 mod packed_x86;
 #[cfg(target_arch = "x86_64")]

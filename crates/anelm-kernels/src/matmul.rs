@@ -18,15 +18,19 @@ pub enum Isa {
     Avx2Vnni,
     /// aarch64 NEON.
     Neon,
+    /// NEON plus the dotprod extension (`sdot` for the packed kernels' block dots); results
+    /// equal `Neon`'s, and the row-major kernels are `Neon`'s.
+    NeonDot,
 }
 
 impl Isa {
-    /// The fastest path this CPU runs. `ANELM_KERNELS=<name>` (`scalar`, `avx2`, `avx2+vnni`, `neon`)
-    /// forces a path for A/B measurements; a name this CPU cannot run falls back to the best one.
+    /// The fastest path this CPU runs. `ANELM_KERNELS=<name>` (`scalar`, `avx2`, `avx2+vnni`, `neon`,
+    /// `neon+dotprod`) forces a path for A/B measurements; a name this CPU cannot run falls back
+    /// to the best one.
     pub fn best() -> Self {
         static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
         *BEST.get_or_init(|| {
-            let all = [Isa::Avx2Vnni, Isa::Avx2, Isa::Neon, Isa::Scalar];
+            let all = [Isa::Avx2Vnni, Isa::Avx2, Isa::NeonDot, Isa::Neon, Isa::Scalar];
             if let Some(v) = crate::Tuning::get().kernels.as_deref()
                 && let Some(isa) = all.into_iter().find(|i| i.name().eq_ignore_ascii_case(v.trim()))
                 && isa.available()
@@ -47,6 +51,8 @@ impl Isa {
             Isa::Avx2Vnni => crate::simd_x86::available() && crate::simd_x86::has_vnni(),
             #[cfg(target_arch = "aarch64")]
             Isa::Neon => true,
+            #[cfg(target_arch = "aarch64")]
+            Isa::NeonDot => crate::Features::get().dotprod,
             #[allow(unreachable_patterns)]
             _ => false,
         }
@@ -59,6 +65,7 @@ impl Isa {
             Isa::Avx2 => "avx2",
             Isa::Avx2Vnni => "avx2+vnni",
             Isa::Neon => "neon",
+            Isa::NeonDot => "neon+dotprod",
         }
     }
 }
@@ -72,7 +79,7 @@ fn dot_row_on(isa: Isa, fmt: WeightFormat, row: &[u8], x: &Activations, lane0: u
         Isa::Avx2 | Isa::Avx2Vnni => unsafe { crate::simd_x86::dot_row(fmt, row, x, lane0, acc) },
         #[cfg(target_arch = "aarch64")]
         // SAFETY: NEON is part of every aarch64 target Rust supports here.
-        Isa::Neon => unsafe { crate::simd_neon::dot_row(fmt, row, x, lane0, acc) },
+        Isa::Neon | Isa::NeonDot => unsafe { crate::simd_neon::dot_row(fmt, row, x, lane0, acc) },
         _ => dot_row(fmt, row, x, lane0, acc),
     }
 }

@@ -26,6 +26,11 @@
 //! bytes), so one 512-bit dot serves 16 rows: the batched
 //! step's lanes then cost half the instructions (`packed_x86_wide`). Both widths give the same
 //! values.
+//!
+//! On aarch64 the same 8-row layout runs NEON kernels (`packed_neon*.rs`): `sdot` by element
+//! takes one register of 4 rows × 4 bytes against one 4-byte activation group, exactly the
+//! layout's vector halves; `smull` where the CPU lacks dotprod. Their results have the row-major
+//! kernels' bits for every format.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -52,7 +57,7 @@ pub struct PackedMatrix {
     data: WeightBytes,
     /// Where the weights of the matrix that ran after this one last time are (see
     /// `RUN_ORDER`).
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    #[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))]
     successor: Arc<Successor>,
 }
 
@@ -72,7 +77,7 @@ impl Clone for PackedMatrix {
 
 /// The weight bytes of a matrix's successor, as addresses for a prefetch hint only (see
 /// `Pool::prefetch_range`: a stale range is harmless), so no lifetime ties two matrices.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // packing runs on x86-64 only
+#[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))]
 #[derive(Default)]
 struct Successor {
     base: AtomicUsize,
@@ -84,13 +89,13 @@ struct Successor {
 /// ends, the pool's waiting workers prefetch its successor's first bytes while the caller does
 /// the step's serial work (norms, RoPE, attention set-up) before that successor runs. When
 /// several models interleave, the guess is merely wrong, which costs a little bandwidth.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // packing runs on x86-64 only
+#[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))]
 static RUN_ORDER: Mutex<Option<Arc<Successor>>> = Mutex::new(None);
 
 impl PackedMatrix {
     /// Record that this matrix runs now (telling its predecessor where it is) and return its
     /// own successor's last known range.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    #[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))]
     fn note_run(&self) -> (usize, usize) {
         if let Ok(mut last) = RUN_ORDER.lock() {
             if let Some(prev) = last.as_ref().filter(|p| !Arc::ptr_eq(p, &self.successor)) {
@@ -180,12 +185,7 @@ impl PackedMatrix {
         let Some(row_block) = crate::packed_layout::row_block_bytes(fmt) else {
             return Ok(None);
         };
-        if !rows.is_multiple_of(group_rows) || rows == 0 || !kernel_available() {
-            return Ok(None);
-        }
-        if group_rows == WIDE_GROUP_ROWS && !has_wide_kernel(fmt) {
-            return Ok(None);
-        }
+        // Bytes that do not match the shape are an error whether or not this CPU packs.
         let rb = fmt.row_bytes(cols)?;
         check_len(
             "weights",
@@ -193,6 +193,17 @@ impl PackedMatrix {
             w.len(),
             "bytes",
         )?;
+        if !rows.is_multiple_of(group_rows) || rows == 0 || !kernel_available() {
+            return Ok(None);
+        }
+        if group_rows == WIDE_GROUP_ROWS && !has_wide_kernel(fmt) {
+            return Ok(None);
+        }
+        // A layout x86 has kernels for is not necessarily one the NEON kernels read.
+        #[cfg(target_arch = "aarch64")]
+        if !crate::packed_neon::serves(fmt) {
+            return Ok(None);
+        }
         let nb = cols / fmt.block_elems();
         let r_n = group_rows;
         let gb = r_n * row_block;
@@ -261,8 +272,8 @@ impl PackedMatrix {
         self.matmul_with(crate::matmul::Isa::best(), x, out)
     }
 
-    /// [`PackedMatrix::matmul`] on a chosen instruction set (`Avx2` or `Avx2Vnni`), for tests
-    /// and A/B measurements.
+    /// [`PackedMatrix::matmul`] on a chosen instruction set (`Avx2` or `Avx2Vnni`; `Neon` or
+    /// `NeonDot` on aarch64), for tests and A/B measurements.
     pub fn matmul_with(&self, isa: crate::matmul::Isa, x: &Activations, out: &mut [f32]) -> Result<(), KernelError> {
         Self::fused(isa, &[self], None, None, x, out)
     }
@@ -341,7 +352,7 @@ impl PackedMatrix {
         out: &mut [f32],
     ) -> Result<(), KernelError> {
         use crate::matmul::Isa;
-        if !matches!(isa, Isa::Avx2 | Isa::Avx2Vnni) || !isa.available() {
+        if !matches!(isa, Isa::Avx2 | Isa::Avx2Vnni | Isa::Neon | Isa::NeonDot) || !isa.available() {
             return Err(KernelError::IsaUnavailable { isa: isa.name() });
         }
         if mats.is_empty() || mats.len() > MAX_FUSED {
@@ -381,13 +392,22 @@ impl PackedMatrix {
         if x.lanes == 0 {
             return Ok(());
         }
-        Self::run(isa == Isa::Avx2Vnni, mats, combine, quantize, x, out, width)
+        // The dot-product extension: VNNI on x86-64, dotprod (`sdot`) on aarch64.
+        Self::run(
+            matches!(isa, Isa::Avx2Vnni | Isa::NeonDot),
+            mats,
+            combine,
+            quantize,
+            x,
+            out,
+            width,
+        )
     }
 
     /// One parallel loop over the row groups of `mats`: without `combine`, matrix after matrix
     /// (each task inside one matrix), rows written side by side in `out`'s lanes of `width`
     /// values; with it, the groups of `mats[0]` and `mats[1]` together, combined.
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     fn run(
         vnni: bool,
         mats: &[&PackedMatrix],
@@ -478,7 +498,7 @@ impl PackedMatrix {
     }
 
     /// The bytes of row group `g` (of this matrix's group height).
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     fn group_bytes(&self, g: usize) -> &[u8] {
         let len = self.data.len() / (self.rows / self.group_rows);
         &self.data[g * len..(g + 1) * len]
@@ -539,7 +559,31 @@ impl PackedMatrix {
         }
     }
 
-    #[cfg(not(target_arch = "x86_64"))]
+    /// Row group `g` of this matrix against lanes `lane0 ..` of `x`, into `tile`, with `sdot`
+    /// when `dotprod` (the caller's `Isa::NeonDot`, available only where the CPU has it).
+    #[cfg(target_arch = "aarch64")]
+    #[inline]
+    fn group(&self, dotprod: bool, g: usize, x: &Activations, lane0: usize, tile: &mut [[f32; PACK_ROWS]]) {
+        debug_assert_eq!(self.group_rows, PACK_ROWS);
+        let blk = self.group_bytes(g);
+        if dotprod {
+            // SAFETY: `fused` passes `dotprod` only for `Isa::NeonDot`, after `available()`
+            // confirmed the dotprod extension; NEON is in every aarch64 CPU.
+            unsafe { crate::packed_neon::sdot::group(self.fmt, blk, x, lane0, tile) }
+        } else {
+            // SAFETY: NEON is in every aarch64 CPU (the targets' baseline).
+            unsafe { crate::packed_neon::smull::group(self.fmt, blk, x, lane0, tile) }
+        }
+    }
+
+    /// No 16-row layout is built on aarch64 (`wide_kernel_available` is false there); `run`
+    /// names this only for x86-64's sake.
+    #[cfg(target_arch = "aarch64")]
+    fn wide_group(&self, _g: usize, _x: &Activations, _lane0: usize, tile: &mut [[f32; WIDE_GROUP_ROWS]]) {
+        tile.iter_mut().for_each(|t| t.fill(f32::NAN));
+    }
+
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     fn run(
         _vnni: bool,
         _mats: &[&PackedMatrix],
@@ -565,11 +609,11 @@ pub const MAX_FUSED: usize = 4;
 
 /// Smallest claim of a matmul loop, in 8-row units (64 rows, ~23 KB of Q4_1 at 576 columns):
 /// the most a thread that finished can wait on another's last claim.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 const SPLIT_MIN_UNITS: usize = 8;
 
 /// Largest claim (~370 KB of Q4_1 at 576 columns), so a long matrix still spreads evenly.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 const SPLIT_MAX_UNITS: usize = 128;
 
 /// Whether `fmt` has 16-row kernels (the others pack in 8-row groups on every CPU).
@@ -598,15 +642,21 @@ pub fn wide_kernel_available() -> bool {
     }
 }
 
-/// Whether `PackedMatrix::pack` can build anything on this CPU (x86-64 with AVX2, FMA, F16C).
-/// `ANELM_KERNELS` naming a non-x86 path, or `ANELM_PACKED=0`, turns packing off for A/B runs.
+/// Whether `PackedMatrix::pack` can build anything on this CPU (x86-64 with AVX2, FMA, F16C;
+/// every aarch64 CPU). `ANELM_KERNELS=scalar` (or, on x86-64, any non-x86 path), or
+/// `ANELM_PACKED=0`, turns packing off for A/B runs.
 pub fn kernel_available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         use crate::matmul::Isa;
         matches!(Isa::best(), Isa::Avx2 | Isa::Avx2Vnni) && crate::Tuning::get().packed
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    {
+        use crate::matmul::Isa;
+        matches!(Isa::best(), Isa::Neon | Isa::NeonDot) && crate::Tuning::get().packed
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
         false
     }
@@ -614,28 +664,28 @@ pub fn kernel_available() -> bool {
 
 /// Whether finished loops hint their successor's weights to the pool (`ANELM_PREFETCH=0` turns
 /// it off for A/B runs).
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // packing runs on x86-64 only
+#[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))]
 fn prefetch_enabled() -> bool {
     crate::Tuning::get().prefetch_successor
 }
 
 /// Base pointer of the output, shared by tasks that write disjoint rows.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 struct OutPtr(*mut f32);
 // SAFETY: tasks write disjoint ranges (see `run`).
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 unsafe impl Sync for OutPtr {}
 
 /// Where one task of [`PackedMatrix::run`] writes: the shared output, its lane width, and the
 /// first column of the task's matrix.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 struct TaskOut<'a> {
     ptr: &'a OutPtr,
     width: usize,
     column: usize,
 }
 
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 impl TaskOut<'_> {
     /// Row groups `groups` (of `R` rows) of `m` against every lane of `x` through `kernel`;
     /// with `pair`, the second matrix's same groups too, merged by its combine a tile at a time.
@@ -647,6 +697,9 @@ impl TaskOut<'_> {
         groups: std::ops::Range<usize>,
         kernel: &impl Fn(&PackedMatrix, usize, usize, &mut [[f32; R]]),
     ) {
+        #[cfg(target_arch = "aarch64")]
+        use crate::packed_neon::MAX_LANES;
+        #[cfg(target_arch = "x86_64")]
         use crate::packed_x86::MAX_LANES;
         let mut tile = [[0f32; R]; MAX_LANES];
         let mut tile_b = [[0f32; R]; MAX_LANES];

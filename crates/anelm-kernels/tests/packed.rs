@@ -2,7 +2,9 @@
 //! reference with the tolerance rule of `simd_vs_scalar.rs` (integer block dots are exact, only
 //! the f32 accumulation order differs), Q4_K, Q5_K, Q6_K, Q5_0 and Q4_0 bit for bit (see their test). Shapes cover several pool tasks, lane counts across the kernel's lane tiles
 //! (1, 2, 4 and remainders, more than one call's `MAX_LANES`), and a width that is not a multiple
-//! of 256. Packing refuses what it has no kernel for.
+//! of 256. Packing refuses what it has no kernel for. On aarch64 every format is bit for bit
+//! against the scalar reference, on both NEON paths (`smull` and, where the CPU has dotprod,
+//! `sdot`); `scripts/test-aarch64.sh` runs these tests there under qemu.
 
 use anelm_kernels::{
     Activations, Isa, PACK_ROWS, PackedMatrix, WIDE_GROUP_ROWS, WeightFormat, matmul_with, wide_kernel_available,
@@ -12,6 +14,25 @@ mod common;
 use common::Rng;
 use common::encode;
 
+/// The instruction sets the packed kernels run on, on this CPU.
+fn packed_isas() -> Vec<Isa> {
+    [Isa::Avx2, Isa::Avx2Vnni, Isa::Neon, Isa::NeonDot]
+        .into_iter()
+        .filter(|i| i.available())
+        .collect()
+}
+
+/// Whether `isa` runs a layout of `group_rows` (16-row groups need AVX-512 VNNI).
+fn runs_layout(isa: Isa, group_rows: usize) -> bool {
+    group_rows == PACK_ROWS || isa == Isa::Avx2Vnni
+}
+
+/// The NEON packed kernels apply each block's scales in the scalar reference's order without
+/// fused multiply-adds, so they match it bit for bit in every format.
+fn exact_to_scalar(isa: Isa) -> bool {
+    matches!(isa, Isa::Neon | Isa::NeonDot)
+}
+
 #[test]
 fn packed_kernels_match_the_scalar_reference() {
     let mut rng = Rng(5);
@@ -20,8 +41,8 @@ fn packed_kernels_match_the_scalar_reference() {
             let w = encode(fmt, &rng.vec(rows * cols), rows, cols);
             let Some(packed) = PackedMatrix::pack(fmt, &w, rows, cols).expect("pack") else {
                 assert!(
-                    !Isa::Avx2.available(),
-                    "this CPU has AVX2, so {fmt:?} with rows % 8 == 0 must pack"
+                    packed_isas().is_empty(),
+                    "this CPU has packed kernels, so {fmt:?} with rows % 8 == 0 must pack"
                 );
                 println!("no packed kernel on this CPU");
                 return;
@@ -45,13 +66,20 @@ fn packed_kernels_match_the_scalar_reference() {
                 let want = row_major(Isa::Scalar, fmt, &w, rows, cols, &act);
                 let mut first: Option<Vec<f32>> = None;
                 for p in &layouts {
-                    for isa in [Isa::Avx2, Isa::Avx2Vnni].into_iter().filter(|i| i.available()) {
+                    for isa in packed_isas() {
                         let mut got = vec![f32::NAN; lanes * rows];
-                        if p.group_rows() == WIDE_GROUP_ROWS && isa == Isa::Avx2 {
+                        if !runs_layout(isa, p.group_rows()) {
                             assert!(p.matmul_with(isa, &act, &mut got).is_err(), "wide layout on AVX2");
                             continue;
                         }
                         p.matmul_with(isa, &act, &mut got).expect("packed");
+                        if exact_to_scalar(isa) {
+                            assert!(
+                                same_bits(&got, &want),
+                                "{} {fmt:?} {rows}x{cols} lanes {lanes}: differs from the scalar reference",
+                                isa.name()
+                            );
+                        }
                         assert_within_tolerance(
                             &got,
                             &want,
@@ -110,10 +138,7 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
 #[test]
 fn packed_k_quant_and_legacy_kernels_match_their_row_major_kernels() {
     let mut rng = Rng(17);
-    let simd: Vec<Isa> = [Isa::Avx2, Isa::Avx2Vnni]
-        .into_iter()
-        .filter(|i| i.available())
-        .collect();
+    let simd = packed_isas();
     for fmt in [
         WeightFormat::Q4_K,
         WeightFormat::Q5_K,
@@ -133,7 +158,7 @@ fn packed_k_quant_and_legacy_kernels_match_their_row_major_kernels() {
             let Some(packed) = packed else {
                 assert!(
                     simd.is_empty(),
-                    "this CPU has AVX2, so {fmt:?} with rows % 8 == 0 must pack"
+                    "this CPU has packed kernels, so {fmt:?} with rows % 8 == 0 must pack"
                 );
                 println!("no packed kernel on this CPU");
                 return;
@@ -160,7 +185,7 @@ fn packed_k_quant_and_legacy_kernels_match_their_row_major_kernels() {
                 for p in &layouts {
                     for &isa in &simd {
                         let mut got = vec![f32::NAN; lanes * rows];
-                        if p.group_rows() == WIDE_GROUP_ROWS && isa == Isa::Avx2 {
+                        if !runs_layout(isa, p.group_rows()) {
                             assert!(p.matmul_with(isa, &act, &mut got).is_err(), "wide layout on AVX2");
                             continue;
                         }
@@ -176,7 +201,9 @@ fn packed_k_quant_and_legacy_kernels_match_their_row_major_kernels() {
                             "{what}: differs from the row-major {} kernel",
                             isa.name()
                         );
-                        if matches!(fmt, WeightFormat::Q4_K | WeightFormat::Q5_K | WeightFormat::Q6_K) {
+                        if exact_to_scalar(isa)
+                            || matches!(fmt, WeightFormat::Q4_K | WeightFormat::Q5_K | WeightFormat::Q6_K)
+                        {
                             assert!(same_bits(&got, &scalar), "{what}: differs from the scalar reference");
                         } else {
                             assert_within_tolerance(&got, &scalar, cols, &what);
@@ -218,8 +245,8 @@ fn packed_kernels_stay_exact_at_the_ends_of_the_ranges() {
                 let Some(packed) = PackedMatrix::pack_with_group_rows(fmt, &w, rows, cols, g).expect("pack") else {
                     continue;
                 };
-                for isa in [Isa::Avx2, Isa::Avx2Vnni].into_iter().filter(|i| i.available()) {
-                    if g == WIDE_GROUP_ROWS && isa == Isa::Avx2 {
+                for isa in packed_isas() {
+                    if !runs_layout(isa, g) {
                         continue;
                     }
                     let mut got = vec![f32::NAN; 2 * rows];
@@ -231,6 +258,38 @@ fn packed_kernels_stay_exact_at_the_ends_of_the_ranges() {
                         isa.name()
                     );
                 }
+            }
+        }
+    }
+}
+
+/// Whatever packs on this CPU has a kernel behind it: every format of `WeightFormat::ALL` that
+/// `pack` accepts gives the scalar reference's values (bit for bit on NEON) on every packed ISA.
+/// A layout added for one architecture without kernels on another would pack there and fail here.
+#[test]
+fn every_format_that_packs_runs() {
+    let mut rng = Rng(29);
+    let (rows, lanes) = (16usize, 5usize);
+    for fmt in WeightFormat::ALL {
+        let cols = 2 * fmt.block_elems().max(32);
+        let w = encode(fmt, &rng.vec(rows * cols), rows, cols);
+        let Some(packed) = PackedMatrix::pack(fmt, &w, rows, cols).expect("pack") else {
+            continue;
+        };
+        let mut act = Activations::new();
+        act.quantize(fmt, &rng.vec(lanes * cols), lanes, cols)
+            .expect("quantize activations");
+        let want = row_major(Isa::Scalar, fmt, &w, rows, cols, &act);
+        for isa in packed_isas()
+            .into_iter()
+            .filter(|&i| runs_layout(i, packed.group_rows()))
+        {
+            let mut got = vec![f32::NAN; lanes * rows];
+            packed.matmul_with(isa, &act, &mut got).expect("packed");
+            let what = format!("{} {fmt:?}", isa.name());
+            assert_within_tolerance(&got, &want, cols, &what);
+            if exact_to_scalar(isa) {
+                assert!(same_bits(&got, &want), "{what}: differs from the scalar reference");
             }
         }
     }
@@ -279,6 +338,18 @@ fn packed_matmul_checks_its_inputs() {
     act.quantize(WeightFormat::Q4_1, &rng.vec(cols), 1, cols)
         .expect("quantize");
     assert!(packed.matmul(&act, &mut vec![0.0; rows - 1]).is_err(), "short output");
+    // An instruction set this CPU lacks, or that has no kernel for this layout, is an error, never
+    // run: on aarch64 without dotprod, `NeonDot`; on x86-64, the NEON paths.
+    for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx2Vnni, Isa::Neon, Isa::NeonDot] {
+        let mut out = vec![0.0; rows];
+        let served = isa.available() && isa != Isa::Scalar && runs_layout(isa, packed.group_rows());
+        assert_eq!(
+            packed.matmul_with(isa, &act, &mut out).is_ok(),
+            served,
+            "{}",
+            isa.name()
+        );
+    }
 }
 
 /// Pack `rows × cols` random weights, or `None` on a CPU without the packed kernels.
