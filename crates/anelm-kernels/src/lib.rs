@@ -18,6 +18,7 @@ mod fp16;
 mod matmul;
 mod packed;
 mod packed_layout;
+mod packed_packer;
 #[cfg(target_arch = "x86_64")]
 mod packed_x86;
 #[cfg(target_arch = "x86_64")]

@@ -33,6 +33,7 @@ use std::sync::{Arc, Mutex};
 use crate::activations::{Activations, BlockWriter};
 use crate::error::{KernelError, check_len};
 use crate::format::WeightFormat;
+use crate::packed_packer::Packer;
 use crate::weight_memory::WeightBytes;
 
 /// Rows per interleaved group of the AVX2 layout (the unit [`Combine`] works in).
@@ -139,13 +140,7 @@ impl PackedMatrix {
         cols: usize,
         release: &mut dyn FnMut(&[u8]),
     ) -> Result<Option<Self>, KernelError> {
-        let wide = wide_kernel_available() && crate::Tuning::get().pack_wide;
-        let group_rows = if wide && rows.is_multiple_of(WIDE_GROUP_ROWS) && has_wide_kernel(fmt) {
-            WIDE_GROUP_ROWS
-        } else {
-            PACK_ROWS
-        };
-        Self::pack_in_groups(fmt, w, rows, cols, group_rows, release)
+        Self::pack_in_groups(fmt, w, rows, cols, Self::default_group_rows(fmt, rows), release)
     }
 
     /// [`PackedMatrix::pack`] with a chosen group height ([`PACK_ROWS`] or [`WIDE_GROUP_ROWS`]),
@@ -169,6 +164,42 @@ impl PackedMatrix {
         Self::pack_in_groups(fmt, w, rows, cols, group_rows, &mut |_| {})
     }
 
+    /// [`PackedMatrix::pack`] for a matrix whose row-major bytes are made as packing goes, so
+    /// they never exist all at once: `fill(first_row, dst)` writes the row-major bytes of rows
+    /// `first_row ..` (`dst.len()` is a whole number of rows, about 1 MB of them) and is called
+    /// for consecutive windows from row 0 to the end. `Ok(None)` (without calling `fill`) where
+    /// [`PackedMatrix::pack`] would give `None`; `fill`'s error is returned as it is.
+    pub fn pack_filled(
+        fmt: WeightFormat,
+        rows: usize,
+        cols: usize,
+        fill: &mut dyn FnMut(usize, &mut [u8]) -> Result<(), KernelError>,
+    ) -> Result<Option<Self>, KernelError> {
+        let Some(mut packer) = Packer::new(fmt, rows, cols, Self::default_group_rows(fmt, rows))? else {
+            return Ok(None);
+        };
+        let mut window = vec![0u8; packer.groups_per_window * packer.group_src];
+        let mut g = 0;
+        while g < packer.groups {
+            let n = packer.groups_per_window.min(packer.groups - g);
+            let src = &mut window[..n * packer.group_src];
+            fill(g * packer.group_rows, src)?;
+            packer.pack_groups(g, src);
+            g += n;
+        }
+        Ok(Some(Self::assembled(fmt, rows, cols, packer)))
+    }
+
+    /// The group height [`PackedMatrix::pack`] picks for `fmt` with `rows` rows on this CPU.
+    fn default_group_rows(fmt: WeightFormat, rows: usize) -> usize {
+        let wide = wide_kernel_available() && crate::Tuning::get().pack_wide;
+        if wide && rows.is_multiple_of(WIDE_GROUP_ROWS) && has_wide_kernel(fmt) {
+            WIDE_GROUP_ROWS
+        } else {
+            PACK_ROWS
+        }
+    }
+
     fn pack_in_groups(
         fmt: WeightFormat,
         w: &[u8],
@@ -177,56 +208,35 @@ impl PackedMatrix {
         group_rows: usize,
         release: &mut dyn FnMut(&[u8]),
     ) -> Result<Option<Self>, KernelError> {
-        let Some(row_block) = crate::packed_layout::row_block_bytes(fmt) else {
+        let Some(mut packer) = Packer::new(fmt, rows, cols, group_rows)? else {
             return Ok(None);
         };
-        if !rows.is_multiple_of(group_rows) || rows == 0 || !kernel_available() {
-            return Ok(None);
-        }
-        if group_rows == WIDE_GROUP_ROWS && !has_wide_kernel(fmt) {
-            return Ok(None);
-        }
-        let rb = fmt.row_bytes(cols)?;
         check_len(
             "weights",
-            rb.checked_mul(rows).ok_or(KernelError::Overflow)?,
+            packer
+                .group_src
+                .checked_mul(packer.groups)
+                .ok_or(KernelError::Overflow)?,
             w.len(),
             "bytes",
         )?;
-        let nb = cols / fmt.block_elems();
-        let r_n = group_rows;
-        let gb = r_n * row_block;
-        let total = (rows / r_n)
-            .checked_mul(nb)
-            .and_then(|n| n.checked_mul(gb))
-            .ok_or(KernelError::Overflow)?;
-        let mut data = WeightBytes::zeroed(total)?;
-        let group_src = r_n * rb;
-        let groups_per_release = (1 << 20) / group_src.max(1) + 1;
-        let mut released = 0;
-        let mut rows_of_group: Vec<&[u8]> = Vec::with_capacity(r_n);
-        for g in 0..rows / r_n {
-            if g > 0 && g % groups_per_release == 0 {
-                release(&w[released..g * group_src]);
-                released = g * group_src;
-            }
-            rows_of_group.clear();
-            rows_of_group.extend((0..r_n).map(|r| &w[(g * r_n + r) * rb..(g * r_n + r + 1) * rb]));
-            for b in 0..nb {
-                let dst = &mut data[(g * nb + b) * gb..(g * nb + b + 1) * gb];
-                // The wide Q8_0 kernel reads w + 128 as unsigned (see its docs).
-                crate::packed_layout::pack_block(fmt, &rows_of_group, b, dst, r_n == WIDE_GROUP_ROWS);
-            }
+        for (i, src) in w.chunks(packer.groups_per_window * packer.group_src).enumerate() {
+            packer.pack_groups(i * packer.groups_per_window, src);
+            release(src);
         }
-        release(&w[released..]);
-        Ok(Some(Self {
+        Ok(Some(Self::assembled(fmt, rows, cols, packer)))
+    }
+
+    fn assembled(fmt: WeightFormat, rows: usize, cols: usize, packer: Packer) -> Self {
+        let group_rows = packer.group_rows;
+        Self {
             fmt,
             rows,
             cols,
             group_rows,
-            data,
+            data: packer.finish(),
             successor: Arc::default(),
-        }))
+        }
     }
 
     /// Rows per interleaved group ([`PACK_ROWS`], or [`WIDE_GROUP_ROWS`] for the AVX-512 kernels).
@@ -573,7 +583,7 @@ const SPLIT_MIN_UNITS: usize = 8;
 const SPLIT_MAX_UNITS: usize = 128;
 
 /// Whether `fmt` has 16-row kernels (the others pack in 8-row groups on every CPU).
-fn has_wide_kernel(fmt: WeightFormat) -> bool {
+pub(crate) fn has_wide_kernel(fmt: WeightFormat) -> bool {
     matches!(
         fmt,
         WeightFormat::Q4_1
