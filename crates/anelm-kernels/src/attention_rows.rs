@@ -374,7 +374,7 @@ pub(crate) mod x86 {
     /// accumulators fit the sixteen registers.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn dot_group<T: Load8>(
+    pub(crate) unsafe fn dot_group<T: Load8>(
         q: &[f32],
         d: usize,
         m: &[T],
@@ -404,7 +404,7 @@ pub(crate) mod x86 {
     /// [`weighted_block`] for `out.len() / d` (1 ..= MAX_GROUP) heads.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn weighted_group<T: Load8>(
+    pub(crate) unsafe fn weighted_group<T: Load8>(
         p: &[f32],
         p_stride: usize,
         m: &[T],

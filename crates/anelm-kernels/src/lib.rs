@@ -6,6 +6,8 @@
 mod activations;
 mod attention_rows;
 #[cfg(target_arch = "x86_64")]
+mod attention_rows_x86;
+#[cfg(target_arch = "x86_64")]
 mod attention_rows_x86_wide;
 mod bf16_matmul;
 mod blocks;
@@ -15,6 +17,8 @@ mod exp;
 mod features;
 mod format;
 mod fp16;
+#[cfg(target_arch = "x86_64")]
+mod lanes_x86;
 mod matmul;
 mod packed;
 mod packed_layout;
