@@ -340,131 +340,75 @@ pub(crate) unsafe fn weighted_group_avx512<T: CacheValue>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fp16::{f16_to_f32, f32_to_f16};
     use crate::vector::tests::data;
+    use crate::vector::{axpy_f32, dot_f32};
 
-    /// One shape's inputs for the A/B below.
-    struct Case {
-        d: usize,
-        g: usize,
-        m16: Vec<u16>,
-        m32: Vec<f32>,
-        q: Vec<f32>,
-        p: Vec<f32>,
-        sc: Vec<f32>,
-        out: Vec<f32>,
-    }
-
-    const PS: usize = 260;
-
-    fn cases() -> Vec<Case> {
-        [(64usize, 1usize), (64, 3), (128, 1), (128, 2), (128, 4), (256, 2), (256, 4)]
-            .into_iter()
-            .map(|(d, g)| Case {
-                d,
-                g,
-                m16: data(d * 260, 1).iter().map(|&x| crate::f32_to_f16(x)).collect(),
-                m32: data(d * 260, 2),
-                q: data(g * d, 3),
-                p: data(g * PS, 4),
-                sc: vec![0.0; g * PS],
-                out: vec![0.0; g * d],
-            })
-            .collect()
-    }
-
-    /// Run one width's loops, old or new, over every case.
-    fn run(cases: &mut [Case], wide: bool, new: bool) {
-        let rows = 0..257usize;
-        for c in cases.iter_mut() {
-            let Case {
-                d,
-                m16,
-                m32,
-                q,
-                p,
-                sc,
-                out,
-                ..
-            } = c;
-            let d = *d;
-            // SAFETY: the callers checked the features of the width they ask for.
-            unsafe {
-                match (wide, new) {
-                    (false, true) => {
-                        dot_group_avx2(q, d, m16, d, 0, rows.clone(), sc, PS);
-                        dot_group_avx2(q, d, m32, d, 0, rows.clone(), sc, PS);
-                        weighted_group_avx2(p, PS, m16, d, 0, rows.clone(), out, d);
-                        weighted_group_avx2(p, PS, m32, d, 0, rows.clone(), out, d);
-                    }
-                    (false, false) => {
-                        use crate::attention_rows::x86 as o;
-                        o::dot_group(q, d, m16, d, 0, rows.clone(), sc, PS);
-                        o::dot_group(q, d, m32, d, 0, rows.clone(), sc, PS);
-                        o::weighted_group(p, PS, m16, d, 0, rows.clone(), out, d);
-                        o::weighted_group(p, PS, m32, d, 0, rows.clone(), out, d);
-                    }
-                    (true, true) => {
-                        dot_group_avx512(q, d, m16, d, 0, rows.clone(), sc, PS);
-                        dot_group_avx512(q, d, m32, d, 0, rows.clone(), sc, PS);
-                        weighted_group_avx512(p, PS, m16, d, 0, rows.clone(), out, d);
-                        weighted_group_avx512(p, PS, m32, d, 0, rows.clone(), out, d);
-                    }
-                    (true, false) => {
-                        use crate::attention_rows_x86_wide as w;
-                        w::dot_group(q, d, m16, d, 0, rows.clone(), sc, PS);
-                        w::dot_group(q, d, m32, d, 0, rows.clone(), sc, PS);
-                        w::weighted_group(p, PS, m16, d, 0, rows.clone(), out, d);
-                        w::weighted_group(p, PS, m32, d, 0, rows.clone(), out, d);
-                    }
-                }
-            }
-        }
-    }
-
-    /// Callgrind A/B of the 256-bit loops against the previous ones: `ANELM_AB=old|new|none`
-    /// (none: only the set-up, to subtract). Run by hand: `valgrind --tool=callgrind <test
-    /// binary> --ignored --exact attention_rows_x86::tests::ab_avx2`.
+    /// The 512-bit loops called directly (the dispatcher may pick them or not), against the
+    /// per-head reference, for every group size, pair count and an odd row left over.
     #[test]
-    #[ignore]
-    fn ab_avx2() {
-        let which = std::env::var("ANELM_AB").unwrap_or_default();
-        if Avx2::detect().is_none() {
+    fn wide_loops_equal_per_head_dots_and_axpys_bit_for_bit() {
+        if Avx512::detect().is_none() {
+            eprintln!("no AVX-512F/DQ here: the 512-bit loops are not used on this CPU");
             return;
         }
-        let mut cases = cases();
-        for _ in 0..20 {
-            match which.as_str() {
-                "new" => run(&mut cases, false, true),
-                "old" => run(&mut cases, false, false),
-                _ => {}
-            }
-        }
-        std::hint::black_box(&cases.iter().map(|c| c.sc[0] + c.out[0]).sum::<f32>());
-    }
-
-    /// Wall-clock A/B (valgrind has no AVX-512): old and new alternating, 101 rounds of each
-    /// width, medians printed in µs per round. Run by hand with `--ignored --nocapture`.
-    #[test]
-    #[ignore]
-    fn ab_timed() {
-        let (Some(_), Some(_)) = (Avx2::detect(), Avx512::detect()) else { return };
-        let mut cases = cases();
-        for wide in [false, true] {
-            let (mut old, mut new) = (Vec::new(), Vec::new());
-            for round in 0..202 {
-                let is_new = round % 2 == 1;
-                let t = std::time::Instant::now();
-                for _ in 0..5 {
-                    run(&mut cases, wide, is_new);
+        for d in [16usize, 24, 64, 128, 7] {
+            for g in 1usize..=8 {
+                let stride = d + 3;
+                let m32 = data(stride * 48, 8);
+                let m16: Vec<u16> = m32.iter().map(|&x| f32_to_f16(x * 2.0)).collect();
+                let m16w: Vec<f32> = m16.iter().map(|&b| f16_to_f32(b)).collect();
+                let q = data(g * d, 9);
+                for rows in [1..40usize, 5..6, 0..19] {
+                    let ps = 48;
+                    let p = data(g * ps, 10);
+                    let n = rows.len();
+                    let mut got32 = vec![0.0; g * ps];
+                    let mut got16 = vec![0.0; g * ps];
+                    // SAFETY: features checked above.
+                    let (done32, done16) = unsafe {
+                        (
+                            dot_group_avx512(&q, d, &m32, stride, 2, rows.clone(), &mut got32, ps),
+                            dot_group_avx512(&q, d, &m16, stride, 2, rows.clone(), &mut got16, ps),
+                        )
+                    };
+                    assert_eq!(done32, n - n % 2, "scores all pairs");
+                    assert_eq!(done16, done32);
+                    for (got, wide) in [(&got32, &m32), (&got16, &m16w)] {
+                        for h in 0..g {
+                            for (i, j) in rows.clone().take(done32).enumerate() {
+                                let row = &wide[j * stride + 2..j * stride + 2 + d];
+                                let want = dot_f32(&q[h * d..(h + 1) * d], row);
+                                assert_eq!(got[h * ps + i].to_bits(), want.to_bits(), "dot d={d} g={g} h={h} j={j}");
+                            }
+                            assert!(got[h * ps + done32..(h + 1) * ps].iter().all(|&x| x == 0.0));
+                        }
+                    }
+                    if d % 16 != 0 {
+                        continue;
+                    }
+                    for (which, wide) in [(0, &m32), (1, &m16w)] {
+                        let mut out = data(g * d, 11);
+                        let mut want = out.clone();
+                        // SAFETY: features checked above.
+                        unsafe {
+                            if which == 0 {
+                                weighted_group_avx512(&p, ps, &m32, stride, 2, rows.clone(), &mut out, d);
+                            } else {
+                                weighted_group_avx512(&p, ps, &m16, stride, 2, rows.clone(), &mut out, d);
+                            }
+                        }
+                        for h in 0..g {
+                            for (i, j) in rows.clone().enumerate() {
+                                let row = &wide[j * stride + 2..j * stride + 2 + d];
+                                axpy_f32(p[h * ps + i], row, &mut want[h * d..(h + 1) * d]);
+                            }
+                        }
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(&out), bits(&want), "weighted d={d} g={g} storage {which}");
+                    }
                 }
-                let us = t.elapsed().as_secs_f64() * 1e6 / 5.0;
-                if is_new { new.push(us) } else { old.push(us) }
             }
-            for v in [&mut old, &mut new] {
-                v.sort_by(f64::total_cmp);
-            }
-            let q = |v: &[f64]| (v[v.len() / 4], v[v.len() / 2], v[3 * v.len() / 4]);
-            println!("wide={wide}: old {:?} new {:?} (quartiles, µs per round)", q(&old), q(&new));
         }
     }
 }

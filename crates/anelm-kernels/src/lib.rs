@@ -7,8 +7,6 @@ mod activations;
 mod attention_rows;
 #[cfg(target_arch = "x86_64")]
 mod attention_rows_x86;
-#[cfg(target_arch = "x86_64")]
-mod attention_rows_x86_wide;
 mod bf16_matmul;
 mod blocks;
 mod dequant;
