@@ -17,6 +17,8 @@ mod format;
 mod fp16;
 #[cfg(target_arch = "x86_64")]
 mod lanes_x86;
+#[cfg(target_arch = "x86_64")]
+mod lanes_x86_int;
 mod matmul;
 mod packed;
 mod packed_layout;
@@ -27,6 +29,8 @@ mod packed_x86;
 mod packed_x86_ggml_order;
 #[cfg(target_arch = "x86_64")]
 mod packed_x86_kquant;
+#[cfg(target_arch = "x86_64")]
+mod packed_x86_kquant_old;
 #[cfg(target_arch = "x86_64")]
 mod packed_x86_wide;
 pub mod pool;
