@@ -30,8 +30,6 @@ mod packed_x86_ggml_order;
 #[cfg(target_arch = "x86_64")]
 mod packed_x86_kquant;
 #[cfg(target_arch = "x86_64")]
-mod packed_x86_kquant_old;
-#[cfg(target_arch = "x86_64")]
 mod packed_x86_wide;
 pub mod pool;
 mod quantize;

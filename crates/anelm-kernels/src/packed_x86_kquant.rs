@@ -197,74 +197,60 @@ fn q6_k_kernel<K: IntLanes, const L: usize>(k: K, blk: &[u8], x: &Activations, l
     }
 }
 
-/// An 8-row tile function for [`lane_entry`]: `$kernel` on the `Ymm<$vnni>` width.
+/// An 8-row tile function for [`lane_entry`]: `$kernel` (with its extra const arguments) on the
+/// `Ymm<$vnni>` width.
 macro_rules! ymm_tile {
-    ($tile:ident, $features:literal, $vnni:literal, |$k:ident, $blk:ident, $x:ident, $lane:ident, $out:ident| $call:expr) => {
+    ($tile:ident, $features:literal, $vnni:literal, $kernel:ident $(, $extra:literal)?) => {
         #[inline]
         #[target_feature(enable = $features)]
-        fn $tile<const L: usize>($blk: &[u8], $x: &Activations, $lane: usize, $out: &mut [[f32; 8]]) {
+        fn $tile<const L: usize>(blk: &[u8], x: &Activations, lane: usize, out: &mut [[f32; 8]]) {
             // SAFETY: this function is compiled with the width's features and reached only
             // through `packed`'s dispatch, after they were detected.
-            let $k = unsafe { Ymm::<$vnni>::assume() };
-            $call
+            let k = unsafe { Ymm::<$vnni>::assume() };
+            $kernel::<_, L $(, $extra)?>(k, blk, x, lane, out)
         }
     };
 }
 
 /// A 16-row tile function for [`wide_lanes`]: `$kernel` on the `Zmm<NTA>` width.
 macro_rules! zmm_tile {
-    ($tile:ident, |$k:ident, $blk:ident, $x:ident, $lane:ident, $out:ident| $call:expr) => {
+    ($tile:ident, $kernel:ident $(, $extra:literal)?) => {
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
         fn $tile<const L: usize, const NTA: bool>(
-            $blk: &[u8],
-            $x: &Activations,
-            $lane: usize,
-            $out: &mut [[f32; WIDE_ROWS]],
+            blk: &[u8],
+            x: &Activations,
+            lane: usize,
+            out: &mut [[f32; WIDE_ROWS]],
         ) {
             // SAFETY: as in `ymm_tile`.
-            let $k = unsafe { Zmm::<NTA>::assume() };
-            $call
+            let k = unsafe { Zmm::<NTA>::assume() };
+            $kernel::<_, L $(, $extra)?>(k, blk, x, lane, out)
         }
     };
 }
 
-ymm_tile!(q4_k_tile, "avx2,fma,f16c", false, |k, blk, x, lane, out| {
-    q45_k_kernel::<_, L, false>(k, blk, x, lane, out)
-});
+ymm_tile!(q4_k_tile, "avx2,fma,f16c", false, q45_k_kernel, false);
 ymm_tile!(
     q4_k_tile_vnni,
     "avx2,fma,f16c,avx512vnni,avx512vl",
     true,
-    |k, blk, x, lane, out| { q45_k_kernel::<_, L, false>(k, blk, x, lane, out) }
+    q45_k_kernel,
+    false
 );
-ymm_tile!(q5_k_tile, "avx2,fma,f16c", false, |k, blk, x, lane, out| {
-    q45_k_kernel::<_, L, true>(k, blk, x, lane, out)
-});
+ymm_tile!(q5_k_tile, "avx2,fma,f16c", false, q45_k_kernel, true);
 ymm_tile!(
     q5_k_tile_vnni,
     "avx2,fma,f16c,avx512vnni,avx512vl",
     true,
-    |k, blk, x, lane, out| { q45_k_kernel::<_, L, true>(k, blk, x, lane, out) }
+    q45_k_kernel,
+    true
 );
-ymm_tile!(q6_k_tile, "avx2,fma,f16c", false, |k, blk, x, lane, out| {
-    q6_k_kernel::<_, L>(k, blk, x, lane, out)
-});
-ymm_tile!(
-    q6_k_tile_vnni,
-    "avx2,fma,f16c,avx512vnni,avx512vl",
-    true,
-    |k, blk, x, lane, out| { q6_k_kernel::<_, L>(k, blk, x, lane, out) }
-);
-zmm_tile!(q4_k_tile_wide, |k, blk, x, lane, out| q45_k_kernel::<_, L, false>(
-    k, blk, x, lane, out
-));
-zmm_tile!(q5_k_tile_wide, |k, blk, x, lane, out| q45_k_kernel::<_, L, true>(
-    k, blk, x, lane, out
-));
-zmm_tile!(q6_k_tile_wide, |k, blk, x, lane, out| q6_k_kernel::<_, L>(
-    k, blk, x, lane, out
-));
+ymm_tile!(q6_k_tile, "avx2,fma,f16c", false, q6_k_kernel);
+ymm_tile!(q6_k_tile_vnni, "avx2,fma,f16c,avx512vnni,avx512vl", true, q6_k_kernel);
+zmm_tile!(q4_k_tile_wide, q45_k_kernel, false);
+zmm_tile!(q5_k_tile_wide, q45_k_kernel, true);
+zmm_tile!(q6_k_tile_wide, q6_k_kernel);
 
 lane_entry!(q4_k_group, q4_k_tile, "avx2,fma,f16c", 2);
 lane_entry!(q4_k_group_vnni, q4_k_tile_vnni, "avx2,fma,f16c,avx512vnni,avx512vl", 4);
@@ -303,147 +289,3 @@ macro_rules! wide_lanes {
 wide_lanes!(q4_k_group_wide, q4_k_tile_wide);
 wide_lanes!(q5_k_group_wide, q5_k_tile_wide);
 wide_lanes!(q6_k_group_wide, q6_k_tile_wide);
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::format::WeightFormat;
-    use crate::packed_x86_kquant_old as old;
-
-    type Narrow = unsafe fn(&[u8], &Activations, usize, &mut [[f32; 8]]);
-    type Wide = unsafe fn(&[u8], &Activations, usize, &mut [[f32; WIDE_ROWS]]);
-
-    /// A group's blocks (bytes below 0x3C, so every f16 is finite) and `lanes` activations.
-    fn inputs(fmt: WeightFormat, rows: usize, lanes: usize) -> (Vec<u8>, Activations) {
-        let cols = 2048;
-        let per_row = match fmt {
-            WeightFormat::Q4_K => 148,
-            WeightFormat::Q5_K => 180,
-            _ => 210,
-        };
-        let mut seed = 7u64;
-        let blk: Vec<u8> = (0..rows * per_row * cols / 256)
-            .map(|_| {
-                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                ((seed >> 33) as u8) % 0x3C
-            })
-            .collect();
-        let x: Vec<f32> = (0..lanes * cols)
-            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 32.0)
-            .collect();
-        let mut act = Activations::new();
-        act.quantize(fmt, &x, lanes, cols).expect("quantize");
-        (blk, act)
-    }
-
-    fn narrow_pairs(vnni: bool) -> [(WeightFormat, Narrow, Narrow); 3] {
-        if vnni {
-            [
-                (
-                    WeightFormat::Q4_K,
-                    q4_k_group_vnni as Narrow,
-                    old::q4_k_group_vnni as Narrow,
-                ),
-                (WeightFormat::Q5_K, q5_k_group_vnni, old::q5_k_group_vnni),
-                (WeightFormat::Q6_K, q6_k_group_vnni, old::q6_k_group_vnni),
-            ]
-        } else {
-            [
-                (WeightFormat::Q4_K, q4_k_group as Narrow, old::q4_k_group as Narrow),
-                (WeightFormat::Q5_K, q5_k_group, old::q5_k_group),
-                (WeightFormat::Q6_K, q6_k_group, old::q6_k_group),
-            ]
-        }
-    }
-
-    /// Callgrind A/B of the AVX2 (`maddubs`) kernels: `ANELM_AB=old|new|none`. By hand:
-    /// `valgrind --tool=callgrind <lib test binary> --ignored --exact
-    /// packed_x86_kquant::tests::ab_avx2`.
-    #[test]
-    #[ignore]
-    fn ab_avx2() {
-        let which = std::env::var("ANELM_AB").unwrap_or_default();
-        if !crate::Features::get().avx2_fma_f16c() {
-            return;
-        }
-        let mut sink = 0.0;
-        for (fmt, new, old) in narrow_pairs(false) {
-            for lanes in [1, 4] {
-                let (blk, act) = inputs(fmt, 8, lanes);
-                let mut out = vec![[0f32; 8]; lanes];
-                for _ in 0..50 {
-                    // SAFETY: AVX2, FMA and F16C were detected above.
-                    unsafe {
-                        match which.as_str() {
-                            "new" => new(&blk, &act, 0, &mut out),
-                            "old" => old(&blk, &act, 0, &mut out),
-                            _ => {}
-                        }
-                    }
-                }
-                sink += out[0][0];
-            }
-        }
-        std::hint::black_box(sink);
-    }
-
-    /// Wall-clock A/B of every width (valgrind has no AVX-512): old and new alternating,
-    /// medians and quartiles of µs per 200 calls. By hand with `--ignored --nocapture`.
-    #[test]
-    #[ignore]
-    fn ab_timed() {
-        if !crate::packed_x86_wide::available() {
-            return;
-        }
-        fn time(mut f: impl FnMut()) -> f64 {
-            let t = std::time::Instant::now();
-            for _ in 0..200 {
-                f();
-            }
-            t.elapsed().as_secs_f64() * 1e6
-        }
-        let q = |v: &mut Vec<f64>| {
-            v.sort_by(f64::total_cmp);
-            (v[v.len() / 4], v[v.len() / 2], v[3 * v.len() / 4])
-        };
-        for vnni in [false, true] {
-            for (fmt, new, old) in narrow_pairs(vnni) {
-                for lanes in [1, 4] {
-                    let (blk, act) = inputs(fmt, 8, lanes);
-                    let mut out = vec![[0f32; 8]; lanes];
-                    let (mut a, mut b) = (Vec::new(), Vec::new());
-                    for _ in 0..41 {
-                        // SAFETY: every width's features were detected above.
-                        a.push(time(|| unsafe { old(&blk, &act, 0, &mut out) }));
-                        // SAFETY: as above.
-                        b.push(time(|| unsafe { new(&blk, &act, 0, &mut out) }));
-                    }
-                    println!(
-                        "ymm vnni={vnni} {fmt:?} lanes {lanes}: old {:?} new {:?}",
-                        q(&mut a),
-                        q(&mut b)
-                    );
-                }
-            }
-        }
-        let wide: [(WeightFormat, Wide, Wide); 3] = [
-            (WeightFormat::Q4_K, q4_k_group_wide, old::q4_k_group_wide),
-            (WeightFormat::Q5_K, q5_k_group_wide, old::q5_k_group_wide),
-            (WeightFormat::Q6_K, q6_k_group_wide, old::q6_k_group_wide),
-        ];
-        for (fmt, new, old) in wide {
-            for lanes in [1, 4] {
-                let (blk, act) = inputs(fmt, 16, lanes);
-                let mut out = vec![[0f32; WIDE_ROWS]; lanes];
-                let (mut a, mut b) = (Vec::new(), Vec::new());
-                for _ in 0..41 {
-                    // SAFETY: every width's features were detected above.
-                    a.push(time(|| unsafe { old(&blk, &act, 0, &mut out) }));
-                    // SAFETY: as above.
-                    b.push(time(|| unsafe { new(&blk, &act, 0, &mut out) }));
-                }
-                println!("zmm {fmt:?} lanes {lanes}: old {:?} new {:?}", q(&mut a), q(&mut b));
-            }
-        }
-    }
-}
