@@ -2,7 +2,8 @@
 //! a group of interleaved rows is written once and monomorphised per width: [`Ymm`] (8 rows per
 //! 256-bit register; the u8 × i8 dot as AVX2's `maddubs` + `madd`, or with `VNNI` one
 //! `vpdpbusd`) and [`Zmm`] (16 rows per 512-bit register, AVX-512 VNNI; `NTA` picks the weight
-//! stream's prefetch hint, see `packed_x86_wide::weight_prefetch_nta`).
+//! stream's prefetch hint, see `packed_x86_wide::weight_prefetch_nta`; `GFNI` the high-nibble
+//! extraction).
 //!
 //! As in `lanes_x86`, a width is a zero-sized token that exists only where its features are
 //! available (made by `unsafe` `assume` inside a `#[target_feature]` function reached only after
@@ -72,6 +73,13 @@ pub(crate) trait IntLanes: Copy {
     fn sub_f(self, a: Self::F, b: Self::F) -> Self::F;
     /// f32 lanes multiplied.
     fn mul_f(self, a: Self::F, b: Self::F) -> Self::F;
+    /// `a · b + c`, fused, per f32 lane.
+    fn fmadd_f(self, a: Self::F, b: Self::F, c: Self::F) -> Self::F;
+    /// The high nibble of every byte of `v`, as a value 0..16 (`mask` holds 0x0F in every byte).
+    #[inline(always)]
+    fn high_nibbles(self, v: Self::I, mask: Self::I) -> Self::I {
+        self.and(self.shr16::<4>(v), mask)
+    }
     /// Store the `ROWS` lanes into `out`.
     fn store(self, out: &mut Self::Out, v: Self::F);
     /// Prefetch `lines` cache lines of the weight stream, this width's distance past `p` (a
@@ -266,6 +274,11 @@ impl<const VNNI: bool> IntLanes for Ymm<VNNI> {
         unsafe { _mm256_mul_ps(a, b) }
     }
     #[inline(always)]
+    fn fmadd_f(self, a: __m256, b: __m256, c: __m256) -> __m256 {
+        // SAFETY: see the impl (FMA).
+        unsafe { _mm256_fmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
     fn store(self, out: &mut [f32; 8], v: __m256) {
         // SAFETY: see the impl; `out` holds exactly 8 f32.
         unsafe { _mm256_storeu_ps(out.as_mut_ptr(), v) }
@@ -285,15 +298,15 @@ impl<const VNNI: bool> IntLanes for Ymm<VNNI> {
 }
 
 /// 16-row groups in 512-bit registers: AVX2, FMA, F16C, AVX-512F/BW/VL/VNNI; the weight stream
-/// prefetched non-temporally when `NTA`.
+/// prefetched non-temporally when `NTA`; high nibbles through GFNI when `GFNI`.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Zmm<const NTA: bool>(());
+pub(crate) struct Zmm<const NTA: bool, const GFNI: bool>(());
 
-impl<const NTA: bool> Zmm<NTA> {
+impl<const NTA: bool, const GFNI: bool> Zmm<NTA, GFNI> {
     /// The token without a check.
     ///
     /// # Safety
-    /// AVX2, FMA, F16C and AVX-512F, BW, VL and VNNI must be available.
+    /// AVX2, FMA, F16C and AVX-512F, BW, VL and VNNI (and with `GFNI`, GFNI) must be available.
     #[inline(always)]
     pub(crate) unsafe fn assume() -> Self {
         Self(())
@@ -301,9 +314,9 @@ impl<const NTA: bool> Zmm<NTA> {
 }
 
 // SAFETY (every `unsafe` block in this impl): a `Zmm` exists only where AVX2, FMA, F16C and
-// AVX-512F/BW/VL/VNNI are available (see `assume`); slices are bounds-checked before every
-// unaligned load and store.
-impl<const NTA: bool> IntLanes for Zmm<NTA> {
+// AVX-512F/BW/VL/VNNI (and GFNI with `GFNI`) are available (see `assume`); slices are
+// bounds-checked before every unaligned load and store.
+impl<const NTA: bool, const GFNI: bool> IntLanes for Zmm<NTA, GFNI> {
     type I = __m512i;
     type F = __m512;
     type Out = [f32; 16];
@@ -446,6 +459,24 @@ impl<const NTA: bool> IntLanes for Zmm<NTA> {
     fn mul_f(self, a: __m512, b: __m512) -> __m512 {
         // SAFETY: see the impl.
         unsafe { _mm512_mul_ps(a, b) }
+    }
+    #[inline(always)]
+    fn fmadd_f(self, a: __m512, b: __m512, c: __m512) -> __m512 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_fmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    fn high_nibbles(self, v: __m512i, mask: __m512i) -> __m512i {
+        if GFNI {
+            // One GFNI affine transform instead of a shift and a mask: a uop less per 64
+            // weights on the two ports 512-bit code has (field guide, 2026-12-05). Row i of the
+            // bit matrix is byte 7 - i: output bit i (< 4) is input bit i + 4.
+            const HIGH_NIBBLE: i64 = 0x1020_4080_0000_0000;
+            // SAFETY: see the impl (GFNI with `GFNI`).
+            unsafe { _mm512_gf2p8affine_epi64_epi8::<0>(v, _mm512_set1_epi64(HIGH_NIBBLE)) }
+        } else {
+            self.and(self.shr16::<4>(v), mask)
+        }
     }
     #[inline(always)]
     fn store(self, out: &mut [f32; 16], v: __m512) {

@@ -30,6 +30,8 @@ mod packed_x86_ggml_order;
 #[cfg(target_arch = "x86_64")]
 mod packed_x86_kquant;
 #[cfg(target_arch = "x86_64")]
+mod packed_x86_q4_1;
+#[cfg(target_arch = "x86_64")]
 mod packed_x86_wide;
 pub mod pool;
 mod quantize;

@@ -42,6 +42,9 @@ pub const PACK_ROWS: usize = 8;
 /// Rows per group of the AVX-512 layout.
 pub const WIDE_GROUP_ROWS: usize = 16;
 
+/// What [`PackedMatrix::pack_filled`] calls to make row-major rows: `(first_row, dst)`.
+pub type RowFill<'a> = dyn FnMut(usize, &mut [u8]) -> Result<(), KernelError> + 'a;
+
 /// A matrix in the interleaved layout (see the module docs); same bytes as the stored form.
 pub struct PackedMatrix {
     fmt: WeightFormat,
@@ -173,7 +176,7 @@ impl PackedMatrix {
         fmt: WeightFormat,
         rows: usize,
         cols: usize,
-        fill: &mut dyn FnMut(usize, &mut [u8]) -> Result<(), KernelError>,
+        fill: &mut RowFill<'_>,
     ) -> Result<Option<Self>, KernelError> {
         let Some(mut packer) = Packer::new(fmt, rows, cols, Self::default_group_rows(fmt, rows))? else {
             return Ok(None);

@@ -212,7 +212,7 @@ macro_rules! ymm_tile {
     };
 }
 
-/// A 16-row tile function for [`wide_lanes`]: `$kernel` on the `Zmm<NTA>` width.
+/// A 16-row tile function for [`wide_lanes`]: `$kernel` on the `Zmm<NTA, false>` width.
 macro_rules! zmm_tile {
     ($tile:ident, $kernel:ident $(, $extra:literal)?) => {
         #[inline]
@@ -224,7 +224,7 @@ macro_rules! zmm_tile {
             out: &mut [[f32; WIDE_ROWS]],
         ) {
             // SAFETY: as in `ymm_tile`.
-            let k = unsafe { Zmm::<NTA>::assume() };
+            let k = unsafe { Zmm::<NTA, false>::assume() };
             $kernel::<_, L $(, $extra)?>(k, blk, x, lane, out)
         }
     };

@@ -188,7 +188,7 @@ macro_rules! q4_1_tile {
         #[inline]
         #[target_feature(enable = $features)]
         #[allow(clippy::needless_range_loop)] // `j` indexes the accumulators and the lanes' blocks alike
-        fn $name<const L: usize, const NTA: bool>(
+        pub(crate) fn $name<const L: usize, const NTA: bool>(
             blk: &[u8],
             x: &Activations,
             lane: usize,
