@@ -120,6 +120,16 @@ fn q5_0_weights(b: &[u8]) -> __m256i {
     _mm256_sub_epi8(_mm256_or_si256(nibbles(&b[6..22]), high), _mm256_set1_epi8(16))
 }
 
+/// The 32 signed weights of an IQ4_NL block's 16 index bytes (low nibbles first): one byte
+/// shuffle looks every index up in ggml's 16-entry table (held in both 128-bit halves).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn iq4_nl_weights(qs: &[u8]) -> __m256i {
+    let t = crate::blocks::IQ4_NL_VALUES.map(|v| v as u8);
+    let table = load128(&t);
+    _mm256_shuffle_epi8(_mm256_set_m128i(table, table), nibbles(qs))
+}
+
 /// acc[l] += W_row · x[lane0 + l]; the AVX2 twin of `matmul::dot_row`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn dot_row(fmt: WeightFormat, row: &[u8], x: &Activations, lane0: usize, acc: &mut [f32]) {
@@ -137,6 +147,7 @@ pub(crate) fn dot_row(fmt: WeightFormat, row: &[u8], x: &Activations, lane0: usi
                     let (w, dw) = match fmt {
                         WeightFormat::Q8_0 => (load256(&b[2..34]), f16c_at(b, 0)),
                         WeightFormat::Q4_0 => (_mm256_sub_epi8(nibbles(&b[2..18]), _mm256_set1_epi8(8)), f16c_at(b, 0)),
+                        WeightFormat::IQ4_NL => (iq4_nl_weights(&b[2..18]), f16c_at(b, 0)),
                         _ => (q5_0_weights(b), f16c_at(b, 0)),
                     };
                     let p = _mm256_cvtepi32_ps(dot_i8_i8(w, load256_i8(xb)));
