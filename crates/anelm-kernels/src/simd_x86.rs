@@ -424,7 +424,7 @@ pub(crate) const TILE_ROWS: usize = 4;
 pub(crate) fn tiles(fmt: WeightFormat) -> bool {
     matches!(
         fmt,
-        WeightFormat::Q8_0 | WeightFormat::Q4_0 | WeightFormat::Q5_0 | WeightFormat::Q4_1
+        WeightFormat::Q8_0 | WeightFormat::Q4_0 | WeightFormat::Q5_0 | WeightFormat::Q4_1 | WeightFormat::IQ4_NL
     )
 }
 
@@ -445,6 +445,10 @@ fn decode_block(fmt: WeightFormat, b: &[u8]) -> (__m256i, __m256i, f32, f32) {
         }
         WeightFormat::Q4_0 => {
             let w = _mm256_sub_epi8(nibbles(&b[2..18]), _mm256_set1_epi8(8));
+            (_mm256_sign_epi8(w, w), w, f16c_at(b, 0), 0.0)
+        }
+        WeightFormat::IQ4_NL => {
+            let w = iq4_nl_weights(&b[2..18]);
             (_mm256_sign_epi8(w, w), w, f16c_at(b, 0), 0.0)
         }
         _ => {
@@ -515,11 +519,12 @@ macro_rules! define_tiles {
                 WeightFormat::Q4_1 => $tile_fmt::<L, 1>(rows, x, lane, out),
                 WeightFormat::Q8_0 => $tile_fmt::<L, 2>(rows, x, lane, out),
                 WeightFormat::Q4_0 => $tile_fmt::<L, 3>(rows, x, lane, out),
+                WeightFormat::IQ4_NL => $tile_fmt::<L, 5>(rows, x, lane, out),
                 _ => $tile_fmt::<L, 4>(rows, x, lane, out),
             }
         }
 
-        /// Format codes of `tile_fmt`: 1 Q4_1, 2 Q8_0, 3 Q4_0, 4 Q5_0.
+        /// Format codes of `tile_fmt`: 1 Q4_1, 2 Q8_0, 3 Q4_0, 4 Q5_0, 5 IQ4_NL.
         #[inline]
         #[target_feature(enable = $features)]
         fn $tile_fmt<const L: usize, const F: u8>(
@@ -532,6 +537,7 @@ macro_rules! define_tiles {
                 1 => WeightFormat::Q4_1,
                 2 => WeightFormat::Q8_0,
                 3 => WeightFormat::Q4_0,
+                5 => WeightFormat::IQ4_NL,
                 _ => WeightFormat::Q5_0,
             };
             let nb = x.cols / 32;
