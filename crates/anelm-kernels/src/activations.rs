@@ -484,6 +484,8 @@ fn quad_offset(fmt: WeightFormat) -> Option<i32> {
     match fmt {
         WeightFormat::Q4_0 => Some(-8),
         WeightFormat::Q5_0 => Some(-16),
+        // The VNNI kernels read IQ4_NL's levels as unsigned `level + 128`.
+        WeightFormat::IQ4_NL => Some(-128),
         _ => None,
     }
 }

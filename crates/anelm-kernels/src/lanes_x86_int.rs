@@ -23,6 +23,10 @@ pub(crate) trait IntLanes: Copy {
     type Out: AsMut<[f32]>;
     /// Rows of one interleaved group.
     const ROWS: usize;
+    /// Whether [`IntLanes::dot`] saturates for unsigned weights above 128 (AVX2's `maddubs`
+    /// pairs): such kernels move the weights' sign onto the activations instead
+    /// ([`IntLanes::abs8`], [`IntLanes::sign8`]).
+    const SATURATING_DOT: bool;
 
     /// All bits zero.
     fn zero_i(self) -> Self::I;
@@ -59,6 +63,15 @@ pub(crate) trait IntLanes: Copy {
     fn i8_to_i32(self, b: &[u8]) -> Self::I;
     /// `2 · ROWS` bytes of `b` as i16 lanes, zero-extended (panics if shorter).
     fn u8_to_i16(self, b: &[u8]) -> Self::I;
+    /// The 16 bytes of `t` in every 128-bit lane (a [`IntLanes::lookup16`] table).
+    fn table16(self, t: &[u8; 16]) -> Self::I;
+    /// Byte `i` of `idx` (each 0..16) replaced by byte `idx[i]` of `table`'s 128-bit lane.
+    fn lookup16(self, table: Self::I, idx: Self::I) -> Self::I;
+    /// `|a|` per signed byte (only where [`IntLanes::SATURATING_DOT`]).
+    fn abs8(self, a: Self::I) -> Self::I;
+    /// `a` with the sign of `b` per signed byte, 0 where `b` is 0 (only where
+    /// [`IntLanes::SATURATING_DOT`]).
+    fn sign8(self, a: Self::I, b: Self::I) -> Self::I;
     /// All f32 lanes zero.
     fn zero_f(self) -> Self::F;
     /// Every f32 lane `x`.
@@ -141,6 +154,7 @@ impl<const VNNI: bool> IntLanes for Ymm<VNNI> {
     type F = __m256;
     type Out = [f32; 8];
     const ROWS: usize = 8;
+    const SATURATING_DOT: bool = !VNNI;
 
     #[inline(always)]
     fn zero_i(self) -> __m256i {
@@ -238,6 +252,26 @@ impl<const VNNI: bool> IntLanes for Ymm<VNNI> {
         unsafe { _mm256_cvtepu8_epi16(_mm_loadu_si128(b.as_ptr().cast())) }
     }
     #[inline(always)]
+    fn table16(self, t: &[u8; 16]) -> __m256i {
+        // SAFETY: see the impl; `t` holds 16 bytes.
+        unsafe { _mm256_broadcastsi128_si256(_mm_loadu_si128(t.as_ptr().cast())) }
+    }
+    #[inline(always)]
+    fn lookup16(self, table: __m256i, idx: __m256i) -> __m256i {
+        // SAFETY: see the impl.
+        unsafe { _mm256_shuffle_epi8(table, idx) }
+    }
+    #[inline(always)]
+    fn abs8(self, a: __m256i) -> __m256i {
+        // SAFETY: see the impl.
+        unsafe { _mm256_sign_epi8(a, a) }
+    }
+    #[inline(always)]
+    fn sign8(self, a: __m256i, b: __m256i) -> __m256i {
+        // SAFETY: see the impl.
+        unsafe { _mm256_sign_epi8(a, b) }
+    }
+    #[inline(always)]
     fn zero_f(self) -> __m256 {
         // SAFETY: see the impl.
         unsafe { _mm256_setzero_ps() }
@@ -321,6 +355,7 @@ impl<const NTA: bool, const GFNI: bool> IntLanes for Zmm<NTA, GFNI> {
     type F = __m512;
     type Out = [f32; 16];
     const ROWS: usize = 16;
+    const SATURATING_DOT: bool = false;
 
     #[inline(always)]
     fn zero_i(self) -> __m512i {
@@ -423,6 +458,31 @@ impl<const NTA: bool, const GFNI: bool> IntLanes for Zmm<NTA, GFNI> {
         let b = &b[..32];
         // SAFETY: see the impl; `b` holds 32 bytes.
         unsafe { _mm512_cvtepu8_epi16(_mm256_loadu_si256(b.as_ptr().cast())) }
+    }
+    #[inline(always)]
+    fn table16(self, t: &[u8; 16]) -> __m512i {
+        // SAFETY: see the impl; `t` holds 16 bytes.
+        unsafe { _mm512_broadcast_i32x4(_mm_loadu_si128(t.as_ptr().cast())) }
+    }
+    #[inline(always)]
+    fn lookup16(self, table: __m512i, idx: __m512i) -> __m512i {
+        // SAFETY: see the impl (AVX-512BW).
+        unsafe { _mm512_shuffle_epi8(table, idx) }
+    }
+    #[inline(always)]
+    fn abs8(self, a: __m512i) -> __m512i {
+        // SAFETY: see the impl (AVX-512BW).
+        unsafe { _mm512_abs_epi8(a) }
+    }
+    #[inline(always)]
+    fn sign8(self, a: __m512i, b: __m512i) -> __m512i {
+        // AVX-512 has no `vpsignb`: negate where `b < 0`, zero where `b == 0`.
+        // SAFETY: see the impl (AVX-512BW).
+        unsafe {
+            let zero = _mm512_setzero_si512();
+            let neg = _mm512_mask_sub_epi8(a, _mm512_movepi8_mask(b), zero, a);
+            _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(b, b), neg)
+        }
     }
     #[inline(always)]
     fn zero_f(self) -> __m512 {

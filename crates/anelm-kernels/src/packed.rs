@@ -125,7 +125,7 @@ impl std::fmt::Debug for PackedMatrix {
 
 impl PackedMatrix {
     /// Repack a row-major `rows × cols` matrix, when this CPU has a kernel for the packed form
-    /// and the shape fits it (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K or Q6_K, rows a multiple of 8);
+    /// and the shape fits it (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K or IQ4_NL, rows a multiple of 8);
     /// `Ok(None)` otherwise, and the
     /// row-major kernels serve the matrix as before. Groups of 16 rows where the CPU has the
     /// AVX-512 kernels and the rows allow it (`ANELM_PACK_WIDE=0` keeps 8, for A/B runs).
@@ -522,6 +522,8 @@ impl PackedMatrix {
                 (WeightFormat::Q5_K, false) => kq::q5_k_group(blk, x, lane0, tile),
                 (WeightFormat::Q6_K, true) => kq::q6_k_group_vnni(blk, x, lane0, tile),
                 (WeightFormat::Q6_K, false) => kq::q6_k_group(blk, x, lane0, tile),
+                (WeightFormat::IQ4_NL, true) => crate::packed_x86_iq4_nl::iq4_nl_group_vnni(blk, x, lane0, tile),
+                (WeightFormat::IQ4_NL, false) => crate::packed_x86_iq4_nl::iq4_nl_group(blk, x, lane0, tile),
                 // `pack_in_groups` builds nothing else.
                 _ => tile.iter_mut().for_each(|t| t.fill(f32::NAN)),
             }
@@ -546,6 +548,7 @@ impl PackedMatrix {
                 WeightFormat::Q4_1 => wide::q4_1_group_wide(blk, x, lane0, tile),
                 WeightFormat::Q4_0 => legacy::q4_0_group_wide(blk, x, lane0, tile),
                 WeightFormat::Q5_0 => legacy::q5_0_group_wide(blk, x, lane0, tile),
+                WeightFormat::IQ4_NL => crate::packed_x86_iq4_nl::iq4_nl_group_wide(blk, x, lane0, tile),
                 // `pack_in_groups` builds no other 16-row layout (`has_wide_kernel`).
                 _ => tile.iter_mut().for_each(|t| t.fill(f32::NAN)),
             }
@@ -596,6 +599,7 @@ pub(crate) fn has_wide_kernel(fmt: WeightFormat) -> bool {
             | WeightFormat::Q4_K
             | WeightFormat::Q5_K
             | WeightFormat::Q6_K
+            | WeightFormat::IQ4_NL
     )
 }
 
