@@ -40,9 +40,9 @@ pub(crate) trait IntLanes: Copy {
     fn and(self, a: Self::I, b: Self::I) -> Self::I;
     /// Bitwise or.
     fn or(self, a: Self::I, b: Self::I) -> Self::I;
-    /// Each 16-bit lane shifted left by `N` (2 or 4).
+    /// Each 16-bit lane shifted left by `N` (1 to 4).
     fn shl16<const N: i32>(self, a: Self::I) -> Self::I;
-    /// Each 16-bit lane shifted right (logically) by `N` (2 or 4).
+    /// Each 16-bit lane shifted right (logically) by `N` (1 to 4).
     fn shr16<const N: i32>(self, a: Self::I) -> Self::I;
     /// Each 16-bit lane shifted left by a run-time `n`.
     fn shl16_by(self, a: Self::I, n: i32) -> Self::I;
@@ -394,9 +394,11 @@ impl<const NTA: bool, const GFNI: bool> IntLanes for Zmm<NTA, GFNI> {
         // SAFETY: see the impl.
         unsafe {
             match N {
+                1 => _mm512_slli_epi16::<1>(a),
                 2 => _mm512_slli_epi16::<2>(a),
+                3 => _mm512_slli_epi16::<3>(a),
                 4 => _mm512_slli_epi16::<4>(a),
-                _ => unreachable!("the kernels shift by 2 or 4"),
+                _ => unreachable!("the kernels shift by 1 to 4"),
             }
         }
     }
@@ -405,9 +407,11 @@ impl<const NTA: bool, const GFNI: bool> IntLanes for Zmm<NTA, GFNI> {
         // SAFETY: see the impl.
         unsafe {
             match N {
+                1 => _mm512_srli_epi16::<1>(a),
                 2 => _mm512_srli_epi16::<2>(a),
+                3 => _mm512_srli_epi16::<3>(a),
                 4 => _mm512_srli_epi16::<4>(a),
-                _ => unreachable!("the kernels shift by 2 or 4"),
+                _ => unreachable!("the kernels shift by 1 to 4"),
             }
         }
     }

@@ -522,8 +522,8 @@ impl PackedMatrix {
                 (WeightFormat::Q5_K, false) => kq::q5_k_group(blk, x, lane0, tile),
                 (WeightFormat::Q6_K, true) => kq::q6_k_group_vnni(blk, x, lane0, tile),
                 (WeightFormat::Q6_K, false) => kq::q6_k_group(blk, x, lane0, tile),
-                (WeightFormat::IQ4_NL, true) => crate::packed_x86_iq4_nl::iq4_nl_group_vnni(blk, x, lane0, tile),
-                (WeightFormat::IQ4_NL, false) => crate::packed_x86_iq4_nl::iq4_nl_group(blk, x, lane0, tile),
+                (WeightFormat::IQ4_NL, true) => legacy::iq4_nl_group_vnni(blk, x, lane0, tile),
+                (WeightFormat::IQ4_NL, false) => legacy::iq4_nl_group(blk, x, lane0, tile),
                 // `pack_in_groups` builds nothing else.
                 _ => tile.iter_mut().for_each(|t| t.fill(f32::NAN)),
             }
@@ -548,7 +548,7 @@ impl PackedMatrix {
                 WeightFormat::Q4_1 => wide::q4_1_group_wide(blk, x, lane0, tile),
                 WeightFormat::Q4_0 => legacy::q4_0_group_wide(blk, x, lane0, tile),
                 WeightFormat::Q5_0 => legacy::q5_0_group_wide(blk, x, lane0, tile),
-                WeightFormat::IQ4_NL => crate::packed_x86_iq4_nl::iq4_nl_group_wide(blk, x, lane0, tile),
+                WeightFormat::IQ4_NL => legacy::iq4_nl_group_wide(blk, x, lane0, tile),
                 // `pack_in_groups` builds no other 16-row layout (`has_wide_kernel`).
                 _ => tile.iter_mut().for_each(|t| t.fill(f32::NAN)),
             }

@@ -36,7 +36,7 @@ pub(crate) fn row_block_bytes(fmt: WeightFormat) -> Option<usize> {
         WeightFormat::Q4_1 => Some(20),
         WeightFormat::Q8_0 => Some(34),
         WeightFormat::Q4_0 => Some(18),
-        // Only the x86 kernels read it (its table lookup is `packed_x86_iq4_nl.rs`).
+        // Only the x86 kernels read it (its table lookup is in `packed_x86_ggml_order.rs`).
         WeightFormat::IQ4_NL if cfg!(target_arch = "x86_64") => Some(18),
         WeightFormat::Q5_0 => Some(22),
         WeightFormat::Q4_K => Some(148),
