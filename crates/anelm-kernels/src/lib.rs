@@ -28,8 +28,6 @@ mod packed_x86;
 #[cfg(target_arch = "x86_64")]
 mod packed_x86_ggml_order;
 #[cfg(target_arch = "x86_64")]
-mod packed_x86_ggml_order_old;
-#[cfg(target_arch = "x86_64")]
 mod packed_x86_kquant;
 #[cfg(target_arch = "x86_64")]
 mod packed_x86_q4_1;

@@ -182,120 +182,13 @@ lane_entry!(q4_0_group_vnni, q4_0_tile_vnni, "avx2,fma,f16c,avx512vnni,avx512vl"
 lane_entry!(q5_0_group, q5_0_tile, "avx2,fma,f16c", 1);
 lane_entry!(q5_0_group_vnni, q5_0_tile_vnni, "avx2,fma,f16c,avx512vnni,avx512vl", 2);
 lane_entry!(iq4_nl_group, iq4_nl_tile, "avx2,fma,f16c", 1);
-lane_entry!(iq4_nl_group_vnni, iq4_nl_tile_vnni, "avx2,fma,f16c,avx512vnni,avx512vl", 2);
+lane_entry!(
+    iq4_nl_group_vnni,
+    iq4_nl_tile_vnni,
+    "avx2,fma,f16c,avx512vnni,avx512vl",
+    2
+);
 
 zmm_group!(q4_0_group_wide, q4_0_tile_wide, Q4_0);
 zmm_group!(q5_0_group_wide, q5_0_tile_wide, Q5_0);
 zmm_group!(iq4_nl_group_wide, iq4_nl_tile_wide, IQ4_NL);
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::format::WeightFormat;
-    use crate::packed_x86_ggml_order_old as old;
-
-    type Narrow = unsafe fn(&[u8], &Activations, usize, &mut [[f32; 8]]);
-    type Wide = unsafe fn(&[u8], &Activations, usize, &mut [[f32; WIDE_ROWS]]);
-
-    fn inputs(fmt: WeightFormat, rows: usize, lanes: usize) -> (Vec<u8>, Activations) {
-        let cols = 4096;
-        let mut seed = 5u64;
-        let blk: Vec<u8> = (0..rows * fmt.block_bytes() * cols / 32)
-            .map(|_| {
-                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                ((seed >> 33) as u8) % 0x3C
-            })
-            .collect();
-        let x: Vec<f32> = (0..lanes * cols).map(|i| ((i * 37 % 101) as f32 - 50.0) / 32.0).collect();
-        let mut act = Activations::new();
-        act.quantize(fmt, &x, lanes, cols).expect("quantize");
-        (blk, act)
-    }
-
-    fn time(mut f: impl FnMut()) -> f64 {
-        let t = std::time::Instant::now();
-        for _ in 0..200 {
-            f();
-        }
-        t.elapsed().as_secs_f64() * 1e6
-    }
-
-    fn med(v: &mut [f64]) -> f64 {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    }
-
-    #[test]
-    #[ignore]
-    fn ab_avx2() {
-        let which = std::env::var("ANELM_AB").unwrap_or_default();
-        let mut sink = 0.0;
-        let pairs: [(WeightFormat, Narrow, Narrow); 2] = [
-            (WeightFormat::Q4_0, q4_0_group, old::q4_0_group),
-            (WeightFormat::Q5_0, q5_0_group, old::q5_0_group),
-        ];
-        for (fmt, new, old) in pairs {
-            for lanes in [1, 3] {
-                let (blk, act) = inputs(fmt, 8, lanes);
-                let mut out = vec![[0f32; 8]; lanes];
-                for _ in 0..30 {
-                    // SAFETY: AVX2 on every machine this by-hand A/B runs on.
-                    unsafe {
-                        match which.as_str() {
-                            "new" => new(&blk, &act, 0, &mut out),
-                            "old" => old(&blk, &act, 0, &mut out),
-                            _ => {}
-                        }
-                    }
-                }
-                sink += out[0][0];
-            }
-        }
-        std::hint::black_box(sink);
-    }
-
-    #[test]
-    #[ignore]
-    fn ab_timed() {
-        let narrow: [(&str, WeightFormat, Narrow, Narrow); 4] = [
-            ("ymm Q4_0", WeightFormat::Q4_0, q4_0_group, old::q4_0_group),
-            ("ymm Q5_0", WeightFormat::Q5_0, q5_0_group, old::q5_0_group),
-            ("vnni Q4_0", WeightFormat::Q4_0, q4_0_group_vnni, old::q4_0_group_vnni),
-            ("vnni Q5_0", WeightFormat::Q5_0, q5_0_group_vnni, old::q5_0_group_vnni),
-        ];
-        for (name, fmt, new, old) in narrow {
-            for lanes in [1, 4] {
-                let (blk, act) = inputs(fmt, 8, lanes);
-                let mut out = vec![[0f32; 8]; lanes];
-                let (mut a, mut b) = (Vec::new(), Vec::new());
-                for _ in 0..41 {
-                    // SAFETY: this CPU has AVX-512 VNNI (checked by hand before running).
-                    a.push(time(|| unsafe { old(&blk, &act, 0, &mut out) }));
-                    // SAFETY: as above.
-                    b.push(time(|| unsafe { new(&blk, &act, 0, &mut out) }));
-                }
-                let (o, n) = (med(&mut a), med(&mut b));
-                println!("{name} lanes {lanes}: old {o:.1} new {n:.1} {:+.1}%", 100.0 * (n / o - 1.0));
-            }
-        }
-        let wide: [(&str, WeightFormat, Wide, Wide); 2] = [
-            ("zmm Q4_0", WeightFormat::Q4_0, q4_0_group_wide, old::q4_0_group_wide),
-            ("zmm Q5_0", WeightFormat::Q5_0, q5_0_group_wide, old::q5_0_group_wide),
-        ];
-        for (name, fmt, new, old) in wide {
-            for lanes in [1, 4] {
-                let (blk, act) = inputs(fmt, 16, lanes);
-                let mut out = vec![[0f32; WIDE_ROWS]; lanes];
-                let (mut a, mut b) = (Vec::new(), Vec::new());
-                for _ in 0..41 {
-                    // SAFETY: as above.
-                    a.push(time(|| unsafe { old(&blk, &act, 0, &mut out) }));
-                    // SAFETY: as above.
-                    b.push(time(|| unsafe { new(&blk, &act, 0, &mut out) }));
-                }
-                let (o, n) = (med(&mut a), med(&mut b));
-                println!("{name} lanes {lanes}: old {o:.1} new {n:.1} {:+.1}%", 100.0 * (n / o - 1.0));
-            }
-        }
-    }
-}
