@@ -73,7 +73,7 @@ pub fn target_format(m: &StoredMatrix, q: LoadQuantization) -> Option<WeightForm
     }
     [q.format(), WeightFormat::Q8_0]
         .into_iter()
-        .find(|f| m.cols.is_multiple_of(f.block_elems()))
+        .find(|f| m.cols % f.block_elems() == 0)
 }
 
 /// Rows quantised per pool task.
@@ -86,7 +86,7 @@ fn quantize_rows(m: &StoredMatrix, target: WeightFormat, first: usize, dst: &mut
     let Ok(row_bytes) = target.row_bytes(m.cols) else {
         return false;
     };
-    if row_bytes == 0 || !dst.len().is_multiple_of(row_bytes) {
+    if row_bytes == 0 || dst.len() % row_bytes != 0 {
         return false;
     }
     let failed = std::sync::atomic::AtomicBool::new(false);
