@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerate crates/anelm-kernels/tests/fixtures/dequant-gguf-py.json: random K-quant blocks
-# (Q4_K, Q5_K, Q6_K) and their values as the PyPI `gguf` package's numpy dequantizers compute
+# (Q4_K, Q5_K, Q6_K) and IQ4_NL blocks, and their values as the PyPI `gguf` package's numpy dequantizers compute
 # them, an implementation independent of anelm's (`tests/dequant_vs_gguf_py.rs` compares).
 #
 # Creates (once) a virtualenv under the user cache with a pinned `gguf` and numpy. The CI never
@@ -39,18 +39,21 @@ def f16_bytes(v):
     return np.array([v], dtype=np.float16).tobytes()
 
 def block(name):
-    size = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[name]
+    size = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "IQ4_NL": 18}[name]
     b = bytearray(rng.integers(0, 256, size, dtype=np.uint8).tobytes())
     scale = lambda: f16_bytes(rng.uniform(-0.05, 0.05))
     if name == "Q6_K":
         b[208:210] = scale()
+    elif name == "IQ4_NL":
+        b[0:2] = scale()
     else:
         b[0:2] = scale()
         b[2:4] = scale()
     return bytes(b)
 
 out = {}
-for name, t in [("Q4_K", T.Q4_K), ("Q5_K", T.Q5_K), ("Q6_K", T.Q6_K)]:
+# IQ4_NL last, so the K-quant blocks keep the generator's earlier draws.
+for name, t in [("Q4_K", T.Q4_K), ("Q5_K", T.Q5_K), ("Q6_K", T.Q6_K), ("IQ4_NL", T.IQ4_NL)]:
     data = b"".join(block(name) for _ in range(BLOCKS))
     values = dequantize(np.frombuffer(data, dtype=np.uint8), t).astype(np.float32).reshape(-1)
     out[name] = {

@@ -11,7 +11,7 @@ use anelm_model::tensor_store::TensorStore;
 use crate::backend::{Backend, Dispatch, Kernel, KernelShape, KernelSpec};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
-use crate::load_quantize::{LoadQuantization, quantize_matrix};
+use crate::load_quantize::{LoadQuantization, quantize_matrix, quantize_packed, target_format};
 use crate::stored_matrix::StoredMatrix;
 
 /// Runs `KernelSpec`s on the host CPU through `anelm-kernels` (threads: the kernel pool).
@@ -120,12 +120,13 @@ impl Backend for CpuBackend {
     fn compile(&self, spec: &KernelSpec, weights: &Arc<dyn TensorStore>) -> Result<Box<dyn Kernel>> {
         let load = |id: &crate::backend::WeightId| {
             let m = StoredMatrix::load(weights, &id.0)?;
-            let m = match self.quantize {
-                Some(q) => quantize_matrix(m, q)?,
-                None => m,
-            };
-            let bf16 = self.bf16.covers(m.format);
-            CpuMatrix::new(m, bf16)
+            match self.quantize {
+                Some(q) => CpuMatrix::quantized(m, q),
+                None => {
+                    let bf16 = self.bf16.covers(m.format);
+                    CpuMatrix::new(m, bf16)
+                }
+            }
         };
         match spec {
             KernelSpec::Linear { w } | KernelSpec::LmHead { w } => Ok(Box::new(CpuLinear::new(vec![load(w)?], false)?)),
@@ -186,7 +187,18 @@ fn check_inputs<'a>(
 /// the mapped bytes for compute; they are released back to the page cache (see
 /// `StoredMatrix::release_pages`), so memory stays at one copy.
 struct CpuMatrix {
-    m: StoredMatrix,
+    /// Tensor name in the store.
+    name: String,
+    /// The format the kernels read (the quantised one for a matrix quantised at load).
+    format: WeightFormat,
+    /// Output channels.
+    rows: usize,
+    /// Input channels.
+    cols: usize,
+    /// Bytes of the weights in `format`, as a step streams them.
+    weight_bytes: usize,
+    /// The row-major weights; `None` for a matrix quantised at load straight into `packed`.
+    stored: Option<StoredMatrix>,
     packed: Option<anelm_kernels::PackedMatrix>,
     /// The weights as bf16, where the backend's [`Bf16Policy`] covers the matrix.
     bf16: Option<Bf16Matrix>,
@@ -197,31 +209,75 @@ impl CpuMatrix {
         if bf16 && matches!(m.format, WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16) {
             // `to_f32` gives the mapped pages back: the bf16 copy is the one kept.
             let b = Bf16Matrix::from_f32(&m.to_f32()?, m.rows, m.cols)?;
-            return Ok(Self {
-                m,
-                packed: None,
-                bf16: Some(b),
-            });
+            return Ok(Self::with(m, None, Some(b)));
         }
         let packed = anelm_kernels::PackedMatrix::pack_releasing(m.format, m.bytes(), m.rows, m.cols, &mut |done| {
             m.release_pages(done)
         })?;
-        Ok(Self { m, packed, bf16: None })
+        Ok(Self::with(m, packed, None))
+    }
+
+    fn with(m: StoredMatrix, packed: Option<anelm_kernels::PackedMatrix>, bf16: Option<Bf16Matrix>) -> Self {
+        Self {
+            name: m.name.clone(),
+            format: m.format,
+            rows: m.rows,
+            cols: m.cols,
+            weight_bytes: m.bytes().len(),
+            stored: Some(m),
+            packed,
+            bf16,
+        }
+    }
+
+    /// `m` re-encoded to `q` at load (see [`crate::load_quantize`]): straight into the packed
+    /// layout where this CPU has a kernel for it (the row-major quantised matrix never exists
+    /// whole), else row-major; either way the float pages are given back as rows are done.
+    fn quantized(m: StoredMatrix, q: LoadQuantization) -> Result<Self> {
+        let Some(target) = target_format(&m, q) else {
+            return Self::new(m, false);
+        };
+        if let Some(packed) = quantize_packed(&m, target)? {
+            let weight_bytes = target.row_bytes(m.cols)? * m.rows;
+            return Ok(Self {
+                name: m.name.clone(),
+                format: target,
+                rows: m.rows,
+                cols: m.cols,
+                weight_bytes,
+                stored: None,
+                packed: Some(packed),
+                bf16: None,
+            });
+        }
+        Self::new(quantize_matrix(m, q)?, false)
+    }
+
+    /// Require a shape, naming the tensor when it differs.
+    fn expect_shape(&self, rows: usize, cols: usize) -> Result<()> {
+        if self.rows == rows && self.cols == cols {
+            Ok(())
+        } else {
+            Err(EngineError::TensorShape {
+                name: self.name.clone(),
+                found: vec![self.rows, self.cols],
+                expected: vec![rows, cols],
+            })
+        }
     }
 
     fn matmul(&self, act: &Activations, out: &mut [f32]) -> Result<()> {
-        match &self.packed {
-            Some(p) => p.matmul(act, out)?,
-            None => anelm_kernels::matmul(self.m.format, self.m.bytes(), self.m.rows, self.m.cols, act, out)?,
+        match (&self.packed, &self.stored) {
+            (Some(p), _) => p.matmul(act, out)?,
+            (None, Some(m)) => anelm_kernels::matmul(m.format, m.bytes(), m.rows, m.cols, act, out)?,
+            (None, None) => {
+                return Err(EngineError::Config(format!(
+                    "tensor '{}' has neither packed nor stored weights",
+                    self.name
+                )));
+            }
         }
         Ok(())
-    }
-}
-
-impl std::ops::Deref for CpuMatrix {
-    type Target = StoredMatrix;
-    fn deref(&self) -> &StoredMatrix {
-        &self.m
     }
 }
 
@@ -291,7 +347,7 @@ impl Kernel for CpuLinear {
         with_scratch(|s| self.run_with(x, r, out, s))?;
         Ok(Dispatch {
             lanes,
-            weight_bytes: self.mats.iter().map(|m| m.bytes().len() as u64).sum(),
+            weight_bytes: self.mats.iter().map(|m| m.weight_bytes as u64).sum(),
             activation_bytes: 4 * (x.as_slice().len() + out.as_slice().len()) as u64,
             elapsed: start.elapsed(),
             modelled: None,
@@ -397,7 +453,7 @@ impl Kernel for CpuSwiGlu {
         let (x, r) = check_inputs(inputs, self.shape, true)?;
         let lanes = x.lanes();
         with_scratch(|s| self.run_with(x, r, out, s))?;
-        let weight_bytes = (self.gate.bytes().len() + self.up.bytes().len() + self.down.bytes().len()) as u64;
+        let weight_bytes = (self.gate.weight_bytes + self.up.weight_bytes + self.down.weight_bytes) as u64;
         Ok(Dispatch {
             lanes,
             weight_bytes,

@@ -245,7 +245,7 @@ impl ActKind {
             WeightFormat::F32 => Self::F32,
             WeightFormat::F16 => Self::F16,
             WeightFormat::BF16 => Self::BF16,
-            WeightFormat::Q4_0 | WeightFormat::Q5_0 | WeightFormat::Q8_0 => Self::Q8_0,
+            WeightFormat::Q4_0 | WeightFormat::Q5_0 | WeightFormat::Q8_0 | WeightFormat::IQ4_NL => Self::Q8_0,
             WeightFormat::Q4_1 => Self::Q8_1,
             WeightFormat::Q4_K | WeightFormat::Q5_K | WeightFormat::Q6_K => Self::Q8K,
         }
@@ -484,6 +484,8 @@ fn quad_offset(fmt: WeightFormat) -> Option<i32> {
     match fmt {
         WeightFormat::Q4_0 => Some(-8),
         WeightFormat::Q5_0 => Some(-16),
+        // The VNNI kernels read IQ4_NL's levels as unsigned `level + 128`.
+        WeightFormat::IQ4_NL => Some(-128),
         _ => None,
     }
 }

@@ -50,8 +50,12 @@ pub fn dot_rows_group(
                 // bounds-checked inside.
                 let done = unsafe {
                     match m {
-                        CacheRows::F32(m) => wide::dot_group(qg, d, m, stride, offset, rest.clone(), og, out_stride),
-                        CacheRows::F16(m) => wide::dot_group(qg, d, m, stride, offset, rest.clone(), og, out_stride),
+                        CacheRows::F32(m) => {
+                            x86::dot_group_avx512(qg, d, m, stride, offset, rest.clone(), og, out_stride)
+                        }
+                        CacheRows::F16(m) => {
+                            x86::dot_group_avx512(qg, d, m, stride, offset, rest.clone(), og, out_stride)
+                        }
                     }
                 };
                 rest.start += done;
@@ -61,8 +65,8 @@ pub fn dot_rows_group(
                 // SAFETY: AVX2 and F16C were detected at run time; slices are bounds-checked inside.
                 unsafe {
                     match m {
-                        CacheRows::F32(m) => x86::dot_group(qg, d, m, stride, offset, rest, og, out_stride),
-                        CacheRows::F16(m) => x86::dot_group(qg, d, m, stride, offset, rest, og, out_stride),
+                        CacheRows::F32(m) => x86::dot_group_avx2(qg, d, m, stride, offset, rest, og, out_stride),
+                        CacheRows::F16(m) => x86::dot_group_avx2(qg, d, m, stride, offset, rest, og, out_stride),
                     }
                 }
             }
@@ -101,8 +105,12 @@ pub fn weighted_rows_group(
             // bounds-checked inside.
             unsafe {
                 match m {
-                    CacheRows::F32(m) => wide::weighted_group(pg, p_stride, m, stride, offset, rows.clone(), og, d),
-                    CacheRows::F16(m) => wide::weighted_group(pg, p_stride, m, stride, offset, rows.clone(), og, d),
+                    CacheRows::F32(m) => {
+                        x86::weighted_group_avx512(pg, p_stride, m, stride, offset, rows.clone(), og, d)
+                    }
+                    CacheRows::F16(m) => {
+                        x86::weighted_group_avx512(pg, p_stride, m, stride, offset, rows.clone(), og, d)
+                    }
                 }
             }
             continue;
@@ -112,8 +120,8 @@ pub fn weighted_rows_group(
             // SAFETY: AVX2 and F16C were detected at run time; slices are bounds-checked inside.
             unsafe {
                 match m {
-                    CacheRows::F32(m) => x86::weighted_group(pg, p_stride, m, stride, offset, rows.clone(), og, d),
-                    CacheRows::F16(m) => x86::weighted_group(pg, p_stride, m, stride, offset, rows.clone(), og, d),
+                    CacheRows::F32(m) => x86::weighted_group_avx2(pg, p_stride, m, stride, offset, rows.clone(), og, d),
+                    CacheRows::F16(m) => x86::weighted_group_avx2(pg, p_stride, m, stride, offset, rows.clone(), og, d),
                 }
             }
             continue;
@@ -161,277 +169,18 @@ fn with_row_buffer<R>(d: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
 /// Whether this CPU has AVX2, FMA and F16C (detected once).
 #[cfg(target_arch = "x86_64")]
 fn avx2_f16c() -> bool {
-    crate::Features::get().avx2_fma_f16c()
+    crate::lanes_x86::Avx2::detect().is_some()
 }
 
 /// Whether the 512-bit loops run (AVX-512F/DQ on top of AVX2/F16C; `ANELM_ATTN_WIDE=0` keeps the
 /// 256-bit ones, for A/B runs).
 #[cfg(target_arch = "x86_64")]
 fn wide() -> bool {
-    avx2_f16c() && wide::available() && crate::Tuning::get().attention_wide
+    crate::lanes_x86::Avx512::detect().is_some() && crate::Tuning::get().attention_wide
 }
 
 #[cfg(target_arch = "x86_64")]
-use crate::attention_rows_x86_wide as wide;
-
-#[cfg(target_arch = "x86_64")]
-pub(crate) mod x86 {
-    use std::arch::x86_64::*;
-
-    use super::MAX_GROUP;
-    use crate::fp16::f16_to_f32;
-
-    /// Eight values of row `m` at `at` as f32, per storage type.
-    pub(crate) trait Load8: Copy {
-        /// # Safety
-        /// AVX2 and F16C must be available; `m[at..at + 8]` must be in bounds (checked).
-        unsafe fn load8(m: &[Self], at: usize) -> __m256;
-        /// One value as f32.
-        fn widen(self) -> f32;
-    }
-
-    impl Load8 for f32 {
-        #[inline(always)]
-        unsafe fn load8(m: &[f32], at: usize) -> __m256 {
-            let c = &m[at..at + 8];
-            // SAFETY: `c` holds exactly 8 f32; unaligned load; AVX is implied by the caller's AVX2.
-            unsafe { _mm256_loadu_ps(c.as_ptr()) }
-        }
-        #[inline(always)]
-        fn widen(self) -> f32 {
-            self
-        }
-    }
-
-    impl Load8 for u16 {
-        #[inline(always)]
-        unsafe fn load8(m: &[u16], at: usize) -> __m256 {
-            let c = &m[at..at + 8];
-            // SAFETY: `c` holds exactly 8 u16 (16 bytes); unaligned load; F16C per the caller.
-            unsafe { _mm256_cvtph_ps(_mm_loadu_si128(c.as_ptr().cast())) }
-        }
-        #[inline(always)]
-        fn widen(self) -> f32 {
-            f16_to_f32(self)
-        }
-    }
-
-    /// Rows ahead of the one being read that the row loops prefetch.
-    pub(crate) const ROWS_AHEAD: usize = 24;
-
-    /// Hint the cache to fetch row `j` (its `d` values at `j·stride + offset`). The cached rows
-    /// of a session are cold at every layer (the weight stream passed through the caches since
-    /// they were last read) and a plane spans only a few pages, each of which the hardware
-    /// prefetcher has to learn anew; without the hint the loops wait on every few rows.
-    #[inline(always)]
-    pub(crate) fn prefetch_row<T>(m: &[T], j: usize, stride: usize, offset: usize, d: usize) {
-        let base = m.as_ptr().cast::<u8>();
-        let at = (j * stride + offset) * std::mem::size_of::<T>();
-        for line in (0..d * std::mem::size_of::<T>()).step_by(64) {
-            // SAFETY: `_mm_prefetch` is baseline SSE and only a hint: it never faults and reads
-            // nothing architecturally, so the address (possibly past the rows) needs no bounds.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(at + line).cast()) };
-        }
-    }
-
-    /// Hint the first `ROWS_AHEAD` rows of `rows`, which the row loops' own hints (always
-    /// `ROWS_AHEAD` rows on) do not cover; called once per block by the group entry points.
-    #[inline(always)]
-    pub(crate) fn prefetch_first_rows<T>(
-        m: &[T],
-        rows: &std::ops::Range<usize>,
-        stride: usize,
-        offset: usize,
-        d: usize,
-    ) {
-        for j in rows.start..(rows.start + ROWS_AHEAD).min(rows.end) {
-            prefetch_row(m, j, stride, offset, d);
-        }
-    }
-
-    /// Per head the sequence of `vector::dot`: eight-lane partial sums over the chunks in order,
-    /// the same horizontal reduction, then the tail in order. `R` rows at a time, so `R × G`
-    /// independent accumulation chains hide the add latency.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn dot_block<T: Load8, const G: usize, const R: usize>(
-        q: &[f32],
-        d: usize,
-        m: &[T],
-        stride: usize,
-        offset: usize,
-        rows: std::ops::Range<usize>,
-        out: &mut [f32],
-        out_stride: usize,
-    ) {
-        assert!(q.len() >= G * d);
-        let split = d - d % 8;
-        let (mut j, mut i) = (rows.start, 0);
-        while j + R <= rows.end {
-            for r in 0..R {
-                prefetch_row(m, j + r + ROWS_AHEAD, stride, offset, d);
-            }
-            let mut acc = [[_mm256_setzero_ps(); G]; R];
-            for c in (0..split).step_by(8) {
-                let mut qv = [_mm256_setzero_ps(); G];
-                for (h, v) in qv.iter_mut().enumerate() {
-                    let qc = &q[h * d + c..h * d + c + 8];
-                    // SAFETY: `qc` holds exactly 8 f32; unaligned load.
-                    *v = unsafe { _mm256_loadu_ps(qc.as_ptr()) };
-                }
-                for (r, a) in acc.iter_mut().enumerate() {
-                    let at = (j + r) * stride + offset;
-                    // SAFETY: `c + 8 ≤ d`, inside the row (bounds-checked in `load8`).
-                    let row = unsafe { T::load8(m, at + c) };
-                    for (a, qv) in a.iter_mut().zip(&qv) {
-                        *a = _mm256_fmadd_ps(*qv, row, *a);
-                    }
-                }
-            }
-            for (r, a) in acc.iter().enumerate() {
-                let row = &m[(j + r) * stride + offset..(j + r) * stride + offset + d];
-                for (h, a) in a.iter().enumerate() {
-                    let hsum = _mm_add_ps(_mm256_castps256_ps128(*a), _mm256_extractf128_ps::<1>(*a));
-                    let t = _mm_hadd_ps(hsum, hsum);
-                    let mut s = _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
-                    for (x, y) in q[h * d + split..(h + 1) * d].iter().zip(&row[split..]) {
-                        s = x.mul_add(y.widen(), s);
-                    }
-                    out[h * out_stride + i + r] = s;
-                }
-            }
-            (j, i) = (j + R, i + R);
-        }
-        if R > 1 && j < rows.end {
-            // SAFETY: same features; the remaining rows one at a time.
-            unsafe { dot_block::<T, G, 1>(q, d, m, stride, offset, j..rows.end, &mut out[i..], out_stride) };
-        }
-    }
-
-    /// Per output element the sequence of repeated `axpy`: `o + p·row` for each row in order.
-    /// `C` chunks of eight outputs of each of the `G` heads in registers across the rows.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn weighted_block<T: Load8, const G: usize, const C: usize>(
-        p: &[f32],
-        p_stride: usize,
-        m: &[T],
-        stride: usize,
-        offset: usize,
-        rows: std::ops::Range<usize>,
-        out: &mut [f32],
-        d: usize,
-        chunks: std::ops::Range<usize>,
-    ) {
-        assert!(out.len() >= G * d && d.is_multiple_of(8) && chunks.end <= d / 8);
-        let n = rows.len();
-        for h in 0..G {
-            assert!(h * p_stride + n <= p.len());
-        }
-        let mut c0 = chunks.start;
-        while c0 + C <= chunks.end {
-            let mut acc = [[_mm256_setzero_ps(); C]; G];
-            for (h, a) in acc.iter_mut().enumerate() {
-                for (cc, a) in a.iter_mut().enumerate() {
-                    let oc = &out[h * d + 8 * (c0 + cc)..h * d + 8 * (c0 + cc) + 8];
-                    // SAFETY: `oc` holds exactly 8 f32; unaligned load.
-                    *a = unsafe { _mm256_loadu_ps(oc.as_ptr()) };
-                }
-            }
-            for (i, j) in rows.clone().enumerate() {
-                let at = j * stride + offset;
-                if c0 == chunks.start {
-                    prefetch_row(m, j + ROWS_AHEAD, stride, offset, d);
-                }
-                let mut w = [_mm256_setzero_ps(); G];
-                for (h, w) in w.iter_mut().enumerate() {
-                    *w = _mm256_set1_ps(p[h * p_stride + i]);
-                }
-                for cc in 0..C {
-                    // SAFETY: `8·(c0 + cc) + 8 ≤ d`, inside the row (bounds-checked in `load8`).
-                    let r = unsafe { T::load8(m, at + 8 * (c0 + cc)) };
-                    for (a, w) in acc.iter_mut().zip(&w) {
-                        a[cc] = _mm256_fmadd_ps(*w, r, a[cc]);
-                    }
-                }
-            }
-            for (h, a) in acc.iter().enumerate() {
-                for (cc, a) in a.iter().enumerate() {
-                    let oc = &mut out[h * d + 8 * (c0 + cc)..h * d + 8 * (c0 + cc) + 8];
-                    // SAFETY: `oc` holds exactly 8 f32; unaligned store.
-                    unsafe { _mm256_storeu_ps(oc.as_mut_ptr(), *a) };
-                }
-            }
-            c0 += C;
-        }
-        if C > 1 && c0 < chunks.end {
-            // SAFETY: same features; the remaining chunks one at a time.
-            unsafe { weighted_block::<T, G, 1>(p, p_stride, m, stride, offset, rows, out, d, c0..chunks.end) };
-        }
-    }
-
-    /// [`dot_block`] for `q.len() / d` (1 ..= MAX_GROUP) heads, rows per block picked so the
-    /// accumulators fit the sixteen registers.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn dot_group<T: Load8>(
-        q: &[f32],
-        d: usize,
-        m: &[T],
-        stride: usize,
-        offset: usize,
-        rows: std::ops::Range<usize>,
-        out: &mut [f32],
-        out_stride: usize,
-    ) {
-        prefetch_first_rows(m, &rows, stride, offset, d);
-        // SAFETY (every arm): same features as this function.
-        unsafe {
-            match q.len() / d {
-                1 => dot_block::<T, 1, 8>(q, d, m, stride, offset, rows, out, out_stride),
-                2 => dot_block::<T, 2, 4>(q, d, m, stride, offset, rows, out, out_stride),
-                3 => dot_block::<T, 3, 4>(q, d, m, stride, offset, rows, out, out_stride),
-                4 => dot_block::<T, 4, 3>(q, d, m, stride, offset, rows, out, out_stride),
-                5 => dot_block::<T, 5, 2>(q, d, m, stride, offset, rows, out, out_stride),
-                6 => dot_block::<T, 6, 2>(q, d, m, stride, offset, rows, out, out_stride),
-                7 => dot_block::<T, 7, 1>(q, d, m, stride, offset, rows, out, out_stride),
-                8 => dot_block::<T, 8, 1>(q, d, m, stride, offset, rows, out, out_stride),
-                g => unreachable!("{g} heads in one group (at most {MAX_GROUP})"),
-            }
-        }
-    }
-
-    /// [`weighted_block`] for `out.len() / d` (1 ..= MAX_GROUP) heads.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn weighted_group<T: Load8>(
-        p: &[f32],
-        p_stride: usize,
-        m: &[T],
-        stride: usize,
-        offset: usize,
-        rows: std::ops::Range<usize>,
-        out: &mut [f32],
-        d: usize,
-    ) {
-        let all = 0..d / 8;
-        prefetch_first_rows(m, &rows, stride, offset, d);
-        // SAFETY (every arm): same features as this function.
-        unsafe {
-            match out.len() / d {
-                1 => weighted_block::<T, 1, 8>(p, p_stride, m, stride, offset, rows, out, d, all),
-                2 => weighted_block::<T, 2, 4>(p, p_stride, m, stride, offset, rows, out, d, all),
-                3 => weighted_block::<T, 3, 4>(p, p_stride, m, stride, offset, rows, out, d, all),
-                4 => weighted_block::<T, 4, 2>(p, p_stride, m, stride, offset, rows, out, d, all),
-                5 => weighted_block::<T, 5, 2>(p, p_stride, m, stride, offset, rows, out, d, all),
-                6 => weighted_block::<T, 6, 2>(p, p_stride, m, stride, offset, rows, out, d, all),
-                7 => weighted_block::<T, 7, 1>(p, p_stride, m, stride, offset, rows, out, d, all),
-                8 => weighted_block::<T, 8, 1>(p, p_stride, m, stride, offset, rows, out, d, all),
-                g => unreachable!("{g} heads in one group (at most {MAX_GROUP})"),
-            }
-        }
-    }
-}
+use crate::attention_rows_x86 as x86;
 
 #[cfg(test)]
 mod tests {
@@ -463,8 +212,8 @@ mod tests {
                 let mut want_out = out.clone();
                 // SAFETY: AVX2 and F16C were detected above.
                 unsafe {
-                    x86::dot_group(&q, d, &m16, stride, 1, rows.clone(), &mut got, ps);
-                    x86::weighted_group(&p, ps, &m16, stride, 1, rows.clone(), &mut out, d);
+                    x86::dot_group_avx2(&q, d, &m16, stride, 1, rows.clone(), &mut got, ps);
+                    x86::weighted_group_avx2(&p, ps, &m16, stride, 1, rows.clone(), &mut out, d);
                 }
                 for h in 0..g {
                     for (i, j) in rows.clone().enumerate() {

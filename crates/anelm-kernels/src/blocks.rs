@@ -24,6 +24,21 @@ pub fn unpack_q4_0(b: &[u8], q: &mut [i8; 32]) -> f32 {
     f16_at(b, 0)
 }
 
+/// IQ4_NL's values: ggml's `kvalues_iq4nl`, the 16 levels a 4-bit index selects.
+pub const IQ4_NL_VALUES: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+
+/// IQ4_NL: { f16 d; u8 qs[16] } (low nibbles → elements 0..16, high → 16..32), each an index
+/// into [`IQ4_NL_VALUES`]; value `IQ4_NL_VALUES[i]·d`.
+#[inline]
+pub fn unpack_iq4_nl(b: &[u8], q: &mut [i8; 32]) -> f32 {
+    let qs = &b[2..18];
+    for j in 0..16 {
+        q[j] = IQ4_NL_VALUES[usize::from(qs[j] & 0x0F)];
+        q[j + 16] = IQ4_NL_VALUES[usize::from(qs[j] >> 4)];
+    }
+    f16_at(b, 0)
+}
+
 /// Q4_1: { f16 d; f16 m; u8 qs[16] }, value q·d + m, q in 0..16 → (d, m).
 #[inline]
 pub fn unpack_q4_1(b: &[u8], q: &mut [i8; 32]) -> (f32, f32) {

@@ -26,11 +26,13 @@ pub enum WeightFormat {
     Q5_K,
     /// 256 × 6-bit in 16 sub-blocks with int8 scales.
     Q6_K,
+    /// 32 × 4-bit indices into ggml's fixed 16-entry non-linear int8 table, with an f16 scale.
+    IQ4_NL,
 }
 
 impl WeightFormat {
     /// All formats.
-    pub const ALL: [WeightFormat; 10] = [
+    pub const ALL: [WeightFormat; 11] = [
         Self::F32,
         Self::F16,
         Self::BF16,
@@ -41,6 +43,7 @@ impl WeightFormat {
         Self::Q4_K,
         Self::Q5_K,
         Self::Q6_K,
+        Self::IQ4_NL,
     ];
 
     /// From a ggml type id; `None` for types anelm does not run.
@@ -55,6 +58,7 @@ impl WeightFormat {
             12 => Self::Q4_K,
             13 => Self::Q5_K,
             14 => Self::Q6_K,
+            20 => Self::IQ4_NL,
             30 => Self::BF16,
             _ => return None,
         })
@@ -72,6 +76,7 @@ impl WeightFormat {
             Self::Q4_K => 12,
             Self::Q5_K => 13,
             Self::Q6_K => 14,
+            Self::IQ4_NL => 20,
             Self::BF16 => 30,
         }
     }
@@ -89,6 +94,7 @@ impl WeightFormat {
             Self::Q4_K => "Q4_K",
             Self::Q5_K => "Q5_K",
             Self::Q6_K => "Q6_K",
+            Self::IQ4_NL => "IQ4_NL",
         }
     }
 
@@ -96,7 +102,7 @@ impl WeightFormat {
     pub fn block_elems(self) -> usize {
         match self {
             Self::F32 | Self::F16 | Self::BF16 => 1,
-            Self::Q8_0 | Self::Q4_0 | Self::Q4_1 | Self::Q5_0 => 32,
+            Self::Q8_0 | Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::IQ4_NL => 32,
             Self::Q4_K | Self::Q5_K | Self::Q6_K => 256,
         }
     }
@@ -107,7 +113,7 @@ impl WeightFormat {
             Self::F32 => 4,
             Self::F16 | Self::BF16 => 2,
             Self::Q8_0 => 34,
-            Self::Q4_0 => 18,
+            Self::Q4_0 | Self::IQ4_NL => 18,
             Self::Q4_1 => 20,
             Self::Q5_0 => 22,
             Self::Q4_K => 144,

@@ -6,7 +6,7 @@
 mod activations;
 mod attention_rows;
 #[cfg(target_arch = "x86_64")]
-mod attention_rows_x86_wide;
+mod attention_rows_x86;
 mod bf16_matmul;
 mod blocks;
 mod dequant;
@@ -15,6 +15,10 @@ mod exp;
 mod features;
 mod format;
 mod fp16;
+#[cfg(target_arch = "x86_64")]
+mod lanes_x86;
+#[cfg(target_arch = "x86_64")]
+mod lanes_x86_int;
 mod matmul;
 mod packed;
 mod packed_layout;
@@ -24,12 +28,15 @@ mod packed_neon;
 mod packed_neon_dot;
 #[cfg(target_arch = "aarch64")]
 mod packed_neon_kquant;
+mod packed_packer;
 #[cfg(target_arch = "x86_64")]
 mod packed_x86;
 #[cfg(target_arch = "x86_64")]
 mod packed_x86_ggml_order;
 #[cfg(target_arch = "x86_64")]
 mod packed_x86_kquant;
+#[cfg(target_arch = "x86_64")]
+mod packed_x86_q4_1;
 #[cfg(target_arch = "x86_64")]
 mod packed_x86_wide;
 pub mod pool;

@@ -38,6 +38,7 @@ use std::sync::{Arc, Mutex};
 use crate::activations::{Activations, BlockWriter};
 use crate::error::{KernelError, check_len};
 use crate::format::WeightFormat;
+use crate::packed_packer::Packer;
 use crate::weight_memory::WeightBytes;
 
 /// Rows per interleaved group of the AVX2 layout (the unit [`Combine`] works in).
@@ -45,6 +46,9 @@ pub const PACK_ROWS: usize = 8;
 
 /// Rows per group of the AVX-512 layout.
 pub const WIDE_GROUP_ROWS: usize = 16;
+
+/// What [`PackedMatrix::pack_filled`] calls to make row-major rows: `(first_row, dst)`.
+pub type RowFill<'a> = dyn FnMut(usize, &mut [u8]) -> Result<(), KernelError> + 'a;
 
 /// A matrix in the interleaved layout (see the module docs); same bytes as the stored form.
 pub struct PackedMatrix {
@@ -126,7 +130,7 @@ impl std::fmt::Debug for PackedMatrix {
 
 impl PackedMatrix {
     /// Repack a row-major `rows × cols` matrix, when this CPU has a kernel for the packed form
-    /// and the shape fits it (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K or Q6_K, rows a multiple of 8);
+    /// and the shape fits it (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K or IQ4_NL, rows a multiple of 8);
     /// `Ok(None)` otherwise, and the
     /// row-major kernels serve the matrix as before. Groups of 16 rows where the CPU has the
     /// AVX-512 kernels and the rows allow it (`ANELM_PACK_WIDE=0` keeps 8, for A/B runs).
@@ -144,13 +148,7 @@ impl PackedMatrix {
         cols: usize,
         release: &mut dyn FnMut(&[u8]),
     ) -> Result<Option<Self>, KernelError> {
-        let wide = wide_kernel_available() && crate::Tuning::get().pack_wide;
-        let group_rows = if wide && rows.is_multiple_of(WIDE_GROUP_ROWS) && has_wide_kernel(fmt) {
-            WIDE_GROUP_ROWS
-        } else {
-            PACK_ROWS
-        };
-        Self::pack_in_groups(fmt, w, rows, cols, group_rows, release)
+        Self::pack_in_groups(fmt, w, rows, cols, Self::default_group_rows(fmt, rows), release)
     }
 
     /// [`PackedMatrix::pack`] with a chosen group height ([`PACK_ROWS`] or [`WIDE_GROUP_ROWS`]),
@@ -174,6 +172,42 @@ impl PackedMatrix {
         Self::pack_in_groups(fmt, w, rows, cols, group_rows, &mut |_| {})
     }
 
+    /// [`PackedMatrix::pack`] for a matrix whose row-major bytes are made as packing goes, so
+    /// they never exist all at once: `fill(first_row, dst)` writes the row-major bytes of rows
+    /// `first_row ..` (`dst.len()` is a whole number of rows, about 1 MB of them) and is called
+    /// for consecutive windows from row 0 to the end. `Ok(None)` (without calling `fill`) where
+    /// [`PackedMatrix::pack`] would give `None`; `fill`'s error is returned as it is.
+    pub fn pack_filled(
+        fmt: WeightFormat,
+        rows: usize,
+        cols: usize,
+        fill: &mut RowFill<'_>,
+    ) -> Result<Option<Self>, KernelError> {
+        let Some(mut packer) = Packer::new(fmt, rows, cols, Self::default_group_rows(fmt, rows))? else {
+            return Ok(None);
+        };
+        let mut window = vec![0u8; packer.groups_per_window * packer.group_src];
+        let mut g = 0;
+        while g < packer.groups {
+            let n = packer.groups_per_window.min(packer.groups - g);
+            let src = &mut window[..n * packer.group_src];
+            fill(g * packer.group_rows, src)?;
+            packer.pack_groups(g, src);
+            g += n;
+        }
+        Ok(Some(Self::assembled(fmt, rows, cols, packer)))
+    }
+
+    /// The group height [`PackedMatrix::pack`] picks for `fmt` with `rows` rows on this CPU.
+    fn default_group_rows(fmt: WeightFormat, rows: usize) -> usize {
+        let wide = wide_kernel_available() && crate::Tuning::get().pack_wide;
+        if wide && rows.is_multiple_of(WIDE_GROUP_ROWS) && has_wide_kernel(fmt) {
+            WIDE_GROUP_ROWS
+        } else {
+            PACK_ROWS
+        }
+    }
+
     fn pack_in_groups(
         fmt: WeightFormat,
         w: &[u8],
@@ -182,9 +216,6 @@ impl PackedMatrix {
         group_rows: usize,
         release: &mut dyn FnMut(&[u8]),
     ) -> Result<Option<Self>, KernelError> {
-        let Some(row_block) = crate::packed_layout::row_block_bytes(fmt) else {
-            return Ok(None);
-        };
         // Bytes that do not match the shape are an error whether or not this CPU packs.
         let rb = fmt.row_bytes(cols)?;
         check_len(
@@ -193,51 +224,26 @@ impl PackedMatrix {
             w.len(),
             "bytes",
         )?;
-        if !rows.is_multiple_of(group_rows) || rows == 0 || !kernel_available() {
+        let Some(mut packer) = Packer::new(fmt, rows, cols, group_rows)? else {
             return Ok(None);
+        };
+        for (i, src) in w.chunks(packer.groups_per_window * packer.group_src).enumerate() {
+            packer.pack_groups(i * packer.groups_per_window, src);
+            release(src);
         }
-        if group_rows == WIDE_GROUP_ROWS && !has_wide_kernel(fmt) {
-            return Ok(None);
-        }
-        // A layout x86 has kernels for is not necessarily one the NEON kernels read.
-        #[cfg(target_arch = "aarch64")]
-        if !crate::packed_neon::serves(fmt) {
-            return Ok(None);
-        }
-        let nb = cols / fmt.block_elems();
-        let r_n = group_rows;
-        let gb = r_n * row_block;
-        let total = (rows / r_n)
-            .checked_mul(nb)
-            .and_then(|n| n.checked_mul(gb))
-            .ok_or(KernelError::Overflow)?;
-        let mut data = WeightBytes::zeroed(total)?;
-        let group_src = r_n * rb;
-        let groups_per_release = (1 << 20) / group_src.max(1) + 1;
-        let mut released = 0;
-        let mut rows_of_group: Vec<&[u8]> = Vec::with_capacity(r_n);
-        for g in 0..rows / r_n {
-            if g > 0 && g % groups_per_release == 0 {
-                release(&w[released..g * group_src]);
-                released = g * group_src;
-            }
-            rows_of_group.clear();
-            rows_of_group.extend((0..r_n).map(|r| &w[(g * r_n + r) * rb..(g * r_n + r + 1) * rb]));
-            for b in 0..nb {
-                let dst = &mut data[(g * nb + b) * gb..(g * nb + b + 1) * gb];
-                // The wide Q8_0 kernel reads w + 128 as unsigned (see its docs).
-                crate::packed_layout::pack_block(fmt, &rows_of_group, b, dst, r_n == WIDE_GROUP_ROWS);
-            }
-        }
-        release(&w[released..]);
-        Ok(Some(Self {
+        Ok(Some(Self::assembled(fmt, rows, cols, packer)))
+    }
+
+    fn assembled(fmt: WeightFormat, rows: usize, cols: usize, packer: Packer) -> Self {
+        let group_rows = packer.group_rows;
+        Self {
             fmt,
             rows,
             cols,
             group_rows,
-            data,
+            data: packer.finish(),
             successor: Arc::default(),
-        }))
+        }
     }
 
     /// Rows per interleaved group ([`PACK_ROWS`], or [`WIDE_GROUP_ROWS`] for the AVX-512 kernels).
@@ -529,6 +535,8 @@ impl PackedMatrix {
                 (WeightFormat::Q5_K, false) => kq::q5_k_group(blk, x, lane0, tile),
                 (WeightFormat::Q6_K, true) => kq::q6_k_group_vnni(blk, x, lane0, tile),
                 (WeightFormat::Q6_K, false) => kq::q6_k_group(blk, x, lane0, tile),
+                (WeightFormat::IQ4_NL, true) => legacy::iq4_nl_group_vnni(blk, x, lane0, tile),
+                (WeightFormat::IQ4_NL, false) => legacy::iq4_nl_group(blk, x, lane0, tile),
                 // `pack_in_groups` builds nothing else.
                 _ => tile.iter_mut().for_each(|t| t.fill(f32::NAN)),
             }
@@ -553,6 +561,7 @@ impl PackedMatrix {
                 WeightFormat::Q4_1 => wide::q4_1_group_wide(blk, x, lane0, tile),
                 WeightFormat::Q4_0 => legacy::q4_0_group_wide(blk, x, lane0, tile),
                 WeightFormat::Q5_0 => legacy::q5_0_group_wide(blk, x, lane0, tile),
+                WeightFormat::IQ4_NL => legacy::iq4_nl_group_wide(blk, x, lane0, tile),
                 // `pack_in_groups` builds no other 16-row layout (`has_wide_kernel`).
                 _ => tile.iter_mut().for_each(|t| t.fill(f32::NAN)),
             }
@@ -617,7 +626,7 @@ const SPLIT_MIN_UNITS: usize = 8;
 const SPLIT_MAX_UNITS: usize = 128;
 
 /// Whether `fmt` has 16-row kernels (the others pack in 8-row groups on every CPU).
-fn has_wide_kernel(fmt: WeightFormat) -> bool {
+pub(crate) fn has_wide_kernel(fmt: WeightFormat) -> bool {
     matches!(
         fmt,
         WeightFormat::Q4_1
@@ -627,6 +636,7 @@ fn has_wide_kernel(fmt: WeightFormat) -> bool {
             | WeightFormat::Q4_K
             | WeightFormat::Q5_K
             | WeightFormat::Q6_K
+            | WeightFormat::IQ4_NL
     )
 }
 

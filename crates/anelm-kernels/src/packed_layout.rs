@@ -10,7 +10,8 @@
 //!   each row's 16 quant bytes.
 //! - **Q8_0** (`34R`): `R` f16 scales, then for `k < 8` bytes `4k .. 4k+4` of each row's 32
 //!   quants; the 16-row layout stores them as `w + 128` (`w ^ 0x80`, unsigned).
-//! - **Q4_0** (`18R`): `R` f16 scales, then the quant bytes as Q4_1's.
+//! - **Q4_0** (`18R`): `R` f16 scales, then the quant bytes as Q4_1's. **IQ4_NL** the same (its
+//!   nibbles are table indices, looked up by the kernel; x86 only).
 //! - **Q5_0** (`22R`): `R` f16 scales; `4R` bytes of fifth bits, byte `4r + i` holding in bit `k`
 //!   the fifth bit of element `4k + i` of row `r` (the element that vector `k` holds at that
 //!   byte); then the quant bytes as Q4_1's.
@@ -35,6 +36,8 @@ pub(crate) fn row_block_bytes(fmt: WeightFormat) -> Option<usize> {
         WeightFormat::Q4_1 => Some(20),
         WeightFormat::Q8_0 => Some(34),
         WeightFormat::Q4_0 => Some(18),
+        // Only the x86 kernels read it (its table lookup is in `packed_x86_ggml_order.rs`).
+        WeightFormat::IQ4_NL if cfg!(target_arch = "x86_64") => Some(18),
         WeightFormat::Q5_0 => Some(22),
         WeightFormat::Q4_K => Some(148),
         WeightFormat::Q5_K => Some(180),
@@ -80,7 +83,7 @@ pub(crate) fn pack_block(fmt: WeightFormat, rows: &[&[u8]], b: usize, dst: &mut 
             let flip = if offset_q8 { 0x80 } else { 0 };
             interleave(dst, 2 * r_n, 2, 8, flip);
         }
-        WeightFormat::Q4_0 => {
+        WeightFormat::Q4_0 | WeightFormat::IQ4_NL => {
             halves(dst, 0, 0);
             interleave(dst, 2 * r_n, 2, 4, 0);
         }

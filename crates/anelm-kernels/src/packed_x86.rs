@@ -1,5 +1,6 @@
 //! The x86-64 kernels of [`crate::packed`]: one group of 8 interleaved rows against up to
-//! `MAX_LANES` activation lanes, AVX2 (`maddubs` + `madd`) and AVX-512 VNNI (`vpdpbusd`).
+//! `MAX_LANES` activation lanes, AVX2 (`maddubs` + `madd`) and AVX-512 VNNI (`vpdpbusd`): Q8_0
+//! here (Q4_1 in `packed_x86_q4_1.rs`), and the helpers the other 8-row kernels share.
 
 use std::arch::x86_64::*;
 
@@ -148,58 +149,6 @@ pub(crate) use lane_entry;
 /// Bytes ahead of the current block that the group stream prefetches.
 pub(crate) const PREFETCH: usize = 1024;
 
-macro_rules! define_group {
-    ($entry:ident, $tile:ident, $features:literal, $dot:ident, $wide:literal) => {
-        lane_entry!($entry, $tile, $features, $wide);
-
-        #[inline]
-        #[target_feature(enable = $features)]
-        fn $tile<const L: usize>(blk: &[u8], x: &Activations, lane: usize, out: &mut [[f32; 8]]) {
-            let nb = x.cols / 32;
-            // The L lanes' quants, scales and sums, checked once here; the block loop reads
-            // them through `LaneBlocks` without a bounds check per (lane, block).
-            let xq = LaneBlocks::new(&x.q, lane, L, 32 * nb);
-            let xd = LaneBlocks::new(&x.d, lane, L, nb);
-            let xs = LaneBlocks::new(&x.s, lane, L, nb);
-            let mask = _mm256_set1_epi8(0x0F);
-            let mut acc = [_mm256_setzero_ps(); L];
-            for (b, p) in blk.chunks_exact(160).enumerate().take(nb) {
-                // A prefetch never faults, so the address may lie past the group's end.
-                _mm_prefetch::<_MM_HINT_T0>(p.as_ptr().wrapping_add(PREFETCH).cast());
-                _mm_prefetch::<_MM_HINT_T0>(p.as_ptr().wrapping_add(PREFETCH + 64).cast());
-                _mm_prefetch::<_MM_HINT_T0>(p.as_ptr().wrapping_add(PREFETCH + 128).cast());
-                let d = f16x8(&p[0..16]);
-                let m = f16x8(&p[16..32]);
-                let mut v = [_mm256_setzero_si256(); 8];
-                for k in 0..4 {
-                    let packed = load256(&p[32 + 32 * k..64 + 32 * k]);
-                    v[k] = _mm256_and_si256(packed, mask);
-                    v[k + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(packed), mask);
-                }
-                for j in 0..L {
-                    let group = |g: usize| _mm256_set1_epi32(xq.quad(j, 32 * b + 4 * g));
-                    let mut s0 = $dot(_mm256_setzero_si256(), v[0], group(0));
-                    let mut s1 = $dot(_mm256_setzero_si256(), v[1], group(1));
-                    s0 = $dot(s0, v[2], group(2));
-                    s1 = $dot(s1, v[3], group(3));
-                    s0 = $dot(s0, v[4], group(4));
-                    s1 = $dot(s1, v[5], group(5));
-                    s0 = $dot(s0, v[6], group(6));
-                    s1 = $dot(s1, v[7], group(7));
-                    let isum = _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1));
-                    acc[j] = _mm256_fmadd_ps(isum, _mm256_mul_ps(d, _mm256_set1_ps(xd.get(j, b))), acc[j]);
-                    acc[j] = _mm256_fmadd_ps(m, _mm256_set1_ps(xs.get(j, b)), acc[j]);
-                }
-            }
-            for j in 0..L {
-                // SAFETY: `out[j]` holds exactly 8 f32; unaligned store.
-                unsafe { _mm256_storeu_ps(out[j].as_mut_ptr(), acc[j]) };
-            }
-        }
-    };
-}
-
-define_group!(q4_1_group, q4_1_tile, "avx2,fma,f16c", acc_dot, 2);
 define_q8_group!(q8_0_group, q8_0_tile, "avx2,fma,f16c", acc_dot, 2);
 define_q8_group!(
     q8_0_group_vnni,
@@ -208,10 +157,5 @@ define_q8_group!(
     acc_dot_vnni,
     4
 );
-define_group!(
-    q4_1_group_vnni,
-    q4_1_tile_vnni,
-    "avx2,fma,f16c,avx512vnni,avx512vl",
-    acc_dot_vnni,
-    4
-);
+// Q4_1's 8-row entry points, with its 16-row tiles written once in `packed_x86_q4_1.rs`.
+pub(crate) use crate::packed_x86_q4_1::{q4_1_group, q4_1_group_vnni};

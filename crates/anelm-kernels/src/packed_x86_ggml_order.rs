@@ -1,7 +1,8 @@
-//! The packed Q4_0 and Q5_0 kernels (layouts in `packed_layout.rs`): 8-row groups on AVX2 and
-//! AVX-512 VNNI (ymm), 16-row groups on AVX-512 VNNI (zmm), all **accumulating in ggml's AVX2
-//! order**, so their results are bit-identical to
-//! the row-major tile's (`simd_x86::dot_rows4`), which follows llama.cpp.
+//! The packed Q4_0, Q5_0 and IQ4_NL kernels (layouts in `packed_layout.rs`), one kernel written
+//! over the register width (`lanes_x86_int::IntLanes`) and the format's weight decode: 8-row
+//! groups on AVX2 and AVX-512 VNNI (ymm), 16-row groups on AVX-512 VNNI (zmm), all
+//! **accumulating in ggml's AVX2 order**, so their results are bit-identical to the row-major
+//! tile's (`simd_x86::dot_rows4`), which follows llama.cpp.
 //!
 //! That order keeps, per row, eight f32 partial sums: partial `k` gathers, block after block,
 //! `(Σ of the products of elements 4k .. 4k+4) · (d·dx)` by FMA, and the eight are added at the
@@ -13,116 +14,130 @@
 //!
 //! The weights are read unsigned (Q4_0's nibble, Q5_0's nibble plus fifth bit), without the
 //! format's offset of 8 or 16; each 4-product sum starts at `−offset·Σ` of its 4 activations
-//! (`Activations::quad_offsets`, a broadcast load), so it comes out exact.
-
-use std::arch::x86_64::*;
+//! (`Activations::quad_offsets`, a broadcast load), so it comes out exact. IQ4_NL's nibbles are
+//! indices into ggml's 16-level table, looked up by one byte shuffle (`vpshufb`) per vector:
+//! `vpdpbusd` reads the levels as `level + 128` (sums starting at `−128·Σ`); AVX2's `maddubs`
+//! would saturate on those (2·241·127 > 32767), so there the signed levels' sign moves onto the
+//! activations instead (`|w| · sign(x, w)`, sums starting at 0).
 
 use crate::activations::Activations;
-use crate::packed_x86::{LaneBlocks, PREFETCH, acc_dot, acc_dot_vnni, f16x8, lane_entry};
-use crate::packed_x86_wide::{WIDE_ROWS, f16x16, load512, prefetch_ahead, weight_prefetch_nta};
-use crate::simd_x86::load256;
+use crate::blocks::IQ4_NL_VALUES;
+use crate::lanes_x86_int::{IntLanes, Ymm, Zmm};
+use crate::packed_x86::{LaneBlocks, lane_entry};
+use crate::packed_x86_wide::{WIDE_ROWS, weight_prefetch_nta};
 
-macro_rules! define_group {
-    ($entry:ident, $tile:ident, $features:literal, $dot:ident, $wide:literal, $fifth:literal) => {
-        lane_entry!($entry, $tile, $features, $wide);
+/// Format codes of [`ggml_order_kernel`].
+const Q4_0: u8 = 0;
+const Q5_0: u8 = 1;
+const IQ4_NL: u8 = 2;
 
+/// `L` lanes from `lane` against one group of `K::ROWS` rows of the format `F` ([`Q4_0`],
+/// [`Q5_0`] or [`IQ4_NL`]).
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // `j` indexes the accumulators and the lanes alike
+fn ggml_order_kernel<K: IntLanes, const L: usize, const F: u8>(
+    k: K,
+    blk: &[u8],
+    x: &Activations,
+    lane: usize,
+    out: &mut [K::Out],
+) {
+    let r = K::ROWS;
+    // Bytes per (group, block) and where the quant bytes start (after the scales and, for Q5_0,
+    // the fifth bits).
+    let (bytes, qs) = if F == Q5_0 { (22 * r, 6 * r) } else { (18 * r, 2 * r) };
+    // IQ4_NL's sign moves onto the activations where the dot saturates (see the module docs).
+    let signed = F == IQ4_NL && K::SATURATING_DOT;
+    let nb = x.cols / 32;
+    let xq = LaneBlocks::new(&x.q, lane, L, x.cols);
+    let xd = LaneBlocks::new(&x.d, lane, L, nb);
+    let xo = LaneBlocks::new(&x.quad_offsets, lane, L, 8 * nb);
+    let (mask, five) = (k.splat8(0x0F), k.splat8(0x10));
+    let table = k.table16(&IQ4_NL_VALUES.map(|v| if signed { v as u8 } else { (v as u8) ^ 0x80 }));
+    let mut acc = [[k.zero_f(); 8]; L];
+    for (b, p) in blk.chunks_exact(bytes).enumerate().take(nb) {
+        k.prefetch_stream(p, bytes.div_ceil(64));
+        let d = k.f16s(&p[0..2 * r]);
+        let mut ddx = [k.zero_f(); L];
+        for j in 0..L {
+            ddx[j] = k.mul_f(d, k.splat_f(xd.get(j, b)));
+        }
+        let fifth_bits = if F == Q5_0 {
+            k.load(&p[2 * r..6 * r])
+        } else {
+            k.zero_i()
+        };
+        for v in 0..8 {
+            let packed = k.load(&p[qs + 4 * r * (v % 4)..]);
+            let mut w = if v < 4 {
+                k.and(packed, mask)
+            } else {
+                k.high_nibbles(packed, mask)
+            };
+            if F == Q5_0 {
+                // Bit v of each byte to bit 4 (16-bit shifts: what crosses into the
+                // neighbouring byte lands outside bit 4 and is masked off).
+                let h = match v {
+                    0 => k.shl16::<4>(fifth_bits),
+                    1 => k.shl16::<3>(fifth_bits),
+                    2 => k.shl16::<2>(fifth_bits),
+                    3 => k.shl16::<1>(fifth_bits),
+                    4 => fifth_bits,
+                    5 => k.shr16::<1>(fifth_bits),
+                    6 => k.shr16::<2>(fifth_bits),
+                    _ => k.shr16::<3>(fifth_bits),
+                };
+                w = k.or(w, k.and(h, five));
+            }
+            if F == IQ4_NL {
+                w = k.lookup16(table, w);
+            }
+            if signed {
+                let mag = k.abs8(w);
+                for j in 0..L {
+                    let xv = k.sign8(k.splat32(xq.quad(j, 32 * b + 4 * v)), w);
+                    let sum = k.dot(k.zero_i(), mag, xv);
+                    acc[j][v] = k.fmadd_f(k.to_f32(sum), ddx[j], acc[j][v]);
+                }
+            } else {
+                for j in 0..L {
+                    let start = k.splat32(xo.get(j, 8 * b + v));
+                    let sum = k.dot(start, w, k.splat32(xq.quad(j, 32 * b + 4 * v)));
+                    acc[j][v] = k.fmadd_f(k.to_f32(sum), ddx[j], acc[j][v]);
+                }
+            }
+        }
+    }
+    for j in 0..L {
+        let a = &acc[j];
+        let lo = k.add_f(k.add_f(a[0], a[4]), k.add_f(a[2], a[6]));
+        let hi = k.add_f(k.add_f(a[1], a[5]), k.add_f(a[3], a[7]));
+        // `+ 0.0` as the row-major tile adds its (zero) minimum term: −0.0 becomes +0.0.
+        k.store(&mut out[j], k.add_f(k.add_f(lo, hi), k.zero_f()));
+    }
+}
+
+/// An 8-row tile function for [`lane_entry`]: format `$f` on the `Ymm<$vnni>` width.
+macro_rules! ymm_tile {
+    ($tile:ident, $features:literal, $vnni:literal, $f:ident) => {
         #[inline]
         #[target_feature(enable = $features)]
-        #[allow(clippy::needless_range_loop)] // `j` indexes the accumulators and the lanes alike
         fn $tile<const L: usize>(blk: &[u8], x: &Activations, lane: usize, out: &mut [[f32; 8]]) {
-            // Bytes per (group, block) and where the quant bytes start (after the scales and,
-            // for Q5_0, the fifth bits).
-            const BYTES: usize = if $fifth { 176 } else { 144 };
-            const QS: usize = if $fifth { 48 } else { 16 };
-            let nb = x.cols / 32;
-            let xq = LaneBlocks::new(&x.q, lane, L, x.cols);
-            let xd = LaneBlocks::new(&x.d, lane, L, nb);
-            let xo = LaneBlocks::new(&x.quad_offsets, lane, L, 8 * nb);
-            let (mask, five) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x10));
-            let mut acc = [[_mm256_setzero_ps(); 8]; L];
-            for (b, p) in blk.chunks_exact(BYTES).enumerate().take(nb) {
-                for ahead in (0..BYTES).step_by(64) {
-                    // A prefetch never faults, so the address may lie past the group's end.
-                    _mm_prefetch::<_MM_HINT_T0>(p.as_ptr().wrapping_add(PREFETCH + ahead).cast());
-                }
-                let d = f16x8(&p[0..16]);
-                let ddx: [__m256; L] = std::array::from_fn(|j| _mm256_mul_ps(d, _mm256_set1_ps(xd.get(j, b))));
-                let fifth_bits = if $fifth {
-                    load256(&p[16..48])
-                } else {
-                    _mm256_setzero_si256()
-                };
-                for k in 0..8 {
-                    let v = load256(&p[QS + 32 * (k % 4)..]);
-                    let mut w = if k < 4 {
-                        _mm256_and_si256(v, mask)
-                    } else {
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask)
-                    };
-                    if $fifth {
-                        // Bit k of each byte to bit 4 (16-bit shifts: what crosses into the
-                        // neighbouring byte lands outside bit 4 and is masked off).
-                        let h = match k {
-                            0 => _mm256_slli_epi16::<4>(fifth_bits),
-                            1 => _mm256_slli_epi16::<3>(fifth_bits),
-                            2 => _mm256_slli_epi16::<2>(fifth_bits),
-                            3 => _mm256_slli_epi16::<1>(fifth_bits),
-                            4 => fifth_bits,
-                            5 => _mm256_srli_epi16::<1>(fifth_bits),
-                            6 => _mm256_srli_epi16::<2>(fifth_bits),
-                            _ => _mm256_srli_epi16::<3>(fifth_bits),
-                        };
-                        w = _mm256_or_si256(w, _mm256_and_si256(h, five));
-                    }
-                    for j in 0..L {
-                        let start = _mm256_set1_epi32(xo.get(j, 8 * b + k));
-                        let sum = $dot(start, w, _mm256_set1_epi32(xq.quad(j, 32 * b + 4 * k)));
-                        acc[j][k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), ddx[j], acc[j][k]);
-                    }
-                }
-            }
-            for j in 0..L {
-                let a = &acc[j];
-                let lo = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
-                let hi = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
-                // `+ 0.0` as the row-major tile adds its (zero) minimum term: −0.0 becomes +0.0.
-                let sum = _mm256_add_ps(_mm256_add_ps(lo, hi), _mm256_setzero_ps());
-                // SAFETY: `out[j]` holds exactly 8 f32; unaligned store.
-                unsafe { _mm256_storeu_ps(out[j].as_mut_ptr(), sum) };
-            }
+            // SAFETY: this function is compiled with the width's features and reached only
+            // through `packed`'s dispatch, after they were detected.
+            let k = unsafe { Ymm::<$vnni>::assume() };
+            ggml_order_kernel::<_, L, $f>(k, blk, x, lane, out)
         }
     };
 }
 
-// 8 accumulators per lane: one lane per tile on AVX2's 16 registers, two with AVX-512VL's 32.
-define_group!(q4_0_group, q4_0_tile, "avx2,fma,f16c", acc_dot, 1, false);
-define_group!(
-    q4_0_group_vnni,
-    q4_0_tile_vnni,
-    "avx2,fma,f16c,avx512vnni,avx512vl",
-    acc_dot_vnni,
-    2,
-    false
-);
-define_group!(q5_0_group, q5_0_tile, "avx2,fma,f16c", acc_dot, 1, true);
-define_group!(
-    q5_0_group_vnni,
-    q5_0_tile_vnni,
-    "avx2,fma,f16c,avx512vnni,avx512vl",
-    acc_dot_vnni,
-    2,
-    true
-);
-
-/// The 16-row form: the same arithmetic on zmm registers, 16 rows per `vpdpbusd`, so a row's
-/// values are bit-identical to the 8-row kernels' (and the row-major tile's).
-macro_rules! define_wide_group {
-    ($entry:ident, $tile:ident, $fifth:literal) => {
+/// The 16-row entry point and tile of format `$f`: two lanes per tile (16 accumulators, their
+/// two scale vectors, the weight vector and the broadcasts fit the 32 zmm registers).
+macro_rules! zmm_group {
+    ($entry:ident, $tile:ident, $f:ident) => {
         #[doc = "`out[l][r] = row r of the 16-row group · x[lane0 + l]` for `l < out.len() ≤ MAX_LANES`."]
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
         pub(crate) fn $entry(blk: &[u8], x: &Activations, lane0: usize, out: &mut [[f32; WIDE_ROWS]]) {
-            // Two lanes per tile: 16 accumulators, their two scale vectors, the weight vector
-            // and the broadcasts fit the 32 zmm registers.
             let n = out.len();
             let nta = weight_prefetch_nta();
             let mut l = 0;
@@ -141,71 +156,39 @@ macro_rules! define_wide_group {
 
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        #[allow(clippy::needless_range_loop)] // `j` indexes the accumulators and the lanes alike
         fn $tile<const L: usize, const NTA: bool>(
             blk: &[u8],
             x: &Activations,
             lane: usize,
             out: &mut [[f32; WIDE_ROWS]],
         ) {
-            const BYTES: usize = if $fifth { 352 } else { 288 };
-            const QS: usize = if $fifth { 96 } else { 32 };
-            let nb = x.cols / 32;
-            let xq = LaneBlocks::new(&x.q, lane, L, x.cols);
-            let xd = LaneBlocks::new(&x.d, lane, L, nb);
-            let xo = LaneBlocks::new(&x.quad_offsets, lane, L, 8 * nb);
-            let (mask, five) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x10));
-            let mut acc = [[_mm512_setzero_ps(); 8]; L];
-            for (b, p) in blk.chunks_exact(BYTES).enumerate().take(nb) {
-                prefetch_ahead::<NTA>(p, BYTES.div_ceil(64));
-                let d = f16x16(&p[0..32]);
-                let mut ddx = [_mm512_setzero_ps(); L];
-                for j in 0..L {
-                    ddx[j] = _mm512_mul_ps(d, _mm512_set1_ps(xd.get(j, b)));
-                }
-                let fifth_bits = if $fifth {
-                    load512(&p[32..96])
-                } else {
-                    _mm512_setzero_si512()
-                };
-                for k in 0..8 {
-                    let v = load512(&p[QS + 64 * (k % 4)..]);
-                    let mut w = if k < 4 {
-                        _mm512_and_si512(v, mask)
-                    } else {
-                        _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask)
-                    };
-                    if $fifth {
-                        let h = match k {
-                            0 => _mm512_slli_epi16::<4>(fifth_bits),
-                            1 => _mm512_slli_epi16::<3>(fifth_bits),
-                            2 => _mm512_slli_epi16::<2>(fifth_bits),
-                            3 => _mm512_slli_epi16::<1>(fifth_bits),
-                            4 => fifth_bits,
-                            5 => _mm512_srli_epi16::<1>(fifth_bits),
-                            6 => _mm512_srli_epi16::<2>(fifth_bits),
-                            _ => _mm512_srli_epi16::<3>(fifth_bits),
-                        };
-                        w = _mm512_or_si512(w, _mm512_and_si512(h, five));
-                    }
-                    for j in 0..L {
-                        let start = _mm512_set1_epi32(xo.get(j, 8 * b + k));
-                        let sum = _mm512_dpbusd_epi32(start, w, _mm512_set1_epi32(xq.quad(j, 32 * b + 4 * k)));
-                        acc[j][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), ddx[j], acc[j][k]);
-                    }
-                }
-            }
-            for j in 0..L {
-                let a = &acc[j];
-                let lo = _mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6]));
-                let hi = _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7]));
-                let sum = _mm512_add_ps(_mm512_add_ps(lo, hi), _mm512_setzero_ps());
-                // SAFETY: `out[j]` holds exactly 16 f32; unaligned store.
-                unsafe { _mm512_storeu_ps(out[j].as_mut_ptr(), sum) };
-            }
+            // SAFETY: as in `ymm_tile`.
+            let k = unsafe { Zmm::<NTA, false>::assume() };
+            ggml_order_kernel::<_, L, $f>(k, blk, x, lane, out)
         }
     };
 }
 
-define_wide_group!(q4_0_group_wide, q4_0_tile_wide, false);
-define_wide_group!(q5_0_group_wide, q5_0_tile_wide, true);
+ymm_tile!(q4_0_tile, "avx2,fma,f16c", false, Q4_0);
+ymm_tile!(q4_0_tile_vnni, "avx2,fma,f16c,avx512vnni,avx512vl", true, Q4_0);
+ymm_tile!(q5_0_tile, "avx2,fma,f16c", false, Q5_0);
+ymm_tile!(q5_0_tile_vnni, "avx2,fma,f16c,avx512vnni,avx512vl", true, Q5_0);
+ymm_tile!(iq4_nl_tile, "avx2,fma,f16c", false, IQ4_NL);
+ymm_tile!(iq4_nl_tile_vnni, "avx2,fma,f16c,avx512vnni,avx512vl", true, IQ4_NL);
+
+// 8 accumulators per lane: one lane per tile on AVX2's 16 registers, two with AVX-512VL's 32.
+lane_entry!(q4_0_group, q4_0_tile, "avx2,fma,f16c", 1);
+lane_entry!(q4_0_group_vnni, q4_0_tile_vnni, "avx2,fma,f16c,avx512vnni,avx512vl", 2);
+lane_entry!(q5_0_group, q5_0_tile, "avx2,fma,f16c", 1);
+lane_entry!(q5_0_group_vnni, q5_0_tile_vnni, "avx2,fma,f16c,avx512vnni,avx512vl", 2);
+lane_entry!(iq4_nl_group, iq4_nl_tile, "avx2,fma,f16c", 1);
+lane_entry!(
+    iq4_nl_group_vnni,
+    iq4_nl_tile_vnni,
+    "avx2,fma,f16c,avx512vnni,avx512vl",
+    2
+);
+
+zmm_group!(q4_0_group_wide, q4_0_tile_wide, Q4_0);
+zmm_group!(q5_0_group_wide, q5_0_tile_wide, Q5_0);
+zmm_group!(iq4_nl_group_wide, iq4_nl_tile_wide, IQ4_NL);

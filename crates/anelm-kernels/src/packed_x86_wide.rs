@@ -178,70 +178,8 @@ macro_rules! block_sums {
     }};
 }
 
-/// Q4_1, 320 bytes per (group, block): 16 f16 scales, 16 f16 minimums, then for `k < 4` bytes
-/// `4k .. 4k+4` of each row's 16 quant bytes, row after row. Defined twice: the high nibbles
-/// come out of a shift and a mask, or out of one GFNI affine transform (a bit matrix that moves
-/// bits 4–7 to 0–3 and clears the rest), which saves a vector uop per 64 weights on the two
-/// ports that 512-bit code has (docs/field-guide.md, 2026-12-05).
-macro_rules! q4_1_tile {
-    ($name:ident, $features:literal, |$packed:ident, $mask:ident| $high:expr) => {
-        #[inline]
-        #[target_feature(enable = $features)]
-        #[allow(clippy::needless_range_loop)] // `j` indexes the accumulators and the lanes' blocks alike
-        fn $name<const L: usize, const NTA: bool>(
-            blk: &[u8],
-            x: &Activations,
-            lane: usize,
-            out: &mut [[f32; WIDE_ROWS]],
-        ) {
-            let nb = x.cols / 32;
-            let xq = LaneBlocks::new(&x.q, lane, L, 32 * nb);
-            let xd = LaneBlocks::new(&x.d, lane, L, nb);
-            let xs = LaneBlocks::new(&x.s, lane, L, nb);
-            let mask = _mm512_set1_epi8(0x0F);
-            let mut acc = [_mm512_setzero_ps(); L];
-            for (b, p) in blk.chunks_exact(320).enumerate().take(nb) {
-                prefetch_ahead::<NTA>(p, 5);
-                let d = f16x16(&p[0..32]);
-                let m = f16x16(&p[32..64]);
-                let mut v = [_mm512_setzero_si512(); 8];
-                for k in 0..4 {
-                    let packed = load512(&p[64 + 64 * k..128 + 64 * k]);
-                    v[k] = _mm512_and_si512(packed, mask);
-                    v[k + 4] = {
-                        let ($packed, $mask) = (packed, mask);
-                        $high
-                    };
-                }
-                let sums = block_sums!(L, v, xq, b, [_mm512_setzero_si512(); L]);
-                for j in 0..L {
-                    let isum = _mm512_cvtepi32_ps(sums[j]);
-                    acc[j] = _mm512_fmadd_ps(isum, _mm512_mul_ps(d, _mm512_set1_ps(xd.get(j, b))), acc[j]);
-                    acc[j] = _mm512_fmadd_ps(m, _mm512_set1_ps(xs.get(j, b)), acc[j]);
-                }
-            }
-            for j in 0..L {
-                // SAFETY: `out[j]` holds exactly 16 f32; unaligned store.
-                unsafe { _mm512_storeu_ps(out[j].as_mut_ptr(), acc[j]) };
-            }
-        }
-    };
-}
-
-q4_1_tile!(
-    q4_1_tile_wide,
-    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
-    |packed, mask| _mm512_and_si512(_mm512_srli_epi16::<4>(packed), mask)
-);
-q4_1_tile!(
-    q4_1_tile_wide_gfni,
-    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,gfni",
-    |packed, _mask| {
-        // Row i of the bit matrix is byte 7 - i: output bit i (< 4) is input bit i + 4.
-        const HIGH_NIBBLE: i64 = 0x1020_4080_0000_0000;
-        _mm512_gf2p8affine_epi64_epi8::<0>(packed, _mm512_set1_epi64(HIGH_NIBBLE))
-    }
-);
+// Q4_1's 16-row tiles (plain and GFNI), written once with its 8-row ones.
+use crate::packed_x86_q4_1::{q4_1_tile_wide, q4_1_tile_wide_gfni};
 
 /// Q8_0, 544 bytes per (group, block): 16 f16 scales, then for `k < 8` bytes `4k .. 4k+4` of
 /// each row's 32 quants, row after row, each stored as `w + 128` (`w ^ 0x80`, an unsigned

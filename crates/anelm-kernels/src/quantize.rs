@@ -51,6 +51,27 @@ pub fn quantize_row(fmt: WeightFormat, src: &[f32], dst: &mut [u8]) -> Result<()
                 }
             }
         }
+        WeightFormat::IQ4_NL => {
+            // The extreme value on the table's −127, every value to its nearest level.
+            let levels = crate::blocks::IQ4_NL_VALUES;
+            for (b, x) in dst.chunks_exact_mut(bb).zip(src.chunks_exact(32)) {
+                let d = signed_absmax(x) / -127.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                b[0..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+                let q = |v: f32| {
+                    let t = v * id;
+                    (0u8..16)
+                        .min_by(|&i, &j| {
+                            let (a, c) = (f32::from(levels[usize::from(i)]), f32::from(levels[usize::from(j)]));
+                            (a - t).abs().total_cmp(&(c - t).abs())
+                        })
+                        .unwrap_or(0)
+                };
+                for j in 0..16 {
+                    b[2 + j] = q(x[j]) | (q(x[j + 16]) << 4);
+                }
+            }
+        }
         WeightFormat::Q4_1 => {
             for (b, x) in dst.chunks_exact_mut(bb).zip(src.chunks_exact(32)) {
                 let min = x.iter().copied().fold(f32::INFINITY, f32::min);

@@ -9,7 +9,7 @@
 use std::arch::aarch64::*;
 
 use crate::activations::{ActKind, Activations};
-use crate::blocks::{unpack_q4_k, unpack_q5_0, unpack_q5_k, unpack_q6_k};
+use crate::blocks::{unpack_iq4_nl, unpack_q4_k, unpack_q5_0, unpack_q5_k, unpack_q6_k};
 use crate::format::WeightFormat;
 use crate::fp16::{f16_at, f16_to_f32};
 
@@ -76,6 +76,10 @@ pub(crate) fn dot_row(fmt: WeightFormat, row: &[u8], x: &Activations, lane0: usi
                         let (lo, hi) = nibbles(&b[2..18]);
                         let eight = vdupq_n_s8(8);
                         (vsubq_s8(lo, eight), vsubq_s8(hi, eight), f16_at(b, 0))
+                    }
+                    WeightFormat::IQ4_NL => {
+                        let d = unpack_iq4_nl(b, &mut q);
+                        (load_i8(&q[0..16]), load_i8(&q[16..32]), d)
                     }
                     _ => {
                         let d = unpack_q5_0(b, &mut q);

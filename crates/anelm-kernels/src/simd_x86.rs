@@ -120,6 +120,16 @@ fn q5_0_weights(b: &[u8]) -> __m256i {
     _mm256_sub_epi8(_mm256_or_si256(nibbles(&b[6..22]), high), _mm256_set1_epi8(16))
 }
 
+/// The 32 signed weights of an IQ4_NL block's 16 index bytes (low nibbles first): one byte
+/// shuffle looks every index up in ggml's 16-entry table (held in both 128-bit halves).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn iq4_nl_weights(qs: &[u8]) -> __m256i {
+    let t = crate::blocks::IQ4_NL_VALUES.map(|v| v as u8);
+    let table = load128(&t);
+    _mm256_shuffle_epi8(_mm256_set_m128i(table, table), nibbles(qs))
+}
+
 /// acc[l] += W_row · x[lane0 + l]; the AVX2 twin of `matmul::dot_row`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn dot_row(fmt: WeightFormat, row: &[u8], x: &Activations, lane0: usize, acc: &mut [f32]) {
@@ -137,6 +147,7 @@ pub(crate) fn dot_row(fmt: WeightFormat, row: &[u8], x: &Activations, lane0: usi
                     let (w, dw) = match fmt {
                         WeightFormat::Q8_0 => (load256(&b[2..34]), f16c_at(b, 0)),
                         WeightFormat::Q4_0 => (_mm256_sub_epi8(nibbles(&b[2..18]), _mm256_set1_epi8(8)), f16c_at(b, 0)),
+                        WeightFormat::IQ4_NL => (iq4_nl_weights(&b[2..18]), f16c_at(b, 0)),
                         _ => (q5_0_weights(b), f16c_at(b, 0)),
                     };
                     let p = _mm256_cvtepi32_ps(dot_i8_i8(w, load256_i8(xb)));
@@ -522,7 +533,7 @@ pub(crate) const TILE_ROWS: usize = 4;
 pub(crate) fn tiles(fmt: WeightFormat) -> bool {
     matches!(
         fmt,
-        WeightFormat::Q8_0 | WeightFormat::Q4_0 | WeightFormat::Q5_0 | WeightFormat::Q4_1
+        WeightFormat::Q8_0 | WeightFormat::Q4_0 | WeightFormat::Q5_0 | WeightFormat::Q4_1 | WeightFormat::IQ4_NL
     )
 }
 
@@ -543,6 +554,10 @@ fn decode_block(fmt: WeightFormat, b: &[u8]) -> (__m256i, __m256i, f32, f32) {
         }
         WeightFormat::Q4_0 => {
             let w = _mm256_sub_epi8(nibbles(&b[2..18]), _mm256_set1_epi8(8));
+            (_mm256_sign_epi8(w, w), w, f16c_at(b, 0), 0.0)
+        }
+        WeightFormat::IQ4_NL => {
+            let w = iq4_nl_weights(&b[2..18]);
             (_mm256_sign_epi8(w, w), w, f16c_at(b, 0), 0.0)
         }
         _ => {
@@ -613,11 +628,12 @@ macro_rules! define_tiles {
                 WeightFormat::Q4_1 => $tile_fmt::<L, 1>(rows, x, lane, out),
                 WeightFormat::Q8_0 => $tile_fmt::<L, 2>(rows, x, lane, out),
                 WeightFormat::Q4_0 => $tile_fmt::<L, 3>(rows, x, lane, out),
+                WeightFormat::IQ4_NL => $tile_fmt::<L, 5>(rows, x, lane, out),
                 _ => $tile_fmt::<L, 4>(rows, x, lane, out),
             }
         }
 
-        /// Format codes of `tile_fmt`: 1 Q4_1, 2 Q8_0, 3 Q4_0, 4 Q5_0.
+        /// Format codes of `tile_fmt`: 1 Q4_1, 2 Q8_0, 3 Q4_0, 4 Q5_0, 5 IQ4_NL.
         #[inline]
         #[target_feature(enable = $features)]
         fn $tile_fmt<const L: usize, const F: u8>(
@@ -630,6 +646,7 @@ macro_rules! define_tiles {
                 1 => WeightFormat::Q4_1,
                 2 => WeightFormat::Q8_0,
                 3 => WeightFormat::Q4_0,
+                5 => WeightFormat::IQ4_NL,
                 _ => WeightFormat::Q5_0,
             };
             let nb = x.cols / 32;

@@ -1,5 +1,5 @@
-//! K-quant dequantisation against an independent implementation: random Q4_K, Q5_K and Q6_K
-//! blocks and the values the PyPI `gguf` package's numpy dequantizers give for them
+//! K-quant and IQ4_NL dequantisation against an independent implementation: random Q4_K, Q5_K,
+//! Q6_K and IQ4_NL blocks and the values the PyPI `gguf` package's numpy dequantizers give for them
 //! (`tests/fixtures/dequant-gguf-py.json`, made by `scripts/make-dequant-fixtures.sh`). Q5_K is
 //! new to anelm, so this is where its layout is checked against someone else's reading of it;
 //! the row-major and packed kernels are then checked against the dequantised rows
@@ -20,9 +20,14 @@ fn hex(s: &str) -> Vec<u8> {
 }
 
 #[test]
-fn k_quant_blocks_dequantise_as_the_gguf_package_does() {
+fn k_quant_and_iq4_nl_blocks_dequantise_as_the_gguf_package_does() {
     let fx = fixture();
-    for fmt in [WeightFormat::Q4_K, WeightFormat::Q5_K, WeightFormat::Q6_K] {
+    for fmt in [
+        WeightFormat::Q4_K,
+        WeightFormat::Q5_K,
+        WeightFormat::Q6_K,
+        WeightFormat::IQ4_NL,
+    ] {
         let case = &fx[fmt.name()];
         let bytes = hex(case["bytes"].as_str().expect("bytes"));
         let want: Vec<f32> = case["f32_bits"]
@@ -31,7 +36,11 @@ fn k_quant_blocks_dequantise_as_the_gguf_package_does() {
             .iter()
             .map(|v| f32::from_bits(v.as_u64().expect("bits") as u32))
             .collect();
-        assert_eq!(bytes.len() / fmt.block_bytes() * 256, want.len(), "{fmt:?}");
+        assert_eq!(
+            bytes.len() / fmt.block_bytes() * fmt.block_elems(),
+            want.len(),
+            "{fmt:?}"
+        );
         let mut got = vec![f32::NAN; want.len()];
         dequantize_row(fmt, &bytes, &mut got).expect("dequantize");
         let mut nonzero = 0;

@@ -145,6 +145,7 @@ fn packed_k_quant_and_legacy_kernels_match_their_row_major_kernels() {
         WeightFormat::Q6_K,
         WeightFormat::Q5_0,
         WeightFormat::Q4_0,
+        WeightFormat::IQ4_NL,
     ] {
         let block = fmt.block_elems();
         for (rows, blocks) in [(8usize, 1usize), (16, 2), (24, 3), (64, 5), (200, 4), (13, 2), (100, 1)] {
@@ -227,6 +228,7 @@ fn packed_kernels_stay_exact_at_the_ends_of_the_ranges() {
         WeightFormat::Q6_K,
         WeightFormat::Q5_0,
         WeightFormat::Q4_0,
+        WeightFormat::IQ4_NL,
     ] {
         for pattern in 0..3 {
             // Weights: alternating ±1 (each block's extremes), all +1, or random.
@@ -415,6 +417,7 @@ fn fused_loops_give_exactly_the_separate_results() {
                 WeightFormat::Q8_0,
                 WeightFormat::Q5_0,
                 WeightFormat::Q4_0,
+                WeightFormat::IQ4_NL,
             ] {
                 let mut by_tasks = Activations::new();
                 let mut pair_q = vec![f32::NAN; lanes * 1536];

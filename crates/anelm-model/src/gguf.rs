@@ -229,11 +229,6 @@ pub fn ggml_type_name(ggml_type: u32) -> String {
 }
 
 /// Where the bytes of an open file live.
-/// How far beyond a released range [`GgufFile`]'s `release` also drops pages: twice Linux's
-/// default fault-around window.
-#[cfg(unix)]
-const RELEASE_MARGIN: usize = 128 << 10;
-
 enum Backing {
     /// The mapping, and the file for positional reads (`TensorStore::read_into`).
     Mapped(memmap2::Mmap, File),
@@ -520,24 +515,9 @@ impl TensorStore for GgufFile {
     }
 
     fn release(&self, bytes: &[u8]) {
-        #[cfg(unix)]
         if let Backing::Mapped(map, _) = &self.backing {
-            let base = map.as_ptr() as usize;
-            let start = bytes.as_ptr() as usize;
-            if start >= base && start + bytes.len() <= base + map.len() && !bytes.is_empty() {
-                // Linux maps up to 64 KiB of cached pages around each faulting one
-                // ("fault-around"), so reading one tensor also mapped the edges of its neighbours;
-                // give those back too (a neighbour still in use just faults them in again).
-                let from = (start - base).saturating_sub(RELEASE_MARGIN);
-                let to = (start - base + bytes.len() + RELEASE_MARGIN).min(map.len());
-                // SAFETY: a read-only file mapping: MADV_DONTNEED drops the resident pages and
-                // the next access reads the same bytes from the file again, so every live borrow
-                // of the mapping keeps seeing the same data. A failure only leaves pages resident.
-                let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, from, to - from) };
-            }
+            crate::mapped_pages::release(map, bytes);
         }
-        #[cfg(not(unix))]
-        let _ = bytes;
     }
 
     fn read_into(&self, bytes: &[u8], out: &mut [u8]) {

@@ -5,6 +5,7 @@ pub mod encoder_tokenizer;
 pub mod error;
 pub mod gguf;
 pub mod hf_config;
+mod mapped_pages;
 pub mod safetensors_dir;
 pub mod sentence_config;
 pub mod tensor_store;

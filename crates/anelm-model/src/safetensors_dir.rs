@@ -233,6 +233,16 @@ impl TensorStore for SafetensorsDir {
     fn tensor_names(&self) -> Vec<&str> {
         self.tensors.keys().map(String::as_str).collect()
     }
+
+    /// Gives the pages back (see [`TensorStore::release`]); used where the weights were copied
+    /// into another form, such as load-time quantisation.
+    fn release(&self, bytes: &[u8]) {
+        for shard in &self.shards {
+            if let ShardBytes::Mapped(map) = &shard.bytes {
+                crate::mapped_pages::release(map, bytes);
+            }
+        }
+    }
 }
 
 fn map_file(path: &Path) -> Result<ShardBytes, ModelError> {
