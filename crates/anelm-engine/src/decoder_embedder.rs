@@ -13,7 +13,8 @@ use std::sync::Arc;
 use anelm_model::hf_config::HfConfig;
 use anelm_model::tensor_store::TensorStore;
 
-use crate::arch::llama::{Llama, LlamaConfig, TensorNaming};
+use crate::arch::llama::{Llama, LlamaConfig};
+use crate::arch::tensor_names::{Family, TensorNames};
 use crate::backend::Backend;
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
@@ -48,7 +49,13 @@ impl DecoderTrunk {
             } else {
                 store
             };
-        let model = Llama::load_trunk(cfg, &store, TensorNaming::HuggingFace, backend, progress)?;
+        let model = Llama::load_trunk(
+            cfg,
+            &store,
+            &TensorNames::hugging_face(Family::Llama),
+            backend,
+            progress,
+        )?;
         Ok(Self {
             model,
             step_tokens: backend.max_lanes().clamp(1, MAX_STEP_TOKENS),

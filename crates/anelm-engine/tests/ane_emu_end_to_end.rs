@@ -19,7 +19,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anelm_ane::{EmuAne, PlanOptions, WeightMode, plan};
-use anelm_engine::arch::llama::{Llama, LlamaConfig, TensorNaming};
+use anelm_engine::arch::llama::{Llama, LlamaConfig};
+use anelm_engine::arch::tensor_names::{Family, TensorNames};
 use anelm_engine::default_model::{FETCH_COMMAND, default_model_location};
 use anelm_engine::plan_dims::model_dims;
 use anelm_engine::{
@@ -229,7 +230,7 @@ fn smollm2_greedy_tokens_logits_and_dispatches_match_the_cpu_backend() {
     let exact = Llama::load(
         cfg,
         &exact_store,
-        TensorNaming::Gguf,
+        &TensorNames::gguf(Family::Llama),
         &CpuBackend::new(),
         &mut |_, _| {},
     )

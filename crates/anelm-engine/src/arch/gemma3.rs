@@ -24,7 +24,8 @@ use serde_json::Value;
 use crate::arch::attention::Attention;
 use crate::arch::lm_head::compile_lm_head;
 use crate::arch::step::{commit_tokens, embed_lanes, plan_lanes, wanted_lanes};
-use crate::backend::{Backend, Kernel, KernelSpec, WeightId};
+use crate::arch::tensor_names::{Family, LayerTensor, Tensor, TensorNames};
+use crate::backend::{Backend, Kernel, KernelSpec};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
 use crate::model::{LanguageModel, ModelInfo, StepItem};
@@ -209,74 +210,6 @@ impl Gemma3Config {
     }
 }
 
-/// Tensor names of one file layout.
-#[derive(Clone, Copy, Debug)]
-pub enum Gemma3Naming {
-    /// llama.cpp names (`blk.N.attn_q.weight`, `blk.N.post_ffw_norm.weight`).
-    Gguf,
-    /// Hugging Face names under `prefix` (`model.` for `Gemma3ForCausalLM`,
-    /// `model.language_model.` for the multimodal checkpoint).
-    HuggingFace(&'static str),
-}
-
-impl Gemma3Naming {
-    fn global(self, what: &str) -> String {
-        match self {
-            Self::Gguf => match what {
-                "embed" => "token_embd.weight".into(),
-                "norm" => "output_norm.weight".into(),
-                _ => "output.weight".into(),
-            },
-            Self::HuggingFace(prefix) => match what {
-                "embed" => format!("{prefix}embed_tokens.weight"),
-                "norm" => format!("{prefix}norm.weight"),
-                _ => "lm_head.weight".into(),
-            },
-        }
-    }
-
-    fn layer(self, i: usize, what: &str) -> String {
-        match self {
-            Self::Gguf => {
-                let g = match what {
-                    "input_norm" => "attn_norm",
-                    "post_attn_norm" => "post_attention_norm",
-                    "pre_ffn_norm" => "ffn_norm",
-                    "post_ffn_norm" => "post_ffw_norm",
-                    "q" => "attn_q",
-                    "k" => "attn_k",
-                    "v" => "attn_v",
-                    "o" => "attn_output",
-                    "q_norm" => "attn_q_norm",
-                    "k_norm" => "attn_k_norm",
-                    "gate" => "ffn_gate",
-                    "up" => "ffn_up",
-                    _ => "ffn_down",
-                };
-                format!("blk.{i}.{g}.weight")
-            }
-            Self::HuggingFace(prefix) => {
-                let h = match what {
-                    "input_norm" => "input_layernorm",
-                    "post_attn_norm" => "post_attention_layernorm",
-                    "pre_ffn_norm" => "pre_feedforward_layernorm",
-                    "post_ffn_norm" => "post_feedforward_layernorm",
-                    "q" => "self_attn.q_proj",
-                    "k" => "self_attn.k_proj",
-                    "v" => "self_attn.v_proj",
-                    "o" => "self_attn.o_proj",
-                    "q_norm" => "self_attn.q_norm",
-                    "k_norm" => "self_attn.k_norm",
-                    "gate" => "mlp.gate_proj",
-                    "up" => "mlp.up_proj",
-                    _ => "mlp.down_proj",
-                };
-                format!("{prefix}layers.{i}.{h}.weight")
-            }
-        }
-    }
-}
-
 struct Layer {
     input_norm: Vec<f32>,
     post_attn_norm: Vec<f32>,
@@ -310,7 +243,7 @@ impl Gemma3 {
     pub fn load(
         cfg: Gemma3Config,
         store: &Arc<dyn TensorStore>,
-        naming: Gemma3Naming,
+        names: &TensorNames,
         backend: &dyn Backend,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
@@ -319,7 +252,14 @@ impl Gemma3 {
         let q_dim = cfg.n_heads * hd;
         let kv_dim = cfg.n_kv_heads * hd;
         let n_layers = cfg.n_layers();
-        let embed = StoredMatrix::load(store, &naming.global("embed"))?;
+        if names.family() != Family::Gemma3 {
+            return Err(EngineError::Config(format!(
+                "a Gemma 3 model was given the {:?} tensor names",
+                names.family()
+            )));
+        }
+        let embed_name = names.name(Tensor::TokenEmbedding)?;
+        let embed = StoredMatrix::load(store, &embed_name)?;
         embed.expect_shape(cfg.vocab_size, h)?;
         let offset = cfg.norm_offset;
         let vector = |name: &str, len: usize| -> Result<Vec<f32>> {
@@ -331,43 +271,41 @@ impl Gemma3 {
         };
         let mut layers = Vec::with_capacity(n_layers);
         for (i, &sliding) in cfg.sliding.iter().enumerate() {
-            let name = |what: &str| naming.layer(i, what);
-            let w = |what: &str| WeightId::new(name(what));
-            let check = |what: &str, rows: usize, cols: usize| -> Result<()> {
-                StoredMatrix::load(store, &name(what))?.expect_shape(rows, cols)
+            use LayerTensor::*;
+            let name = |t: LayerTensor| names.layer(i, t);
+            let w = |t: LayerTensor| names.weight(i, t);
+            let check = |t: LayerTensor, rows: usize, cols: usize| -> Result<()> {
+                StoredMatrix::load(store, &name(t)?)?.expect_shape(rows, cols)
             };
-            check("q", q_dim, h)?;
-            check("k", kv_dim, h)?;
-            check("v", kv_dim, h)?;
-            check("o", h, q_dim)?;
-            check("gate", cfg.intermediate_size, h)?;
-            check("up", cfg.intermediate_size, h)?;
-            check("down", h, cfg.intermediate_size)?;
+            check(AttnQ, q_dim, h)?;
+            check(AttnK, kv_dim, h)?;
+            check(AttnV, kv_dim, h)?;
+            check(AttnOutput, h, q_dim)?;
+            check(FfnGate, cfg.intermediate_size, h)?;
+            check(FfnUp, cfg.intermediate_size, h)?;
+            check(FfnDown, h, cfg.intermediate_size)?;
             let compile = |spec: KernelSpec| backend.compile(&spec, store);
             layers.push(Layer {
-                input_norm: vector(&name("input_norm"), h)?,
-                post_attn_norm: vector(&name("post_attn_norm"), h)?,
-                pre_ffn_norm: vector(&name("pre_ffn_norm"), h)?,
-                post_ffn_norm: vector(&name("post_ffn_norm"), h)?,
-                q_norm: vector(&name("q_norm"), hd)?,
-                k_norm: vector(&name("k_norm"), hd)?,
+                input_norm: vector(&name(AttnNorm)?, h)?,
+                post_attn_norm: vector(&name(PostAttnNorm)?, h)?,
+                pre_ffn_norm: vector(&name(FfnNorm)?, h)?,
+                post_ffn_norm: vector(&name(PostFfnNorm)?, h)?,
+                q_norm: vector(&name(AttnQNorm)?, hd)?,
+                k_norm: vector(&name(AttnKNorm)?, hd)?,
                 qkv: compile(KernelSpec::Concat {
-                    ws: vec![w("q"), w("k"), w("v")],
+                    ws: vec![w(AttnQ)?, w(AttnK)?, w(AttnV)?],
                 })?,
-                o: compile(KernelSpec::Linear { w: w("o") })?,
+                o: compile(KernelSpec::Linear { w: w(AttnOutput)? })?,
                 gate_up: compile(KernelSpec::Concat {
-                    ws: vec![w("gate"), w("up")],
+                    ws: vec![w(FfnGate)?, w(FfnUp)?],
                 })?,
-                down: compile(KernelSpec::Linear { w: w("down") })?,
+                down: compile(KernelSpec::Linear { w: w(FfnDown)? })?,
                 sliding,
             });
             progress(i + 1, n_layers + 1);
         }
-        let head_name = if store.contains(&naming.global("output")) {
-            naming.global("output")
-        } else {
-            naming.global("embed")
-        };
+        let output = names.name(Tensor::Output)?;
+        let head_name = if store.contains(&output) { output } else { embed_name };
         let lm_head = compile_lm_head(backend, store, &head_name, cfg.vocab_size, h)?;
         progress(n_layers + 1, n_layers + 1);
         let attn = |window: Option<usize>| Attention {
@@ -390,7 +328,7 @@ impl Gemma3 {
         Ok(Self {
             rope_global: Rope::new(hd, cfg.rope_theta_global, RopePairing::Halves),
             rope_local: Rope::new(hd, cfg.rope_theta_local, RopePairing::Halves),
-            output_norm: vector(&naming.global("norm"), h)?,
+            output_norm: vector(&names.name(Tensor::OutputNorm)?, h)?,
             attn_global,
             attn_local,
             info,

@@ -11,7 +11,8 @@ use anelm_model::tensor_store::TensorStore;
 use crate::arch::attention::Attention;
 use crate::arch::lm_head::compile_lm_head;
 use crate::arch::step::{commit_tokens, embed_lanes, plan_lanes, wanted_lanes};
-use crate::backend::{Backend, Kernel, KernelSpec, WeightId};
+use crate::arch::tensor_names::{Family, LayerTensor, Tensor, TensorNames};
+use crate::backend::{Backend, Kernel, KernelSpec};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
 use crate::model::{LanguageModel, ModelInfo, StepItem};
@@ -52,58 +53,6 @@ pub struct LlamaConfig {
     pub attention_precision: AttentionPrecision,
     /// Architecture name reported in [`ModelInfo`] (`llama`, `qwen3`, ...).
     pub architecture: String,
-}
-
-/// Tensor names of one file layout.
-#[derive(Clone, Copy, Debug)]
-pub enum TensorNaming {
-    /// llama.cpp names (`blk.N.attn_q.weight`).
-    Gguf,
-    /// Hugging Face names (`model.layers.N.self_attn.q_proj.weight`).
-    HuggingFace,
-}
-
-impl TensorNaming {
-    fn embed(self) -> &'static str {
-        match self {
-            Self::Gguf => "token_embd.weight",
-            Self::HuggingFace => "model.embed_tokens.weight",
-        }
-    }
-    fn output_norm(self) -> &'static str {
-        match self {
-            Self::Gguf => "output_norm.weight",
-            Self::HuggingFace => "model.norm.weight",
-        }
-    }
-    fn output(self) -> &'static str {
-        match self {
-            Self::Gguf => "output.weight",
-            Self::HuggingFace => "lm_head.weight",
-        }
-    }
-    fn layer(self, i: usize, what: &str) -> String {
-        match self {
-            Self::Gguf => format!("blk.{i}.{what}.weight"),
-            Self::HuggingFace => {
-                let hf = match what {
-                    "attn_norm" => "input_layernorm",
-                    "ffn_norm" => "post_attention_layernorm",
-                    "attn_q" => "self_attn.q_proj",
-                    "attn_k" => "self_attn.k_proj",
-                    "attn_v" => "self_attn.v_proj",
-                    "attn_output" => "self_attn.o_proj",
-                    "attn_q_norm" => "self_attn.q_norm",
-                    "attn_k_norm" => "self_attn.k_norm",
-                    "ffn_gate" => "mlp.gate_proj",
-                    "ffn_up" => "mlp.up_proj",
-                    "ffn_down" => "mlp.down_proj",
-                    other => other,
-                };
-                format!("model.layers.{i}.{hf}.weight")
-            }
-        }
-    }
 }
 
 fn need<T>(v: Option<T>, key: &str) -> Result<T> {
@@ -241,11 +190,11 @@ impl Llama {
     pub fn load(
         cfg: LlamaConfig,
         store: &Arc<dyn TensorStore>,
-        naming: TensorNaming,
+        names: &TensorNames,
         backend: &dyn Backend,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
-        Self::load_inner(cfg, store, naming, backend, progress, true)
+        Self::load_inner(cfg, store, names, backend, progress, true)
     }
 
     /// [`Llama::load`] without the LM head: the trunk of a decoder embedder, whose output is
@@ -253,17 +202,17 @@ impl Llama {
     pub fn load_trunk(
         cfg: LlamaConfig,
         store: &Arc<dyn TensorStore>,
-        naming: TensorNaming,
+        names: &TensorNames,
         backend: &dyn Backend,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
-        Self::load_inner(cfg, store, naming, backend, progress, false)
+        Self::load_inner(cfg, store, names, backend, progress, false)
     }
 
     fn load_inner(
         cfg: LlamaConfig,
         store: &Arc<dyn TensorStore>,
-        naming: TensorNaming,
+        names: &TensorNames,
         backend: &dyn Backend,
         progress: &mut dyn FnMut(usize, usize),
         with_head: bool,
@@ -271,7 +220,14 @@ impl Llama {
         let h = cfg.hidden_size;
         let q_dim = cfg.n_heads * cfg.head_dim;
         let kv_dim = cfg.n_kv_heads * cfg.head_dim;
-        let embed = StoredMatrix::load(store, naming.embed())?;
+        if names.family() != Family::Llama {
+            return Err(EngineError::Config(format!(
+                "a Llama-family model was given the {:?} tensor names",
+                names.family()
+            )));
+        }
+        let embed_name = names.name(Tensor::TokenEmbedding)?;
+        let embed = StoredMatrix::load(store, &embed_name)?;
         embed.expect_shape(cfg.vocab_size, h)?;
         let vector = |name: &str, len: usize| -> Result<Vec<f32>> {
             let m = StoredMatrix::load(store, name)?;
@@ -281,27 +237,28 @@ impl Llama {
         let norm = |name: &str| vector(name, h);
         let mut layers = Vec::with_capacity(cfg.n_layers);
         for i in 0..cfg.n_layers {
-            let name = |what: &str| naming.layer(i, what);
-            let w = |what: &str| WeightId::new(name(what));
-            let check = |what: &str, rows: usize, cols: usize| -> Result<()> {
-                StoredMatrix::load(store, &name(what))?.expect_shape(rows, cols)
+            use LayerTensor::*;
+            let name = |t: LayerTensor| names.layer(i, t);
+            let w = |t: LayerTensor| names.weight(i, t);
+            let check = |t: LayerTensor, rows: usize, cols: usize| -> Result<()> {
+                StoredMatrix::load(store, &name(t)?)?.expect_shape(rows, cols)
             };
-            check("attn_q", q_dim, h)?;
-            check("attn_k", kv_dim, h)?;
-            check("attn_v", kv_dim, h)?;
-            check("attn_output", h, q_dim)?;
+            check(AttnQ, q_dim, h)?;
+            check(AttnK, kv_dim, h)?;
+            check(AttnV, kv_dim, h)?;
+            check(AttnOutput, h, q_dim)?;
             let qkv = backend.compile(
                 &KernelSpec::Concat {
-                    ws: vec![w("attn_q"), w("attn_k"), w("attn_v")],
+                    ws: vec![w(AttnQ)?, w(AttnK)?, w(AttnV)?],
                 },
                 store,
             )?;
-            let out_residual = backend.compile(&KernelSpec::LinearResidual { w: w("attn_output") }, store)?;
+            let out_residual = backend.compile(&KernelSpec::LinearResidual { w: w(AttnOutput)? }, store)?;
             let ffn_residual = backend.compile(
                 &KernelSpec::SwiGluResidual {
-                    gate: w("ffn_gate"),
-                    up: w("ffn_up"),
-                    down: w("ffn_down"),
+                    gate: w(FfnGate)?,
+                    up: w(FfnUp)?,
+                    down: w(FfnDown)?,
                 },
                 store,
             )?;
@@ -312,15 +269,15 @@ impl Llama {
             }
             let qk_norm = if cfg.qk_norm {
                 Some((
-                    vector(&name("attn_q_norm"), cfg.head_dim)?,
-                    vector(&name("attn_k_norm"), cfg.head_dim)?,
+                    vector(&name(AttnQNorm)?, cfg.head_dim)?,
+                    vector(&name(AttnKNorm)?, cfg.head_dim)?,
                 ))
             } else {
                 None
             };
             layers.push(Layer {
-                attn_norm: norm(&name("attn_norm"))?,
-                ffn_norm: norm(&name("ffn_norm"))?,
+                attn_norm: norm(&name(AttnNorm)?)?,
+                ffn_norm: norm(&name(FfnNorm)?)?,
                 qk_norm,
                 qkv,
                 out_residual,
@@ -329,12 +286,9 @@ impl Llama {
             progress(i + 1, cfg.n_layers + 1);
         }
         let lm_head = if with_head {
-            let head_name = if store.contains(naming.output()) {
-                naming.output()
-            } else {
-                naming.embed()
-            };
-            Some(compile_lm_head(backend, store, head_name, cfg.vocab_size, h)?)
+            let output = names.name(Tensor::Output)?;
+            let head_name = if store.contains(&output) { output } else { embed_name };
+            Some(compile_lm_head(backend, store, &head_name, cfg.vocab_size, h)?)
         } else {
             None
         };
@@ -357,7 +311,7 @@ impl Llama {
                 softcap: None,
                 precision: cfg.attention_precision,
             },
-            output_norm: norm(naming.output_norm())?,
+            output_norm: norm(&names.name(Tensor::OutputNorm)?)?,
             info,
             embed,
             layers,

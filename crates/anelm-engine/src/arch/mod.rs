@@ -10,3 +10,4 @@ pub mod llama;
 pub(crate) mod lm_head;
 pub mod qwen3_5;
 pub(crate) mod step;
+pub mod tensor_names;

@@ -9,7 +9,7 @@
 //!   attention output is multiplied by σ(gate) before `o_proj`.
 //! - Tied or untied LM head.
 //!
-//! Two file layouts ([`Qwen35Naming`]): Hugging Face safetensors, tensors under `model.` (text
+//! Two file layouts ([`TensorNames`] of [`Family::Qwen35`]): Hugging Face safetensors, tensors under `model.` (text
 //! checkpoint) or `model.language_model.` (the multimodal checkpoint; vision and `mtp.*` tensors
 //! are not read), with value heads grouped by key head and `A_log`, `(1 + w)` norms stored as `w`;
 //! and llama.cpp's GGUF `qwen35` (`blk.N.attn_qkv`, `ssm_*` …), with value heads tiled over the key
@@ -27,7 +27,8 @@ use crate::arch::attention::Attention;
 use crate::arch::deltanet::{DeltaNetShape, GatedDeltaNet, VHeadOrder};
 use crate::arch::lm_head::compile_lm_head;
 use crate::arch::step::{commit_tokens, embed_lanes, plan_lanes, wanted_lanes};
-use crate::backend::{Backend, Kernel, KernelSpec, WeightId};
+use crate::arch::tensor_names::{Family, LayerTensor, Tensor, TensorNames};
+use crate::backend::{Backend, Kernel, KernelSpec};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
 use crate::model::{LanguageModel, ModelInfo, StepItem};
@@ -236,96 +237,6 @@ impl Qwen35Config {
     }
 }
 
-/// Where a Qwen3.5 file keeps its tensors, and how it stores them.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Qwen35Naming {
-    /// Hugging Face names under the prefix (`model.` or `model.language_model.`).
-    HuggingFace(String),
-    /// llama.cpp's GGUF `qwen35` names and layout.
-    Gguf,
-}
-
-impl Qwen35Naming {
-    fn gguf(&self) -> bool {
-        *self == Self::Gguf
-    }
-
-    /// Added to stored RMSNorm weights (`1 + w` for the Hugging Face layout).
-    fn norm_offset(&self) -> f32 {
-        if self.gguf() { 0.0 } else { 1.0 }
-    }
-
-    fn global(&self, what: &str) -> String {
-        match self {
-            Self::Gguf => match what {
-                "embed" => "token_embd.weight".into(),
-                "norm" => "output_norm.weight".into(),
-                _ => "output.weight".into(),
-            },
-            Self::HuggingFace(p) => match what {
-                "embed" => format!("{p}embed_tokens.weight"),
-                "norm" => format!("{p}norm.weight"),
-                _ => "lm_head.weight".into(),
-            },
-        }
-    }
-
-    fn layer(&self, i: usize, what: &str) -> String {
-        match self {
-            Self::Gguf => {
-                let g = match what {
-                    "input_norm" => "attn_norm.weight",
-                    "post_norm" => "post_attention_norm.weight",
-                    "qkv" => "attn_qkv.weight",
-                    "z" => "attn_gate.weight",
-                    "b" => "ssm_beta.weight",
-                    "a" => "ssm_alpha.weight",
-                    "conv" => "ssm_conv1d.weight",
-                    "neg_a" => "ssm_a",
-                    "dt_bias" => "ssm_dt.bias",
-                    "gated_norm" => "ssm_norm.weight",
-                    "out" => "ssm_out.weight",
-                    "q" => "attn_q.weight",
-                    "k" => "attn_k.weight",
-                    "v" => "attn_v.weight",
-                    "o" => "attn_output.weight",
-                    "q_norm" => "attn_q_norm.weight",
-                    "k_norm" => "attn_k_norm.weight",
-                    "gate" => "ffn_gate.weight",
-                    "up" => "ffn_up.weight",
-                    _ => "ffn_down.weight",
-                };
-                format!("blk.{i}.{g}")
-            }
-            Self::HuggingFace(p) => {
-                let h = match what {
-                    "input_norm" => "input_layernorm.weight",
-                    "post_norm" => "post_attention_layernorm.weight",
-                    "qkv" => "linear_attn.in_proj_qkv.weight",
-                    "z" => "linear_attn.in_proj_z.weight",
-                    "b" => "linear_attn.in_proj_b.weight",
-                    "a" => "linear_attn.in_proj_a.weight",
-                    "conv" => "linear_attn.conv1d.weight",
-                    "neg_a" => "linear_attn.A_log",
-                    "dt_bias" => "linear_attn.dt_bias",
-                    "gated_norm" => "linear_attn.norm.weight",
-                    "out" => "linear_attn.out_proj.weight",
-                    "q" => "self_attn.q_proj.weight",
-                    "k" => "self_attn.k_proj.weight",
-                    "v" => "self_attn.v_proj.weight",
-                    "o" => "self_attn.o_proj.weight",
-                    "q_norm" => "self_attn.q_norm.weight",
-                    "k_norm" => "self_attn.k_norm.weight",
-                    "gate" => "mlp.gate_proj.weight",
-                    "up" => "mlp.up_proj.weight",
-                    _ => "mlp.down_proj.weight",
-                };
-                format!("{p}layers.{i}.{h}")
-            }
-        }
-    }
-}
-
 enum Mixer {
     /// Gated DeltaNet: fused `[qkv | z | b | a]` projection, CPU recurrence, out_proj + residual.
     Linear {
@@ -378,20 +289,27 @@ fn small_tensor(store: &Arc<dyn TensorStore>, name: &str, len: usize) -> Result<
 }
 
 impl Qwen35 {
-    /// Compile every kernel on `backend`; `naming` says where and how the file keeps the text
+    /// Compile every kernel on `backend`; `names` says where the file keeps the text
     /// model's tensors. `progress(done, total)` is called after each layer.
     pub fn load(
         cfg: Qwen35Config,
         store: &Arc<dyn TensorStore>,
-        naming: &Qwen35Naming,
+        names: &TensorNames,
         backend: &dyn Backend,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
         let h = cfg.hidden_size;
         let hd = cfg.head_dim;
         let n_layers = cfg.n_layers();
-        let embed_name = naming.global("embed");
-        let offset = naming.norm_offset();
+        if names.family() != Family::Qwen35 {
+            return Err(EngineError::Config(format!(
+                "a Qwen3.5 model was given the {:?} tensor names",
+                names.family()
+            )));
+        }
+        let embed_name = names.name(Tensor::TokenEmbedding)?;
+        // GGUF stores `(1 + w)` norms as `1 + w`, Hugging Face as `w`.
+        let offset = if names.is_gguf() { 0.0 } else { 1.0 };
         let embed = StoredMatrix::load(store, &embed_name)?;
         embed.expect_shape(cfg.vocab_size, h)?;
         let vector = |name: &str, len: usize, offset: f32| -> Result<Vec<f32>> {
@@ -406,57 +324,58 @@ impl Qwen35 {
         let d = cfg.deltanet;
         let mut layers = Vec::with_capacity(n_layers);
         for (i, &linear) in cfg.linear.iter().enumerate() {
-            let name = |what: &str| naming.layer(i, what);
-            let w = |what: &str| WeightId::new(name(what));
+            use LayerTensor::*;
+            let name = |t: LayerTensor| names.layer(i, t);
+            let w = |t: LayerTensor| names.weight(i, t);
             let mixer = if linear {
-                check(&name("qkv"), d.conv_dim(), h)?;
-                check(&name("z"), d.value_width(), h)?;
-                check(&name("b"), d.n_v_heads, h)?;
-                check(&name("a"), d.n_v_heads, h)?;
-                check(&name("out"), h, d.value_width())?;
-                let stored_a = small_tensor(store, &name("neg_a"), d.n_v_heads)?;
-                let (neg_a, order) = if naming.gguf() {
+                check(&name(SsmQkv)?, d.conv_dim(), h)?;
+                check(&name(SsmZ)?, d.value_width(), h)?;
+                check(&name(SsmBeta)?, d.n_v_heads, h)?;
+                check(&name(SsmAlpha)?, d.n_v_heads, h)?;
+                check(&name(SsmOut)?, h, d.value_width())?;
+                let stored_a = small_tensor(store, &name(SsmA)?, d.n_v_heads)?;
+                let (neg_a, order) = if names.is_gguf() {
                     (stored_a, VHeadOrder::Tiled)
                 } else {
                     (GatedDeltaNet::neg_a_from_log(&stored_a), VHeadOrder::Grouped)
                 };
                 let net = GatedDeltaNet::new(
                     d,
-                    small_tensor(store, &name("conv"), d.conv_dim() * d.conv_kernel)?,
+                    small_tensor(store, &name(SsmConv)?, d.conv_dim() * d.conv_kernel)?,
                     neg_a,
-                    small_tensor(store, &name("dt_bias"), d.n_v_heads)?,
-                    small_tensor(store, &name("gated_norm"), d.v_dim)?,
+                    small_tensor(store, &name(SsmDtBias)?, d.n_v_heads)?,
+                    small_tensor(store, &name(SsmNorm)?, d.v_dim)?,
                     cfg.rms_eps,
                     order,
                 )?;
                 Mixer::Linear {
                     proj: compile(KernelSpec::Concat {
-                        ws: vec![w("qkv"), w("z"), w("b"), w("a")],
+                        ws: vec![w(SsmQkv)?, w(SsmZ)?, w(SsmBeta)?, w(SsmAlpha)?],
                     })?,
                     net,
-                    out: compile(KernelSpec::LinearResidual { w: w("out") })?,
+                    out: compile(KernelSpec::LinearResidual { w: w(SsmOut)? })?,
                 }
             } else {
-                check(&name("q"), 2 * cfg.n_heads * hd, h)?;
-                check(&name("k"), cfg.n_kv_heads * hd, h)?;
-                check(&name("v"), cfg.n_kv_heads * hd, h)?;
-                check(&name("o"), h, cfg.n_heads * hd)?;
+                check(&name(AttnQ)?, 2 * cfg.n_heads * hd, h)?;
+                check(&name(AttnK)?, cfg.n_kv_heads * hd, h)?;
+                check(&name(AttnV)?, cfg.n_kv_heads * hd, h)?;
+                check(&name(AttnOutput)?, h, cfg.n_heads * hd)?;
                 Mixer::Attention {
                     qkv: compile(KernelSpec::Concat {
-                        ws: vec![w("q"), w("k"), w("v")],
+                        ws: vec![w(AttnQ)?, w(AttnK)?, w(AttnV)?],
                     })?,
-                    q_norm: vector(&name("q_norm"), hd, offset)?,
-                    k_norm: vector(&name("k_norm"), hd, offset)?,
-                    out: compile(KernelSpec::LinearResidual { w: w("o") })?,
+                    q_norm: vector(&name(AttnQNorm)?, hd, offset)?,
+                    k_norm: vector(&name(AttnKNorm)?, hd, offset)?,
+                    out: compile(KernelSpec::LinearResidual { w: w(AttnOutput)? })?,
                 }
             };
-            check(&name("gate"), cfg.intermediate_size, h)?;
-            check(&name("up"), cfg.intermediate_size, h)?;
-            check(&name("down"), h, cfg.intermediate_size)?;
+            check(&name(FfnGate)?, cfg.intermediate_size, h)?;
+            check(&name(FfnUp)?, cfg.intermediate_size, h)?;
+            check(&name(FfnDown)?, h, cfg.intermediate_size)?;
             let ffn_residual = compile(KernelSpec::SwiGluResidual {
-                gate: w("gate"),
-                up: w("up"),
-                down: w("down"),
+                gate: w(FfnGate)?,
+                up: w(FfnUp)?,
+                down: w(FfnDown)?,
             })?;
             if ffn_residual.shape().input != h || ffn_residual.shape().output != h {
                 return Err(EngineError::Config(format!(
@@ -464,18 +383,15 @@ impl Qwen35 {
                 )));
             }
             layers.push(Layer {
-                input_norm: vector(&name("input_norm"), h, offset)?,
-                post_norm: vector(&name("post_norm"), h, offset)?,
+                input_norm: vector(&name(AttnNorm)?, h, offset)?,
+                post_norm: vector(&name(FfnNorm)?, h, offset)?,
                 mixer,
                 ffn_residual,
             });
             progress(i + 1, n_layers + 1);
         }
-        let head_name = if store.contains(&naming.global("output")) {
-            naming.global("output")
-        } else {
-            embed_name
-        };
+        let output = names.name(Tensor::Output)?;
+        let head_name = if store.contains(&output) { output } else { embed_name };
         let lm_head = compile_lm_head(backend, store, &head_name, cfg.vocab_size, h)?;
         progress(n_layers + 1, n_layers + 1);
         let info = ModelInfo {
@@ -486,7 +402,7 @@ impl Qwen35 {
             hidden_size: h,
         };
         Ok(Self {
-            output_norm: vector(&naming.global("norm"), h, offset)?,
+            output_norm: vector(&names.name(Tensor::OutputNorm)?, h, offset)?,
             rope: Rope::new(cfg.rope_dims, cfg.rope_theta, RopePairing::Halves),
             attention: Attention {
                 n_heads: cfg.n_heads,
