@@ -22,9 +22,10 @@ use anelm_model::tensor_store::TensorStore;
 use serde_json::Value;
 
 use crate::arch::attention::Attention;
-use crate::arch::lm_head::compile_lm_head;
+use crate::arch::config_read::{GgufMeta, check_heads, check_plausible, check_sizes, hf_heads, need};
 use crate::arch::step::{commit_tokens, embed_lanes, plan_lanes, wanted_lanes};
 use crate::arch::tensor_names::{Family, LayerTensor, Tensor, TensorNames};
+use crate::arch::trunk::{load_embedding, load_lm_head, norm_vector};
 use crate::backend::{Backend, Kernel, KernelSpec};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
@@ -74,10 +75,6 @@ pub struct Gemma3Config {
     pub gelu_f16: bool,
 }
 
-fn need<T>(v: Option<T>, key: &str) -> Result<T> {
-    v.ok_or_else(|| EngineError::Config(format!("missing '{key}' in the model's metadata")))
-}
-
 fn positive_f32(v: Option<&Value>) -> Option<f32> {
     v.and_then(Value::as_f64).filter(|x| *x > 0.0).map(|x| x as f32)
 }
@@ -88,10 +85,7 @@ impl Gemma3Config {
         let raw = c.raw();
         let hidden_size = need(c.hidden_size, "hidden_size")?;
         let n_layers = need(c.num_hidden_layers, "num_hidden_layers")?;
-        let n_heads = need(c.num_attention_heads, "num_attention_heads")?;
-        if n_heads == 0 {
-            return Err(EngineError::Config("num_attention_heads is 0".into()));
-        }
+        let n_heads = hf_heads(c)?;
         let head_dim = c.head_dim.unwrap_or(hidden_size / n_heads);
         let sliding = if c.layer_types.is_empty() {
             let pattern = raw
@@ -146,40 +140,28 @@ impl Gemma3Config {
     /// From a GGUF file's `gemma3.*` metadata (llama.cpp conventions: norms stored as `1 + w`,
     /// local RoPE base 10000, a global layer every 6th unless the file says otherwise).
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
-        let key = |k: &str| format!("gemma3.{k}");
-        let u = |k: &str| -> Result<usize> { need(g.get_u64(&key(k)), &key(k)).map(|v| v as usize) };
-        let hidden_size = u("embedding_length")?;
-        let n_layers = u("block_count")?;
-        let n_heads = u("attention.head_count")?;
-        if n_heads == 0 {
-            return Err(EngineError::Config("attention.head_count is 0".into()));
-        }
-        let head_dim = g
-            .get_u64(&key("attention.key_length"))
-            .map_or(hidden_size / n_heads, |v| v as usize);
-        let vocab_size = match g.get_u64(&key("vocab_size")) {
-            Some(v) => v as usize,
-            None => need(g.get_string_array("tokenizer.ggml.tokens"), "tokenizer.ggml.tokens")?.len(),
-        };
-        let pattern = g.get_u64(&key("attention.sliding_window_pattern")).unwrap_or(6).max(1) as usize;
+        let m = GgufMeta::new(g, "gemma3");
+        let hidden_size = m.usize("embedding_length")?;
+        let n_layers = m.usize("block_count")?;
+        let n_heads = m.heads()?;
+        let head_dim = m.head_dim(hidden_size, n_heads);
+        let pattern = m.opt_usize("attention.sliding_window_pattern").unwrap_or(6).max(1);
         let cfg = Self {
-            vocab_size,
+            vocab_size: m.vocab()?,
             hidden_size,
-            intermediate_size: u("feed_forward_length")?,
+            intermediate_size: m.usize("feed_forward_length")?,
             n_heads,
-            n_kv_heads: g
-                .get_u64(&key("attention.head_count_kv"))
-                .map_or(n_heads, |v| v as usize),
+            n_kv_heads: m.opt_usize("attention.head_count_kv").unwrap_or(n_heads),
             head_dim,
             sliding: (0..n_layers).map(|i| (i + 1) % pattern != 0).collect(),
-            sliding_window: g.get_u64(&key("attention.sliding_window")).map_or(4096, |v| v as usize),
-            rope_theta_global: g.get_f32(&key("rope.freq_base")).unwrap_or(1_000_000.0),
-            rope_theta_local: g.get_f32(&key("rope.freq_base_swa")).unwrap_or(10_000.0),
+            sliding_window: m.opt_usize("attention.sliding_window").unwrap_or(4096),
+            rope_theta_global: m.opt_f32("rope.freq_base").unwrap_or(1_000_000.0),
+            rope_theta_local: m.opt_f32("rope.freq_base_swa").unwrap_or(10_000.0),
             query_pre_attn_scalar: head_dim as f32,
-            final_softcap: g.get_f32(&key("final_logit_softcapping")).filter(|c| *c > 0.0),
-            rms_eps: g.get_f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-6),
+            final_softcap: m.opt_f32("final_logit_softcapping").filter(|c| *c > 0.0),
+            rms_eps: m.opt_f32("attention.layer_norm_rms_epsilon").unwrap_or(1e-6),
             norm_offset: 0.0,
-            context_length: g.get_u64(&key("context_length")).map_or(8192, |v| v as usize),
+            context_length: m.opt_usize("context_length").unwrap_or(8192),
             attention_precision: AttentionPrecision::F16,
             gelu_f16: true,
         };
@@ -189,19 +171,15 @@ impl Gemma3Config {
 
     fn validate(&self) -> Result<()> {
         let bad = |m: &str| Err(EngineError::Config(m.to_string()));
-        if self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
-            return bad("query heads must be a positive multiple of key/value heads");
-        }
+        check_heads(self.n_heads, self.n_kv_heads)?;
         if self.head_dim == 0 || self.head_dim % 2 != 0 {
             return bad("the head width must be positive and even (RoPE rotates pairs)");
         }
-        if self.hidden_size == 0 || self.vocab_size == 0 || self.sliding.is_empty() || self.sliding_window == 0 {
-            return bad("hidden size, vocabulary, layer count and sliding window must be positive");
+        check_sizes(self.hidden_size, self.vocab_size, self.sliding.len())?;
+        if self.sliding_window == 0 {
+            return bad("the sliding window must be positive");
         }
-        if self.sliding.len() > 4096 || self.n_heads > 4096 || self.head_dim > 8192 {
-            return bad("implausibly large layer/head counts: the file is corrupt");
-        }
-        Ok(())
+        check_plausible(self.sliding.len(), self.n_heads, self.head_dim)
     }
 
     /// Decoder layers.
@@ -258,17 +236,8 @@ impl Gemma3 {
                 names.family()
             )));
         }
-        let embed_name = names.name(Tensor::TokenEmbedding)?;
-        let embed = StoredMatrix::load(store, &embed_name)?;
-        embed.expect_shape(cfg.vocab_size, h)?;
-        let offset = cfg.norm_offset;
-        let vector = |name: &str, len: usize| -> Result<Vec<f32>> {
-            let m = StoredMatrix::load(store, name)?;
-            m.expect_shape(1, len)?;
-            let mut v = m.to_f32()?;
-            v.iter_mut().for_each(|w| *w += offset);
-            Ok(v)
-        };
+        let embed = load_embedding(store, names, cfg.vocab_size, h)?;
+        let vector = |name: &str, len: usize| norm_vector(store, name, len, cfg.norm_offset);
         let mut layers = Vec::with_capacity(n_layers);
         for (i, &sliding) in cfg.sliding.iter().enumerate() {
             use LayerTensor::*;
@@ -304,9 +273,7 @@ impl Gemma3 {
             });
             progress(i + 1, n_layers + 1);
         }
-        let output = names.name(Tensor::Output)?;
-        let head_name = if store.contains(&output) { output } else { embed_name };
-        let lm_head = compile_lm_head(backend, store, &head_name, cfg.vocab_size, h)?;
+        let lm_head = load_lm_head(backend, store, names, cfg.vocab_size, h)?;
         progress(n_layers + 1, n_layers + 1);
         let attn = |window: Option<usize>| Attention {
             n_heads: cfg.n_heads,

@@ -9,9 +9,10 @@ use anelm_model::hf_config::HfConfig;
 use anelm_model::tensor_store::TensorStore;
 
 use crate::arch::attention::Attention;
-use crate::arch::lm_head::compile_lm_head;
+use crate::arch::config_read::{GgufMeta, check_heads, check_plausible, check_sizes, hf_heads, need};
 use crate::arch::step::{commit_tokens, embed_lanes, plan_lanes, wanted_lanes};
 use crate::arch::tensor_names::{Family, LayerTensor, Tensor, TensorNames};
+use crate::arch::trunk::{load_embedding, load_lm_head, norm_vector};
 use crate::backend::{Backend, Kernel, KernelSpec};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
@@ -55,44 +56,27 @@ pub struct LlamaConfig {
     pub architecture: String,
 }
 
-fn need<T>(v: Option<T>, key: &str) -> Result<T> {
-    v.ok_or_else(|| EngineError::Config(format!("missing '{key}' in the model's metadata")))
-}
-
 impl LlamaConfig {
     /// From a GGUF file's `llama.*` (or `qwen3.*`) metadata.
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
-        let arch = g.architecture().unwrap_or("llama").to_string();
+        let m = GgufMeta::new(g, "llama");
+        let arch = m.arch().to_string();
         let qwen3 = arch == "qwen3";
-        let key = |k: &str| format!("{arch}.{k}");
-        let u = |k: &str| -> Result<usize> { need(g.get_u64(&key(k)), &key(k)).map(|v| v as usize) };
-        let hidden_size = u("embedding_length")?;
-        let n_heads = u("attention.head_count")?;
-        let n_kv_heads = g
-            .get_u64(&key("attention.head_count_kv"))
-            .map_or(n_heads, |v| v as usize);
-        if n_heads == 0 {
-            return Err(EngineError::Config("attention.head_count is 0".into()));
-        }
-        let head_dim = g
-            .get_u64(&key("attention.key_length"))
-            .map_or(hidden_size / n_heads, |v| v as usize);
-        let vocab_size = match g.get_u64(&key("vocab_size")) {
-            Some(v) => v as usize,
-            None => need(g.get_string_array("tokenizer.ggml.tokens"), "tokenizer.ggml.tokens")?.len(),
-        };
+        let hidden_size = m.usize("embedding_length")?;
+        let n_heads = m.heads()?;
+        let head_dim = m.head_dim(hidden_size, n_heads);
         let cfg = Self {
-            vocab_size,
+            vocab_size: m.vocab()?,
             hidden_size,
-            intermediate_size: u("feed_forward_length")?,
-            n_layers: u("block_count")?,
+            intermediate_size: m.usize("feed_forward_length")?,
+            n_layers: m.usize("block_count")?,
             n_heads,
-            n_kv_heads,
+            n_kv_heads: m.opt_usize("attention.head_count_kv").unwrap_or(n_heads),
             head_dim,
-            rope_dims: g.get_u64(&key("rope.dimension_count")).map_or(head_dim, |v| v as usize),
-            rope_theta: g.get_f32(&key("rope.freq_base")).unwrap_or(10000.0),
-            rms_eps: g.get_f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
-            context_length: g.get_u64(&key("context_length")).map_or(4096, |v| v as usize),
+            rope_dims: m.opt_usize("rope.dimension_count").unwrap_or(head_dim),
+            rope_theta: m.opt_f32("rope.freq_base").unwrap_or(10000.0),
+            rms_eps: m.opt_f32("attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
+            context_length: m.opt_usize("context_length").unwrap_or(4096),
             // llama.cpp's converter permutes Llama's Q/K rows for adjacent-pair RoPE; Qwen3 keeps
             // the Hugging Face order and runs NeoX (rotate-half) RoPE.
             rope_pairing: if qwen3 {
@@ -118,10 +102,7 @@ impl LlamaConfig {
             }
         }
         let hidden_size = need(c.hidden_size, "hidden_size")?;
-        let n_heads = need(c.num_attention_heads, "num_attention_heads")?;
-        if n_heads == 0 {
-            return Err(EngineError::Config("num_attention_heads is 0".into()));
-        }
+        let n_heads = hf_heads(c)?;
         let head_dim = c.head_dim.unwrap_or(hidden_size / n_heads);
         let cfg = Self {
             vocab_size: need(c.vocab_size, "vocab_size")?,
@@ -145,20 +126,14 @@ impl LlamaConfig {
     }
 
     fn validate(&self) -> Result<()> {
-        let bad = |m: &str| Err(EngineError::Config(m.to_string()));
-        if self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
-            return bad("query heads must be a positive multiple of key/value heads");
-        }
+        check_heads(self.n_heads, self.n_kv_heads)?;
         if self.head_dim == 0 || self.rope_dims > self.head_dim || self.rope_dims % 2 != 0 {
-            return bad("rope dimension count must be even and at most the head width");
+            return Err(EngineError::Config(
+                "rope dimension count must be even and at most the head width".into(),
+            ));
         }
-        if self.hidden_size == 0 || self.vocab_size == 0 || self.n_layers == 0 {
-            return bad("hidden size, vocabulary and layer count must be positive");
-        }
-        if self.n_layers > 4096 || self.n_heads > 4096 || self.head_dim > 8192 {
-            return bad("implausibly large layer/head counts: the file is corrupt");
-        }
-        Ok(())
+        check_sizes(self.hidden_size, self.vocab_size, self.n_layers)?;
+        check_plausible(self.n_layers, self.n_heads, self.head_dim)
     }
 }
 
@@ -226,14 +201,8 @@ impl Llama {
                 names.family()
             )));
         }
-        let embed_name = names.name(Tensor::TokenEmbedding)?;
-        let embed = StoredMatrix::load(store, &embed_name)?;
-        embed.expect_shape(cfg.vocab_size, h)?;
-        let vector = |name: &str, len: usize| -> Result<Vec<f32>> {
-            let m = StoredMatrix::load(store, name)?;
-            m.expect_shape(1, len)?;
-            m.to_f32()
-        };
+        let embed = load_embedding(store, names, cfg.vocab_size, h)?;
+        let vector = |name: &str, len: usize| norm_vector(store, name, len, 0.0);
         let norm = |name: &str| vector(name, h);
         let mut layers = Vec::with_capacity(cfg.n_layers);
         for i in 0..cfg.n_layers {
@@ -286,9 +255,7 @@ impl Llama {
             progress(i + 1, cfg.n_layers + 1);
         }
         let lm_head = if with_head {
-            let output = names.name(Tensor::Output)?;
-            let head_name = if store.contains(&output) { output } else { embed_name };
-            Some(compile_lm_head(backend, store, &head_name, cfg.vocab_size, h)?)
+            Some(load_lm_head(backend, store, names, cfg.vocab_size, h)?)
         } else {
             None
         };

@@ -24,10 +24,11 @@ use anelm_model::tensor_store::TensorStore;
 use serde_json::Value;
 
 use crate::arch::attention::Attention;
+use crate::arch::config_read::{GgufMeta, check_heads, check_sizes, need};
 use crate::arch::deltanet::{DeltaNetShape, GatedDeltaNet, VHeadOrder};
-use crate::arch::lm_head::compile_lm_head;
 use crate::arch::step::{commit_tokens, embed_lanes, plan_lanes, wanted_lanes};
 use crate::arch::tensor_names::{Family, LayerTensor, Tensor, TensorNames};
+use crate::arch::trunk::{load_embedding, load_lm_head};
 use crate::backend::{Backend, Kernel, KernelSpec};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
@@ -63,10 +64,6 @@ pub struct Qwen35Config {
     pub rms_eps: f32,
     /// Training context length.
     pub context_length: usize,
-}
-
-fn need<T>(v: Option<T>, key: &str) -> Result<T> {
-    v.ok_or_else(|| EngineError::Config(format!("missing '{key}' in the model's metadata")))
 }
 
 impl Qwen35Config {
@@ -130,21 +127,17 @@ impl Qwen35Config {
     /// attention), DeltaNet sizes from `ssm.*`, rotated dimensions from `rope.dimension_count`,
     /// the vocabulary from `token_embd.weight`.
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
-        let arch = g.architecture().unwrap_or("qwen35").to_string();
-        let key = |k: &str| format!("{arch}.{k}");
-        let u = |k: &str| -> Result<usize> { need(g.get_u64(&key(k)), &key(k)).map(|v| v as usize) };
-        let hidden_size = u("embedding_length")?;
-        let n_layers = u("block_count")?;
-        let n_heads = u("attention.head_count")?;
+        let m = GgufMeta::new(g, "qwen35");
+        let hidden_size = m.usize("embedding_length")?;
+        let n_layers = m.usize("block_count")?;
+        let n_heads = m.usize("attention.head_count")?;
         if n_heads == 0 || n_layers > 4096 {
             return Err(EngineError::Config(format!(
                 "implausible attention.head_count {n_heads} / block_count {n_layers}"
             )));
         }
-        let head_dim = g
-            .get_u64(&key("attention.key_length"))
-            .map_or(hidden_size / n_heads, |v| v as usize);
-        let linear = match g.get_bool_array(&key("attention.recurrent_layers")) {
+        let head_dim = m.head_dim(hidden_size, n_heads);
+        let linear = match m.opt_bool_array("attention.recurrent_layers") {
             Some(r) if r.len() == n_layers => r.to_vec(),
             Some(r) => {
                 return Err(EngineError::Config(format!(
@@ -153,12 +146,12 @@ impl Qwen35Config {
                 )));
             }
             None => {
-                let interval = g.get_u64(&key("full_attention_interval")).unwrap_or(4).max(1) as usize;
+                let interval = m.opt_usize("full_attention_interval").unwrap_or(4).max(1);
                 (0..n_layers).map(|i| (i + 1) % interval != 0).collect()
             }
         };
-        let n_v_heads = u("ssm.time_step_rank")?;
-        let inner = u("ssm.inner_size")?;
+        let n_v_heads = m.usize("ssm.time_step_rank")?;
+        let inner = m.usize("ssm.inner_size")?;
         if n_v_heads == 0 || inner % n_v_heads != 0 {
             return Err(EngineError::Config(format!(
                 "ssm.inner_size {inner} is not a multiple of ssm.time_step_rank {n_v_heads}"
@@ -176,26 +169,22 @@ impl Qwen35Config {
         let cfg = Self {
             vocab_size,
             hidden_size,
-            intermediate_size: u("feed_forward_length")?,
+            intermediate_size: m.usize("feed_forward_length")?,
             linear,
             n_heads,
-            n_kv_heads: g
-                .get_u64(&key("attention.head_count_kv"))
-                .map_or(n_heads, |v| v as usize),
+            n_kv_heads: m.opt_usize("attention.head_count_kv").unwrap_or(n_heads),
             head_dim,
-            rope_dims: g
-                .get_u64(&key("rope.dimension_count"))
-                .map_or(head_dim / 4, |v| v as usize),
-            rope_theta: g.get_f32(&key("rope.freq_base")).unwrap_or(10_000_000.0),
+            rope_dims: m.opt_usize("rope.dimension_count").unwrap_or(head_dim / 4),
+            rope_theta: m.opt_f32("rope.freq_base").unwrap_or(10_000_000.0),
             deltanet: DeltaNetShape {
-                n_k_heads: u("ssm.group_count")?,
+                n_k_heads: m.usize("ssm.group_count")?,
                 n_v_heads,
-                k_dim: u("ssm.state_size")?,
+                k_dim: m.usize("ssm.state_size")?,
                 v_dim: inner / n_v_heads,
-                conv_kernel: u("ssm.conv_kernel")?,
+                conv_kernel: m.usize("ssm.conv_kernel")?,
             },
-            rms_eps: g.get_f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-6),
-            context_length: g.get_u64(&key("context_length")).map_or(32768, |v| v as usize),
+            rms_eps: m.opt_f32("attention.layer_norm_rms_epsilon").unwrap_or(1e-6),
+            context_length: m.opt_usize("context_length").unwrap_or(32768),
         };
         cfg.validate()?;
         Ok(cfg)
@@ -203,9 +192,7 @@ impl Qwen35Config {
 
     fn validate(&self) -> Result<()> {
         let bad = |m: &str| Err(EngineError::Config(m.to_string()));
-        if self.n_heads == 0 || self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
-            return bad("query heads must be a positive multiple of key/value heads");
-        }
+        check_heads(self.n_heads, self.n_kv_heads)?;
         if self.head_dim == 0 || self.rope_dims % 2 != 0 || self.rope_dims > self.head_dim {
             return bad("the rotated dimensions (partial_rotary_factor · head_dim) must be even and ≤ head_dim");
         }
@@ -213,9 +200,7 @@ impl Qwen35Config {
         if d.n_k_heads == 0 || d.n_v_heads % d.n_k_heads != 0 || d.k_dim == 0 || d.v_dim == 0 || d.conv_kernel == 0 {
             return bad("linear attention: value heads must be a positive multiple of key heads, dims positive");
         }
-        if self.hidden_size == 0 || self.vocab_size == 0 || self.linear.is_empty() {
-            return bad("hidden size, vocabulary and layer count must be positive");
-        }
+        check_sizes(self.hidden_size, self.vocab_size, self.linear.len())?;
         if self.linear.len() > 4096
             || self.n_heads > 4096
             || self.head_dim > 8192
@@ -307,11 +292,9 @@ impl Qwen35 {
                 names.family()
             )));
         }
-        let embed_name = names.name(Tensor::TokenEmbedding)?;
         // GGUF stores `(1 + w)` norms as `1 + w`, Hugging Face as `w`.
         let offset = if names.is_gguf() { 0.0 } else { 1.0 };
-        let embed = StoredMatrix::load(store, &embed_name)?;
-        embed.expect_shape(cfg.vocab_size, h)?;
+        let embed = load_embedding(store, names, cfg.vocab_size, h)?;
         let vector = |name: &str, len: usize, offset: f32| -> Result<Vec<f32>> {
             let mut v = small_tensor(store, name, len)?;
             v.iter_mut().for_each(|w| *w += offset);
@@ -390,9 +373,7 @@ impl Qwen35 {
             });
             progress(i + 1, n_layers + 1);
         }
-        let output = names.name(Tensor::Output)?;
-        let head_name = if store.contains(&output) { output } else { embed_name };
-        let lm_head = compile_lm_head(backend, store, &head_name, cfg.vocab_size, h)?;
+        let lm_head = load_lm_head(backend, store, names, cfg.vocab_size, h)?;
         progress(n_layers + 1, n_layers + 1);
         let info = ModelInfo {
             architecture: "qwen3_5".into(),
