@@ -45,6 +45,7 @@ mod lower;
 mod plan;
 mod plan_encoder;
 mod plan_host;
+mod plan_input;
 mod quant;
 mod rules;
 mod surface;
@@ -69,10 +70,11 @@ pub use limits::{
 pub use lower::{FfnChunkWeights, Lowered, blob_path, ffn_chunk_weights, lower};
 pub use plan::{
     BlockLayout, KernelRole, LayerKind, LayerPlan, LinearAttention, ModelDims, Plan, PlanError, PlanOptions,
-    PlannedKernel, SlidingWindow, linear_chunk_rows, plan, plan_ffn,
+    PlannedKernel, SlidingWindow, linear_chunk_rows, plan, plan_ffn, plan_model,
 };
 pub use plan_encoder::{EncoderDims, EncoderKernel, EncoderPlan, plan_encoder};
 pub use plan_host::{DEFAULT_CONTEXT, HostOptions, HostRuntime, StepCost, StreamWork, Work, stream_work};
+pub use plan_input::{ModelKernel, ModelKernels, ModelLayer};
 pub use quant::{QuantizedMatrix, quantize_int8};
 pub use rules::{
     DEFAULT_MAX_COMPILES, FG_MAX_LOADED_BYTES, MAX_AXIS, MAX_PROGRAM_OUTPUTS, MAX_PROGRAM_WEIGHT_BYTES,
