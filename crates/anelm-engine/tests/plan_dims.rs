@@ -3,8 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use anelm_ane::{AneKernel, BlockLayout, KernelRole, LayerKind, PlanOptions, SlidingWindow, plan};
-use anelm_engine::plan_dims::model_dims;
+use anelm_ane::{AneKernel, BlockLayout, KernelRole, LayerKind, PlanOptions, SlidingWindow, plan_model};
+use anelm_engine::plan_dims::{model_dims, model_kernels};
 
 fn hf(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -89,7 +89,7 @@ fn common(hidden: u32, ffn: u32, layers: u32, heads: u32, kv: u32, head_dim: u32
 }
 
 fn kernels_of_layer(path: &Path, layer: usize) -> Vec<(KernelRole, AneKernel)> {
-    let p = plan(&model_dims(path).expect("dims"), &PlanOptions::default()).expect("plan");
+    let p = plan_model(&model_kernels(path).expect("kernels"), &PlanOptions::default()).expect("plan");
     p.layers[layer]
         .kernels
         .iter()
@@ -171,7 +171,7 @@ fn every_hf_fixture_plans_with_its_loader_kernels() {
         }
     );
     assert_eq!(ks[3].1, AneKernel::Linear { rows: 64, cols: 96 });
-    let p = plan(&d, &PlanOptions::default()).expect("plan");
+    let p = plan_model(&model_kernels(&hf("gemma3")).expect("kernels"), &PlanOptions::default()).expect("plan");
     assert_eq!(p.dispatches_per_token(), 4 * 4 + 1);
 }
 
@@ -268,6 +268,6 @@ fn gemma3_270m_gguf_plans_when_present() {
     }
     let d = model_dims(&path).expect("dims");
     assert_eq!((d.hidden, d.layers, d.vocab), (640, 18, 262_144));
-    let p = plan(&d, &PlanOptions::default()).expect("plan");
+    let p = plan_model(&model_kernels(&path).expect("kernels"), &PlanOptions::default()).expect("plan");
     assert_eq!(p.dispatches_per_token(), 18 * 4 + 4);
 }

@@ -16,6 +16,8 @@
 
 use std::sync::Arc;
 
+use anelm_ane::{KernelRole, LayerKind};
+
 use anelm_model::gguf::GgufFile;
 use anelm_model::hf_config::HfConfig;
 use anelm_model::tensor_store::TensorStore;
@@ -23,10 +25,12 @@ use serde_json::Value;
 
 use crate::arch::attention::Attention;
 use crate::arch::config_read::{GgufMeta, check_heads, check_plausible, check_sizes, hf_heads, need};
+use crate::arch::kernel_compile::CompiledLayer;
+use crate::arch::kernel_list::{KernelDesc, KernelList, LayerKernels};
 use crate::arch::step::{commit_tokens, embed_lanes, plan_lanes, wanted_lanes};
 use crate::arch::tensor_names::{Family, LayerTensor, Tensor, TensorNames};
-use crate::arch::trunk::{load_embedding, load_lm_head, norm_vector};
-use crate::backend::{Backend, Kernel, KernelSpec};
+use crate::arch::trunk::{load_embedding, norm_vector};
+use crate::backend::{Backend, Kernel};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
 use crate::model::{LanguageModel, ModelInfo, StepItem};
@@ -188,6 +192,52 @@ impl Gemma3Config {
     }
 }
 
+impl Gemma3Config {
+    /// The kernels a model of this configuration compiles, with `names`' weights: per layer the
+    /// fused q ‖ k ‖ v projection, the plain output projection, the fused gate ‖ up projection
+    /// and the plain down projection (norms, GeGLU and residual adds run on the host); then the
+    /// LM head. Loading compiles exactly this list and `anelm plan` plans it.
+    pub fn kernel_specs(&self, names: &TensorNames) -> Result<KernelList> {
+        use LayerTensor::*;
+        if names.family() != Family::Gemma3 {
+            return Err(EngineError::Config(format!(
+                "a Gemma 3 model was given the {:?} tensor names",
+                names.family()
+            )));
+        }
+        let (h, f) = (self.hidden_size, self.intermediate_size);
+        let q_dim = self.n_heads * self.head_dim;
+        let kv_dim = self.n_kv_heads * self.head_dim;
+        let layers = (self.sliding.iter().enumerate())
+            .map(|(i, &sliding)| {
+                Ok(LayerKernels {
+                    kind: if sliding {
+                        LayerKind::SlidingAttention
+                    } else {
+                        LayerKind::Attention
+                    },
+                    kernels: vec![
+                        KernelDesc::concat(
+                            KernelRole::InputProj,
+                            names,
+                            i,
+                            &[(AttnQ, q_dim), (AttnK, kv_dim), (AttnV, kv_dim)],
+                            h,
+                        )?,
+                        KernelDesc::linear(KernelRole::OutputProj, names, i, AttnOutput, h, q_dim, false)?,
+                        KernelDesc::concat(KernelRole::FfnGateUp, names, i, &[(FfnGate, f), (FfnUp, f)], h)?,
+                        KernelDesc::linear(KernelRole::FfnDown, names, i, FfnDown, h, f, false)?,
+                    ],
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(KernelList {
+            layers,
+            lm_head: KernelDesc::lm_head(names, self.vocab_size, h)?,
+        })
+    }
+}
+
 struct Layer {
     input_norm: Vec<f32>,
     post_attn_norm: Vec<f32>,
@@ -227,33 +277,15 @@ impl Gemma3 {
     ) -> Result<Self> {
         let h = cfg.hidden_size;
         let hd = cfg.head_dim;
-        let q_dim = cfg.n_heads * hd;
-        let kv_dim = cfg.n_kv_heads * hd;
         let n_layers = cfg.n_layers();
-        if names.family() != Family::Gemma3 {
-            return Err(EngineError::Config(format!(
-                "a Gemma 3 model was given the {:?} tensor names",
-                names.family()
-            )));
-        }
+        let list = cfg.kernel_specs(names)?.for_store(store, names)?;
         let embed = load_embedding(store, names, cfg.vocab_size, h)?;
         let vector = |name: &str, len: usize| norm_vector(store, name, len, cfg.norm_offset);
         let mut layers = Vec::with_capacity(n_layers);
-        for (i, &sliding) in cfg.sliding.iter().enumerate() {
+        for (i, (&sliding, described)) in cfg.sliding.iter().zip(&list.layers).enumerate() {
             use LayerTensor::*;
             let name = |t: LayerTensor| names.layer(i, t);
-            let w = |t: LayerTensor| names.weight(i, t);
-            let check = |t: LayerTensor, rows: usize, cols: usize| -> Result<()> {
-                StoredMatrix::load(store, &name(t)?)?.expect_shape(rows, cols)
-            };
-            check(AttnQ, q_dim, h)?;
-            check(AttnK, kv_dim, h)?;
-            check(AttnV, kv_dim, h)?;
-            check(AttnOutput, h, q_dim)?;
-            check(FfnGate, cfg.intermediate_size, h)?;
-            check(FfnUp, cfg.intermediate_size, h)?;
-            check(FfnDown, h, cfg.intermediate_size)?;
-            let compile = |spec: KernelSpec| backend.compile(&spec, store);
+            let mut compiled = CompiledLayer::compile(described, backend, store, names)?;
             layers.push(Layer {
                 input_norm: vector(&name(AttnNorm)?, h)?,
                 post_attn_norm: vector(&name(PostAttnNorm)?, h)?,
@@ -261,19 +293,15 @@ impl Gemma3 {
                 post_ffn_norm: vector(&name(PostFfnNorm)?, h)?,
                 q_norm: vector(&name(AttnQNorm)?, hd)?,
                 k_norm: vector(&name(AttnKNorm)?, hd)?,
-                qkv: compile(KernelSpec::Concat {
-                    ws: vec![w(AttnQ)?, w(AttnK)?, w(AttnV)?],
-                })?,
-                o: compile(KernelSpec::Linear { w: w(AttnOutput)? })?,
-                gate_up: compile(KernelSpec::Concat {
-                    ws: vec![w(FfnGate)?, w(FfnUp)?],
-                })?,
-                down: compile(KernelSpec::Linear { w: w(FfnDown)? })?,
+                qkv: compiled.take(KernelRole::InputProj)?,
+                o: compiled.take(KernelRole::OutputProj)?,
+                gate_up: compiled.take(KernelRole::FfnGateUp)?,
+                down: compiled.take(KernelRole::FfnDown)?,
                 sliding,
             });
             progress(i + 1, n_layers + 1);
         }
-        let lm_head = load_lm_head(backend, store, names, cfg.vocab_size, h)?;
+        let lm_head = list.lm_head.compile(backend, store, names)?;
         progress(n_layers + 1, n_layers + 1);
         let attn = |window: Option<usize>| Attention {
             n_heads: cfg.n_heads,

@@ -4,16 +4,20 @@
 
 use std::sync::Arc;
 
+use anelm_ane::{KernelRole, LayerKind};
+
 use anelm_model::gguf::GgufFile;
 use anelm_model::hf_config::HfConfig;
 use anelm_model::tensor_store::TensorStore;
 
 use crate::arch::attention::Attention;
 use crate::arch::config_read::{GgufMeta, check_heads, check_plausible, check_sizes, hf_heads, need};
+use crate::arch::kernel_compile::CompiledLayer;
+use crate::arch::kernel_list::{KernelDesc, KernelList, LayerKernels};
 use crate::arch::step::{commit_tokens, embed_lanes, plan_lanes, wanted_lanes};
 use crate::arch::tensor_names::{Family, LayerTensor, Tensor, TensorNames};
-use crate::arch::trunk::{load_embedding, load_lm_head, norm_vector};
-use crate::backend::{Backend, Kernel, KernelSpec};
+use crate::arch::trunk::{load_embedding, norm_vector};
+use crate::backend::{Backend, Kernel};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
 use crate::model::{LanguageModel, ModelInfo, StepItem};
@@ -137,6 +141,46 @@ impl LlamaConfig {
     }
 }
 
+impl LlamaConfig {
+    /// The kernels a model of this configuration compiles, with `names`' weights: per layer the
+    /// fused q ‖ k ‖ v projection, the output projection plus residual, and the SwiGLU FFN plus
+    /// residual; then the LM head. Loading compiles exactly this list and `anelm plan` plans it.
+    pub fn kernel_specs(&self, names: &TensorNames) -> Result<KernelList> {
+        use LayerTensor::*;
+        if names.family() != Family::Llama {
+            return Err(EngineError::Config(format!(
+                "a Llama-family model was given the {:?} tensor names",
+                names.family()
+            )));
+        }
+        let h = self.hidden_size;
+        let q_dim = self.n_heads * self.head_dim;
+        let kv_dim = self.n_kv_heads * self.head_dim;
+        let layers = (0..self.n_layers)
+            .map(|i| {
+                Ok(LayerKernels {
+                    kind: LayerKind::Attention,
+                    kernels: vec![
+                        KernelDesc::concat(
+                            KernelRole::InputProj,
+                            names,
+                            i,
+                            &[(AttnQ, q_dim), (AttnK, kv_dim), (AttnV, kv_dim)],
+                            h,
+                        )?,
+                        KernelDesc::linear(KernelRole::OutputProjResidual, names, i, AttnOutput, h, q_dim, true)?,
+                        KernelDesc::swiglu_residual(names, i, h, self.intermediate_size)?,
+                    ],
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(KernelList {
+            layers,
+            lm_head: KernelDesc::lm_head(names, self.vocab_size, h)?,
+        })
+    }
+}
+
 struct Layer {
     attn_norm: Vec<f32>,
     ffn_norm: Vec<f32>,
@@ -193,49 +237,15 @@ impl Llama {
         with_head: bool,
     ) -> Result<Self> {
         let h = cfg.hidden_size;
-        let q_dim = cfg.n_heads * cfg.head_dim;
-        let kv_dim = cfg.n_kv_heads * cfg.head_dim;
-        if names.family() != Family::Llama {
-            return Err(EngineError::Config(format!(
-                "a Llama-family model was given the {:?} tensor names",
-                names.family()
-            )));
-        }
+        let list = cfg.kernel_specs(names)?.for_store(store, names)?;
         let embed = load_embedding(store, names, cfg.vocab_size, h)?;
         let vector = |name: &str, len: usize| norm_vector(store, name, len, 0.0);
         let norm = |name: &str| vector(name, h);
         let mut layers = Vec::with_capacity(cfg.n_layers);
-        for i in 0..cfg.n_layers {
+        for (i, described) in list.layers.iter().enumerate() {
             use LayerTensor::*;
             let name = |t: LayerTensor| names.layer(i, t);
-            let w = |t: LayerTensor| names.weight(i, t);
-            let check = |t: LayerTensor, rows: usize, cols: usize| -> Result<()> {
-                StoredMatrix::load(store, &name(t)?)?.expect_shape(rows, cols)
-            };
-            check(AttnQ, q_dim, h)?;
-            check(AttnK, kv_dim, h)?;
-            check(AttnV, kv_dim, h)?;
-            check(AttnOutput, h, q_dim)?;
-            let qkv = backend.compile(
-                &KernelSpec::Concat {
-                    ws: vec![w(AttnQ)?, w(AttnK)?, w(AttnV)?],
-                },
-                store,
-            )?;
-            let out_residual = backend.compile(&KernelSpec::LinearResidual { w: w(AttnOutput)? }, store)?;
-            let ffn_residual = backend.compile(
-                &KernelSpec::SwiGluResidual {
-                    gate: w(FfnGate)?,
-                    up: w(FfnUp)?,
-                    down: w(FfnDown)?,
-                },
-                store,
-            )?;
-            if ffn_residual.shape().input != h {
-                return Err(EngineError::Config(format!(
-                    "layer {i}: FFN input width differs from hidden size"
-                )));
-            }
+            let mut compiled = CompiledLayer::compile(described, backend, store, names)?;
             let qk_norm = if cfg.qk_norm {
                 Some((
                     vector(&name(AttnQNorm)?, cfg.head_dim)?,
@@ -248,14 +258,14 @@ impl Llama {
                 attn_norm: norm(&name(AttnNorm)?)?,
                 ffn_norm: norm(&name(FfnNorm)?)?,
                 qk_norm,
-                qkv,
-                out_residual,
-                ffn_residual,
+                qkv: compiled.take(KernelRole::InputProj)?,
+                out_residual: compiled.take(KernelRole::OutputProjResidual)?,
+                ffn_residual: compiled.take(KernelRole::FfnResidual)?,
             });
             progress(i + 1, cfg.n_layers + 1);
         }
         let lm_head = if with_head {
-            Some(load_lm_head(backend, store, names, cfg.vocab_size, h)?)
+            Some(list.lm_head.compile(backend, store, names)?)
         } else {
             None
         };

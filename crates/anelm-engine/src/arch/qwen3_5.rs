@@ -18,6 +18,8 @@
 
 use std::sync::Arc;
 
+use anelm_ane::{KernelRole, LayerKind};
+
 use anelm_model::gguf::GgufFile;
 use anelm_model::hf_config::HfConfig;
 use anelm_model::tensor_store::TensorStore;
@@ -26,10 +28,12 @@ use serde_json::Value;
 use crate::arch::attention::Attention;
 use crate::arch::config_read::{GgufMeta, check_heads, check_sizes, need};
 use crate::arch::deltanet::{DeltaNetShape, GatedDeltaNet, VHeadOrder};
+use crate::arch::kernel_compile::CompiledLayer;
+use crate::arch::kernel_list::{KernelDesc, KernelList, LayerKernels};
 use crate::arch::step::{commit_tokens, embed_lanes, plan_lanes, wanted_lanes};
 use crate::arch::tensor_names::{Family, LayerTensor, Tensor, TensorNames};
-use crate::arch::trunk::{load_embedding, load_lm_head};
-use crate::backend::{Backend, Kernel, KernelSpec};
+use crate::arch::trunk::load_embedding;
+use crate::backend::{Backend, Kernel};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
 use crate::model::{LanguageModel, ModelInfo, StepItem};
@@ -222,6 +226,89 @@ impl Qwen35Config {
     }
 }
 
+impl Qwen35Config {
+    /// The kernels a model of this configuration compiles, with `names`' weights: per DeltaNet
+    /// layer the fused qkv ‖ z ‖ b ‖ a projection and the output projection plus residual, per
+    /// attention layer the fused (q + gate) ‖ k ‖ v projection and the output projection plus
+    /// residual, each followed by the SwiGLU FFN plus residual; then the LM head. Loading
+    /// compiles exactly this list and `anelm plan` plans it.
+    pub fn kernel_specs(&self, names: &TensorNames) -> Result<KernelList> {
+        use LayerTensor::*;
+        if names.family() != Family::Qwen35 {
+            return Err(EngineError::Config(format!(
+                "a Qwen3.5 model was given the {:?} tensor names",
+                names.family()
+            )));
+        }
+        let h = self.hidden_size;
+        let hd = self.head_dim;
+        let d = self.deltanet;
+        let layers = (self.linear.iter().enumerate())
+            .map(|(i, &linear)| {
+                let mut kernels = if linear {
+                    vec![
+                        KernelDesc::concat(
+                            KernelRole::InputProj,
+                            names,
+                            i,
+                            &[
+                                (SsmQkv, d.conv_dim()),
+                                (SsmZ, d.value_width()),
+                                (SsmBeta, d.n_v_heads),
+                                (SsmAlpha, d.n_v_heads),
+                            ],
+                            h,
+                        )?,
+                        KernelDesc::linear(
+                            KernelRole::OutputProjResidual,
+                            names,
+                            i,
+                            SsmOut,
+                            h,
+                            d.value_width(),
+                            true,
+                        )?,
+                    ]
+                } else {
+                    let kv = self.n_kv_heads * hd;
+                    vec![
+                        KernelDesc::concat(
+                            KernelRole::InputProj,
+                            names,
+                            i,
+                            // Each query head is followed by its output gate.
+                            &[(AttnQ, 2 * self.n_heads * hd), (AttnK, kv), (AttnV, kv)],
+                            h,
+                        )?,
+                        KernelDesc::linear(
+                            KernelRole::OutputProjResidual,
+                            names,
+                            i,
+                            AttnOutput,
+                            h,
+                            self.n_heads * hd,
+                            true,
+                        )?,
+                    ]
+                };
+                kernels.push(KernelDesc::swiglu_residual(names, i, h, self.intermediate_size)?);
+                Ok(LayerKernels {
+                    kind: if linear {
+                        LayerKind::LinearAttention
+                    } else {
+                        LayerKind::Attention
+                    },
+                    kernels,
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(KernelList {
+            layers,
+            lm_head: KernelDesc::lm_head(names, self.vocab_size, h)?,
+        })
+    }
+}
+
 enum Mixer {
     /// Gated DeltaNet: fused `[qkv | z | b | a]` projection, CPU recurrence, out_proj + residual.
     Linear {
@@ -286,12 +373,7 @@ impl Qwen35 {
         let h = cfg.hidden_size;
         let hd = cfg.head_dim;
         let n_layers = cfg.n_layers();
-        if names.family() != Family::Qwen35 {
-            return Err(EngineError::Config(format!(
-                "a Qwen3.5 model was given the {:?} tensor names",
-                names.family()
-            )));
-        }
+        let list = cfg.kernel_specs(names)?.for_store(store, names)?;
         // GGUF stores `(1 + w)` norms as `1 + w`, Hugging Face as `w`.
         let offset = if names.is_gguf() { 0.0 } else { 1.0 };
         let embed = load_embedding(store, names, cfg.vocab_size, h)?;
@@ -300,22 +382,13 @@ impl Qwen35 {
             v.iter_mut().for_each(|w| *w += offset);
             Ok(v)
         };
-        let check = |name: &str, rows: usize, cols: usize| -> Result<()> {
-            StoredMatrix::load(store, name)?.expect_shape(rows, cols)
-        };
-        let compile = |spec: KernelSpec| backend.compile(&spec, store);
         let d = cfg.deltanet;
         let mut layers = Vec::with_capacity(n_layers);
-        for (i, &linear) in cfg.linear.iter().enumerate() {
+        for (i, (&linear, described)) in cfg.linear.iter().zip(&list.layers).enumerate() {
             use LayerTensor::*;
             let name = |t: LayerTensor| names.layer(i, t);
-            let w = |t: LayerTensor| names.weight(i, t);
+            let mut compiled = CompiledLayer::compile(described, backend, store, names)?;
             let mixer = if linear {
-                check(&name(SsmQkv)?, d.conv_dim(), h)?;
-                check(&name(SsmZ)?, d.value_width(), h)?;
-                check(&name(SsmBeta)?, d.n_v_heads, h)?;
-                check(&name(SsmAlpha)?, d.n_v_heads, h)?;
-                check(&name(SsmOut)?, h, d.value_width())?;
                 let stored_a = small_tensor(store, &name(SsmA)?, d.n_v_heads)?;
                 let (neg_a, order) = if names.is_gguf() {
                     (stored_a, VHeadOrder::Tiled)
@@ -332,39 +405,19 @@ impl Qwen35 {
                     order,
                 )?;
                 Mixer::Linear {
-                    proj: compile(KernelSpec::Concat {
-                        ws: vec![w(SsmQkv)?, w(SsmZ)?, w(SsmBeta)?, w(SsmAlpha)?],
-                    })?,
+                    proj: compiled.take(KernelRole::InputProj)?,
                     net,
-                    out: compile(KernelSpec::LinearResidual { w: w(SsmOut)? })?,
+                    out: compiled.take(KernelRole::OutputProjResidual)?,
                 }
             } else {
-                check(&name(AttnQ)?, 2 * cfg.n_heads * hd, h)?;
-                check(&name(AttnK)?, cfg.n_kv_heads * hd, h)?;
-                check(&name(AttnV)?, cfg.n_kv_heads * hd, h)?;
-                check(&name(AttnOutput)?, h, cfg.n_heads * hd)?;
                 Mixer::Attention {
-                    qkv: compile(KernelSpec::Concat {
-                        ws: vec![w(AttnQ)?, w(AttnK)?, w(AttnV)?],
-                    })?,
+                    qkv: compiled.take(KernelRole::InputProj)?,
                     q_norm: vector(&name(AttnQNorm)?, hd, offset)?,
                     k_norm: vector(&name(AttnKNorm)?, hd, offset)?,
-                    out: compile(KernelSpec::LinearResidual { w: w(AttnOutput)? })?,
+                    out: compiled.take(KernelRole::OutputProjResidual)?,
                 }
             };
-            check(&name(FfnGate)?, cfg.intermediate_size, h)?;
-            check(&name(FfnUp)?, cfg.intermediate_size, h)?;
-            check(&name(FfnDown)?, h, cfg.intermediate_size)?;
-            let ffn_residual = compile(KernelSpec::SwiGluResidual {
-                gate: w(FfnGate)?,
-                up: w(FfnUp)?,
-                down: w(FfnDown)?,
-            })?;
-            if ffn_residual.shape().input != h || ffn_residual.shape().output != h {
-                return Err(EngineError::Config(format!(
-                    "layer {i}: FFN width differs from hidden size"
-                )));
-            }
+            let ffn_residual = compiled.take(KernelRole::FfnResidual)?;
             layers.push(Layer {
                 input_norm: vector(&name(AttnNorm)?, h, offset)?,
                 post_norm: vector(&name(FfnNorm)?, h, offset)?,
@@ -373,7 +426,7 @@ impl Qwen35 {
             });
             progress(i + 1, n_layers + 1);
         }
-        let lm_head = load_lm_head(backend, store, names, cfg.vocab_size, h)?;
+        let lm_head = list.lm_head.compile(backend, store, names)?;
         progress(n_layers + 1, n_layers + 1);
         let info = ModelInfo {
             architecture: "qwen3_5".into(),

@@ -1,14 +1,12 @@
 //! The tensors every decoder loads the same way around its layers: the token embedding (kept
-//! in its stored format, rows decoded per token), norm vectors, and the LM head, which is the
-//! output tensor or, when the file has none, the tied embedding.
+//! in its stored format, rows decoded per token) and norm vectors. (The LM head is the last
+//! kernel of the architecture's [`crate::arch::kernel_list::KernelList`].)
 
 use std::sync::Arc;
 
 use anelm_model::tensor_store::TensorStore;
 
-use crate::arch::lm_head::compile_lm_head;
 use crate::arch::tensor_names::{Tensor, TensorNames};
-use crate::backend::{Backend, Kernel};
 use crate::error::Result;
 use crate::stored_matrix::StoredMatrix;
 
@@ -34,26 +32,4 @@ pub(crate) fn norm_vector(store: &Arc<dyn TensorStore>, name: &str, len: usize, 
         v.iter_mut().for_each(|w| *w += offset);
     }
     Ok(v)
-}
-
-/// The LM head's tensor: the output matrix, or the embedding when the file ties them (has no
-/// output matrix).
-pub(crate) fn lm_head_name(store: &Arc<dyn TensorStore>, names: &TensorNames) -> Result<String> {
-    let output = names.name(Tensor::Output)?;
-    if store.contains(&output) {
-        Ok(output)
-    } else {
-        names.name(Tensor::TokenEmbedding)
-    }
-}
-
-/// Compile the LM head ([`lm_head_name`]) and check it is `vocab × hidden`.
-pub(crate) fn load_lm_head(
-    backend: &dyn Backend,
-    store: &Arc<dyn TensorStore>,
-    names: &TensorNames,
-    vocab: usize,
-    hidden: usize,
-) -> Result<Box<dyn Kernel>> {
-    compile_lm_head(backend, store, &lm_head_name(store, names)?, vocab, hidden)
 }
