@@ -9,11 +9,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use anelm_ane::AneKernel;
+use anelm_ane::{AneKernel, EncoderDims, PlanOptions, plan_encoder};
+use anelm_engine::arch::bert::BertConfig;
 use anelm_engine::backend::{Backend, Kernel, KernelShape, KernelSpec, WeightId};
 use anelm_engine::default_model::{DEFAULT_MODEL_FILE, cache_dir};
 use anelm_engine::plan_dims::{model_dims, model_kernels};
-use anelm_engine::{Batch, Dispatch, EngineError, Result, load_model_weights};
+use anelm_engine::{Batch, Dispatch, Embedder, EngineError, Result, load_model_weights};
+use anelm_model::hf_config::HfConfig;
 use anelm_model::tensor_store::TensorStore;
 
 /// Records the shape of every kernel a model compiles, from the stored weights' shapes, and
@@ -158,4 +160,31 @@ fn a_layer_the_planner_would_describe_differently_is_caught() {
         parts[0] += 1;
     }
     assert_ne!(compiled, planned);
+}
+
+#[test]
+fn the_bert_encoder_compiles_what_the_encoder_planner_plans() {
+    let Some(dir) = cache_dir().map(|d| d.join("models/all-MiniLM-L6-v2")) else {
+        return;
+    };
+    if !dir.is_dir() {
+        eprintln!("skipped: {} not fetched", dir.display());
+        return;
+    }
+    let rec = Recording::default();
+    Embedder::load(&dir, &rec).expect("load all-MiniLM-L6-v2");
+    let compiled = rec.seen.into_inner().expect("lock");
+    let c = BertConfig::from_hf(&HfConfig::from_file(&dir.join("config.json")).expect("config")).expect("bert");
+    let dims = EncoderDims {
+        hidden: c.hidden_size,
+        intermediate: c.intermediate_size,
+        layers: c.n_layers,
+        max_positions: c.max_positions,
+    };
+    let plan = plan_encoder(&dims, &PlanOptions::default()).expect("plan");
+    let planned: Vec<AneKernel> = (0..dims.layers)
+        .flat_map(|_| plan.layer.iter().map(|k| k.kernel.clone()))
+        .collect();
+    assert_eq!(compiled.len(), 4 * 6);
+    assert_eq!(compiled, planned);
 }
