@@ -73,6 +73,37 @@ pub enum LayerTensor {
     SsmOut,
 }
 
+impl LayerTensor {
+    /// Every role, for walking the tables (add a new role here too).
+    pub const ALL: [LayerTensor; 22] = {
+        use LayerTensor::*;
+        [
+            AttnNorm,
+            AttnQ,
+            AttnK,
+            AttnV,
+            AttnOutput,
+            AttnQNorm,
+            AttnKNorm,
+            PostAttnNorm,
+            FfnNorm,
+            PostFfnNorm,
+            FfnGate,
+            FfnUp,
+            FfnDown,
+            SsmQkv,
+            SsmZ,
+            SsmBeta,
+            SsmAlpha,
+            SsmConv,
+            SsmA,
+            SsmDtBias,
+            SsmNorm,
+            SsmOut,
+        ]
+    };
+}
+
 /// An architecture family whose files share one tensor list.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Family {
@@ -350,6 +381,28 @@ mod tests {
             mm.name(Tensor::TokenEmbedding).unwrap(),
             "model.language_model.embed_tokens.weight"
         );
+    }
+
+    #[test]
+    fn every_table_names_each_role_once() {
+        for family in [Family::Llama, Family::Gemma3, Family::Qwen35] {
+            for names in [TensorNames::gguf(family), TensorNames::hugging_face(family)] {
+                let named: Vec<String> = LayerTensor::ALL
+                    .iter()
+                    .filter_map(|&t| names.layer(7, t).ok())
+                    .collect();
+                let mut unique = named.clone();
+                unique.sort();
+                unique.dedup();
+                assert_eq!(unique.len(), named.len(), "{names:?}: two roles share a name");
+                // Every family has the attention and FFN roles the loaders read.
+                assert!(named.len() >= 11, "{names:?}: {named:?}");
+                assert!(named.iter().all(|n| n.contains(".7.")), "{named:?}");
+            }
+        }
+        // No role is listed twice (a new role must be added to `ALL` by hand).
+        let distinct: std::collections::HashSet<_> = LayerTensor::ALL.iter().collect();
+        assert_eq!(distinct.len(), LayerTensor::ALL.len());
     }
 
     #[test]
