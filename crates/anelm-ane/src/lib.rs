@@ -75,7 +75,7 @@ pub use plan::{
     BlockLayout, KernelRole, LayerKind, LayerPlan, LinearAttention, ModelDims, Plan, PlanError, PlanOptions,
     PlannedKernel, SlidingWindow, linear_chunk_rows, plan, plan_ffn, plan_model,
 };
-pub use plan_encoder::{EncoderDims, EncoderKernel, EncoderPlan, plan_encoder};
+pub use plan_encoder::{EncoderDims, EncoderKernel, EncoderPlan, plan_encoder, plan_encoder_kernels};
 pub use plan_host::{DEFAULT_CONTEXT, HostOptions, HostRuntime, StepCost, StreamWork, Work, stream_work};
 pub use plan_input::{ModelKernel, ModelKernels, ModelLayer};
 pub use program_build::{

@@ -158,6 +158,10 @@ pub enum KernelRole {
     FfnDown,
     /// Whole SwiGLU FFN + residual.
     FfnResidual,
+    /// Plain up projection (BERT: bias and GELU on the host).
+    FfnUp,
+    /// Down projection + residual (BERT).
+    FfnDownResidual,
     /// Chunk `index` of `count` of a split FFN.
     FfnChunk {
         /// 0-based chunk.
@@ -183,6 +187,8 @@ impl fmt::Display for KernelRole {
             KernelRole::FfnGateUp => f.write_str("ffn_gate_up"),
             KernelRole::FfnDown => f.write_str("ffn_down"),
             KernelRole::FfnResidual => f.write_str("ffn_residual"),
+            KernelRole::FfnUp => f.write_str("ffn_up"),
+            KernelRole::FfnDownResidual => f.write_str("ffn_down_residual"),
             KernelRole::FfnChunk { index, count } => write!(f, "ffn_chunk {}/{count}", index + 1),
             KernelRole::LmHead { index, count } => write!(f, "lm_head {}/{count}", index + 1),
         }
