@@ -5,7 +5,9 @@
 //!   `c·32 + lane`), with round-to-nearest-even packing of up to 32 lanes.
 //! * [`AneKernel`] + [`lower`] — a kernel of the catalogue and its f32 weights become a MIL
 //!   [`anelm_mil::Program`] plus [`anelm_mil::WeightFiles`] (fp16, or int8 with fp16 scales).
-//! * [`plan`] — which kernels each layer of a model gets, and why (`anelm plan`).
+//! * [`plan`] / [`plan_model`] — which kernels each layer of a model gets, and why (`anelm plan`).
+//! * [`ProgramBuilder`] — one kernel's f32 weights to loaded programs on a device (row chunks, the
+//!   FFN's split, the fallback chain); [`ProgramLayout::run`] runs them over up to 32 lanes.
 //! * [`AneDevice`] / [`EmuAne`] — the device seam and the emulated Neural Engine, which accepts
 //!   only MIL text and blob bytes, refuses what the hardware rejects or runs wrongly (each
 //!   refusal names a [`Rule`]), runs accepted programs in fp16 and charges a virtual clock per
@@ -46,6 +48,8 @@ mod plan;
 mod plan_encoder;
 mod plan_host;
 mod plan_serve;
+mod plan_input;
+mod program_build;
 mod quant;
 mod rules;
 mod surface;
@@ -70,11 +74,15 @@ pub use limits::{
 pub use lower::{FfnChunkWeights, Lowered, blob_path, ffn_chunk_weights, lower};
 pub use plan::{
     BlockLayout, KernelRole, LayerKind, LayerPlan, LinearAttention, ModelDims, Plan, PlanError, PlanOptions,
-    PlannedKernel, SlidingWindow, linear_chunk_rows, plan, plan_ffn,
+    PlannedKernel, SlidingWindow, linear_chunk_rows, plan, plan_ffn, plan_model,
 };
-pub use plan_encoder::{EncoderDims, EncoderKernel, EncoderPlan, plan_encoder};
+pub use plan_encoder::{EncoderDims, EncoderKernel, EncoderPlan, plan_encoder, plan_encoder_kernels};
 pub use plan_host::{DEFAULT_CONTEXT, HostOptions, HostRuntime, StepCost, StreamWork, Work, stream_work};
 pub use plan_serve::ServeLoad;
+pub use plan_input::{ModelKernel, ModelKernels, ModelLayer};
+pub use program_build::{
+    BuildCounters, BuildError, BuildStats, FallbackHook, FfnWeights, KernelFallback, ProgramBuilder,
+};
 pub use quant::{QuantizedMatrix, quantize_int8};
 pub use rules::{
     DEFAULT_MAX_COMPILES, FG_MAX_LOADED_BYTES, MAX_AXIS, MAX_PROGRAM_OUTPUTS, MAX_PROGRAM_WEIGHT_BYTES,

@@ -14,6 +14,7 @@ use crate::chip::ChipProfile;
 use crate::kernel::{AneKernel, WeightMode};
 use crate::limits::Limits;
 use crate::plan_host::HostOptions;
+use crate::plan_input::{ModelKernel, ModelKernels, ModelLayer};
 use crate::surface::LANES;
 
 /// Gated-DeltaNet (linear attention) dimensions of a hybrid model such as Qwen3.5.
@@ -157,6 +158,10 @@ pub enum KernelRole {
     FfnDown,
     /// Whole SwiGLU FFN + residual.
     FfnResidual,
+    /// Plain up projection (BERT: bias and GELU on the host).
+    FfnUp,
+    /// Down projection + residual (BERT).
+    FfnDownResidual,
     /// Chunk `index` of `count` of a split FFN.
     FfnChunk {
         /// 0-based chunk.
@@ -182,6 +187,8 @@ impl fmt::Display for KernelRole {
             KernelRole::FfnGateUp => f.write_str("ffn_gate_up"),
             KernelRole::FfnDown => f.write_str("ffn_down"),
             KernelRole::FfnResidual => f.write_str("ffn_residual"),
+            KernelRole::FfnUp => f.write_str("ffn_up"),
+            KernelRole::FfnDownResidual => f.write_str("ffn_down_residual"),
             KernelRole::FfnChunk { index, count } => write!(f, "ffn_chunk {}/{count}", index + 1),
             KernelRole::LmHead { index, count } => write!(f, "lm_head {}/{count}", index + 1),
         }
@@ -257,23 +264,44 @@ fn mb(bytes: u64) -> String {
     format!("{:.1} MB", bytes as f64 / 1e6)
 }
 
-/// Plan `dims` onto the ANE.
+/// Plan `dims` onto the ANE: the kernels [`ModelDims::kernels`] derives from the shapes alone.
 pub fn plan(dims: &ModelDims, opts: &PlanOptions) -> Result<Plan, PlanError> {
+    plan_model(&dims.kernels(), opts)
+}
+
+/// Plan a model's kernels onto the ANE: each layer's kernels as the model compiles them (an FFN
+/// over the size limit split into accumulating chunks), the LM head in row chunks, every piece
+/// checked against the device limits.
+pub fn plan_model(model: &ModelKernels, opts: &PlanOptions) -> Result<Plan, PlanError> {
+    let dims = &model.dims;
     check(dims)?;
+    if model.layers.len() != dims.layers {
+        return Err(PlanError::BadDims(format!(
+            "the kernel list has {} layers but the model has {}",
+            model.layers.len(),
+            dims.layers
+        )));
+    }
     let mut layers = Vec::with_capacity(dims.layers);
-    // Layers of one kind get identical kernels: plan each kind once.
-    let mut by_kind: Vec<(LayerKind, Vec<PlannedKernel>)> = Vec::new();
-    for i in 0..dims.layers {
+    // Layers with the same kernels get the same plan: plan each once.
+    let mut planned: Vec<(&ModelLayer, Vec<PlannedKernel>)> = Vec::new();
+    for (i, layer) in model.layers.iter().enumerate() {
         let kind = dims.layer_kind(i);
-        let kernels = match by_kind.iter().find(|(k, _)| *k == kind) {
+        if layer.kind != kind {
+            return Err(PlanError::BadDims(format!(
+                "layer {i} is {} in the kernel list but {} in the layer pattern",
+                layer.kind.name(),
+                kind.name()
+            )));
+        }
+        let kernels = match planned.iter().find(|(l, _)| *l == layer) {
             Some((_, ks)) => ks.clone(),
             None => {
-                let mut ks = vec![input_proj(dims, kind)?, output_proj(dims, kind)?];
-                ks.extend(ffn(dims, opts)?);
+                let ks = plan_layer(dims, layer, opts)?;
                 for k in &ks {
                     fits(&k.kernel, opts)?;
                 }
-                by_kind.push((kind, ks.clone()));
+                planned.push((layer, ks.clone()));
                 ks
             }
         };
@@ -283,7 +311,7 @@ pub fn plan(dims: &ModelDims, opts: &PlanOptions) -> Result<Plan, PlanError> {
             kernels,
         });
     }
-    let lm_head = lm_head(dims, opts)?;
+    let lm_head = lm_head(&model.lm_head, opts)?;
     for k in &lm_head {
         fits(&k.kernel, opts)?;
     }
@@ -327,107 +355,84 @@ fn check(d: &ModelDims) -> Result<(), PlanError> {
     Ok(())
 }
 
-fn input_proj(d: &ModelDims, kind: LayerKind) -> Result<PlannedKernel, PlanError> {
-    let h = d.hidden;
-    let (parts, reason) = match (kind, d.linear_attention) {
-        (LayerKind::LinearAttention, Some(la)) => {
-            let k = la.key_heads * la.key_head_dim;
-            let v = la.value_heads * la.value_head_dim;
-            let hv = la.value_heads;
-            (
-                vec![2 * k + v, v, hv, hv],
-                format!(
-                    "in_proj_qkv ({} = 2·{k} + {v} rows), in_proj_z ({v}) and the gates in_proj_b, in_proj_a ({hv} \
-                     each) read the same normed input, so they are one conv program with a channel concat: 1 dispatch \
-                     instead of 4 (the loader fuses all four)",
-                    2 * k + v
-                ),
+/// One layer's kernels, each with the reason for it; the FFN split when it must be.
+fn plan_layer(d: &ModelDims, layer: &ModelLayer, opts: &PlanOptions) -> Result<Vec<PlannedKernel>, PlanError> {
+    let mut out = Vec::with_capacity(layer.kernels.len());
+    for k in &layer.kernels {
+        let planned = |reason: String| PlannedKernel {
+            role: k.role,
+            kernel: k.kernel.clone(),
+            reason,
+        };
+        match (k.role, &k.kernel) {
+            (KernelRole::InputProj, AneKernel::FusedLinear { parts, .. }) => {
+                out.push(planned(input_proj_reason(d, layer.kind, parts)));
+            }
+            (KernelRole::OutputProjResidual, AneKernel::LinearResidual { rows, cols }) => out.push(planned(format!(
+                "output projection ({rows}×{cols}) with the residual add in the same program: the residual never \
+                 round-trips through the host (no norm fused: fp16 RMSNorm on the ANE drifts)"
+            ))),
+            (KernelRole::OutputProj, AneKernel::Linear { rows, cols }) => out.push(planned(format!(
+                "output projection ({rows}×{cols}) alone: the block normalises the attention output before the \
+                 residual add, and a norm stays on the host (fp16 RMSNorm on the ANE drifts)"
+            ))),
+            (KernelRole::FfnResidual, AneKernel::SwiGluFfnResidual { hidden, inter }) => {
+                out.extend(plan_ffn(*hidden, *inter, &opts.limits)?);
+            }
+            (KernelRole::FfnGateUp, AneKernel::FusedLinear { parts, .. }) => {
+                let f = parts.first().copied().unwrap_or(0);
+                out.push(planned(format!(
+                    "gate and up ({f} rows each) read the same normed input: one conv program with a channel \
+                     concat; the GeGLU (tanh GELU) between them and the down projection runs on the host"
+                )));
+            }
+            (KernelRole::FfnDown, AneKernel::Linear { rows, cols }) => {
+                if *cols > opts.limits.max_conv_input_channels {
+                    return Err(PlanError::DoesNotFit(format!(
+                        "the down projection: it reads {cols} channels, over the conv input cap of {}",
+                        opts.limits.max_conv_input_channels
+                    )));
+                }
+                out.push(planned(format!(
+                    "down projection ({rows}×{cols}) alone: the FFN output is normalised on the host before the \
+                     residual add"
+                )));
+            }
+            (role, kernel) => {
+                return Err(PlanError::BadDims(format!(
+                    "a {role} kernel shaped {kernel}: the planner knows no such kernel in a layer"
+                )));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn input_proj_reason(d: &ModelDims, kind: LayerKind, parts: &[usize]) -> String {
+    match (kind, parts) {
+        (LayerKind::LinearAttention, &[qkv, z, b, _]) => {
+            let k = qkv.saturating_sub(z) / 2;
+            format!(
+                "in_proj_qkv ({qkv} = 2·{k} + {z} rows), in_proj_z ({z}) and the gates in_proj_b, in_proj_a ({b} \
+                 each) read the same normed input, so they are one conv program with a channel concat: 1 dispatch \
+                 instead of 4 (the loader fuses all four)"
             )
         }
-        _ => {
-            let q = d.heads * d.head_dim * if d.attn_output_gate { 2 } else { 1 };
-            let kv = d.kv_heads * d.head_dim;
+        (_, &[q, kv, _]) => {
             let gate = if d.attn_output_gate {
                 " (query + output gate)"
             } else {
                 ""
             };
-            (
-                vec![q, kv, kv],
-                format!(
-                    "q ({q} rows{gate}), k ({kv}) and v ({kv}) projections read the same normed input, so they are one \
-                     conv program with a channel concat: 1 dispatch instead of 3"
-                ),
+            format!(
+                "q ({q} rows{gate}), k ({kv}) and v ({kv}) projections read the same normed input, so they are one \
+                 conv program with a channel concat: 1 dispatch instead of 3"
             )
         }
-    };
-    Ok(PlannedKernel {
-        role: KernelRole::InputProj,
-        kernel: AneKernel::FusedLinear { parts, cols: h },
-        reason,
-    })
-}
-
-fn output_proj(d: &ModelDims, kind: LayerKind) -> Result<PlannedKernel, PlanError> {
-    let cols = match (kind, d.linear_attention) {
-        (LayerKind::LinearAttention, Some(la)) => la.value_heads * la.value_head_dim,
-        _ => d.heads * d.head_dim,
-    };
-    if d.block == BlockLayout::Sandwich {
-        return Ok(PlannedKernel {
-            role: KernelRole::OutputProj,
-            kernel: AneKernel::Linear { rows: d.hidden, cols },
-            reason: format!(
-                "output projection ({}×{cols}) alone: the block normalises the attention output before the residual \
-                 add, and a norm stays on the host (fp16 RMSNorm on the ANE drifts)",
-                d.hidden
-            ),
-        });
-    }
-    Ok(PlannedKernel {
-        role: KernelRole::OutputProjResidual,
-        kernel: AneKernel::LinearResidual { rows: d.hidden, cols },
-        reason: format!(
-            "output projection ({}×{cols}) with the residual add in the same program: the residual never \
-             round-trips through the host (no norm fused: fp16 RMSNorm on the ANE drifts)",
-            d.hidden
+        _ => format!(
+            "{} projections read the same normed input: one conv program with a channel concat",
+            parts.len()
         ),
-    })
-}
-
-fn ffn(d: &ModelDims, opts: &PlanOptions) -> Result<Vec<PlannedKernel>, PlanError> {
-    match d.block {
-        BlockLayout::PreNorm => plan_ffn(d.hidden, d.intermediate, &opts.limits),
-        BlockLayout::Sandwich => {
-            let (h, f) = (d.hidden, d.intermediate);
-            if f > opts.limits.max_conv_input_channels {
-                return Err(PlanError::DoesNotFit(format!(
-                    "the down projection: it reads {f} channels, over the conv input cap of {}",
-                    opts.limits.max_conv_input_channels
-                )));
-            }
-            Ok(vec![
-                PlannedKernel {
-                    role: KernelRole::FfnGateUp,
-                    kernel: AneKernel::FusedLinear {
-                        parts: vec![f, f],
-                        cols: h,
-                    },
-                    reason: format!(
-                        "gate and up ({f} rows each) read the same normed input: one conv program with a channel \
-                         concat; the GeGLU (tanh GELU) between them and the down projection runs on the host"
-                    ),
-                },
-                PlannedKernel {
-                    role: KernelRole::FfnDown,
-                    kernel: AneKernel::Linear { rows: h, cols: f },
-                    reason: format!(
-                        "down projection ({h}×{f}) alone: the FFN output is normalised on the host before the residual \
-                         add"
-                    ),
-                },
-            ])
-        }
     }
 }
 
@@ -517,8 +522,15 @@ pub fn linear_chunk_rows(cols: usize, limits: &Limits) -> Result<usize, PlanErro
     Ok(rows)
 }
 
-fn lm_head(d: &ModelDims, opts: &PlanOptions) -> Result<Vec<PlannedKernel>, PlanError> {
-    let (v, h) = (d.vocab, d.hidden);
+fn lm_head(head: &ModelKernel, opts: &PlanOptions) -> Result<Vec<PlannedKernel>, PlanError> {
+    let (v, h) = match (head.role, &head.kernel) {
+        (KernelRole::LmHead { .. }, AneKernel::LmHeadChunk { rows, cols }) if *rows > 0 && *cols > 0 => (*rows, *cols),
+        (role, kernel) => {
+            return Err(PlanError::BadDims(format!(
+                "the LM head is described as a {role} kernel shaped {kernel}, not a vocab × hidden matrix"
+            )));
+        }
+    };
     let rows = linear_chunk_rows(h, &opts.limits)?;
     let n = v.div_ceil(rows);
     let cap = if rows == opts.limits.lm_head_max_rows {

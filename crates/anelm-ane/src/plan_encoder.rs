@@ -14,8 +14,9 @@
 
 use crate::chip::ChipProfile;
 use crate::kernel::AneKernel;
-use crate::plan::{PlanError, PlanOptions};
+use crate::plan::{KernelRole, PlanError, PlanOptions};
 use crate::plan_host::{HostRuntime, StepCost, Work, dispatch};
+use crate::plan_input::ModelKernel;
 use crate::surface::LANES;
 
 /// Shapes of a BERT-family encoder (from its `config.json`).
@@ -53,10 +54,61 @@ pub struct EncoderPlan {
     pub layer: Vec<EncoderKernel>,
 }
 
-/// Plan `dims`: per layer the fused q‖k‖v projection, the output projection with its residual,
-/// the FFN up projection (GELU and biases stay on the host) and the down projection with its
-/// residual, each one kernel within the device limits.
+impl EncoderDims {
+    /// The kernels every layer of an encoder of these shapes compiles, derived from the shapes
+    /// alone: the fused q ‖ k ‖ v projection, the output projection with its residual, the FFN
+    /// up projection (GELU and biases stay on the host) and the down projection with its
+    /// residual. (The engine's `BertConfig::kernel_specs` describes the same list; its tests
+    /// keep the two equal.)
+    pub fn kernels(&self) -> Vec<ModelKernel> {
+        let (h, f) = (self.hidden, self.intermediate);
+        vec![
+            ModelKernel {
+                role: KernelRole::InputProj,
+                kernel: AneKernel::FusedLinear {
+                    parts: vec![h, h, h],
+                    cols: h,
+                },
+            },
+            ModelKernel {
+                role: KernelRole::OutputProjResidual,
+                kernel: AneKernel::LinearResidual { rows: h, cols: h },
+            },
+            ModelKernel {
+                role: KernelRole::FfnUp,
+                kernel: AneKernel::Linear { rows: f, cols: h },
+            },
+            ModelKernel {
+                role: KernelRole::FfnDownResidual,
+                kernel: AneKernel::LinearResidual { rows: h, cols: f },
+            },
+        ]
+    }
+}
+
+/// Plan `dims` with the kernels [`EncoderDims::kernels`] derives from the shapes.
 pub fn plan_encoder(dims: &EncoderDims, opts: &PlanOptions) -> Result<EncoderPlan, PlanError> {
+    plan_encoder_kernels(dims, &dims.kernels(), opts)
+}
+
+/// The name `anelm plan` prints for an encoder kernel of `role`.
+fn encoder_role(role: KernelRole) -> Option<&'static str> {
+    match role {
+        KernelRole::InputProj => Some("qkv"),
+        KernelRole::OutputProjResidual => Some("attn_out"),
+        KernelRole::FfnUp => Some("ffn_up"),
+        KernelRole::FfnDownResidual => Some("ffn_down"),
+        _ => None,
+    }
+}
+
+/// Plan an encoder whose every layer compiles `layer` (the engine's description of the model):
+/// each kernel whole, within the device limits.
+pub fn plan_encoder_kernels(
+    dims: &EncoderDims,
+    layer: &[ModelKernel],
+    opts: &PlanOptions,
+) -> Result<EncoderPlan, PlanError> {
     let (h, f) = (dims.hidden, dims.intermediate);
     if h == 0 || f == 0 || dims.layers == 0 || dims.max_positions == 0 || dims.heads == 0 {
         return Err(PlanError::BadDims(format!(
@@ -70,32 +122,36 @@ pub fn plan_encoder(dims: &EncoderDims, opts: &PlanOptions) -> Result<EncoderPla
             dims.heads
         )));
     }
-    let layer = vec![
-        EncoderKernel {
-            role: "qkv",
-            kernel: AneKernel::FusedLinear {
-                parts: vec![h, h, h],
-                cols: h,
-            },
-        },
-        EncoderKernel {
-            role: "attn_out",
-            kernel: AneKernel::LinearResidual { rows: h, cols: h },
-        },
-        EncoderKernel {
-            role: "ffn_up",
-            kernel: AneKernel::Linear { rows: f, cols: h },
-        },
-        EncoderKernel {
-            role: "ffn_down",
-            kernel: AneKernel::LinearResidual { rows: h, cols: f },
-        },
-    ];
+    let layer = layer
+        .iter()
+        .map(|k| {
+            let role = encoder_role(k.role).ok_or_else(|| {
+                PlanError::BadDims(format!("a {} kernel: an encoder layer has no such kernel", k.role))
+            })?;
+            Ok(EncoderKernel {
+                role,
+                kernel: k.kernel.clone(),
+            })
+        })
+        .collect::<Result<Vec<_>, PlanError>>()?;
+    // The widest channel count and the widest conv input of any kernel of the layer.
+    let widest = (layer.iter())
+        .flat_map(|k| {
+            k.kernel
+                .input_channels()
+                .into_iter()
+                .chain([k.kernel.output_channels()])
+        })
+        .max()
+        .unwrap_or(0);
+    let widest_input = (layer.iter())
+        .flat_map(|k| k.kernel.weights().into_iter().map(|w| w.cols))
+        .max()
+        .unwrap_or(0);
     for k in &layer {
         let fp16 = k.kernel.weight_bytes(crate::WeightMode::Fp16) as u64;
-        let widest = h.max(f).max(3 * h);
         let l = &opts.limits;
-        if fp16 > l.max_kernel_const_bytes || widest > l.max_dim || h.max(f) > l.max_conv_input_channels {
+        if fp16 > l.max_kernel_const_bytes || widest > l.max_dim || widest_input > l.max_conv_input_channels {
             return Err(PlanError::DoesNotFit(format!(
                 "the encoder's {} kernel ({} MB of fp16 weights)",
                 k.role,

@@ -10,8 +10,8 @@ use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use serde_json::json;
 
-use anelm_ane::{CHIPS, ChipProfile, DEFAULT_CONTEXT, HostOptions, HostRuntime, Plan, PlanOptions, WeightMode, plan};
-use anelm_engine::plan_dims::model_dims;
+use anelm_ane::{CHIPS, ChipProfile, DEFAULT_CONTEXT, HostOptions, HostRuntime, Plan, PlanOptions, WeightMode};
+use anelm_engine::plan_dims::model_kernels;
 
 use crate::args::AneWeightsArg;
 use crate::default_model::default_model_path;
@@ -193,9 +193,9 @@ pub fn plan_json(model: &str, p: &Plan, chip: &ChipProfile, host: &HostOptions, 
 
 /// Plan the model at `path` with `mode` weights.
 pub fn plan_model(path: &std::path::Path, mode: WeightMode) -> Result<Plan> {
-    let dims =
-        model_dims(path).with_context(|| format!("could not read the model's shapes from {}", path.display()))?;
-    Ok(plan(&dims, &PlanOptions::with_weights(mode))?)
+    let kernels =
+        model_kernels(path).with_context(|| format!("could not read the model's shapes from {}", path.display()))?;
+    Ok(anelm_ane::plan_model(&kernels, &PlanOptions::with_weights(mode))?)
 }
 
 fn explain(p: &Plan, chip: &ChipProfile, host: &HostOptions) {

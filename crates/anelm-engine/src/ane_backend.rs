@@ -1,32 +1,25 @@
-//! The ANE backend over any [`AneDevice`] (the real Neural Engine or the emulator): each
-//! `KernelSpec` becomes the planner's ANE kernels (`anelm_ane::plan_ffn`,
-//! `anelm_ane::linear_chunk_rows`), lowered to MIL text + weight blobs, compiled through the
-//! compile cache and kept loaded. A run packs up to 32 `Batch` lanes into each fp16
-//! `[1, C, 1, 32]` surface (more lanes take several dispatch groups), evaluates, and unpacks.
+//! The ANE backend over any [`AneDevice`] (the real Neural Engine or the emulator): a thin
+//! adapter from the engine's `KernelSpec` / `Kernel` / `Batch` to anelm-ane. Each spec's weights
+//! are dequantised to f32 and handed to [`ProgramBuilder`] (`anelm_ane::program_build`), which
+//! turns them into the planner's ANE programs — row chunks, fused projections, the FFN's split
+//! and its fallback chain (int8 → fp16; resadd → plain → chunked) — compiled through the compile
+//! cache and kept loaded; a run hands the `Batch` lanes to [`ProgramLayout::run`], which packs up
+//! to 32 lanes into each fp16 surface (more lanes take several dispatch groups), evaluates, and
+//! unpacks.
 //!
-//! **Fallbacks** (`anelm_ane::fallback`, issue 27 item 4). When the device refuses a program
-//! (compile or load fails), the kernel is rebuilt in the next form instead of failing the load:
-//! - an int8 program is retried in fp16 (per program);
-//! - an FFN goes resadd (`swiglu_ffn_residual`) → plain (`swiglu_ffn`, residual added on the
-//!   host) → chunked (`ffn_chunk`s with the on-ANE accumulator);
-//! - the LM head runs on the CPU (the CPU backend's kernel for the same spec);
-//! - projections have no fallback: the load fails with a message that says to use `--device cpu`.
-//!
-//! Each fallback is logged (`tracing` warning), counted in [`AneStats::fallbacks`] and listed by
-//! [`AneMonitor::fallbacks`] (`anelm bench` and `anelm doctor` print them). A form the device
-//! refused once is not compiled again for kernels of the same shape (each failed compile costs
-//! compile budget on a Mac).
+//! What stays here is what needs the engine: reading the weights from the `TensorStore`, the LM
+//! head's fallback to the CPU backend when the device refuses it, and the dispatch counters
+//! behind [`AneMonitor`]. Each fallback is logged (`tracing` warning), counted in
+//! [`AneStats::fallbacks`] and listed by [`AneMonitor::fallbacks`] (`anelm bench` and
+//! `anelm doctor` print them).
 
-use std::collections::HashMap;
-use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+pub use anelm_ane::KernelFallback;
 use anelm_ane::{
-    AneDevice, AneKernel, CacheOutcome, CompileCache, Fallback, FfnForm, KernelRole, LANES, Limits, LoadedProgram,
-    ProgramLayout, Releasing, Rule, WeightMode, compile_and_load, compile_or_load, content_id, fallback,
-    ffn_chunk_weights, linear_chunk_rows, lower, plan_ffn,
+    AneDevice, BuildCounters, BuildError, CompileCache, FfnWeights, LANES, ProgramBuilder, ProgramLayout, WeightMode,
 };
 use anelm_model::tensor_store::TensorStore;
 
@@ -78,43 +71,13 @@ pub struct AneStats {
     pub fallbacks: u64,
 }
 
-/// One fallback of one kernel: the form the device refused, the form it runs in now, and why.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KernelFallback {
-    /// The kernel: its kind and first weight (`ffn model.layers.0.mlp.gate_proj.weight`).
-    pub kernel: String,
-    /// The refused form (`swiglu_ffn_residual int8`, `ffn resadd`, `lm_head on ane`).
-    pub from: String,
-    /// The form it runs in now (`swiglu_ffn_residual fp16`, `ffn plain`, `cpu`).
-    pub to: String,
-    /// The device's refusal.
-    pub reason: String,
-}
-
-impl fmt::Display for KernelFallback {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {} → {} ({})", self.kernel, self.from, self.to, self.reason)
-    }
-}
-
+/// What the kernels' runs cost so far.
 #[derive(Debug, Default)]
-struct Counters {
-    programs: AtomicU64,
-    compiled: AtomicU64,
-    cache_loads: AtomicU64,
-    compile_ns: AtomicU64,
+struct RunCounters {
     dispatches: AtomicU64,
     bytes: AtomicU64,
     host_ns: AtomicU64,
     ane_ns: AtomicU64,
-    fallbacks: AtomicU64,
-    events: Mutex<Vec<KernelFallback>>,
-}
-
-/// A lock whose data stays consistent even if a holder panicked (every update is one push or
-/// insert).
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn ns(d: Duration) -> u64 {
@@ -123,35 +86,39 @@ fn ns(d: Duration) -> u64 {
 
 /// The counters of an [`AneBackend`] and of every kernel it compiled.
 #[derive(Clone, Debug)]
-pub struct AneMonitor(Arc<Counters>);
+pub struct AneMonitor {
+    build: Arc<BuildCounters>,
+    runs: Arc<RunCounters>,
+}
 
 impl AneMonitor {
     /// Counters so far.
     pub fn stats(&self) -> AneStats {
-        let c = &self.0;
+        let b = self.build.stats();
+        let r = &self.runs;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         AneStats {
-            programs: get(&c.programs),
-            compiled: get(&c.compiled),
-            cache_loads: get(&c.cache_loads),
-            compile_time: Duration::from_nanos(get(&c.compile_ns)),
-            dispatches: get(&c.dispatches),
-            bytes: get(&c.bytes),
-            host_time: Duration::from_nanos(get(&c.host_ns)),
-            ane_time: Duration::from_nanos(get(&c.ane_ns)),
-            fallbacks: get(&c.fallbacks),
+            programs: b.programs,
+            compiled: b.compiled,
+            cache_loads: b.cache_loads,
+            compile_time: b.compile_time,
+            dispatches: get(&r.dispatches),
+            bytes: get(&r.bytes),
+            host_time: Duration::from_nanos(get(&r.host_ns)),
+            ane_time: Duration::from_nanos(get(&r.ane_ns)),
+            fallbacks: b.fallbacks,
         }
     }
 
     /// Every fallback so far, in the order the kernels were built.
     pub fn fallbacks(&self) -> Vec<KernelFallback> {
-        lock(&self.0.events).clone()
+        self.build.fallbacks()
     }
 
     /// Zero the dispatch counters and clocks (compile counters stay).
     pub fn reset_dispatch_stats(&self) {
-        let c = &self.0;
-        for a in [&c.dispatches, &c.bytes, &c.host_ns, &c.ane_ns] {
+        let r = &self.runs;
+        for a in [&r.dispatches, &r.bytes, &r.host_ns, &r.ane_ns] {
             a.store(0, Ordering::Relaxed);
         }
     }
@@ -159,31 +126,12 @@ impl AneMonitor {
 
 /// Kernels on a Neural Engine device.
 pub struct AneBackend<D: AneDevice> {
-    device: Arc<D>,
+    builder: ProgramBuilder<D>,
     opts: AneOptions,
-    counters: Arc<Counters>,
+    runs: Arc<RunCounters>,
     /// Where a refused LM head runs.
     cpu: CpuBackend,
-    /// Forms the device refused, by kernel shape and weight mode: not compiled again.
-    refused: Mutex<HashMap<(AneKernel, WeightMode), String>>,
 }
-
-/// Why building a kernel form failed.
-enum Failure {
-    /// Not the device's refusal (bad weights, a bug): no fallback applies.
-    Fatal(EngineError),
-    /// The device refused the form (compile or load failed), or it cannot fit the device: the
-    /// next form may work.
-    Refused(String),
-}
-
-impl From<EngineError> for Failure {
-    fn from(e: EngineError) -> Self {
-        Failure::Fatal(e)
-    }
-}
-
-type Built<T> = std::result::Result<T, Failure>;
 
 /// A short name for a spec in fallback reports and errors: its kind and first weight.
 fn spec_label(spec: &KernelSpec) -> String {
@@ -203,18 +151,21 @@ fn spec_label(spec: &KernelSpec) -> String {
 impl<D: AneDevice + 'static> AneBackend<D> {
     /// A backend that compiles onto `device`.
     pub fn new(device: Arc<D>, opts: AneOptions) -> Self {
+        let name = device.name().to_string();
+        let builder = ProgramBuilder::new(device, opts.weights, opts.cache.clone()).with_fallback_hook(Box::new(
+            move |f: &KernelFallback| tracing::warn!(device = name.as_str(), "ANE fallback: {f}"),
+        ));
         AneBackend {
-            device,
+            builder,
             opts,
-            counters: Arc::new(Counters::default()),
+            runs: Arc::new(RunCounters::default()),
             cpu: CpuBackend::new(),
-            refused: Mutex::new(HashMap::new()),
         }
     }
 
     /// The device.
     pub fn device(&self) -> &Arc<D> {
-        &self.device
+        self.builder.device()
     }
 
     /// The options.
@@ -234,193 +185,28 @@ impl<D: AneDevice + 'static> AneBackend<D> {
 
     /// A handle on this backend's counters that outlives the backend (kernels keep counting).
     pub fn monitor(&self) -> AneMonitor {
-        AneMonitor(Arc::clone(&self.counters))
+        AneMonitor {
+            build: self.builder.counters(),
+            runs: Arc::clone(&self.runs),
+        }
     }
 
     fn err(&self, message: impl Into<String>) -> EngineError {
         EngineError::Backend {
-            backend: self.device.name().to_string(),
+            backend: self.device().name().to_string(),
             message: message.into(),
         }
     }
 
-    /// Lower, compile (through the cache) and load one ANE program in `mode`. A device error is
-    /// a [`Failure::Refused`]; a lowering error is fatal.
-    fn attempt(&self, kernel: &AneKernel, weights: &[&[f32]], mode: WeightMode) -> Built<LoadedProgram> {
-        let key = (kernel.clone(), mode);
-        if let Some(r) = lock(&self.refused).get(&key) {
-            return Err(Failure::Refused(format!("refused earlier for the same shape: {r}")));
-        }
-        let start = Instant::now();
-        let low = lower(kernel, weights, mode).map_err(|e| self.err(format!("{kernel}: {e}")))?;
-        let text = low.mil_text();
-        let dev = &*self.device;
-        let id = match &self.opts.cache {
-            Some(_) => content_id(&dev.cache_salt(), &text, low.weights.iter()),
-            None => String::new(),
-        };
-        // A program whose load fails is released by compile_and_load.
-        let (handle, outcome) = match compile_or_load(
-            self.opts.cache.as_ref(),
-            &id,
-            || dev.load_without_compile(&text, &low.weights),
-            || compile_and_load(dev, &text, &low.weights),
-        ) {
-            Ok(r) => r,
-            Err(e) => {
-                let reason = format!("{kernel} {mode}: {e}");
-                // A full load budget is about the process, not the form: try the form again.
-                if !matches!(e.rule(), Some(Rule::LoadBudget | Rule::LoadedBytes)) {
-                    lock(&self.refused).insert(key, reason.clone());
-                }
-                return Err(Failure::Refused(reason));
-            }
-        };
-        let c = &self.counters;
-        c.programs.fetch_add(1, Ordering::Relaxed);
-        if outcome == CacheOutcome::Loaded {
-            c.cache_loads.fetch_add(1, Ordering::Relaxed);
-        } else {
-            c.compiled.fetch_add(1, Ordering::Relaxed);
-        }
-        c.compile_ns.fetch_add(ns(start.elapsed()), Ordering::Relaxed);
-        Ok(LoadedProgram {
-            handle,
-            weight_bytes: kernel.weight_bytes(mode) as u64,
-            outputs: kernel.output_channels(),
-            kernel: kernel.clone(),
-        })
-    }
-
-    /// One program in the configured weight mode; an int8 program the device refuses is retried
-    /// in fp16 (and the fallback recorded under `label`).
-    fn program(&self, label: &str, kernel: AneKernel, weights: &[&[f32]]) -> Built<LoadedProgram> {
-        let mode = self.opts.weights;
-        match self.attempt(&kernel, weights, mode) {
-            Err(Failure::Refused(reason)) if mode != WeightMode::Fp16 => {
-                match self.attempt(&kernel, weights, WeightMode::Fp16) {
-                    Ok(p) => {
-                        let kind = kernel.kind();
-                        self.record(label, format!("{kind} {mode}"), format!("{kind} fp16"), reason);
-                        Ok(p)
-                    }
-                    Err(Failure::Refused(r)) => Err(Failure::Refused(format!("{reason}; in fp16: {r}"))),
-                    Err(f) => Err(f),
-                }
-            }
-            other => other,
-        }
-    }
-
-    /// Count, keep and log one fallback.
-    fn record(&self, kernel: &str, from: String, to: impl Into<String>, reason: String) {
-        let f = KernelFallback {
-            kernel: kernel.to_string(),
-            from,
-            to: to.into(),
-            reason,
-        };
-        tracing::warn!(device = self.device.name(), "ANE fallback: {f}");
-        self.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
-        lock(&self.counters.events).push(f);
-    }
-
-    /// The load error for a refused kernel that has no fallback (`role` picks the message).
-    fn give_up(&self, label: &str, failure: Failure, role: &KernelRole, form: FfnForm) -> EngineError {
-        match failure {
-            Failure::Fatal(e) => e,
-            Failure::Refused(reason) => {
-                let what = match fallback(role, form) {
-                    Fallback::Abort(m) => m,
-                    other => format!("no fallback applies here ({other:?}); run with --device cpu"),
-                };
-                self.err(format!("{label}: {reason}; {what}"))
-            }
-        }
-    }
-
-    /// A linear layer as row chunks (`LmHeadChunk`s when more than one). On any failure the
-    /// chunks already loaded are released.
-    fn rows(&self, label: &str, m: &Dense) -> Built<Vec<LoadedProgram>> {
-        let per = linear_chunk_rows(m.cols, &self.device.limits()).map_err(|e| Failure::Refused(e.to_string()))?;
-        let count = m.rows.div_ceil(per);
-        let mut programs = Vec::with_capacity(count);
-        // Releases the chunks already loaded if a later one fails.
-        let mut guard = Releasing::new(&*self.device);
-        for (index, start) in (0..m.rows).step_by(per).enumerate() {
-            let rows = per.min(m.rows - start);
-            let (kernel, name) = if rows == m.rows {
-                (AneKernel::Linear { rows, cols: m.cols }, label.to_string())
-            } else {
-                (
-                    AneKernel::LmHeadChunk { rows, cols: m.cols },
-                    format!("{label} chunk {}/{count}", index + 1),
-                )
-            };
-            let part = &m.data[start * m.cols..(start + rows) * m.cols];
-            let p = self.program(&name, kernel, &[part])?;
-            guard.add(p.handle);
-            programs.push(p);
-        }
-        guard.keep();
-        Ok(programs)
-    }
-
-    /// The FFN `x + D(silu(G·x) ⊙ U·x)` in one form. `planned` is the planner's split.
-    fn ffn_form(&self, label: &str, form: FfnForm, w: &FfnWeights<'_>, planned: &[AneKernel]) -> Built<ProgramLayout> {
-        let (hidden, inter) = (w.hidden, w.inter);
-        let all = [w.gate, w.up, w.down];
-        match form {
-            FfnForm::Residual => {
-                let p = self.program(label, AneKernel::SwiGluFfnResidual { hidden, inter }, &all)?;
-                Ok(ProgramLayout::Residual(p))
-            }
-            FfnForm::Plain => {
-                let p = self.program(label, AneKernel::SwiGluFfn { hidden, inter }, &all)?;
-                Ok(ProgramLayout::AddOnHost(p))
-            }
-            FfnForm::Chunked => {
-                let split;
-                let chunks = if planned.len() > 1 {
-                    planned
-                } else {
-                    // Fits as one kernel but that was refused: the smallest split into ≥ 2 chunks.
-                    let total = 3 * (hidden as u64) * (inter as u64) * 2;
-                    let opts = Limits {
-                        ffn_max_bytes: (total / 2).max(1),
-                        ..self.device.limits()
-                    };
-                    split = plan_ffn(hidden, inter, &opts)
-                        .map_err(|e| Failure::Refused(format!("no chunked form: {e}")))?
-                        .into_iter()
-                        .map(|k| k.kernel)
-                        .collect::<Vec<_>>();
-                    &split
-                };
-                let count = chunks.len();
-                let mut programs = Vec::with_capacity(count);
-                let mut guard = Releasing::new(&*self.device);
-                for (index, k) in chunks.iter().enumerate() {
-                    let AneKernel::FfnChunk { chunk, .. } = *k else {
-                        return Err(self.err(format!("the FFN plan gave {k}, expected chunks")).into());
-                    };
-                    let c = ffn_chunk_weights(w.gate, w.up, w.down, hidden, inter, index, chunk)
-                        .map_err(|e| self.err(e.to_string()))?;
-                    let name = format!("{label} chunk {}/{count}", index + 1);
-                    let p = self.program(&name, k.clone(), &[&c.gate, &c.up, &c.down])?;
-                    guard.add(p.handle);
-                    programs.push(p);
-                }
-                guard.keep();
-                Ok(ProgramLayout::Chunks(programs))
-            }
-        }
+    /// A build failure as the load's error.
+    fn failed(&self, e: BuildError) -> EngineError {
+        self.err(e.to_string())
     }
 
     fn kernel(&self, shape: KernelShape, layout: ProgramLayout) -> Box<dyn Kernel> {
         Box::new(AneRun {
-            device: Arc::clone(&self.device),
-            counters: Arc::clone(&self.counters),
+            device: Arc::clone(self.device()),
+            runs: Arc::clone(&self.runs),
             shape,
             layout,
         })
@@ -457,9 +243,17 @@ fn expect(d: &Dense, rows: usize, cols: usize) -> Result<()> {
     }
 }
 
+/// The FFN's three matrices, their shapes checked against the gate's.
+fn ffn_weights(store: &Arc<dyn TensorStore>, gate: &WeightId, up: &WeightId, down: &WeightId) -> Result<[Dense; 3]> {
+    let (g, u, d) = (dense(store, gate)?, dense(store, up)?, dense(store, down)?);
+    expect(&u, g.rows, g.cols)?;
+    expect(&d, g.cols, g.rows)?;
+    Ok([g, u, d])
+}
+
 impl<D: AneDevice + 'static> Backend for AneBackend<D> {
     fn name(&self) -> &str {
-        self.device.name()
+        self.device().name()
     }
 
     fn max_lanes(&self) -> usize {
@@ -468,17 +262,18 @@ impl<D: AneDevice + 'static> Backend for AneBackend<D> {
 
     fn compile(&self, spec: &KernelSpec, weights: &Arc<dyn TensorStore>) -> Result<Box<dyn Kernel>> {
         let label = spec_label(spec);
+        let b = &self.builder;
         match spec {
             KernelSpec::Linear { w } => {
                 let m = dense(weights, w)?;
-                let programs = self
-                    .rows(&label, &m)
-                    .map_err(|f| self.give_up(&label, f, &KernelRole::OutputProj, FfnForm::Residual))?;
-                let shape = KernelShape {
-                    input: m.cols,
-                    output: m.rows,
-                };
-                Ok(self.kernel(shape, ProgramLayout::Rows(programs)))
+                let layout = b.linear(&label, m.rows, m.cols, &m.data).map_err(|e| self.failed(e))?;
+                Ok(self.kernel(
+                    KernelShape {
+                        input: m.cols,
+                        output: m.rows,
+                    },
+                    layout,
+                ))
             }
             KernelSpec::LmHead { w } => {
                 let m = dense(weights, w)?;
@@ -486,22 +281,15 @@ impl<D: AneDevice + 'static> Backend for AneBackend<D> {
                     input: m.cols,
                     output: m.rows,
                 };
-                match self.rows(&label, &m) {
-                    Ok(programs) => Ok(self.kernel(shape, ProgramLayout::Rows(programs))),
-                    Err(Failure::Fatal(e)) => Err(e),
-                    Err(Failure::Refused(reason)) => {
-                        let role = KernelRole::LmHead { index: 0, count: 1 };
-                        match fallback(&role, FfnForm::Residual) {
-                            Fallback::LmHeadOnCpu => {
-                                drop(m);
-                                // Every chunk is already released (the guard in `rows`).
-                                let k = self.cpu.compile(spec, weights)?;
-                                let from = format!("lm_head on {}", self.device.name());
-                                self.record(&label, from, "cpu", reason);
-                                Ok(k)
-                            }
-                            _ => Err(self.give_up(&label, Failure::Refused(reason), &role, FfnForm::Residual)),
-                        }
+                match b.rows(&label, m.rows, m.cols, &m.data) {
+                    Ok(layout) => Ok(self.kernel(shape, layout)),
+                    Err(e @ BuildError::Fatal(_)) => Err(self.failed(e)),
+                    Err(BuildError::Refused(reason)) => {
+                        drop(m);
+                        // Every chunk is already released (the builder's guard).
+                        let k = self.cpu.compile(spec, weights)?;
+                        b.record(&label, format!("lm_head on {}", self.device().name()), "cpu", reason);
+                        Ok(k)
                     }
                 }
             }
@@ -520,107 +308,52 @@ impl<D: AneDevice + 'static> Backend for AneBackend<D> {
                 let parts: Vec<usize> = mats.iter().map(|m| m.rows).collect();
                 let output = parts.iter().sum();
                 let data: Vec<&[f32]> = mats.iter().map(|m| m.data.as_slice()).collect();
-                let p = self
-                    .program(&label, AneKernel::FusedLinear { parts, cols }, &data)
-                    .map_err(|f| self.give_up(&label, f, &KernelRole::InputProj, FfnForm::Residual))?;
-                Ok(self.kernel(KernelShape { input: cols, output }, ProgramLayout::Rows(vec![p])))
+                let layout = b.fused(&label, parts, cols, &data).map_err(|e| self.failed(e))?;
+                Ok(self.kernel(KernelShape { input: cols, output }, layout))
             }
             KernelSpec::LinearResidual { w } => {
                 let m = dense(weights, w)?;
-                let (rows, cols) = (m.rows, m.cols);
-                let p = self
-                    .program(&label, AneKernel::LinearResidual { rows, cols }, &[&m.data])
-                    .map_err(|f| self.give_up(&label, f, &KernelRole::OutputProjResidual, FfnForm::Residual))?;
+                let layout = b
+                    .linear_residual(&label, m.rows, m.cols, &m.data)
+                    .map_err(|e| self.failed(e))?;
                 Ok(self.kernel(
                     KernelShape {
-                        input: cols,
-                        output: rows,
+                        input: m.cols,
+                        output: m.rows,
                     },
-                    ProgramLayout::Residual(p),
+                    layout,
                 ))
             }
-            KernelSpec::SwiGluResidual { gate, up, down } => {
-                let (g, u, d) = (dense(weights, gate)?, dense(weights, up)?, dense(weights, down)?);
-                let (inter, hidden) = (g.rows, g.cols);
-                expect(&u, inter, hidden)?;
-                expect(&d, hidden, inter)?;
-                let shape = KernelShape {
-                    input: hidden,
-                    output: hidden,
-                };
-                let planned: Vec<AneKernel> = plan_ffn(hidden, inter, &self.device.limits())
-                    .map_err(|e| self.err(e.to_string()))?
-                    .into_iter()
-                    .map(|k| k.kernel)
-                    .collect();
+            KernelSpec::SwiGluResidual { gate, up, down } | KernelSpec::SwiGluAccumulate { gate, up, down } => {
+                let [g, u, d] = ffn_weights(weights, gate, up, down)?;
                 let w = FfnWeights {
                     gate: &g.data,
                     up: &u.data,
                     down: &d.data,
-                    hidden,
-                    inter,
+                    hidden: g.cols,
+                    inter: g.rows,
                 };
-                let mut form = if planned.len() == 1 {
-                    FfnForm::Residual
+                let layout = if matches!(spec, KernelSpec::SwiGluResidual { .. }) {
+                    b.ffn(&label, &w)
                 } else {
-                    FfnForm::Chunked
-                };
-                loop {
-                    let reason = match self.ffn_form(&label, form, &w, &planned) {
-                        Ok(layout) => return Ok(self.kernel(shape, layout)),
-                        Err(Failure::Fatal(e)) => return Err(e),
-                        Err(Failure::Refused(reason)) => reason,
-                    };
-                    let role = match form {
-                        FfnForm::Chunked => KernelRole::FfnChunk { index: 0, count: 1 },
-                        _ => KernelRole::FfnResidual,
-                    };
-                    match fallback(&role, form) {
-                        Fallback::Ffn(next) => {
-                            self.record(&label, format!("ffn {form}"), format!("ffn {next}"), reason);
-                            form = next;
-                        }
-                        _ => return Err(self.give_up(&label, Failure::Refused(reason), &role, form)),
-                    }
+                    b.ffn_chunk(&label, &w)
                 }
-            }
-            KernelSpec::SwiGluAccumulate { gate, up, down } => {
-                let (g, u, d) = (dense(weights, gate)?, dense(weights, up)?, dense(weights, down)?);
-                let (chunk, hidden) = (g.rows, g.cols);
-                expect(&u, chunk, hidden)?;
-                expect(&d, hidden, chunk)?;
-                let role = KernelRole::FfnChunk { index: 0, count: 1 };
-                let p = self
-                    .program(
-                        &label,
-                        AneKernel::FfnChunk { hidden, chunk },
-                        &[&g.data, &u.data, &d.data],
-                    )
-                    .map_err(|f| self.give_up(&label, f, &role, FfnForm::Chunked))?;
+                .map_err(|e| self.failed(e))?;
                 Ok(self.kernel(
                     KernelShape {
-                        input: hidden,
-                        output: hidden,
+                        input: g.cols,
+                        output: g.cols,
                     },
-                    ProgramLayout::Chunks(vec![p]),
+                    layout,
                 ))
             }
         }
     }
 }
 
-/// The three FFN weights (f32, row-major) and their widths.
-struct FfnWeights<'a> {
-    gate: &'a [f32],
-    up: &'a [f32],
-    down: &'a [f32],
-    hidden: usize,
-    inter: usize,
-}
-
 struct AneRun<D: AneDevice> {
     device: Arc<D>,
-    counters: Arc<Counters>,
+    runs: Arc<RunCounters>,
     shape: KernelShape,
     layout: ProgramLayout,
 }
@@ -692,7 +425,7 @@ impl<D: AneDevice> Kernel for AneRun<D> {
             )
             .map_err(|e| self.err(e.to_string()))?;
         let elapsed = start_time.elapsed();
-        let c = &self.counters;
+        let c = &self.runs;
         c.dispatches.fetch_add(cost.dispatches, Ordering::Relaxed);
         c.bytes.fetch_add(cost.bytes, Ordering::Relaxed);
         c.host_ns.fetch_add(ns(elapsed), Ordering::Relaxed);

@@ -14,7 +14,8 @@ use anelm_model::gguf::GgufFile;
 use anelm_model::hf_config::HfConfig;
 use anelm_model::tensor_store::TensorStore;
 
-use crate::arch::llama::{Llama, LlamaConfig, TensorNaming};
+use crate::arch::llama::{Llama, LlamaConfig};
+use crate::arch::tensor_names::{Family, TensorNames};
 use crate::backend::Backend;
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
@@ -49,7 +50,13 @@ impl DecoderTrunk {
             } else {
                 store
             };
-        let model = Llama::load_trunk(cfg, &store, TensorNaming::HuggingFace, backend, progress)?;
+        let model = Llama::load_trunk(
+            cfg,
+            &store,
+            &TensorNames::hugging_face(Family::Llama),
+            backend,
+            progress,
+        )?;
         Ok(Self::with_model(model, backend))
     }
 
@@ -62,7 +69,7 @@ impl DecoderTrunk {
     ) -> Result<Self> {
         let cfg = LlamaConfig::from_gguf(gguf)?;
         let store: Arc<dyn TensorStore> = gguf.clone();
-        let model = Llama::load_trunk(cfg, &store, TensorNaming::Gguf, backend, progress)?;
+        let model = Llama::load_trunk(cfg, &store, &TensorNames::gguf(Family::Llama), backend, progress)?;
         Ok(Self::with_model(model, backend))
     }
 

@@ -12,9 +12,10 @@ use anelm_model::safetensors_dir::SafetensorsDir;
 use anelm_model::tensor_store::TensorStore;
 use anelm_model::tokenizer::{GgufVocab, Tokenizer};
 
-use crate::arch::gemma3::{Gemma3, Gemma3Config, Gemma3Naming};
-use crate::arch::llama::{Llama, LlamaConfig, TensorNaming};
-use crate::arch::qwen3_5::{Qwen35, Qwen35Config, Qwen35Naming};
+use crate::arch::gemma3::{Gemma3, Gemma3Config};
+use crate::arch::llama::{Llama, LlamaConfig};
+use crate::arch::qwen3_5::{Qwen35, Qwen35Config};
+use crate::arch::tensor_names::{Family, Layout, TensorNames};
 use crate::backend::Backend;
 use crate::constraint::{Constraint, ConstraintError, ConstraintFactory, Grammar};
 use crate::error::{EngineError, Result};
@@ -187,21 +188,21 @@ fn gguf_model(
         "llama" | "qwen3" => Box::new(Llama::load(
             LlamaConfig::from_gguf(gguf)?,
             &store,
-            TensorNaming::Gguf,
+            &TensorNames::gguf(Family::Llama),
             backend,
             progress,
         )?),
         "gemma3" => Box::new(Gemma3::load(
             Gemma3Config::from_gguf(gguf)?,
             &store,
-            Gemma3Naming::Gguf,
+            &TensorNames::gguf(Family::Gemma3),
             backend,
             progress,
         )?),
         "qwen35" => Box::new(Qwen35::load(
             Qwen35Config::from_gguf(gguf)?,
             &store,
-            &Qwen35Naming::Gguf,
+            &TensorNames::gguf(Family::Qwen35),
             backend,
             progress,
         )?),
@@ -220,7 +221,7 @@ fn hf_model(
         "llama" | "mistral" | "qwen3" => Box::new(Llama::load(
             LlamaConfig::from_hf(config)?,
             &store,
-            TensorNaming::HuggingFace,
+            &TensorNames::hugging_face(Family::Llama),
             backend,
             progress,
         )?),
@@ -234,7 +235,7 @@ fn hf_model(
             Box::new(Gemma3::load(
                 Gemma3Config::from_hf(config)?,
                 &store,
-                Gemma3Naming::HuggingFace(prefix),
+                &TensorNames::new(Family::Gemma3, Layout::HuggingFace(prefix.into())),
                 backend,
                 progress,
             )?)
@@ -248,7 +249,7 @@ fn hf_model(
             Box::new(Qwen35::load(
                 Qwen35Config::from_hf(config)?,
                 &store,
-                &Qwen35Naming::HuggingFace(prefix.to_string()),
+                &TensorNames::new(Family::Qwen35, Layout::HuggingFace(prefix.into())),
                 backend,
                 progress,
             )?)

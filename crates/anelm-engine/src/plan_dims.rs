@@ -1,23 +1,27 @@
-//! The planner's view of a model (`anelm_ane::ModelDims`) from its configuration alone: a Hugging
-//! Face `config.json` (or its directory) or a GGUF file's metadata. No weights are read, so
-//! `anelm plan` works on configs of models that are not on disk.
+//! The planner's input (`anelm_ane::ModelKernels`) from a model's configuration alone: a Hugging
+//! Face `config.json` (or its directory) or a GGUF file's metadata. The kernels are the
+//! architecture's own description (`kernel_specs`, which loading compiles); the host-work shapes
+//! (`ModelDims`: heads, DeltaNet sizes, sliding window, block layout) come from the same config.
+//! No weights are read, so `anelm plan` works on configs of models that are not on disk.
 
 use std::path::Path;
 
-use anelm_ane::{BlockLayout, LinearAttention, ModelDims, SlidingWindow};
+use anelm_ane::{BlockLayout, LinearAttention, ModelDims, ModelKernels, SlidingWindow};
 use anelm_model::gguf::GgufFile;
 use anelm_model::hf_config::HfConfig;
 
 use crate::arch::gemma3::Gemma3Config;
 use crate::arch::llama::LlamaConfig;
 use crate::arch::qwen3_5::Qwen35Config;
+use crate::arch::tensor_names::{Family, TensorNames};
 use crate::error::{EngineError, Result};
 
 /// Architectures the planner's kernel layout describes: every one the loader runs.
 const PLANNABLE: &str = "llama (incl. SmolLM2, mistral), qwen3, qwen3_5 (qwen35 in GGUF) and gemma3";
 
-/// `ModelDims` from a model directory, a `config.json`, or a GGUF file.
-pub fn model_dims(path: &Path) -> Result<ModelDims> {
+/// What `anelm plan` plans for a model directory, a `config.json`, or a GGUF file: the kernels
+/// the architecture's loader compiles (its `kernel_specs`) and the host-work shapes.
+pub fn model_kernels(path: &Path) -> Result<ModelKernels> {
     let config = if path.is_dir() {
         path.join("config.json")
     } else {
@@ -25,27 +29,62 @@ pub fn model_dims(path: &Path) -> Result<ModelDims> {
     };
     let is_json = config.extension().is_some_and(|e| e.eq_ignore_ascii_case("json"));
     if is_json {
-        return dims_from_hf(&HfConfig::from_file(&config)?);
+        return kernels_from_hf(&HfConfig::from_file(&config)?);
     }
-    dims_from_gguf(&GgufFile::open(&config)?)
+    kernels_from_gguf(&GgufFile::open(&config)?)
 }
 
-/// `ModelDims` from a parsed `config.json`.
-pub fn dims_from_hf(c: &HfConfig) -> Result<ModelDims> {
+/// The host-work shapes of [`model_kernels`] alone.
+pub fn model_dims(path: &Path) -> Result<ModelDims> {
+    Ok(model_kernels(path)?.dims)
+}
+
+/// [`model_kernels`] from a parsed `config.json` (Hugging Face tensor names).
+pub fn kernels_from_hf(c: &HfConfig) -> Result<ModelKernels> {
     match c.model_type.as_str() {
-        "llama" | "mistral" | "qwen3" => Ok(dense(&LlamaConfig::from_hf(c)?)),
-        "qwen3_5" | "qwen3_5_text" => qwen35(&Qwen35Config::from_hf(c)?),
-        "gemma3" | "gemma3_text" => gemma3(&Gemma3Config::from_hf(c)?),
+        "llama" | "mistral" | "qwen3" => {
+            let cfg = LlamaConfig::from_hf(c)?;
+            Ok(cfg
+                .kernel_specs(&TensorNames::hugging_face(Family::Llama))?
+                .model_kernels(dense(&cfg)))
+        }
+        "qwen3_5" | "qwen3_5_text" => {
+            let cfg = Qwen35Config::from_hf(c)?;
+            Ok(cfg
+                .kernel_specs(&TensorNames::hugging_face(Family::Qwen35))?
+                .model_kernels(qwen35(&cfg)?))
+        }
+        "gemma3" | "gemma3_text" => {
+            let cfg = Gemma3Config::from_hf(c)?;
+            Ok(cfg
+                .kernel_specs(&TensorNames::hugging_face(Family::Gemma3))?
+                .model_kernels(gemma3(&cfg)?))
+        }
         other => Err(unplannable(other)),
     }
 }
 
-/// `ModelDims` from a GGUF file's metadata.
-pub fn dims_from_gguf(g: &GgufFile) -> Result<ModelDims> {
+/// [`model_kernels`] from a GGUF file's metadata (llama.cpp tensor names).
+pub fn kernels_from_gguf(g: &GgufFile) -> Result<ModelKernels> {
     match g.architecture().unwrap_or("") {
-        "llama" | "qwen3" => Ok(dense(&LlamaConfig::from_gguf(g)?)),
-        "qwen35" => qwen35(&Qwen35Config::from_gguf(g)?),
-        "gemma3" => gemma3(&Gemma3Config::from_gguf(g)?),
+        "llama" | "qwen3" => {
+            let cfg = LlamaConfig::from_gguf(g)?;
+            Ok(cfg
+                .kernel_specs(&TensorNames::gguf(Family::Llama))?
+                .model_kernels(dense(&cfg)))
+        }
+        "qwen35" => {
+            let cfg = Qwen35Config::from_gguf(g)?;
+            Ok(cfg
+                .kernel_specs(&TensorNames::gguf(Family::Qwen35))?
+                .model_kernels(qwen35(&cfg)?))
+        }
+        "gemma3" => {
+            let cfg = Gemma3Config::from_gguf(g)?;
+            Ok(cfg
+                .kernel_specs(&TensorNames::gguf(Family::Gemma3))?
+                .model_kernels(gemma3(&cfg)?))
+        }
         other => Err(unplannable(other)),
     }
 }

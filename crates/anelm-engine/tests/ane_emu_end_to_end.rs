@@ -9,7 +9,7 @@
 //!   0.9980–0.99998 (cosine) from the exact forward while the emulated ANE is 0.99997–1.0
 //!   (docs/field-guide.md); so the emulator's logits are held to the exact forward, and its
 //!   greedy tokens to both CPU paths (int8 weights: cosine ≥ 0.99, see `MIN_COSINE_INT8`),
-//! - issue exactly the planner's dispatch count per decoded token (`anelm_ane::plan` from the
+//! - issue exactly the planner's dispatch count per decoded token (`anelm_ane::plan_model` from the
 //!   model's config alone).
 //!
 //! SmolLM2-135M needs the default model (`scripts/fetch-default-model.sh`; `scripts/test.sh`
@@ -18,10 +18,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anelm_ane::{EmuAne, PlanOptions, WeightMode, plan};
-use anelm_engine::arch::llama::{Llama, LlamaConfig, TensorNaming};
+use anelm_ane::{EmuAne, PlanOptions, WeightMode, plan_model};
+use anelm_engine::arch::llama::{Llama, LlamaConfig};
+use anelm_engine::arch::tensor_names::{Family, TensorNames};
 use anelm_engine::default_model::{FETCH_COMMAND, default_model_location};
-use anelm_engine::plan_dims::model_dims;
+use anelm_engine::plan_dims::model_kernels;
 use anelm_engine::{
     AneBackend, AneOptions, Backend, CpuBackend, LanguageModel, LogitsMode, StepItem, load_model, load_model_weights,
 };
@@ -246,7 +247,7 @@ fn smollm2_greedy_tokens_logits_and_dispatches_match_the_cpu_backend() {
     let exact = Llama::load(
         cfg,
         &exact_store,
-        TensorNaming::Gguf,
+        &TensorNames::gguf(Family::Llama),
         &CpuBackend::new(),
         &mut |_, _| {},
     )
@@ -255,7 +256,11 @@ fn smollm2_greedy_tokens_logits_and_dispatches_match_the_cpu_backend() {
         (WeightMode::Fp16, MIN_COSINE),
         (WeightMode::INT8_PER_ROW, MIN_COSINE_INT8),
     ] {
-        let planned = plan(&model_dims(&path).expect("dims"), &PlanOptions::with_weights(mode)).expect("plan");
+        let planned = plan_model(
+            &model_kernels(&path).expect("kernels"),
+            &PlanOptions::with_weights(mode),
+        )
+        .expect("plan");
         let (device, backend) = emulated(mode);
         let ane = load(&path, &backend);
         let models = Models {
@@ -274,7 +279,7 @@ fn qwen35_fixture_greedy_tokens_logits_and_dispatches_match_the_cpu_backend() {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/qwen3_5");
     let prompt = [192, 117, 278, 73, 228, 288, 192, 36];
     let cpu = load(&path, &CpuBackend::new());
-    let planned = plan(&model_dims(&path).expect("dims"), &PlanOptions::default()).expect("plan");
+    let planned = plan_model(&model_kernels(&path).expect("kernels"), &PlanOptions::default()).expect("plan");
     // fp16 only: int8 rows change the weights themselves (on this random-weight model the
     // logits cosine to the f32 CPU model is ~0.994), so their accuracy is checked per kernel
     // against an f32 reference in anelm-ane's tests instead.
@@ -302,7 +307,7 @@ fn qwen35_fixture_greedy_tokens_logits_and_dispatches_match_the_cpu_backend() {
 #[test]
 fn concurrent_sessions_share_dispatches_and_do_not_mix() {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/qwen3_5");
-    let planned = plan(&model_dims(&path).expect("dims"), &PlanOptions::default()).expect("plan");
+    let planned = plan_model(&model_kernels(&path).expect("kernels"), &PlanOptions::default()).expect("plan");
     let (device, backend) = emulated(WeightMode::Fp16);
     let ane = load(&path, &backend);
     let prompt = |s: usize| -> Vec<u32> { (0..3 + s % 4).map(|t| ((s * 37 + t * 11) % 500) as u32).collect() };

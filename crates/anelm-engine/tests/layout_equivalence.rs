@@ -6,7 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anelm_engine::arch::llama::{Llama, LlamaConfig, TensorNaming};
+use anelm_engine::arch::llama::{Llama, LlamaConfig};
+use anelm_engine::arch::tensor_names::{Family, TensorNames};
 use anelm_engine::{CpuBackend, LanguageModel, LogitsMode, StepItem};
 use anelm_model::gguf::GgufFile;
 use anelm_model::hf_config::HfConfig;
@@ -239,13 +240,27 @@ fn gguf_and_safetensors_layouts_agree() {
     let gcfg = LlamaConfig::from_gguf(&gguf).unwrap();
     let gcfg_precision = gcfg.attention_precision;
     let gstore: Arc<dyn TensorStore> = gguf;
-    let gmodel = Llama::load(gcfg, &gstore, TensorNaming::Gguf, &backend, &mut |_, _| {}).unwrap();
+    let gmodel = Llama::load(
+        gcfg,
+        &gstore,
+        &TensorNames::gguf(Family::Llama),
+        &backend,
+        &mut |_, _| {},
+    )
+    .unwrap();
 
     let mut hcfg = LlamaConfig::from_hf(&HfConfig::from_file(&dir.join("config.json")).unwrap()).unwrap();
     // Same attention rounding on both sides, so only the layouts differ.
     hcfg.attention_precision = gcfg_precision;
     let hstore: Arc<dyn TensorStore> = Arc::new(SafetensorsDir::open(&dir).unwrap());
-    let hmodel = Llama::load(hcfg, &hstore, TensorNaming::HuggingFace, &backend, &mut |_, _| {}).unwrap();
+    let hmodel = Llama::load(
+        hcfg,
+        &hstore,
+        &TensorNames::hugging_face(Family::Llama),
+        &backend,
+        &mut |_, _| {},
+    )
+    .unwrap();
 
     let tokens: Vec<u32> = (0..40).map(|i| (i * 37 + 5) % VOCAB as u32).collect();
     let a = logits(&gmodel, &tokens);

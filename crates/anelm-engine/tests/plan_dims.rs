@@ -3,8 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use anelm_ane::{AneKernel, BlockLayout, KernelRole, LayerKind, PlanOptions, SlidingWindow, plan};
-use anelm_engine::plan_dims::model_dims;
+use anelm_ane::{AneKernel, BlockLayout, KernelRole, LayerKind, PlanOptions, SlidingWindow, plan_model};
+use anelm_engine::plan_dims::{model_dims, model_kernels};
 
 fn hf(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -89,7 +89,7 @@ fn common(hidden: u32, ffn: u32, layers: u32, heads: u32, kv: u32, head_dim: u32
 }
 
 fn kernels_of_layer(path: &Path, layer: usize) -> Vec<(KernelRole, AneKernel)> {
-    let p = plan(&model_dims(path).expect("dims"), &PlanOptions::default()).expect("plan");
+    let p = plan_model(&model_kernels(path).expect("kernels"), &PlanOptions::default()).expect("plan");
     p.layers[layer]
         .kernels
         .iter()
@@ -171,7 +171,7 @@ fn every_hf_fixture_plans_with_its_loader_kernels() {
         }
     );
     assert_eq!(ks[3].1, AneKernel::Linear { rows: 64, cols: 96 });
-    let p = plan(&d, &PlanOptions::default()).expect("plan");
+    let p = plan_model(&model_kernels(&hf("gemma3")).expect("kernels"), &PlanOptions::default()).expect("plan");
     assert_eq!(p.dispatches_per_token(), 4 * 4 + 1);
 }
 
@@ -255,19 +255,18 @@ fn a_layer_pattern_the_planner_cannot_describe_is_an_error() {
     assert!(err.contains("layer 3 breaks") && err.contains("layer_types"), "{err}");
 }
 
-/// The Gemma 3 270M GGUF (`scripts/fetch-gemma3.sh`), when it is in the model cache.
+/// The Gemma 3 270M GGUF (`scripts/fetch-gemma3.sh`; `scripts/test.sh` fetches it).
 #[test]
-fn gemma3_270m_gguf_plans_when_present() {
-    let Some(home) = std::env::var_os("HOME") else {
-        return;
-    };
+fn gemma3_270m_gguf_plans() {
+    let home = std::env::var_os("HOME").expect("HOME");
     let path = Path::new(&home).join(".cache/anelm/models/gemma-3-270m-q4_k_m.gguf");
-    if !path.exists() {
-        eprintln!("skipped: {} not fetched", path.display());
-        return;
-    }
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/fetch-gemma3.sh (scripts/test.sh does)",
+        path.display()
+    );
     let d = model_dims(&path).expect("dims");
     assert_eq!((d.hidden, d.layers, d.vocab), (640, 18, 262_144));
-    let p = plan(&d, &PlanOptions::default()).expect("plan");
+    let p = plan_model(&model_kernels(&path).expect("kernels"), &PlanOptions::default()).expect("plan");
     assert_eq!(p.dispatches_per_token(), 18 * 4 + 4);
 }

@@ -60,7 +60,9 @@ pub fn fallback(role: &KernelRole, ffn_form: FfnForm) -> Fallback {
         | KernelRole::OutputProjResidual
         | KernelRole::OutputProj
         | KernelRole::FfnGateUp
-        | KernelRole::FfnDown => Fallback::Abort(format!(
+        | KernelRole::FfnDown
+        | KernelRole::FfnUp
+        | KernelRole::FfnDownResidual => Fallback::Abort(format!(
             "the {role} kernel must run on the Neural Engine and it failed; run with --device cpu"
         )),
         KernelRole::FfnResidual => match ffn_form.next() {

@@ -17,6 +17,7 @@ use anelm_model::hf_config::HfConfig;
 use anelm_model::tensor_store::TensorStore;
 
 use crate::arch::bert_tensors::BertTensor;
+use crate::arch::config_read::need;
 use crate::backend::{Backend, Kernel, KernelSpec, WeightId};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
@@ -54,10 +55,6 @@ pub struct BertConfig {
     pub layer_norm_eps: f32,
     /// FFN activation.
     pub activation: BertActivation,
-}
-
-fn need<T>(v: Option<T>, key: &str) -> Result<T> {
-    v.ok_or_else(|| EngineError::Config(format!("missing '{key}' in config.json")))
 }
 
 impl BertConfig {

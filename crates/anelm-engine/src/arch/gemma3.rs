@@ -16,15 +16,21 @@
 
 use std::sync::Arc;
 
+use anelm_ane::{KernelRole, LayerKind};
+
 use anelm_model::gguf::GgufFile;
 use anelm_model::hf_config::HfConfig;
 use anelm_model::tensor_store::TensorStore;
 use serde_json::Value;
 
 use crate::arch::attention::Attention;
-use crate::arch::lm_head::compile_lm_head;
+use crate::arch::config_read::{GgufMeta, check_heads, check_plausible, check_sizes, hf_heads, need};
+use crate::arch::kernel_compile::CompiledLayer;
+use crate::arch::kernel_list::{KernelDesc, KernelList, LayerKernels};
 use crate::arch::step::{commit_tokens, embed_lanes, plan_lanes, wanted_lanes};
-use crate::backend::{Backend, ForwardCost, Kernel, KernelSpec, WeightId};
+use crate::arch::tensor_names::{Family, LayerTensor, Tensor, TensorNames};
+use crate::arch::trunk::{load_embedding, norm_vector};
+use crate::backend::{Backend, ForwardCost, Kernel};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
 use crate::model::{LanguageModel, ModelInfo, StepItem};
@@ -73,10 +79,6 @@ pub struct Gemma3Config {
     pub gelu_f16: bool,
 }
 
-fn need<T>(v: Option<T>, key: &str) -> Result<T> {
-    v.ok_or_else(|| EngineError::Config(format!("missing '{key}' in the model's metadata")))
-}
-
 fn positive_f32(v: Option<&Value>) -> Option<f32> {
     v.and_then(Value::as_f64).filter(|x| *x > 0.0).map(|x| x as f32)
 }
@@ -87,10 +89,7 @@ impl Gemma3Config {
         let raw = c.raw();
         let hidden_size = need(c.hidden_size, "hidden_size")?;
         let n_layers = need(c.num_hidden_layers, "num_hidden_layers")?;
-        let n_heads = need(c.num_attention_heads, "num_attention_heads")?;
-        if n_heads == 0 {
-            return Err(EngineError::Config("num_attention_heads is 0".into()));
-        }
+        let n_heads = hf_heads(c)?;
         let head_dim = c.head_dim.unwrap_or(hidden_size / n_heads);
         let sliding = if c.layer_types.is_empty() {
             let pattern = raw
@@ -145,40 +144,28 @@ impl Gemma3Config {
     /// From a GGUF file's `gemma3.*` metadata (llama.cpp conventions: norms stored as `1 + w`,
     /// local RoPE base 10000, a global layer every 6th unless the file says otherwise).
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
-        let key = |k: &str| format!("gemma3.{k}");
-        let u = |k: &str| -> Result<usize> { need(g.get_u64(&key(k)), &key(k)).map(|v| v as usize) };
-        let hidden_size = u("embedding_length")?;
-        let n_layers = u("block_count")?;
-        let n_heads = u("attention.head_count")?;
-        if n_heads == 0 {
-            return Err(EngineError::Config("attention.head_count is 0".into()));
-        }
-        let head_dim = g
-            .get_u64(&key("attention.key_length"))
-            .map_or(hidden_size / n_heads, |v| v as usize);
-        let vocab_size = match g.get_u64(&key("vocab_size")) {
-            Some(v) => v as usize,
-            None => need(g.get_string_array("tokenizer.ggml.tokens"), "tokenizer.ggml.tokens")?.len(),
-        };
-        let pattern = g.get_u64(&key("attention.sliding_window_pattern")).unwrap_or(6).max(1) as usize;
+        let m = GgufMeta::new(g, "gemma3");
+        let hidden_size = m.usize("embedding_length")?;
+        let n_layers = m.usize("block_count")?;
+        let n_heads = m.heads()?;
+        let head_dim = m.head_dim(hidden_size, n_heads);
+        let pattern = m.opt_usize("attention.sliding_window_pattern").unwrap_or(6).max(1);
         let cfg = Self {
-            vocab_size,
+            vocab_size: m.vocab()?,
             hidden_size,
-            intermediate_size: u("feed_forward_length")?,
+            intermediate_size: m.usize("feed_forward_length")?,
             n_heads,
-            n_kv_heads: g
-                .get_u64(&key("attention.head_count_kv"))
-                .map_or(n_heads, |v| v as usize),
+            n_kv_heads: m.opt_usize("attention.head_count_kv").unwrap_or(n_heads),
             head_dim,
             sliding: (0..n_layers).map(|i| (i + 1) % pattern != 0).collect(),
-            sliding_window: g.get_u64(&key("attention.sliding_window")).map_or(4096, |v| v as usize),
-            rope_theta_global: g.get_f32(&key("rope.freq_base")).unwrap_or(1_000_000.0),
-            rope_theta_local: g.get_f32(&key("rope.freq_base_swa")).unwrap_or(10_000.0),
+            sliding_window: m.opt_usize("attention.sliding_window").unwrap_or(4096),
+            rope_theta_global: m.opt_f32("rope.freq_base").unwrap_or(1_000_000.0),
+            rope_theta_local: m.opt_f32("rope.freq_base_swa").unwrap_or(10_000.0),
             query_pre_attn_scalar: head_dim as f32,
-            final_softcap: g.get_f32(&key("final_logit_softcapping")).filter(|c| *c > 0.0),
-            rms_eps: g.get_f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-6),
+            final_softcap: m.opt_f32("final_logit_softcapping").filter(|c| *c > 0.0),
+            rms_eps: m.opt_f32("attention.layer_norm_rms_epsilon").unwrap_or(1e-6),
             norm_offset: 0.0,
-            context_length: g.get_u64(&key("context_length")).map_or(8192, |v| v as usize),
+            context_length: m.opt_usize("context_length").unwrap_or(8192),
             attention_precision: AttentionPrecision::F16,
             gelu_f16: true,
         };
@@ -188,19 +175,15 @@ impl Gemma3Config {
 
     fn validate(&self) -> Result<()> {
         let bad = |m: &str| Err(EngineError::Config(m.to_string()));
-        if self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
-            return bad("query heads must be a positive multiple of key/value heads");
-        }
+        check_heads(self.n_heads, self.n_kv_heads)?;
         if self.head_dim == 0 || self.head_dim % 2 != 0 {
             return bad("the head width must be positive and even (RoPE rotates pairs)");
         }
-        if self.hidden_size == 0 || self.vocab_size == 0 || self.sliding.is_empty() || self.sliding_window == 0 {
-            return bad("hidden size, vocabulary, layer count and sliding window must be positive");
+        check_sizes(self.hidden_size, self.vocab_size, self.sliding.len())?;
+        if self.sliding_window == 0 {
+            return bad("the sliding window must be positive");
         }
-        if self.sliding.len() > 4096 || self.n_heads > 4096 || self.head_dim > 8192 {
-            return bad("implausibly large layer/head counts: the file is corrupt");
-        }
-        Ok(())
+        check_plausible(self.sliding.len(), self.n_heads, self.head_dim)
     }
 
     /// Decoder layers.
@@ -209,71 +192,49 @@ impl Gemma3Config {
     }
 }
 
-/// Tensor names of one file layout.
-#[derive(Clone, Copy, Debug)]
-pub enum Gemma3Naming {
-    /// llama.cpp names (`blk.N.attn_q.weight`, `blk.N.post_ffw_norm.weight`).
-    Gguf,
-    /// Hugging Face names under `prefix` (`model.` for `Gemma3ForCausalLM`,
-    /// `model.language_model.` for the multimodal checkpoint).
-    HuggingFace(&'static str),
-}
-
-impl Gemma3Naming {
-    fn global(self, what: &str) -> String {
-        match self {
-            Self::Gguf => match what {
-                "embed" => "token_embd.weight".into(),
-                "norm" => "output_norm.weight".into(),
-                _ => "output.weight".into(),
-            },
-            Self::HuggingFace(prefix) => match what {
-                "embed" => format!("{prefix}embed_tokens.weight"),
-                "norm" => format!("{prefix}norm.weight"),
-                _ => "lm_head.weight".into(),
-            },
+impl Gemma3Config {
+    /// The kernels a model of this configuration compiles, with `names`' weights: per layer the
+    /// fused q ‖ k ‖ v projection, the plain output projection, the fused gate ‖ up projection
+    /// and the plain down projection (norms, GeGLU and residual adds run on the host); then the
+    /// LM head. Loading compiles exactly this list and `anelm plan` plans it.
+    pub fn kernel_specs(&self, names: &TensorNames) -> Result<KernelList> {
+        use LayerTensor::*;
+        if names.family() != Family::Gemma3 {
+            return Err(EngineError::Config(format!(
+                "a Gemma 3 model was given the {:?} tensor names",
+                names.family()
+            )));
         }
-    }
-
-    fn layer(self, i: usize, what: &str) -> String {
-        match self {
-            Self::Gguf => {
-                let g = match what {
-                    "input_norm" => "attn_norm",
-                    "post_attn_norm" => "post_attention_norm",
-                    "pre_ffn_norm" => "ffn_norm",
-                    "post_ffn_norm" => "post_ffw_norm",
-                    "q" => "attn_q",
-                    "k" => "attn_k",
-                    "v" => "attn_v",
-                    "o" => "attn_output",
-                    "q_norm" => "attn_q_norm",
-                    "k_norm" => "attn_k_norm",
-                    "gate" => "ffn_gate",
-                    "up" => "ffn_up",
-                    _ => "ffn_down",
-                };
-                format!("blk.{i}.{g}.weight")
-            }
-            Self::HuggingFace(prefix) => {
-                let h = match what {
-                    "input_norm" => "input_layernorm",
-                    "post_attn_norm" => "post_attention_layernorm",
-                    "pre_ffn_norm" => "pre_feedforward_layernorm",
-                    "post_ffn_norm" => "post_feedforward_layernorm",
-                    "q" => "self_attn.q_proj",
-                    "k" => "self_attn.k_proj",
-                    "v" => "self_attn.v_proj",
-                    "o" => "self_attn.o_proj",
-                    "q_norm" => "self_attn.q_norm",
-                    "k_norm" => "self_attn.k_norm",
-                    "gate" => "mlp.gate_proj",
-                    "up" => "mlp.up_proj",
-                    _ => "mlp.down_proj",
-                };
-                format!("{prefix}layers.{i}.{h}.weight")
-            }
-        }
+        let (h, f) = (self.hidden_size, self.intermediate_size);
+        let q_dim = self.n_heads * self.head_dim;
+        let kv_dim = self.n_kv_heads * self.head_dim;
+        let layers = (self.sliding.iter().enumerate())
+            .map(|(i, &sliding)| {
+                Ok(LayerKernels {
+                    kind: if sliding {
+                        LayerKind::SlidingAttention
+                    } else {
+                        LayerKind::Attention
+                    },
+                    kernels: vec![
+                        KernelDesc::concat(
+                            KernelRole::InputProj,
+                            names,
+                            i,
+                            &[(AttnQ, q_dim), (AttnK, kv_dim), (AttnV, kv_dim)],
+                            h,
+                        )?,
+                        KernelDesc::linear(KernelRole::OutputProj, names, i, AttnOutput, h, q_dim, false)?,
+                        KernelDesc::concat(KernelRole::FfnGateUp, names, i, &[(FfnGate, f), (FfnUp, f)], h)?,
+                        KernelDesc::linear(KernelRole::FfnDown, names, i, FfnDown, h, f, false)?,
+                    ],
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(KernelList {
+            layers,
+            lm_head: KernelDesc::lm_head(names, self.vocab_size, h)?,
+        })
     }
 }
 
@@ -310,65 +271,37 @@ impl Gemma3 {
     pub fn load(
         cfg: Gemma3Config,
         store: &Arc<dyn TensorStore>,
-        naming: Gemma3Naming,
+        names: &TensorNames,
         backend: &dyn Backend,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
         let h = cfg.hidden_size;
         let hd = cfg.head_dim;
-        let q_dim = cfg.n_heads * hd;
-        let kv_dim = cfg.n_kv_heads * hd;
         let n_layers = cfg.n_layers();
-        let embed = StoredMatrix::load(store, &naming.global("embed"))?;
-        embed.expect_shape(cfg.vocab_size, h)?;
-        let offset = cfg.norm_offset;
-        let vector = |name: &str, len: usize| -> Result<Vec<f32>> {
-            let m = StoredMatrix::load(store, name)?;
-            m.expect_shape(1, len)?;
-            let mut v = m.to_f32()?;
-            v.iter_mut().for_each(|w| *w += offset);
-            Ok(v)
-        };
+        let list = cfg.kernel_specs(names)?.for_store(store, names)?;
+        let embed = load_embedding(store, names, cfg.vocab_size, h)?;
+        let vector = |name: &str, len: usize| norm_vector(store, name, len, cfg.norm_offset);
         let mut layers = Vec::with_capacity(n_layers);
-        for (i, &sliding) in cfg.sliding.iter().enumerate() {
-            let name = |what: &str| naming.layer(i, what);
-            let w = |what: &str| WeightId::new(name(what));
-            let check = |what: &str, rows: usize, cols: usize| -> Result<()> {
-                StoredMatrix::load(store, &name(what))?.expect_shape(rows, cols)
-            };
-            check("q", q_dim, h)?;
-            check("k", kv_dim, h)?;
-            check("v", kv_dim, h)?;
-            check("o", h, q_dim)?;
-            check("gate", cfg.intermediate_size, h)?;
-            check("up", cfg.intermediate_size, h)?;
-            check("down", h, cfg.intermediate_size)?;
-            let compile = |spec: KernelSpec| backend.compile(&spec, store);
+        for (i, (&sliding, described)) in cfg.sliding.iter().zip(&list.layers).enumerate() {
+            use LayerTensor::*;
+            let name = |t: LayerTensor| names.layer(i, t);
+            let mut compiled = CompiledLayer::compile(described, backend, store, names)?;
             layers.push(Layer {
-                input_norm: vector(&name("input_norm"), h)?,
-                post_attn_norm: vector(&name("post_attn_norm"), h)?,
-                pre_ffn_norm: vector(&name("pre_ffn_norm"), h)?,
-                post_ffn_norm: vector(&name("post_ffn_norm"), h)?,
-                q_norm: vector(&name("q_norm"), hd)?,
-                k_norm: vector(&name("k_norm"), hd)?,
-                qkv: compile(KernelSpec::Concat {
-                    ws: vec![w("q"), w("k"), w("v")],
-                })?,
-                o: compile(KernelSpec::Linear { w: w("o") })?,
-                gate_up: compile(KernelSpec::Concat {
-                    ws: vec![w("gate"), w("up")],
-                })?,
-                down: compile(KernelSpec::Linear { w: w("down") })?,
+                input_norm: vector(&name(AttnNorm)?, h)?,
+                post_attn_norm: vector(&name(PostAttnNorm)?, h)?,
+                pre_ffn_norm: vector(&name(FfnNorm)?, h)?,
+                post_ffn_norm: vector(&name(PostFfnNorm)?, h)?,
+                q_norm: vector(&name(AttnQNorm)?, hd)?,
+                k_norm: vector(&name(AttnKNorm)?, hd)?,
+                qkv: compiled.take(KernelRole::InputProj)?,
+                o: compiled.take(KernelRole::OutputProj)?,
+                gate_up: compiled.take(KernelRole::FfnGateUp)?,
+                down: compiled.take(KernelRole::FfnDown)?,
                 sliding,
             });
             progress(i + 1, n_layers + 1);
         }
-        let head_name = if store.contains(&naming.global("output")) {
-            naming.global("output")
-        } else {
-            naming.global("embed")
-        };
-        let lm_head = compile_lm_head(backend, store, &head_name, cfg.vocab_size, h)?;
+        let lm_head = list.lm_head.compile(backend, store, names)?;
         progress(n_layers + 1, n_layers + 1);
         let attn = |window: Option<usize>| Attention {
             n_heads: cfg.n_heads,
@@ -390,7 +323,7 @@ impl Gemma3 {
         Ok(Self {
             rope_global: Rope::new(hd, cfg.rope_theta_global, RopePairing::Halves),
             rope_local: Rope::new(hd, cfg.rope_theta_local, RopePairing::Halves),
-            output_norm: vector(&naming.global("norm"), h)?,
+            output_norm: vector(&names.name(Tensor::OutputNorm)?, h)?,
             attn_global,
             attn_local,
             info,

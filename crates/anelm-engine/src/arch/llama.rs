@@ -4,14 +4,20 @@
 
 use std::sync::Arc;
 
+use anelm_ane::{KernelRole, LayerKind};
+
 use anelm_model::gguf::GgufFile;
 use anelm_model::hf_config::HfConfig;
 use anelm_model::tensor_store::TensorStore;
 
 use crate::arch::attention::Attention;
-use crate::arch::lm_head::compile_lm_head;
+use crate::arch::config_read::{GgufMeta, check_heads, check_plausible, check_sizes, hf_heads, need};
+use crate::arch::kernel_compile::CompiledLayer;
+use crate::arch::kernel_list::{KernelDesc, KernelList, LayerKernels};
 use crate::arch::step::{commit_tokens, embed_lanes, plan_lanes, wanted_lanes};
-use crate::backend::{Backend, ForwardCost, Kernel, KernelSpec, WeightId};
+use crate::arch::tensor_names::{Family, LayerTensor, Tensor, TensorNames};
+use crate::arch::trunk::{load_embedding, norm_vector};
+use crate::backend::{Backend, ForwardCost, Kernel};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
 use crate::model::{LanguageModel, ModelInfo, StepItem};
@@ -54,96 +60,27 @@ pub struct LlamaConfig {
     pub architecture: String,
 }
 
-/// Tensor names of one file layout.
-#[derive(Clone, Copy, Debug)]
-pub enum TensorNaming {
-    /// llama.cpp names (`blk.N.attn_q.weight`).
-    Gguf,
-    /// Hugging Face names (`model.layers.N.self_attn.q_proj.weight`).
-    HuggingFace,
-}
-
-impl TensorNaming {
-    fn embed(self) -> &'static str {
-        match self {
-            Self::Gguf => "token_embd.weight",
-            Self::HuggingFace => "model.embed_tokens.weight",
-        }
-    }
-    fn output_norm(self) -> &'static str {
-        match self {
-            Self::Gguf => "output_norm.weight",
-            Self::HuggingFace => "model.norm.weight",
-        }
-    }
-    fn output(self) -> &'static str {
-        match self {
-            Self::Gguf => "output.weight",
-            Self::HuggingFace => "lm_head.weight",
-        }
-    }
-    fn layer(self, i: usize, what: &str) -> String {
-        match self {
-            Self::Gguf => format!("blk.{i}.{what}.weight"),
-            Self::HuggingFace => {
-                let hf = match what {
-                    "attn_norm" => "input_layernorm",
-                    "ffn_norm" => "post_attention_layernorm",
-                    "attn_q" => "self_attn.q_proj",
-                    "attn_k" => "self_attn.k_proj",
-                    "attn_v" => "self_attn.v_proj",
-                    "attn_output" => "self_attn.o_proj",
-                    "attn_q_norm" => "self_attn.q_norm",
-                    "attn_k_norm" => "self_attn.k_norm",
-                    "ffn_gate" => "mlp.gate_proj",
-                    "ffn_up" => "mlp.up_proj",
-                    "ffn_down" => "mlp.down_proj",
-                    other => other,
-                };
-                format!("model.layers.{i}.{hf}.weight")
-            }
-        }
-    }
-}
-
-fn need<T>(v: Option<T>, key: &str) -> Result<T> {
-    v.ok_or_else(|| EngineError::Config(format!("missing '{key}' in the model's metadata")))
-}
-
 impl LlamaConfig {
     /// From a GGUF file's `llama.*` (or `qwen3.*`) metadata.
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
-        let arch = g.architecture().unwrap_or("llama").to_string();
+        let m = GgufMeta::new(g, "llama");
+        let arch = m.arch().to_string();
         let qwen3 = arch == "qwen3";
-        let key = |k: &str| format!("{arch}.{k}");
-        let u = |k: &str| -> Result<usize> { need(g.get_u64(&key(k)), &key(k)).map(|v| v as usize) };
-        let hidden_size = u("embedding_length")?;
-        let n_heads = u("attention.head_count")?;
-        let n_kv_heads = g
-            .get_u64(&key("attention.head_count_kv"))
-            .map_or(n_heads, |v| v as usize);
-        if n_heads == 0 {
-            return Err(EngineError::Config("attention.head_count is 0".into()));
-        }
-        let head_dim = g
-            .get_u64(&key("attention.key_length"))
-            .map_or(hidden_size / n_heads, |v| v as usize);
-        let vocab_size = match g.get_u64(&key("vocab_size")) {
-            Some(v) => v as usize,
-            None => need(g.get_string_array("tokenizer.ggml.tokens"), "tokenizer.ggml.tokens")?.len(),
-        };
+        let hidden_size = m.usize("embedding_length")?;
+        let n_heads = m.heads()?;
+        let head_dim = m.head_dim(hidden_size, n_heads);
         let cfg = Self {
-            vocab_size,
+            vocab_size: m.vocab()?,
             hidden_size,
-            intermediate_size: u("feed_forward_length")?,
-            n_layers: u("block_count")?,
+            intermediate_size: m.usize("feed_forward_length")?,
+            n_layers: m.usize("block_count")?,
             n_heads,
-            n_kv_heads,
+            n_kv_heads: m.opt_usize("attention.head_count_kv").unwrap_or(n_heads),
             head_dim,
-            rope_dims: g.get_u64(&key("rope.dimension_count")).map_or(head_dim, |v| v as usize),
-            rope_theta: g.get_f32(&key("rope.freq_base")).unwrap_or(10000.0),
-            rms_eps: g.get_f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
-            context_length: g.get_u64(&key("context_length")).map_or(4096, |v| v as usize),
+            rope_dims: m.opt_usize("rope.dimension_count").unwrap_or(head_dim),
+            rope_theta: m.opt_f32("rope.freq_base").unwrap_or(10000.0),
+            rms_eps: m.opt_f32("attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
+            context_length: m.opt_usize("context_length").unwrap_or(4096),
             // llama.cpp's converter permutes Llama's Q/K rows for adjacent-pair RoPE; Qwen3 keeps
             // the Hugging Face order and runs NeoX (rotate-half) RoPE.
             rope_pairing: if qwen3 {
@@ -169,10 +106,7 @@ impl LlamaConfig {
             }
         }
         let hidden_size = need(c.hidden_size, "hidden_size")?;
-        let n_heads = need(c.num_attention_heads, "num_attention_heads")?;
-        if n_heads == 0 {
-            return Err(EngineError::Config("num_attention_heads is 0".into()));
-        }
+        let n_heads = hf_heads(c)?;
         let head_dim = c.head_dim.unwrap_or(hidden_size / n_heads);
         let cfg = Self {
             vocab_size: need(c.vocab_size, "vocab_size")?,
@@ -196,20 +130,54 @@ impl LlamaConfig {
     }
 
     fn validate(&self) -> Result<()> {
-        let bad = |m: &str| Err(EngineError::Config(m.to_string()));
-        if self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
-            return bad("query heads must be a positive multiple of key/value heads");
-        }
+        check_heads(self.n_heads, self.n_kv_heads)?;
         if self.head_dim == 0 || self.rope_dims > self.head_dim || self.rope_dims % 2 != 0 {
-            return bad("rope dimension count must be even and at most the head width");
+            return Err(EngineError::Config(
+                "rope dimension count must be even and at most the head width".into(),
+            ));
         }
-        if self.hidden_size == 0 || self.vocab_size == 0 || self.n_layers == 0 {
-            return bad("hidden size, vocabulary and layer count must be positive");
+        check_sizes(self.hidden_size, self.vocab_size, self.n_layers)?;
+        check_plausible(self.n_layers, self.n_heads, self.head_dim)
+    }
+}
+
+impl LlamaConfig {
+    /// The kernels a model of this configuration compiles, with `names`' weights: per layer the
+    /// fused q ‖ k ‖ v projection, the output projection plus residual, and the SwiGLU FFN plus
+    /// residual; then the LM head. Loading compiles exactly this list and `anelm plan` plans it.
+    pub fn kernel_specs(&self, names: &TensorNames) -> Result<KernelList> {
+        use LayerTensor::*;
+        if names.family() != Family::Llama {
+            return Err(EngineError::Config(format!(
+                "a Llama-family model was given the {:?} tensor names",
+                names.family()
+            )));
         }
-        if self.n_layers > 4096 || self.n_heads > 4096 || self.head_dim > 8192 {
-            return bad("implausibly large layer/head counts: the file is corrupt");
-        }
-        Ok(())
+        let h = self.hidden_size;
+        let q_dim = self.n_heads * self.head_dim;
+        let kv_dim = self.n_kv_heads * self.head_dim;
+        let layers = (0..self.n_layers)
+            .map(|i| {
+                Ok(LayerKernels {
+                    kind: LayerKind::Attention,
+                    kernels: vec![
+                        KernelDesc::concat(
+                            KernelRole::InputProj,
+                            names,
+                            i,
+                            &[(AttnQ, q_dim), (AttnK, kv_dim), (AttnV, kv_dim)],
+                            h,
+                        )?,
+                        KernelDesc::linear(KernelRole::OutputProjResidual, names, i, AttnOutput, h, q_dim, true)?,
+                        KernelDesc::swiglu_residual(names, i, h, self.intermediate_size)?,
+                    ],
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(KernelList {
+            layers,
+            lm_head: KernelDesc::lm_head(names, self.vocab_size, h)?,
+        })
     }
 }
 
@@ -241,11 +209,11 @@ impl Llama {
     pub fn load(
         cfg: LlamaConfig,
         store: &Arc<dyn TensorStore>,
-        naming: TensorNaming,
+        names: &TensorNames,
         backend: &dyn Backend,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
-        Self::load_inner(cfg, store, naming, backend, progress, true)
+        Self::load_inner(cfg, store, names, backend, progress, true)
     }
 
     /// [`Llama::load`] without the LM head: the trunk of a decoder embedder, whose output is
@@ -253,88 +221,51 @@ impl Llama {
     pub fn load_trunk(
         cfg: LlamaConfig,
         store: &Arc<dyn TensorStore>,
-        naming: TensorNaming,
+        names: &TensorNames,
         backend: &dyn Backend,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
-        Self::load_inner(cfg, store, naming, backend, progress, false)
+        Self::load_inner(cfg, store, names, backend, progress, false)
     }
 
     fn load_inner(
         cfg: LlamaConfig,
         store: &Arc<dyn TensorStore>,
-        naming: TensorNaming,
+        names: &TensorNames,
         backend: &dyn Backend,
         progress: &mut dyn FnMut(usize, usize),
         with_head: bool,
     ) -> Result<Self> {
         let h = cfg.hidden_size;
-        let q_dim = cfg.n_heads * cfg.head_dim;
-        let kv_dim = cfg.n_kv_heads * cfg.head_dim;
-        let embed = StoredMatrix::load(store, naming.embed())?;
-        embed.expect_shape(cfg.vocab_size, h)?;
-        let vector = |name: &str, len: usize| -> Result<Vec<f32>> {
-            let m = StoredMatrix::load(store, name)?;
-            m.expect_shape(1, len)?;
-            m.to_f32()
-        };
+        let list = cfg.kernel_specs(names)?.for_store(store, names)?;
+        let embed = load_embedding(store, names, cfg.vocab_size, h)?;
+        let vector = |name: &str, len: usize| norm_vector(store, name, len, 0.0);
         let norm = |name: &str| vector(name, h);
         let mut layers = Vec::with_capacity(cfg.n_layers);
-        for i in 0..cfg.n_layers {
-            let name = |what: &str| naming.layer(i, what);
-            let w = |what: &str| WeightId::new(name(what));
-            let check = |what: &str, rows: usize, cols: usize| -> Result<()> {
-                StoredMatrix::load(store, &name(what))?.expect_shape(rows, cols)
-            };
-            check("attn_q", q_dim, h)?;
-            check("attn_k", kv_dim, h)?;
-            check("attn_v", kv_dim, h)?;
-            check("attn_output", h, q_dim)?;
-            let qkv = backend.compile(
-                &KernelSpec::Concat {
-                    ws: vec![w("attn_q"), w("attn_k"), w("attn_v")],
-                },
-                store,
-            )?;
-            let out_residual = backend.compile(&KernelSpec::LinearResidual { w: w("attn_output") }, store)?;
-            let ffn_residual = backend.compile(
-                &KernelSpec::SwiGluResidual {
-                    gate: w("ffn_gate"),
-                    up: w("ffn_up"),
-                    down: w("ffn_down"),
-                },
-                store,
-            )?;
-            if ffn_residual.shape().input != h {
-                return Err(EngineError::Config(format!(
-                    "layer {i}: FFN input width differs from hidden size"
-                )));
-            }
+        for (i, described) in list.layers.iter().enumerate() {
+            use LayerTensor::*;
+            let name = |t: LayerTensor| names.layer(i, t);
+            let mut compiled = CompiledLayer::compile(described, backend, store, names)?;
             let qk_norm = if cfg.qk_norm {
                 Some((
-                    vector(&name("attn_q_norm"), cfg.head_dim)?,
-                    vector(&name("attn_k_norm"), cfg.head_dim)?,
+                    vector(&name(AttnQNorm)?, cfg.head_dim)?,
+                    vector(&name(AttnKNorm)?, cfg.head_dim)?,
                 ))
             } else {
                 None
             };
             layers.push(Layer {
-                attn_norm: norm(&name("attn_norm"))?,
-                ffn_norm: norm(&name("ffn_norm"))?,
+                attn_norm: norm(&name(AttnNorm)?)?,
+                ffn_norm: norm(&name(FfnNorm)?)?,
                 qk_norm,
-                qkv,
-                out_residual,
-                ffn_residual,
+                qkv: compiled.take(KernelRole::InputProj)?,
+                out_residual: compiled.take(KernelRole::OutputProjResidual)?,
+                ffn_residual: compiled.take(KernelRole::FfnResidual)?,
             });
             progress(i + 1, cfg.n_layers + 1);
         }
         let lm_head = if with_head {
-            let head_name = if store.contains(naming.output()) {
-                naming.output()
-            } else {
-                naming.embed()
-            };
-            Some(compile_lm_head(backend, store, head_name, cfg.vocab_size, h)?)
+            Some(list.lm_head.compile(backend, store, names)?)
         } else {
             None
         };
@@ -357,7 +288,7 @@ impl Llama {
                 softcap: None,
                 precision: cfg.attention_precision,
             },
-            output_norm: norm(naming.output_norm())?,
+            output_norm: norm(&names.name(Tensor::OutputNorm)?)?,
             info,
             embed,
             layers,

@@ -9,7 +9,7 @@
 //!   attention output is multiplied by σ(gate) before `o_proj`.
 //! - Tied or untied LM head.
 //!
-//! Two file layouts ([`Qwen35Naming`]): Hugging Face safetensors, tensors under `model.` (text
+//! Two file layouts ([`TensorNames`] of [`Family::Qwen35`]): Hugging Face safetensors, tensors under `model.` (text
 //! checkpoint) or `model.language_model.` (the multimodal checkpoint; vision and `mtp.*` tensors
 //! are not read), with value heads grouped by key head and `A_log`, `(1 + w)` norms stored as `w`;
 //! and llama.cpp's GGUF `qwen35` (`blk.N.attn_qkv`, `ssm_*` …), with value heads tiled over the key
@@ -18,16 +18,22 @@
 
 use std::sync::Arc;
 
+use anelm_ane::{KernelRole, LayerKind};
+
 use anelm_model::gguf::GgufFile;
 use anelm_model::hf_config::HfConfig;
 use anelm_model::tensor_store::TensorStore;
 use serde_json::Value;
 
 use crate::arch::attention::Attention;
+use crate::arch::config_read::{GgufMeta, check_heads, check_sizes, need};
 use crate::arch::deltanet::{DeltaNetShape, GatedDeltaNet, VHeadOrder};
-use crate::arch::lm_head::compile_lm_head;
+use crate::arch::kernel_compile::CompiledLayer;
+use crate::arch::kernel_list::{KernelDesc, KernelList, LayerKernels};
 use crate::arch::step::{commit_tokens, embed_lanes, plan_lanes, wanted_lanes};
-use crate::backend::{Backend, ForwardCost, Kernel, KernelSpec, WeightId};
+use crate::arch::tensor_names::{Family, LayerTensor, Tensor, TensorNames};
+use crate::arch::trunk::load_embedding;
+use crate::backend::{Backend, ForwardCost, Kernel};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
 use crate::model::{LanguageModel, ModelInfo, StepItem};
@@ -62,10 +68,6 @@ pub struct Qwen35Config {
     pub rms_eps: f32,
     /// Training context length.
     pub context_length: usize,
-}
-
-fn need<T>(v: Option<T>, key: &str) -> Result<T> {
-    v.ok_or_else(|| EngineError::Config(format!("missing '{key}' in the model's metadata")))
 }
 
 impl Qwen35Config {
@@ -129,21 +131,17 @@ impl Qwen35Config {
     /// attention), DeltaNet sizes from `ssm.*`, rotated dimensions from `rope.dimension_count`,
     /// the vocabulary from `token_embd.weight`.
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
-        let arch = g.architecture().unwrap_or("qwen35").to_string();
-        let key = |k: &str| format!("{arch}.{k}");
-        let u = |k: &str| -> Result<usize> { need(g.get_u64(&key(k)), &key(k)).map(|v| v as usize) };
-        let hidden_size = u("embedding_length")?;
-        let n_layers = u("block_count")?;
-        let n_heads = u("attention.head_count")?;
+        let m = GgufMeta::new(g, "qwen35");
+        let hidden_size = m.usize("embedding_length")?;
+        let n_layers = m.usize("block_count")?;
+        let n_heads = m.usize("attention.head_count")?;
         if n_heads == 0 || n_layers > 4096 {
             return Err(EngineError::Config(format!(
                 "implausible attention.head_count {n_heads} / block_count {n_layers}"
             )));
         }
-        let head_dim = g
-            .get_u64(&key("attention.key_length"))
-            .map_or(hidden_size / n_heads, |v| v as usize);
-        let linear = match g.get_bool_array(&key("attention.recurrent_layers")) {
+        let head_dim = m.head_dim(hidden_size, n_heads);
+        let linear = match m.opt_bool_array("attention.recurrent_layers") {
             Some(r) if r.len() == n_layers => r.to_vec(),
             Some(r) => {
                 return Err(EngineError::Config(format!(
@@ -152,12 +150,12 @@ impl Qwen35Config {
                 )));
             }
             None => {
-                let interval = g.get_u64(&key("full_attention_interval")).unwrap_or(4).max(1) as usize;
+                let interval = m.opt_usize("full_attention_interval").unwrap_or(4).max(1);
                 (0..n_layers).map(|i| (i + 1) % interval != 0).collect()
             }
         };
-        let n_v_heads = u("ssm.time_step_rank")?;
-        let inner = u("ssm.inner_size")?;
+        let n_v_heads = m.usize("ssm.time_step_rank")?;
+        let inner = m.usize("ssm.inner_size")?;
         if n_v_heads == 0 || inner % n_v_heads != 0 {
             return Err(EngineError::Config(format!(
                 "ssm.inner_size {inner} is not a multiple of ssm.time_step_rank {n_v_heads}"
@@ -175,26 +173,22 @@ impl Qwen35Config {
         let cfg = Self {
             vocab_size,
             hidden_size,
-            intermediate_size: u("feed_forward_length")?,
+            intermediate_size: m.usize("feed_forward_length")?,
             linear,
             n_heads,
-            n_kv_heads: g
-                .get_u64(&key("attention.head_count_kv"))
-                .map_or(n_heads, |v| v as usize),
+            n_kv_heads: m.opt_usize("attention.head_count_kv").unwrap_or(n_heads),
             head_dim,
-            rope_dims: g
-                .get_u64(&key("rope.dimension_count"))
-                .map_or(head_dim / 4, |v| v as usize),
-            rope_theta: g.get_f32(&key("rope.freq_base")).unwrap_or(10_000_000.0),
+            rope_dims: m.opt_usize("rope.dimension_count").unwrap_or(head_dim / 4),
+            rope_theta: m.opt_f32("rope.freq_base").unwrap_or(10_000_000.0),
             deltanet: DeltaNetShape {
-                n_k_heads: u("ssm.group_count")?,
+                n_k_heads: m.usize("ssm.group_count")?,
                 n_v_heads,
-                k_dim: u("ssm.state_size")?,
+                k_dim: m.usize("ssm.state_size")?,
                 v_dim: inner / n_v_heads,
-                conv_kernel: u("ssm.conv_kernel")?,
+                conv_kernel: m.usize("ssm.conv_kernel")?,
             },
-            rms_eps: g.get_f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-6),
-            context_length: g.get_u64(&key("context_length")).map_or(32768, |v| v as usize),
+            rms_eps: m.opt_f32("attention.layer_norm_rms_epsilon").unwrap_or(1e-6),
+            context_length: m.opt_usize("context_length").unwrap_or(32768),
         };
         cfg.validate()?;
         Ok(cfg)
@@ -202,9 +196,7 @@ impl Qwen35Config {
 
     fn validate(&self) -> Result<()> {
         let bad = |m: &str| Err(EngineError::Config(m.to_string()));
-        if self.n_heads == 0 || self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
-            return bad("query heads must be a positive multiple of key/value heads");
-        }
+        check_heads(self.n_heads, self.n_kv_heads)?;
         if self.head_dim == 0 || self.rope_dims % 2 != 0 || self.rope_dims > self.head_dim {
             return bad("the rotated dimensions (partial_rotary_factor · head_dim) must be even and ≤ head_dim");
         }
@@ -212,9 +204,7 @@ impl Qwen35Config {
         if d.n_k_heads == 0 || d.n_v_heads % d.n_k_heads != 0 || d.k_dim == 0 || d.v_dim == 0 || d.conv_kernel == 0 {
             return bad("linear attention: value heads must be a positive multiple of key heads, dims positive");
         }
-        if self.hidden_size == 0 || self.vocab_size == 0 || self.linear.is_empty() {
-            return bad("hidden size, vocabulary and layer count must be positive");
-        }
+        check_sizes(self.hidden_size, self.vocab_size, self.linear.len())?;
         if self.linear.len() > 4096
             || self.n_heads > 4096
             || self.head_dim > 8192
@@ -236,93 +226,86 @@ impl Qwen35Config {
     }
 }
 
-/// Where a Qwen3.5 file keeps its tensors, and how it stores them.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Qwen35Naming {
-    /// Hugging Face names under the prefix (`model.` or `model.language_model.`).
-    HuggingFace(String),
-    /// llama.cpp's GGUF `qwen35` names and layout.
-    Gguf,
-}
-
-impl Qwen35Naming {
-    fn gguf(&self) -> bool {
-        *self == Self::Gguf
-    }
-
-    /// Added to stored RMSNorm weights (`1 + w` for the Hugging Face layout).
-    fn norm_offset(&self) -> f32 {
-        if self.gguf() { 0.0 } else { 1.0 }
-    }
-
-    fn global(&self, what: &str) -> String {
-        match self {
-            Self::Gguf => match what {
-                "embed" => "token_embd.weight".into(),
-                "norm" => "output_norm.weight".into(),
-                _ => "output.weight".into(),
-            },
-            Self::HuggingFace(p) => match what {
-                "embed" => format!("{p}embed_tokens.weight"),
-                "norm" => format!("{p}norm.weight"),
-                _ => "lm_head.weight".into(),
-            },
+impl Qwen35Config {
+    /// The kernels a model of this configuration compiles, with `names`' weights: per DeltaNet
+    /// layer the fused qkv ‖ z ‖ b ‖ a projection and the output projection plus residual, per
+    /// attention layer the fused (q + gate) ‖ k ‖ v projection and the output projection plus
+    /// residual, each followed by the SwiGLU FFN plus residual; then the LM head. Loading
+    /// compiles exactly this list and `anelm plan` plans it.
+    pub fn kernel_specs(&self, names: &TensorNames) -> Result<KernelList> {
+        use LayerTensor::*;
+        if names.family() != Family::Qwen35 {
+            return Err(EngineError::Config(format!(
+                "a Qwen3.5 model was given the {:?} tensor names",
+                names.family()
+            )));
         }
-    }
-
-    fn layer(&self, i: usize, what: &str) -> String {
-        match self {
-            Self::Gguf => {
-                let g = match what {
-                    "input_norm" => "attn_norm.weight",
-                    "post_norm" => "post_attention_norm.weight",
-                    "qkv" => "attn_qkv.weight",
-                    "z" => "attn_gate.weight",
-                    "b" => "ssm_beta.weight",
-                    "a" => "ssm_alpha.weight",
-                    "conv" => "ssm_conv1d.weight",
-                    "neg_a" => "ssm_a",
-                    "dt_bias" => "ssm_dt.bias",
-                    "gated_norm" => "ssm_norm.weight",
-                    "out" => "ssm_out.weight",
-                    "q" => "attn_q.weight",
-                    "k" => "attn_k.weight",
-                    "v" => "attn_v.weight",
-                    "o" => "attn_output.weight",
-                    "q_norm" => "attn_q_norm.weight",
-                    "k_norm" => "attn_k_norm.weight",
-                    "gate" => "ffn_gate.weight",
-                    "up" => "ffn_up.weight",
-                    _ => "ffn_down.weight",
+        let h = self.hidden_size;
+        let hd = self.head_dim;
+        let d = self.deltanet;
+        let layers = (self.linear.iter().enumerate())
+            .map(|(i, &linear)| {
+                let mut kernels = if linear {
+                    vec![
+                        KernelDesc::concat(
+                            KernelRole::InputProj,
+                            names,
+                            i,
+                            &[
+                                (SsmQkv, d.conv_dim()),
+                                (SsmZ, d.value_width()),
+                                (SsmBeta, d.n_v_heads),
+                                (SsmAlpha, d.n_v_heads),
+                            ],
+                            h,
+                        )?,
+                        KernelDesc::linear(
+                            KernelRole::OutputProjResidual,
+                            names,
+                            i,
+                            SsmOut,
+                            h,
+                            d.value_width(),
+                            true,
+                        )?,
+                    ]
+                } else {
+                    let kv = self.n_kv_heads * hd;
+                    vec![
+                        KernelDesc::concat(
+                            KernelRole::InputProj,
+                            names,
+                            i,
+                            // Each query head is followed by its output gate.
+                            &[(AttnQ, 2 * self.n_heads * hd), (AttnK, kv), (AttnV, kv)],
+                            h,
+                        )?,
+                        KernelDesc::linear(
+                            KernelRole::OutputProjResidual,
+                            names,
+                            i,
+                            AttnOutput,
+                            h,
+                            self.n_heads * hd,
+                            true,
+                        )?,
+                    ]
                 };
-                format!("blk.{i}.{g}")
-            }
-            Self::HuggingFace(p) => {
-                let h = match what {
-                    "input_norm" => "input_layernorm.weight",
-                    "post_norm" => "post_attention_layernorm.weight",
-                    "qkv" => "linear_attn.in_proj_qkv.weight",
-                    "z" => "linear_attn.in_proj_z.weight",
-                    "b" => "linear_attn.in_proj_b.weight",
-                    "a" => "linear_attn.in_proj_a.weight",
-                    "conv" => "linear_attn.conv1d.weight",
-                    "neg_a" => "linear_attn.A_log",
-                    "dt_bias" => "linear_attn.dt_bias",
-                    "gated_norm" => "linear_attn.norm.weight",
-                    "out" => "linear_attn.out_proj.weight",
-                    "q" => "self_attn.q_proj.weight",
-                    "k" => "self_attn.k_proj.weight",
-                    "v" => "self_attn.v_proj.weight",
-                    "o" => "self_attn.o_proj.weight",
-                    "q_norm" => "self_attn.q_norm.weight",
-                    "k_norm" => "self_attn.k_norm.weight",
-                    "gate" => "mlp.gate_proj.weight",
-                    "up" => "mlp.up_proj.weight",
-                    _ => "mlp.down_proj.weight",
-                };
-                format!("{p}layers.{i}.{h}")
-            }
-        }
+                kernels.push(KernelDesc::swiglu_residual(names, i, h, self.intermediate_size)?);
+                Ok(LayerKernels {
+                    kind: if linear {
+                        LayerKind::LinearAttention
+                    } else {
+                        LayerKind::Attention
+                    },
+                    kernels,
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(KernelList {
+            layers,
+            lm_head: KernelDesc::lm_head(names, self.vocab_size, h)?,
+        })
     }
 }
 
@@ -378,105 +361,72 @@ fn small_tensor(store: &Arc<dyn TensorStore>, name: &str, len: usize) -> Result<
 }
 
 impl Qwen35 {
-    /// Compile every kernel on `backend`; `naming` says where and how the file keeps the text
+    /// Compile every kernel on `backend`; `names` says where the file keeps the text
     /// model's tensors. `progress(done, total)` is called after each layer.
     pub fn load(
         cfg: Qwen35Config,
         store: &Arc<dyn TensorStore>,
-        naming: &Qwen35Naming,
+        names: &TensorNames,
         backend: &dyn Backend,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
         let h = cfg.hidden_size;
         let hd = cfg.head_dim;
         let n_layers = cfg.n_layers();
-        let embed_name = naming.global("embed");
-        let offset = naming.norm_offset();
-        let embed = StoredMatrix::load(store, &embed_name)?;
-        embed.expect_shape(cfg.vocab_size, h)?;
+        let list = cfg.kernel_specs(names)?.for_store(store, names)?;
+        // GGUF stores `(1 + w)` norms as `1 + w`, Hugging Face as `w`.
+        let offset = if names.is_gguf() { 0.0 } else { 1.0 };
+        let embed = load_embedding(store, names, cfg.vocab_size, h)?;
         let vector = |name: &str, len: usize, offset: f32| -> Result<Vec<f32>> {
             let mut v = small_tensor(store, name, len)?;
             v.iter_mut().for_each(|w| *w += offset);
             Ok(v)
         };
-        let check = |name: &str, rows: usize, cols: usize| -> Result<()> {
-            StoredMatrix::load(store, name)?.expect_shape(rows, cols)
-        };
-        let compile = |spec: KernelSpec| backend.compile(&spec, store);
         let d = cfg.deltanet;
         let mut layers = Vec::with_capacity(n_layers);
-        for (i, &linear) in cfg.linear.iter().enumerate() {
-            let name = |what: &str| naming.layer(i, what);
-            let w = |what: &str| WeightId::new(name(what));
+        for (i, (&linear, described)) in cfg.linear.iter().zip(&list.layers).enumerate() {
+            use LayerTensor::*;
+            let name = |t: LayerTensor| names.layer(i, t);
+            let mut compiled = CompiledLayer::compile(described, backend, store, names)?;
             let mixer = if linear {
-                check(&name("qkv"), d.conv_dim(), h)?;
-                check(&name("z"), d.value_width(), h)?;
-                check(&name("b"), d.n_v_heads, h)?;
-                check(&name("a"), d.n_v_heads, h)?;
-                check(&name("out"), h, d.value_width())?;
-                let stored_a = small_tensor(store, &name("neg_a"), d.n_v_heads)?;
-                let (neg_a, order) = if naming.gguf() {
+                let stored_a = small_tensor(store, &name(SsmA)?, d.n_v_heads)?;
+                let (neg_a, order) = if names.is_gguf() {
                     (stored_a, VHeadOrder::Tiled)
                 } else {
                     (GatedDeltaNet::neg_a_from_log(&stored_a), VHeadOrder::Grouped)
                 };
                 let net = GatedDeltaNet::new(
                     d,
-                    small_tensor(store, &name("conv"), d.conv_dim() * d.conv_kernel)?,
+                    small_tensor(store, &name(SsmConv)?, d.conv_dim() * d.conv_kernel)?,
                     neg_a,
-                    small_tensor(store, &name("dt_bias"), d.n_v_heads)?,
-                    small_tensor(store, &name("gated_norm"), d.v_dim)?,
+                    small_tensor(store, &name(SsmDtBias)?, d.n_v_heads)?,
+                    small_tensor(store, &name(SsmNorm)?, d.v_dim)?,
                     cfg.rms_eps,
                     order,
                 )?;
                 Mixer::Linear {
-                    proj: compile(KernelSpec::Concat {
-                        ws: vec![w("qkv"), w("z"), w("b"), w("a")],
-                    })?,
+                    proj: compiled.take(KernelRole::InputProj)?,
                     net,
-                    out: compile(KernelSpec::LinearResidual { w: w("out") })?,
+                    out: compiled.take(KernelRole::OutputProjResidual)?,
                 }
             } else {
-                check(&name("q"), 2 * cfg.n_heads * hd, h)?;
-                check(&name("k"), cfg.n_kv_heads * hd, h)?;
-                check(&name("v"), cfg.n_kv_heads * hd, h)?;
-                check(&name("o"), h, cfg.n_heads * hd)?;
                 Mixer::Attention {
-                    qkv: compile(KernelSpec::Concat {
-                        ws: vec![w("q"), w("k"), w("v")],
-                    })?,
-                    q_norm: vector(&name("q_norm"), hd, offset)?,
-                    k_norm: vector(&name("k_norm"), hd, offset)?,
-                    out: compile(KernelSpec::LinearResidual { w: w("o") })?,
+                    qkv: compiled.take(KernelRole::InputProj)?,
+                    q_norm: vector(&name(AttnQNorm)?, hd, offset)?,
+                    k_norm: vector(&name(AttnKNorm)?, hd, offset)?,
+                    out: compiled.take(KernelRole::OutputProjResidual)?,
                 }
             };
-            check(&name("gate"), cfg.intermediate_size, h)?;
-            check(&name("up"), cfg.intermediate_size, h)?;
-            check(&name("down"), h, cfg.intermediate_size)?;
-            let ffn_residual = compile(KernelSpec::SwiGluResidual {
-                gate: w("gate"),
-                up: w("up"),
-                down: w("down"),
-            })?;
-            if ffn_residual.shape().input != h || ffn_residual.shape().output != h {
-                return Err(EngineError::Config(format!(
-                    "layer {i}: FFN width differs from hidden size"
-                )));
-            }
+            let ffn_residual = compiled.take(KernelRole::FfnResidual)?;
             layers.push(Layer {
-                input_norm: vector(&name("input_norm"), h, offset)?,
-                post_norm: vector(&name("post_norm"), h, offset)?,
+                input_norm: vector(&name(AttnNorm)?, h, offset)?,
+                post_norm: vector(&name(FfnNorm)?, h, offset)?,
                 mixer,
                 ffn_residual,
             });
             progress(i + 1, n_layers + 1);
         }
-        let head_name = if store.contains(&naming.global("output")) {
-            naming.global("output")
-        } else {
-            embed_name
-        };
-        let lm_head = compile_lm_head(backend, store, &head_name, cfg.vocab_size, h)?;
+        let lm_head = list.lm_head.compile(backend, store, names)?;
         progress(n_layers + 1, n_layers + 1);
         let info = ModelInfo {
             architecture: "qwen3_5".into(),
@@ -486,7 +436,7 @@ impl Qwen35 {
             hidden_size: h,
         };
         Ok(Self {
-            output_norm: vector(&naming.global("norm"), h, offset)?,
+            output_norm: vector(&names.name(Tensor::OutputNorm)?, h, offset)?,
             rope: Rope::new(cfg.rope_dims, cfg.rope_theta, RopePairing::Halves),
             attention: Attention {
                 n_heads: cfg.n_heads,

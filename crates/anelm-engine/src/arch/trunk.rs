@@ -1,0 +1,35 @@
+//! The tensors every decoder loads the same way around its layers: the token embedding (kept
+//! in its stored format, rows decoded per token) and norm vectors. (The LM head is the last
+//! kernel of the architecture's [`crate::arch::kernel_list::KernelList`].)
+
+use std::sync::Arc;
+
+use anelm_model::tensor_store::TensorStore;
+
+use crate::arch::tensor_names::{Tensor, TensorNames};
+use crate::error::Result;
+use crate::stored_matrix::StoredMatrix;
+
+/// The `vocab × hidden` token embedding, its shape checked.
+pub(crate) fn load_embedding(
+    store: &Arc<dyn TensorStore>,
+    names: &TensorNames,
+    vocab: usize,
+    hidden: usize,
+) -> Result<StoredMatrix> {
+    let embed = StoredMatrix::load(store, &names.name(Tensor::TokenEmbedding)?)?;
+    embed.expect_shape(vocab, hidden)?;
+    Ok(embed)
+}
+
+/// A norm weight of `len` values in f32, plus `offset` (1 for files storing `(1 + w)` norms as
+/// `w`, else 0).
+pub(crate) fn norm_vector(store: &Arc<dyn TensorStore>, name: &str, len: usize, offset: f32) -> Result<Vec<f32>> {
+    let m = StoredMatrix::load(store, name)?;
+    m.expect_shape(1, len)?;
+    let mut v = m.to_f32()?;
+    if offset != 0.0 {
+        v.iter_mut().for_each(|w| *w += offset);
+    }
+    Ok(v)
+}
