@@ -1,19 +1,23 @@
 //! `anelm plan` on an encoder (a BERT-family embedding model's directory or `config.json`): its
 //! ANE kernels, dispatches and bytes per 32-token step, and the modelled tokens/s and
-//! embeddings/s per chip for texts of `--seq-len` tokens (`anelm_ane::plan_encoder`).
+//! embeddings/s per chip for texts of `--seq-len` tokens (`anelm_ane::plan_encoder_kernels` over the
+//! kernels `BertConfig::kernel_specs` describes, which loading compiles).
 
 use std::path::Path;
 
 use anyhow::Result;
 use serde_json::json;
 
-use anelm_ane::{CHIPS, ChipProfile, EncoderDims, EncoderPlan, LANES, PlanOptions, WeightMode, plan_encoder};
+use anelm_ane::{
+    CHIPS, ChipProfile, EncoderDims, EncoderPlan, LANES, ModelKernel, PlanOptions, WeightMode, plan_encoder_kernels,
+};
 use anelm_engine::arch::bert::BertConfig;
+use anelm_engine::plan_dims::encoder_kernels;
 use anelm_model::hf_config::HfConfig;
 
-/// The encoder shapes of the model at `path` when it is a BERT `config.json` (or a directory
-/// holding one); `None` for any other model.
-pub fn encoder_dims(path: &Path) -> Result<Option<EncoderDims>> {
+/// The encoder shapes of the model at `path` and the kernels each of its layers compiles, when
+/// it is a BERT `config.json` (or a directory holding one); `None` for any other model.
+pub fn encoder_dims(path: &Path) -> Result<Option<(EncoderDims, Vec<ModelKernel>)>> {
     let config = if path.is_dir() {
         path.join("config.json")
     } else {
@@ -26,19 +30,14 @@ pub fn encoder_dims(path: &Path) -> Result<Option<EncoderDims>> {
     if hf.model_type != "bert" {
         return Ok(None);
     }
-    let c = BertConfig::from_hf(&hf)?;
-    Ok(Some(EncoderDims {
-        hidden: c.hidden_size,
-        intermediate: c.intermediate_size,
-        layers: c.n_layers,
-        max_positions: c.max_positions,
-    }))
+    Ok(Some(encoder_kernels(&BertConfig::from_hf(&hf)?)?))
 }
 
 /// Print the encoder plan (or its JSON) for one chip or every chip.
 pub fn run(
     model: &str,
     dims: &EncoderDims,
+    layer: &[ModelKernel],
     mode: WeightMode,
     seq_len: usize,
     chip: Option<ChipProfile>,
@@ -47,7 +46,7 @@ pub fn run(
     if seq_len == 0 || seq_len > dims.max_positions {
         anyhow::bail!("--seq-len must be from 1 to {} for this model", dims.max_positions);
     }
-    let p = plan_encoder(dims, &PlanOptions::with_weights(mode))?;
+    let p = plan_encoder_kernels(dims, layer, &PlanOptions::with_weights(mode))?;
     let shown = chip.unwrap_or_default();
     if as_json {
         println!("{}", plan_json(model, &p, &shown, seq_len));
