@@ -47,8 +47,8 @@ mod lower;
 mod plan;
 mod plan_encoder;
 mod plan_host;
-mod plan_serve;
 mod plan_input;
+mod plan_serve;
 mod program_build;
 mod quant;
 mod rules;
@@ -78,8 +78,8 @@ pub use plan::{
 };
 pub use plan_encoder::{EncoderDims, EncoderKernel, EncoderPlan, plan_encoder, plan_encoder_kernels};
 pub use plan_host::{DEFAULT_CONTEXT, HostOptions, HostRuntime, StepCost, StreamWork, Work, stream_work};
-pub use plan_serve::ServeLoad;
 pub use plan_input::{ModelKernel, ModelKernels, ModelLayer};
+pub use plan_serve::ServeLoad;
 pub use program_build::{
     BuildCounters, BuildError, BuildStats, FallbackHook, FfnWeights, KernelFallback, ProgramBuilder,
 };

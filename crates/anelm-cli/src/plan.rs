@@ -280,12 +280,17 @@ pub fn run(a: PlanArgs) -> Result<()> {
     };
     let chip = calibrated.as_ref().map(|(c, _)| *c).or(chip);
     // Encoders (embedding models) have their own plan: 32 tokens per dispatch, no decode.
-    if let Some(dims) = crate::plan_encoder::encoder_dims(&path)? {
+    if let Some((dims, layer)) = crate::plan_encoder::encoder_dims(&path)? {
         let model = path.display().to_string();
         if let Some((_, note)) = calibrated.as_ref().filter(|_| !a.json) {
             println!("{note}");
         }
-        return crate::plan_encoder::run(&model, &dims, a.weights.mode(), a.seq_len, chip, a.json, a.explain);
+        let output = match (a.json, a.explain) {
+            (true, _) => crate::plan_encoder::EncoderOutput::Json,
+            (false, true) => crate::plan_encoder::EncoderOutput::Explain,
+            (false, false) => crate::plan_encoder::EncoderOutput::Table,
+        };
+        return crate::plan_encoder::run(&model, &dims, &layer, a.weights.mode(), a.seq_len, chip, output);
     }
     let p = plan_model(&path, a.weights.mode())?;
     let host = HostOptions {

@@ -1,19 +1,23 @@
 //! `anelm plan` on an encoder (a BERT-family embedding model's directory or `config.json`): its
 //! ANE kernels, dispatches and bytes per 32-token step, and the modelled tokens/s and
-//! embeddings/s per chip for texts of `--seq-len` tokens (`anelm_ane::plan_encoder`).
+//! embeddings/s per chip for texts of `--seq-len` tokens (`anelm_ane::plan_encoder_kernels` over the
+//! kernels `BertConfig::kernel_specs` describes, which loading compiles).
 
 use std::path::Path;
 
 use anyhow::Result;
 use serde_json::json;
 
-use anelm_ane::{CHIPS, ChipProfile, EncoderDims, EncoderPlan, LANES, PlanOptions, WeightMode, plan_encoder};
+use anelm_ane::{
+    CHIPS, ChipProfile, EncoderDims, EncoderPlan, LANES, ModelKernel, PlanOptions, WeightMode, plan_encoder_kernels,
+};
 use anelm_engine::arch::bert::BertConfig;
+use anelm_engine::plan_dims::encoder_kernels;
 use anelm_model::hf_config::HfConfig;
 
-/// The encoder shapes of the model at `path` when it is a BERT `config.json` (or a directory
-/// holding one); `None` for any other model.
-pub fn encoder_dims(path: &Path) -> Result<Option<EncoderDims>> {
+/// The encoder shapes of the model at `path` and the kernels each of its layers compiles, when
+/// it is a BERT `config.json` (or a directory holding one); `None` for any other model.
+pub fn encoder_dims(path: &Path) -> Result<Option<(EncoderDims, Vec<ModelKernel>)>> {
     let config = if path.is_dir() {
         path.join("config.json")
     } else {
@@ -26,25 +30,36 @@ pub fn encoder_dims(path: &Path) -> Result<Option<EncoderDims>> {
     if hf.model_type != "bert" {
         return Ok(None);
     }
-    Ok(Some(BertConfig::from_hf(&hf)?.encoder_dims()))
+    Ok(Some(encoder_kernels(&BertConfig::from_hf(&hf)?)?))
+}
+
+/// What `anelm plan` prints for an encoder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EncoderOutput {
+    /// The kernel table and the per-chip rates.
+    Table,
+    /// The table, then where a step's time goes on the chosen chip (`--explain`).
+    Explain,
+    /// One JSON object (`--json`).
+    Json,
 }
 
 /// Print the encoder plan (or its JSON) for one chip or every chip.
 pub fn run(
     model: &str,
     dims: &EncoderDims,
+    layer: &[ModelKernel],
     mode: WeightMode,
     seq_len: usize,
     chip: Option<ChipProfile>,
-    as_json: bool,
-    explain: bool,
+    output: EncoderOutput,
 ) -> Result<()> {
     if seq_len == 0 || seq_len > dims.max_positions {
         anyhow::bail!("--seq-len must be from 1 to {} for this model", dims.max_positions);
     }
-    let p = plan_encoder(dims, &PlanOptions::with_weights(mode))?;
+    let p = plan_encoder_kernels(dims, layer, &PlanOptions::with_weights(mode))?;
     let shown = chip.unwrap_or_default();
-    if as_json {
+    if output == EncoderOutput::Json {
         println!("{}", plan_json(model, &p, &shown, seq_len));
         return Ok(());
     }
@@ -93,7 +108,7 @@ pub fn run(
             p.single_text_seconds(c, seq_len) * 1e3
         );
     }
-    if explain {
+    if output == EncoderOutput::Explain {
         println!("\nwhere a step's time goes on {} (per token):", shown.name);
         print!("{}", p.step_cost(&shown, seq_len).explain());
     }

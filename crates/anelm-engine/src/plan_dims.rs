@@ -6,11 +6,13 @@
 
 use std::path::Path;
 
-use anelm_ane::{BlockLayout, LinearAttention, ModelDims, ModelKernels, SlidingWindow};
+use anelm_ane::{BlockLayout, EncoderDims, LinearAttention, ModelDims, ModelKernel, ModelKernels, SlidingWindow};
 use anelm_model::gguf::GgufFile;
 use anelm_model::hf_config::HfConfig;
 
+use crate::arch::bert::BertConfig;
 use crate::arch::gemma3::Gemma3Config;
+use crate::arch::kernel_list::KernelDesc;
 use crate::arch::llama::LlamaConfig;
 use crate::arch::qwen3_5::Qwen35Config;
 use crate::arch::tensor_names::{Family, TensorNames};
@@ -165,4 +167,24 @@ fn qwen35(c: &Qwen35Config) -> Result<ModelDims> {
             n,
         )
     })
+}
+
+/// What `anelm plan` plans for a BERT encoder: its shapes and the kernels every layer compiles
+/// (`BertConfig::kernel_specs`, which loading compiles), for `anelm_ane::plan_encoder_kernels`.
+pub fn encoder_kernels(c: &BertConfig) -> Result<(EncoderDims, Vec<ModelKernel>)> {
+    let dims = c.encoder_dims();
+    let layers: Vec<Vec<ModelKernel>> = (c.kernel_specs("").iter())
+        .map(|l| l.kernels.iter().map(KernelDesc::model_kernel).collect())
+        .collect();
+    let first = layers
+        .first()
+        .cloned()
+        .ok_or_else(|| EngineError::Config("an encoder with no layers".into()))?;
+    // The encoder plan is one layer's kernels times the layer count.
+    if layers.iter().any(|l| *l != first) {
+        return Err(EngineError::Config(
+            "the encoder's layers compile different kernels; the encoder planner models identical layers".into(),
+        ));
+    }
+    Ok((dims, first))
 }

@@ -9,11 +9,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use anelm_ane::{AneKernel, PlanOptions, plan_encoder};
+use anelm_ane::{AneKernel, PlanOptions, plan_encoder_kernels};
 use anelm_engine::arch::bert::BertConfig;
 use anelm_engine::backend::{Backend, Kernel, KernelShape, KernelSpec, WeightId};
 use anelm_engine::default_model::{DEFAULT_MODEL_FILE, cache_dir};
-use anelm_engine::plan_dims::{model_dims, model_kernels};
+use anelm_engine::plan_dims::{encoder_kernels, model_dims, model_kernels};
 use anelm_engine::{Batch, Dispatch, Embedder, EngineError, Result, load_model_weights};
 use anelm_model::hf_config::HfConfig;
 use anelm_model::tensor_store::TensorStore;
@@ -175,8 +175,10 @@ fn the_bert_encoder_compiles_what_the_encoder_planner_plans() {
     Embedder::load(&dir, &rec).expect("load all-MiniLM-L6-v2");
     let compiled = rec.seen.into_inner().expect("lock");
     let c = BertConfig::from_hf(&HfConfig::from_file(&dir.join("config.json")).expect("config")).expect("bert");
-    let dims = c.encoder_dims();
-    let plan = plan_encoder(&dims, &PlanOptions::default()).expect("plan");
+    // What `anelm plan` plans: the description's layer, which the shapes-only derivation matches.
+    let (dims, layer) = encoder_kernels(&c).expect("encoder kernels");
+    assert_eq!(layer, dims.kernels());
+    let plan = plan_encoder_kernels(&dims, &layer, &PlanOptions::default()).expect("plan");
     let planned: Vec<AneKernel> = (0..dims.layers)
         .flat_map(|_| plan.layer.iter().map(|k| k.kernel.clone()))
         .collect();

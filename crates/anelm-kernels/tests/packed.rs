@@ -158,7 +158,10 @@ fn packed_k_quant_and_legacy_kernels_match_their_row_major_kernels() {
             }
             // IQ4_NL has packed kernels on x86-64 only; aarch64 keeps it row-major.
             if cfg!(target_arch = "aarch64") && fmt == WeightFormat::IQ4_NL {
-                assert!(packed.is_none(), "the NEON kernels do not read IQ4_NL: it must not pack");
+                assert!(
+                    packed.is_none(),
+                    "the NEON kernels do not read IQ4_NL: it must not pack"
+                );
                 continue;
             }
             let Some(packed) = packed else {

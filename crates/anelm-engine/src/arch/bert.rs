@@ -10,6 +10,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+use anelm_ane::{KernelRole, LayerKind};
 use anelm_kernels::pool;
 
 use crate::arch::bert_attention::{AttentionShape, attend_packed};
@@ -18,6 +19,8 @@ use anelm_model::tensor_store::TensorStore;
 
 use crate::arch::bert_tensors::BertTensor;
 use crate::arch::config_read::need;
+use crate::arch::kernel_compile::CompiledLayer;
+use crate::arch::kernel_list::{KernelDesc, KernelWeight, LayerKernels};
 use crate::backend::{Backend, Kernel, KernelSpec, WeightId};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
@@ -132,6 +135,60 @@ impl BertConfig {
     }
 }
 
+impl BertConfig {
+    /// The kernels each encoder layer compiles, with the tensors under `prefix` (`""` or
+    /// `"bert."`): the fused q ‖ k ‖ v projection, the output projection plus residual, the FFN
+    /// up projection and the down projection plus residual (biases, GELU, LayerNorm and
+    /// attention run on the host). Loading compiles exactly this list and `anelm plan` plans it.
+    pub fn kernel_specs(&self, prefix: &str) -> Vec<LayerKernels<BertTensor>> {
+        use BertTensor::*;
+        let (h, f) = (self.hidden_size, self.intermediate_size);
+        let w = |t: BertTensor| WeightId::new(t.hf_name(prefix));
+        let weight = |tensor: BertTensor, rows: usize, cols: usize| KernelWeight { tensor, rows, cols };
+        (0..self.n_layers)
+            .map(|i| LayerKernels {
+                kind: LayerKind::Attention,
+                kernels: vec![
+                    KernelDesc {
+                        role: KernelRole::InputProj,
+                        spec: KernelSpec::Concat {
+                            ws: vec![w(QueryWeight(i)), w(KeyWeight(i)), w(ValueWeight(i))],
+                        },
+                        weights: vec![
+                            weight(QueryWeight(i), h, h),
+                            weight(KeyWeight(i), h, h),
+                            weight(ValueWeight(i), h, h),
+                        ],
+                        rows: 3 * h,
+                        cols: h,
+                    },
+                    KernelDesc {
+                        role: KernelRole::OutputProjResidual,
+                        spec: KernelSpec::LinearResidual { w: w(AttnOutWeight(i)) },
+                        weights: vec![weight(AttnOutWeight(i), h, h)],
+                        rows: h,
+                        cols: h,
+                    },
+                    KernelDesc {
+                        role: KernelRole::FfnUp,
+                        spec: KernelSpec::Linear { w: w(FfnUpWeight(i)) },
+                        weights: vec![weight(FfnUpWeight(i), f, h)],
+                        rows: f,
+                        cols: h,
+                    },
+                    KernelDesc {
+                        role: KernelRole::FfnDownResidual,
+                        spec: KernelSpec::LinearResidual { w: w(FfnDownWeight(i)) },
+                        weights: vec![weight(FfnDownWeight(i), h, f)],
+                        rows: h,
+                        cols: f,
+                    },
+                ],
+            })
+            .collect()
+    }
+}
+
 /// LayerNorm weight and bias.
 struct Norm {
     w: Vec<f32>,
@@ -196,50 +253,29 @@ impl Bert {
                 b: vector(b, h)?,
             })
         };
-        let compile = |spec: KernelSpec, input: usize, output: usize| -> Result<Box<dyn Kernel>> {
-            let k = backend.compile(&spec, store)?;
-            let s = k.shape();
-            if s.input != input || s.output != output {
-                return Err(EngineError::Config(format!(
-                    "kernel {spec:?} is {}→{}, expected {input}→{output}",
-                    s.input, s.output
-                )));
-            }
-            Ok(k)
-        };
-        let w = |t: BertTensor| WeightId::new(name(t));
-
         let word = matrix(BertTensor::WordEmbeddings, cfg.vocab_size, h)?;
         let positions = matrix(BertTensor::PositionEmbeddings, cfg.max_positions, h)?.to_f32()?;
         let types = matrix(BertTensor::TokenTypeEmbeddings, cfg.type_vocab_size, h)?.to_f32()?;
         let token_type = types[..h].to_vec();
         let embed_norm = norm(BertTensor::EmbeddingNormWeight, BertTensor::EmbeddingNormBias)?;
         let mut layers = Vec::with_capacity(cfg.n_layers);
-        for i in 0..cfg.n_layers {
+        let list = cfg.kernel_specs(prefix);
+        let named = |t: BertTensor| -> Result<String> { Ok(name(t)) };
+        for (i, described) in list.iter().enumerate() {
             use BertTensor::*;
-            for t in [QueryWeight(i), KeyWeight(i), ValueWeight(i), AttnOutWeight(i)] {
-                matrix(t, h, h)?;
-            }
-            matrix(FfnUpWeight(i), ffn, h)?;
-            matrix(FfnDownWeight(i), h, ffn)?;
+            let mut compiled = CompiledLayer::compile_named(described, backend, store, &named)?;
             let mut qkv_bias = vector(QueryBias(i), h)?;
             qkv_bias.extend(vector(KeyBias(i), h)?);
             qkv_bias.extend(vector(ValueBias(i), h)?);
             layers.push(Layer {
-                qkv: compile(
-                    KernelSpec::Concat {
-                        ws: vec![w(QueryWeight(i)), w(KeyWeight(i)), w(ValueWeight(i))],
-                    },
-                    h,
-                    3 * h,
-                )?,
+                qkv: compiled.take(KernelRole::InputProj)?,
                 qkv_bias,
-                attn_out: compile(KernelSpec::LinearResidual { w: w(AttnOutWeight(i)) }, h, h)?,
+                attn_out: compiled.take(KernelRole::OutputProjResidual)?,
                 attn_out_bias: vector(AttnOutBias(i), h)?,
                 attn_norm: norm(AttnNormWeight(i), AttnNormBias(i))?,
-                ffn_up: compile(KernelSpec::Linear { w: w(FfnUpWeight(i)) }, h, ffn)?,
+                ffn_up: compiled.take(KernelRole::FfnUp)?,
                 ffn_up_bias: vector(FfnUpBias(i), ffn)?,
-                ffn_down: compile(KernelSpec::LinearResidual { w: w(FfnDownWeight(i)) }, ffn, h)?,
+                ffn_down: compiled.take(KernelRole::FfnDownResidual)?,
                 ffn_down_bias: vector(FfnDownBias(i), h)?,
                 ffn_norm: norm(FfnNormWeight(i), FfnNormBias(i))?,
             });

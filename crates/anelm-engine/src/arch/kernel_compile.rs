@@ -13,16 +13,17 @@ use crate::backend::{Backend, Kernel};
 use crate::error::{EngineError, Result};
 use crate::stored_matrix::StoredMatrix;
 
-impl KernelDesc {
-    /// Check the weights' shapes, compile on `backend`, check the kernel's widths.
-    pub fn compile(
+impl<R: Copy> KernelDesc<R> {
+    /// Check the weights' shapes (each role's stored name from `name`), compile on `backend`,
+    /// check the kernel's widths.
+    pub fn compile_named(
         &self,
         backend: &dyn Backend,
         store: &Arc<dyn TensorStore>,
-        names: &TensorNames,
+        name: &dyn Fn(R) -> Result<String>,
     ) -> Result<Box<dyn Kernel>> {
         for w in &self.weights {
-            StoredMatrix::load(store, &names.name(w.tensor)?)?.expect_shape(w.rows, w.cols)?;
+            StoredMatrix::load(store, &name(w.tensor)?)?.expect_shape(w.rows, w.cols)?;
         }
         let kernel = backend.compile(&self.spec, store)?;
         let shape = kernel.shape();
@@ -36,23 +37,45 @@ impl KernelDesc {
     }
 }
 
+impl KernelDesc {
+    /// [`KernelDesc::compile_named`] with a decoder's tensor names.
+    pub fn compile(
+        &self,
+        backend: &dyn Backend,
+        store: &Arc<dyn TensorStore>,
+        names: &TensorNames,
+    ) -> Result<Box<dyn Kernel>> {
+        self.compile_named(backend, store, &|t| names.name(t))
+    }
+}
+
 /// One layer's compiled kernels, taken by role as the architecture assembles its layer.
 pub(crate) struct CompiledLayer {
     kernels: Vec<(KernelRole, Box<dyn Kernel>)>,
 }
 
 impl CompiledLayer {
-    /// Compile every kernel of `layer`, in order.
+    /// Compile every kernel of a decoder layer, in order.
     pub(crate) fn compile(
         layer: &LayerKernels,
         backend: &dyn Backend,
         store: &Arc<dyn TensorStore>,
         names: &TensorNames,
     ) -> Result<Self> {
+        Self::compile_named(layer, backend, store, &|t| names.name(t))
+    }
+
+    /// Compile every kernel of `layer`, in order, each role's stored name from `name`.
+    pub(crate) fn compile_named<R: Copy>(
+        layer: &LayerKernels<R>,
+        backend: &dyn Backend,
+        store: &Arc<dyn TensorStore>,
+        name: &dyn Fn(R) -> Result<String>,
+    ) -> Result<Self> {
         let kernels = layer
             .kernels
             .iter()
-            .map(|k| Ok((k.role, k.compile(backend, store, names)?)))
+            .map(|k| Ok((k.role, k.compile_named(backend, store, name)?)))
             .collect::<Result<_>>()?;
         Ok(Self { kernels })
     }

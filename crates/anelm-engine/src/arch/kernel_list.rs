@@ -13,11 +13,12 @@ use crate::arch::tensor_names::{LayerTensor, Tensor, TensorNames};
 use crate::backend::{KernelSpec, WeightId};
 use crate::error::Result;
 
-/// One matrix a kernel reads, and the shape the configuration implies for it.
+/// One matrix a kernel reads, and the shape the configuration implies for it. `R` is the
+/// family's tensor-role type: [`Tensor`] for the decoders, `BertTensor` for BERT.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KernelWeight {
+pub struct KernelWeight<R = Tensor> {
     /// Its role.
-    pub tensor: Tensor,
+    pub tensor: R,
     /// Output rows.
     pub rows: usize,
     /// Input columns.
@@ -26,13 +27,13 @@ pub struct KernelWeight {
 
 /// One kernel a model compiles.
 #[derive(Clone, Debug, PartialEq)]
-pub struct KernelDesc {
+pub struct KernelDesc<R = Tensor> {
     /// What it is for (the planner's role; the LM head is `LmHead { index: 0, count: 1 }`).
     pub role: KernelRole,
     /// What the backend compiles, with the weights' names in the file.
     pub spec: KernelSpec,
     /// The matrices the spec names, in its order, with their expected shapes.
-    pub weights: Vec<KernelWeight>,
+    pub weights: Vec<KernelWeight<R>>,
     /// Output rows of the kernel.
     pub rows: usize,
     /// Input columns of the kernel (its first input, x).
@@ -41,11 +42,11 @@ pub struct KernelDesc {
 
 /// The kernels of one layer, in dispatch order.
 #[derive(Clone, Debug, PartialEq)]
-pub struct LayerKernels {
+pub struct LayerKernels<R = Tensor> {
     /// Its mixer.
     pub kind: LayerKind,
     /// Its kernels.
-    pub kernels: Vec<KernelDesc>,
+    pub kernels: Vec<KernelDesc<R>>,
 }
 
 /// Every kernel a decoder compiles.
@@ -155,7 +156,9 @@ impl KernelDesc {
             cols: hidden,
         })
     }
+}
 
+impl<R> KernelDesc<R> {
     /// The planner's shape of this kernel, whole.
     pub fn ane_kernel(&self) -> AneKernel {
         let (rows, cols) = (self.rows, self.cols);
