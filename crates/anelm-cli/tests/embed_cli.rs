@@ -142,6 +142,13 @@ fn a_directory_that_is_not_an_embedding_model_is_a_one_line_error() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(err.trim_end().lines().count(), 1, "one-line error, got: {err}");
     assert!(err.contains("modules.json"), "{err}");
+    // A path that is not there says so, rather than asking for a modules.json.
+    let missing = dir.join("anelm-no-such-embedder.gguf");
+    let o = embed(&["--model", missing.to_str().expect("path"), "hello"], None);
+    assert_eq!(o.status.code(), Some(1), "exit code (101 would be a panic)");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.trim_end().lines().count(), 1, "one-line error, got: {err}");
+    assert!(err.contains("no such file"), "{err}");
 }
 
 /// The tiny Qwen3 decoder embedder: `--embedding-prompt query` and `--embedding-instruction`
