@@ -438,3 +438,61 @@ impl<const NTA: bool, const GFNI: bool> IntLanes for Zmm<NTA, GFNI> {
         prefetch_lines(p, ZMM_PREFETCH, lines, NTA);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `abs8`, `sign8` and `lookup16` per byte, both widths, against their scalar meaning (the
+    /// 512-bit `sign8` is built from masks, there being no `vpsignb` for zmm).
+    #[test]
+    fn byte_ops_match_their_scalar_meaning() {
+        let a: Vec<u8> = (0..64u32).map(|i| (i * 37 + 11) as u8).collect();
+        let b: Vec<u8> = (0..64u32)
+            .map(|i| if i % 5 == 0 { 0 } else { (i * 91 + 3) as u8 })
+            .collect();
+        let table: [u8; 16] = std::array::from_fn(|i| (i as u8).wrapping_mul(29) ^ 0x5A);
+        let idx: Vec<u8> = (0..64u32).map(|i| (i * 7 % 16) as u8).collect();
+        let sign = |x: u8, s: u8| match (s as i8).signum() {
+            0 => 0,
+            1 => x,
+            _ => (x as i8).wrapping_neg() as u8,
+        };
+        let want_abs: Vec<u8> = a.iter().map(|&x| (x as i8).wrapping_abs() as u8).collect();
+        let want_sign: Vec<u8> = a.iter().zip(&b).map(|(&x, &s)| sign(x, s)).collect();
+        let want_lookup: Vec<u8> = idx.iter().map(|&i| table[usize::from(i)]).collect();
+        let store = |v: &[u8]| v.to_vec();
+        if crate::Features::get().avx2_fma_f16c() {
+            // SAFETY: AVX2, FMA and F16C were detected.
+            let k = unsafe { Ymm::<false>::assume() };
+            let mut out = [0u8; 32];
+            let run = |f: &dyn Fn(__m256i, __m256i) -> __m256i, x: &[u8], y: &[u8], out: &mut [u8; 32]| {
+                let v = f(k.load(x), k.load(y));
+                // SAFETY: `out` holds 32 bytes; AVX per the token.
+                unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), v) };
+            };
+            run(&|x, _| k.abs8(x), &a, &b, &mut out);
+            assert_eq!(store(&out), want_abs[..32]);
+            run(&|x, y| k.sign8(x, y), &a, &b, &mut out);
+            assert_eq!(store(&out), want_sign[..32]);
+            run(&|_, y| k.lookup16(k.table16(&table), y), &a, &idx, &mut out);
+            assert_eq!(store(&out), want_lookup[..32]);
+        }
+        if crate::packed_x86_wide::available() {
+            // SAFETY: AVX2, FMA, F16C and AVX-512F/BW/VL/VNNI were detected.
+            let k = unsafe { Zmm::<false, false>::assume() };
+            let mut out = [0u8; 64];
+            let run = |f: &dyn Fn(__m512i, __m512i) -> __m512i, x: &[u8], y: &[u8], out: &mut [u8; 64]| {
+                let v = f(k.load(x), k.load(y));
+                // SAFETY: `out` holds 64 bytes; AVX-512F per the token.
+                unsafe { _mm512_storeu_si512(out.as_mut_ptr().cast(), v) };
+            };
+            run(&|x, _| k.abs8(x), &a, &b, &mut out);
+            assert_eq!(store(&out), want_abs);
+            run(&|x, y| k.sign8(x, y), &a, &b, &mut out);
+            assert_eq!(store(&out), want_sign);
+            run(&|_, y| k.lookup16(k.table16(&table), y), &a, &idx, &mut out);
+            assert_eq!(store(&out), want_lookup);
+        }
+    }
+}
