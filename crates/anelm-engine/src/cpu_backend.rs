@@ -523,3 +523,83 @@ impl CpuSwiGlu {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use anelm_model::error::ModelError;
+    use anelm_model::tensor_store::TensorView;
+    use std::sync::Mutex;
+
+    /// One bf16 tensor `w` that records how many of its bytes it was told to release.
+    struct Bf16Store {
+        rows: usize,
+        cols: usize,
+        data: Vec<u8>,
+        released: Mutex<usize>,
+    }
+
+    impl TensorStore for Bf16Store {
+        fn tensor(&self, name: &str) -> std::result::Result<TensorView<'_>, ModelError> {
+            if name != "w" {
+                return Err(ModelError::MissingTensor { name: name.into() });
+            }
+            Ok(TensorView {
+                name: "w",
+                format: WeightFormat::BF16,
+                shape: vec![self.rows, self.cols],
+                data: &self.data,
+            })
+        }
+        fn contains(&self, name: &str) -> bool {
+            name == "w"
+        }
+        fn tensor_names(&self) -> Vec<&str> {
+            vec!["w"]
+        }
+        fn release(&self, bytes: &[u8]) {
+            *self.released.lock().unwrap() += bytes.len();
+        }
+    }
+
+    /// A matrix quantised at load keeps one copy: where the CPU packs the target format, the
+    /// packed form only (no row-major quantised bytes behind it), every float byte released, and
+    /// the same products as the row-major quantised matrix.
+    #[test]
+    fn quantised_matrices_hold_one_copy_and_multiply_as_the_row_major_one() {
+        let (rows, cols) = (64, 512);
+        let values: Vec<f32> = (0..rows * cols).map(|i| ((i * 53 % 97) as f32 - 48.0) / 40.0).collect();
+        let mut data = vec![0u8; 2 * rows * cols];
+        anelm_kernels::quantize_row(WeightFormat::BF16, &values, &mut data).unwrap();
+        let store = Arc::new(Bf16Store {
+            rows,
+            cols,
+            data,
+            released: Mutex::new(0),
+        });
+        let dyn_store: Arc<dyn TensorStore> = store.clone();
+        let m = CpuMatrix::quantized(StoredMatrix::load(&dyn_store, "w").unwrap(), LoadQuantization::Q8_0).unwrap();
+        assert_eq!((m.format, m.rows, m.cols), (WeightFormat::Q8_0, rows, cols));
+        assert_eq!(m.weight_bytes, rows * cols / 32 * 34);
+        assert!(*store.released.lock().unwrap() >= 2 * rows * cols, "float pages held");
+        if m.packed.is_some() {
+            assert!(
+                m.stored.is_none(),
+                "a row-major quantised copy is held beside the packed one"
+            );
+        }
+        let reference = quantize_matrix(StoredMatrix::load(&dyn_store, "w").unwrap(), LoadQuantization::Q8_0).unwrap();
+        let lanes = 2;
+        let x: Vec<f32> = (0..lanes * cols).map(|i| ((i * 7 % 13) as f32 - 6.0) / 5.0).collect();
+        let mut act = Activations::new();
+        act.quantize(WeightFormat::Q8_0, &x, lanes, cols).unwrap();
+        let (mut got, mut want) = (vec![0.0; lanes * rows], vec![0.0; lanes * rows]);
+        m.matmul(&act, &mut got).unwrap();
+        CpuMatrix::new(reference, false)
+            .unwrap()
+            .matmul(&act, &mut want)
+            .unwrap();
+        assert_eq!(got, want);
+        assert!(got.iter().any(|&v| v != 0.0));
+    }
+}

@@ -44,25 +44,11 @@ pub(crate) trait IntLanes: Copy {
     fn shl16<const N: i32>(self, a: Self::I) -> Self::I;
     /// Each 16-bit lane shifted right (logically) by `N` (1 to 4).
     fn shr16<const N: i32>(self, a: Self::I) -> Self::I;
-    /// Each 16-bit lane shifted left by a run-time `n`.
-    fn shl16_by(self, a: Self::I, n: i32) -> Self::I;
-    /// Each 16-bit lane shifted right (logically) by a run-time `n`.
-    fn shr16_by(self, a: Self::I, n: i32) -> Self::I;
     /// i32 lanes added.
     fn add32(self, a: Self::I, b: Self::I) -> Self::I;
-    /// i32 lanes multiplied (low 32 bits).
-    fn mul32(self, a: Self::I, b: Self::I) -> Self::I;
-    /// Pairs of i16 lanes multiplied and summed to i32 (`madd`).
-    fn madd16(self, a: Self::I, b: Self::I) -> Self::I;
     /// `acc + Σ` of the u8 × i8 products of `w` and `x` in groups of four (exact for the
     /// packed formats' ranges, see `packed_x86::acc_dot`).
     fn dot(self, acc: Self::I, w: Self::I, x: Self::I) -> Self::I;
-    /// `ROWS` bytes of `b` as i32 lanes, zero-extended (panics if shorter).
-    fn u8_to_i32(self, b: &[u8]) -> Self::I;
-    /// `ROWS` bytes of `b` as i32 lanes, sign-extended (panics if shorter).
-    fn i8_to_i32(self, b: &[u8]) -> Self::I;
-    /// `2 · ROWS` bytes of `b` as i16 lanes, zero-extended (panics if shorter).
-    fn u8_to_i16(self, b: &[u8]) -> Self::I;
     /// The 16 bytes of `t` in every 128-bit lane (a [`IntLanes::lookup16`] table).
     fn table16(self, t: &[u8; 16]) -> Self::I;
     /// Byte `i` of `idx` (each 0..16) replaced by byte `idx[i]` of `table`'s 128-bit lane.
@@ -82,8 +68,6 @@ pub(crate) trait IntLanes: Copy {
     fn to_f32(self, a: Self::I) -> Self::F;
     /// f32 lanes added.
     fn add_f(self, a: Self::F, b: Self::F) -> Self::F;
-    /// f32 lanes subtracted.
-    fn sub_f(self, a: Self::F, b: Self::F) -> Self::F;
     /// f32 lanes multiplied.
     fn mul_f(self, a: Self::F, b: Self::F) -> Self::F;
     /// `a · b + c`, fused, per f32 lane.
@@ -98,10 +82,6 @@ pub(crate) trait IntLanes: Copy {
     /// Prefetch `lines` cache lines of the weight stream, this width's distance past `p` (a
     /// prefetch never faults, so the address may lie past the matrix), with its stream hint.
     fn prefetch_stream(self, p: &[u8], lines: usize);
-    /// [`IntLanes::prefetch_stream`] into every cache level whatever the stream hint.
-    fn prefetch_t0(self, p: &[u8], lines: usize);
-    /// Prefetch the line at `p` with the stream hint (any address).
-    fn prefetch_line(self, p: *const u8);
 }
 
 /// Bytes ahead of the current block that the 8-row kernels prefetch.
@@ -198,29 +178,9 @@ impl<const VNNI: bool> IntLanes for Ymm<VNNI> {
         unsafe { _mm256_srli_epi16::<N>(a) }
     }
     #[inline(always)]
-    fn shl16_by(self, a: __m256i, n: i32) -> __m256i {
-        // SAFETY: see the impl.
-        unsafe { _mm256_sll_epi16(a, _mm_cvtsi32_si128(n)) }
-    }
-    #[inline(always)]
-    fn shr16_by(self, a: __m256i, n: i32) -> __m256i {
-        // SAFETY: see the impl.
-        unsafe { _mm256_srl_epi16(a, _mm_cvtsi32_si128(n)) }
-    }
-    #[inline(always)]
     fn add32(self, a: __m256i, b: __m256i) -> __m256i {
         // SAFETY: see the impl.
         unsafe { _mm256_add_epi32(a, b) }
-    }
-    #[inline(always)]
-    fn mul32(self, a: __m256i, b: __m256i) -> __m256i {
-        // SAFETY: see the impl.
-        unsafe { _mm256_mullo_epi32(a, b) }
-    }
-    #[inline(always)]
-    fn madd16(self, a: __m256i, b: __m256i) -> __m256i {
-        // SAFETY: see the impl.
-        unsafe { _mm256_madd_epi16(a, b) }
     }
     #[inline(always)]
     fn dot(self, acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
@@ -232,24 +192,6 @@ impl<const VNNI: bool> IntLanes for Ymm<VNNI> {
                 _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)))
             }
         }
-    }
-    #[inline(always)]
-    fn u8_to_i32(self, b: &[u8]) -> __m256i {
-        let b = &b[..8];
-        // SAFETY: see the impl; `b` holds 8 bytes (an unaligned 64-bit load).
-        unsafe { _mm256_cvtepu8_epi32(_mm_loadl_epi64(b.as_ptr().cast())) }
-    }
-    #[inline(always)]
-    fn i8_to_i32(self, b: &[u8]) -> __m256i {
-        let b = &b[..8];
-        // SAFETY: see the impl; `b` holds 8 bytes (an unaligned 64-bit load).
-        unsafe { _mm256_cvtepi8_epi32(_mm_loadl_epi64(b.as_ptr().cast())) }
-    }
-    #[inline(always)]
-    fn u8_to_i16(self, b: &[u8]) -> __m256i {
-        let b = &b[..16];
-        // SAFETY: see the impl; `b` holds 16 bytes.
-        unsafe { _mm256_cvtepu8_epi16(_mm_loadu_si128(b.as_ptr().cast())) }
     }
     #[inline(always)]
     fn table16(self, t: &[u8; 16]) -> __m256i {
@@ -298,11 +240,6 @@ impl<const VNNI: bool> IntLanes for Ymm<VNNI> {
         unsafe { _mm256_add_ps(a, b) }
     }
     #[inline(always)]
-    fn sub_f(self, a: __m256, b: __m256) -> __m256 {
-        // SAFETY: see the impl.
-        unsafe { _mm256_sub_ps(a, b) }
-    }
-    #[inline(always)]
     fn mul_f(self, a: __m256, b: __m256) -> __m256 {
         // SAFETY: see the impl.
         unsafe { _mm256_mul_ps(a, b) }
@@ -320,14 +257,6 @@ impl<const VNNI: bool> IntLanes for Ymm<VNNI> {
     #[inline(always)]
     fn prefetch_stream(self, p: &[u8], lines: usize) {
         prefetch_lines(p, YMM_PREFETCH, lines, false);
-    }
-    #[inline(always)]
-    fn prefetch_t0(self, p: &[u8], lines: usize) {
-        prefetch_lines(p, YMM_PREFETCH, lines, false);
-    }
-    #[inline(always)]
-    fn prefetch_line(self, p: *const u8) {
-        prefetch_one(p, false);
     }
 }
 
@@ -416,52 +345,14 @@ impl<const NTA: bool, const GFNI: bool> IntLanes for Zmm<NTA, GFNI> {
         }
     }
     #[inline(always)]
-    fn shl16_by(self, a: __m512i, n: i32) -> __m512i {
-        // SAFETY: see the impl.
-        unsafe { _mm512_sll_epi16(a, _mm_cvtsi32_si128(n)) }
-    }
-    #[inline(always)]
-    fn shr16_by(self, a: __m512i, n: i32) -> __m512i {
-        // SAFETY: see the impl.
-        unsafe { _mm512_srl_epi16(a, _mm_cvtsi32_si128(n)) }
-    }
-    #[inline(always)]
     fn add32(self, a: __m512i, b: __m512i) -> __m512i {
         // SAFETY: see the impl.
         unsafe { _mm512_add_epi32(a, b) }
     }
     #[inline(always)]
-    fn mul32(self, a: __m512i, b: __m512i) -> __m512i {
-        // SAFETY: see the impl.
-        unsafe { _mm512_mullo_epi32(a, b) }
-    }
-    #[inline(always)]
-    fn madd16(self, a: __m512i, b: __m512i) -> __m512i {
-        // SAFETY: see the impl.
-        unsafe { _mm512_madd_epi16(a, b) }
-    }
-    #[inline(always)]
     fn dot(self, acc: __m512i, w: __m512i, x: __m512i) -> __m512i {
         // SAFETY: see the impl.
         unsafe { _mm512_dpbusd_epi32(acc, w, x) }
-    }
-    #[inline(always)]
-    fn u8_to_i32(self, b: &[u8]) -> __m512i {
-        let b = &b[..16];
-        // SAFETY: see the impl; `b` holds 16 bytes.
-        unsafe { _mm512_cvtepu8_epi32(_mm_loadu_si128(b.as_ptr().cast())) }
-    }
-    #[inline(always)]
-    fn i8_to_i32(self, b: &[u8]) -> __m512i {
-        let b = &b[..16];
-        // SAFETY: see the impl; `b` holds 16 bytes.
-        unsafe { _mm512_cvtepi8_epi32(_mm_loadu_si128(b.as_ptr().cast())) }
-    }
-    #[inline(always)]
-    fn u8_to_i16(self, b: &[u8]) -> __m512i {
-        let b = &b[..32];
-        // SAFETY: see the impl; `b` holds 32 bytes.
-        unsafe { _mm512_cvtepu8_epi16(_mm256_loadu_si256(b.as_ptr().cast())) }
     }
     #[inline(always)]
     fn table16(self, t: &[u8; 16]) -> __m512i {
@@ -515,11 +406,6 @@ impl<const NTA: bool, const GFNI: bool> IntLanes for Zmm<NTA, GFNI> {
         unsafe { _mm512_add_ps(a, b) }
     }
     #[inline(always)]
-    fn sub_f(self, a: __m512, b: __m512) -> __m512 {
-        // SAFETY: see the impl.
-        unsafe { _mm512_sub_ps(a, b) }
-    }
-    #[inline(always)]
     fn mul_f(self, a: __m512, b: __m512) -> __m512 {
         // SAFETY: see the impl.
         unsafe { _mm512_mul_ps(a, b) }
@@ -551,12 +437,62 @@ impl<const NTA: bool, const GFNI: bool> IntLanes for Zmm<NTA, GFNI> {
     fn prefetch_stream(self, p: &[u8], lines: usize) {
         prefetch_lines(p, ZMM_PREFETCH, lines, NTA);
     }
-    #[inline(always)]
-    fn prefetch_t0(self, p: &[u8], lines: usize) {
-        prefetch_lines(p, ZMM_PREFETCH, lines, false);
-    }
-    #[inline(always)]
-    fn prefetch_line(self, p: *const u8) {
-        prefetch_one(p, NTA);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `abs8`, `sign8` and `lookup16` per byte, both widths, against their scalar meaning (the
+    /// 512-bit `sign8` is built from masks, there being no `vpsignb` for zmm).
+    #[test]
+    fn byte_ops_match_their_scalar_meaning() {
+        let a: Vec<u8> = (0..64u32).map(|i| (i * 37 + 11) as u8).collect();
+        let b: Vec<u8> = (0..64u32)
+            .map(|i| if i % 5 == 0 { 0 } else { (i * 91 + 3) as u8 })
+            .collect();
+        let table: [u8; 16] = std::array::from_fn(|i| (i as u8).wrapping_mul(29) ^ 0x5A);
+        let idx: Vec<u8> = (0..64u32).map(|i| (i * 7 % 16) as u8).collect();
+        let sign = |x: u8, s: u8| match (s as i8).signum() {
+            0 => 0,
+            1 => x,
+            _ => (x as i8).wrapping_neg() as u8,
+        };
+        let want_abs: Vec<u8> = a.iter().map(|&x| (x as i8).wrapping_abs() as u8).collect();
+        let want_sign: Vec<u8> = a.iter().zip(&b).map(|(&x, &s)| sign(x, s)).collect();
+        let want_lookup: Vec<u8> = idx.iter().map(|&i| table[usize::from(i)]).collect();
+        let store = |v: &[u8]| v.to_vec();
+        if crate::Features::get().avx2_fma_f16c() {
+            // SAFETY: AVX2, FMA and F16C were detected.
+            let k = unsafe { Ymm::<false>::assume() };
+            let mut out = [0u8; 32];
+            let run = |f: &dyn Fn(__m256i, __m256i) -> __m256i, x: &[u8], y: &[u8], out: &mut [u8; 32]| {
+                let v = f(k.load(x), k.load(y));
+                // SAFETY: `out` holds 32 bytes; AVX per the token.
+                unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), v) };
+            };
+            run(&|x, _| k.abs8(x), &a, &b, &mut out);
+            assert_eq!(store(&out), want_abs[..32]);
+            run(&|x, y| k.sign8(x, y), &a, &b, &mut out);
+            assert_eq!(store(&out), want_sign[..32]);
+            run(&|_, y| k.lookup16(k.table16(&table), y), &a, &idx, &mut out);
+            assert_eq!(store(&out), want_lookup[..32]);
+        }
+        if crate::packed_x86_wide::available() {
+            // SAFETY: AVX2, FMA, F16C and AVX-512F/BW/VL/VNNI were detected.
+            let k = unsafe { Zmm::<false, false>::assume() };
+            let mut out = [0u8; 64];
+            let run = |f: &dyn Fn(__m512i, __m512i) -> __m512i, x: &[u8], y: &[u8], out: &mut [u8; 64]| {
+                let v = f(k.load(x), k.load(y));
+                // SAFETY: `out` holds 64 bytes; AVX-512F per the token.
+                unsafe { _mm512_storeu_si512(out.as_mut_ptr().cast(), v) };
+            };
+            run(&|x, _| k.abs8(x), &a, &b, &mut out);
+            assert_eq!(store(&out), want_abs);
+            run(&|x, y| k.sign8(x, y), &a, &b, &mut out);
+            assert_eq!(store(&out), want_sign);
+            run(&|_, y| k.lookup16(k.table16(&table), y), &a, &idx, &mut out);
+            assert_eq!(store(&out), want_lookup);
+        }
     }
 }
