@@ -300,16 +300,8 @@ mod x86 {
             ((1u32 << n) - 1) as __mmask16
         };
         let masks = [mask(0), mask(1)];
-        let mut lane0 = 0;
-        while lane0 < x.lanes {
-            let n = (x.lanes - lane0).min(LANE_BLOCK);
-            // Fewer lanes left than a block: the last one is repeated (its sums are dropped).
-            let xs: [*const u32; LANE_BLOCK] =
-                std::array::from_fn(|j| x.data[(lane0 + j.min(n - 1)) * pairs..].as_ptr());
-            // SAFETY: as this function's contract; the panel holds `pairs · 32` values and
-            // every lane pointer `pairs`.
-            let acc = unsafe { block(w, xs, pairs) };
-            for (j, a) in acc.iter().enumerate().take(n) {
+        let store = |lane0: usize, acc: &[[__m512; 2]]| {
+            for (j, a) in acc.iter().enumerate() {
                 let base = (lane0 + j) * stride + offset + row0;
                 for (h, &v) in a.iter().enumerate() {
                     if masks[h] != 0 {
@@ -319,17 +311,40 @@ mod x86 {
                     }
                 }
             }
+        };
+        let lane = |l: usize| x.data[l * pairs..].as_ptr();
+        let mut lane0 = 0;
+        // Whole blocks of LANE_BLOCK lanes, then the rest in blocks of 4, 2 and 1, so a lone
+        // lane (decode) does one lane's work. Each lane's sums run in the same order in every
+        // block size, so a lane's result does not depend on the lanes beside it.
+        while lane0 < x.lanes {
+            let left = x.lanes - lane0;
+            // SAFETY (each `block` call): as this function's contract; the panel holds
+            // `pairs · 32` values and every lane pointer `pairs`.
+            let n = if left >= LANE_BLOCK {
+                store(lane0, &unsafe { block::<LANE_BLOCK>(w, std::array::from_fn(|j| lane(lane0 + j)), pairs) });
+                LANE_BLOCK
+            } else if left >= 4 {
+                store(lane0, &unsafe { block::<4>(w, std::array::from_fn(|j| lane(lane0 + j)), pairs) });
+                4
+            } else if left >= 2 {
+                store(lane0, &unsafe { block::<2>(w, [lane(lane0), lane(lane0 + 1)], pairs) });
+                2
+            } else {
+                store(lane0, &unsafe { block::<1>(w, [lane(lane0)], pairs) });
+                1
+            };
             lane0 += n;
         }
     }
 
-    /// The 32 rows of one panel × [`LANE_BLOCK`] lanes over all column pairs.
+    /// The 32 rows of one panel × `L` lanes over all column pairs.
     ///
     /// # Safety
     /// AVX-512 F/BF16; `w` reaches `pairs · 32` u32 and every `xs[j]` `pairs` u32.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    unsafe fn block(w: *const u32, xs: [*const u32; LANE_BLOCK], pairs: usize) -> [[__m512; 2]; LANE_BLOCK] {
-        let mut acc = [[_mm512_setzero_ps(); 2]; LANE_BLOCK];
+    unsafe fn block<const L: usize>(w: *const u32, xs: [*const u32; L], pairs: usize) -> [[__m512; 2]; L] {
+        let mut acc = [[_mm512_setzero_ps(); 2]; L];
         for k in 0..pairs {
             // SAFETY: k < pairs, so every read is inside the ranges of the contract.
             unsafe {
