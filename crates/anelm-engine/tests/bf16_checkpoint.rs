@@ -6,8 +6,11 @@
 
 use std::path::{Path, PathBuf};
 
-use anelm_engine::{CpuBackend, LanguageModel, LogitsMode, StepItem, load_model_weights};
+use anelm_engine::{CpuBackend, LogitsMode, StepItem, load_model_weights};
 use serde_json::Value;
+
+mod common;
+use common::{all_logits, cosine};
 
 fn fixture_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/llama")
@@ -54,25 +57,6 @@ fn bf16_copy(dst: &Path) {
     std::fs::write(dst.join("model.safetensors"), file).expect("write bf16 safetensors");
 }
 
-fn logits(model: &dyn LanguageModel, tokens: &[u32]) -> Vec<Vec<f32>> {
-    let mut session = model.new_session(tokens.len() + 1);
-    let out = model
-        .forward(&mut [StepItem {
-            session: &mut session,
-            tokens,
-            logits: LogitsMode::All,
-        }])
-        .expect("forward");
-    (0..out.lanes()).map(|l| out.lane(l).to_vec()).collect()
-}
-
-fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    let dot: f64 = a.iter().zip(b).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum();
-    let na: f64 = a.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
-    let nb: f64 = b.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
-    dot / (na * nb)
-}
-
 #[test]
 fn a_bf16_checkpoint_stays_within_bf16_rounding_and_batches_without_mixing() {
     let dir = std::env::temp_dir().join(format!("anelm-bf16-checkpoint-{}", std::process::id()));
@@ -83,8 +67,8 @@ fn a_bf16_checkpoint_stays_within_bf16_rounding_and_batches_without_mixing() {
     let bf16_model = load_model_weights(&dir, &backend, &mut |_, _| {}).expect("bf16 model");
     let vocab = bf16_model.info().vocab_size as u32;
     let tokens: Vec<u32> = (0..40u32).map(|i| (i * 37 + 5) % vocab).collect();
-    let want = logits(f32_model.as_ref(), &tokens);
-    let got = logits(bf16_model.as_ref(), &tokens);
+    let want = all_logits(f32_model.as_ref(), &tokens);
+    let got = all_logits(bf16_model.as_ref(), &tokens);
     let mut worst = 1f64;
     for (pos, (g, w)) in got.iter().zip(&want).enumerate() {
         let cos = cosine(g, w);
@@ -96,8 +80,8 @@ fn a_bf16_checkpoint_stays_within_bf16_rounding_and_batches_without_mixing() {
     // Two streams in one forward give each the bits it gets alone.
     let other: Vec<u32> = (0..13u32).map(|i| (i * 11 + 3) % vocab).collect();
     let alone = [
-        logits(bf16_model.as_ref(), &tokens),
-        logits(bf16_model.as_ref(), &other),
+        all_logits(bf16_model.as_ref(), &tokens),
+        all_logits(bf16_model.as_ref(), &other),
     ];
     let mut sessions = [bf16_model.new_session(64), bf16_model.new_session(64)];
     let [s0, s1] = &mut sessions;

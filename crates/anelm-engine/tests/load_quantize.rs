@@ -21,7 +21,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use anelm_engine::{CpuBackend, LanguageModel, LoadQuantization, LogitsMode, StepItem, load_model_weights};
+use anelm_engine::{CpuBackend, LoadQuantization, load_model_weights};
 use common::matrix;
 use serde_json::Value;
 
@@ -29,18 +29,6 @@ use serde_json::Value;
 const ATTENTION_TOL: (f64, f64) = (3.5e-2, 0.999);
 /// The same for the Qwen3.5 fixtures, whose random DeltaNet layers amplify the rounding.
 const DELTANET_TOL: (f64, f64) = (0.35, 0.93);
-
-fn logits_of(model: &dyn LanguageModel, tokens: &[u32]) -> Vec<Vec<f32>> {
-    let mut session = model.new_session(tokens.len());
-    let out = model
-        .forward(&mut [StepItem {
-            session: &mut session,
-            tokens,
-            logits: LogitsMode::All,
-        }])
-        .expect("forward");
-    (0..out.lanes()).map(|i| out.lane(i).to_vec()).collect()
-}
 
 /// max |Δ| over all rows ÷ the reference's largest |logit|, and the lowest row cosine.
 fn compare(got: &[Vec<f32>], want: &[Vec<f32>]) -> (f64, f64) {
@@ -74,8 +62,8 @@ fn check(name: &str, q: LoadQuantization) {
 
     let exact = load_model_weights(&dir, &CpuBackend::new(), &mut |_, _| {}).expect("load");
     let quantized = load_model_weights(&dir, &CpuBackend::quantizing(q), &mut |_, _| {}).expect("load quantised");
-    let (exact_err, _) = compare(&logits_of(exact.as_ref(), &tokens), &want);
-    let (err, cos) = compare(&logits_of(quantized.as_ref(), &tokens), &want);
+    let (exact_err, _) = compare(&common::all_logits(exact.as_ref(), &tokens), &want);
+    let (err, cos) = compare(&common::all_logits(quantized.as_ref(), &tokens), &want);
     eprintln!(
         "{name} --quantize {}: max |Δ| / max |logit| = {err:.2e} (unquantised {exact_err:.2e}), lowest cosine {cos:.6}",
         q.name()

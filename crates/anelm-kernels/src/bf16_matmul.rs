@@ -322,10 +322,14 @@ mod x86 {
             // SAFETY (each `block` call): as this function's contract; the panel holds
             // `pairs · 32` values and every lane pointer `pairs`.
             let n = if left >= LANE_BLOCK {
-                store(lane0, &unsafe { block::<LANE_BLOCK>(w, std::array::from_fn(|j| lane(lane0 + j)), pairs) });
+                store(lane0, &unsafe {
+                    block::<LANE_BLOCK>(w, std::array::from_fn(|j| lane(lane0 + j)), pairs)
+                });
                 LANE_BLOCK
             } else if left >= 4 {
-                store(lane0, &unsafe { block::<4>(w, std::array::from_fn(|j| lane(lane0 + j)), pairs) });
+                store(lane0, &unsafe {
+                    block::<4>(w, std::array::from_fn(|j| lane(lane0 + j)), pairs)
+                });
                 4
             } else if left >= 2 {
                 store(lane0, &unsafe { block::<2>(w, [lane(lane0), lane(lane0 + 1)], pairs) });

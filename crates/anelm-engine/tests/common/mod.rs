@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use anelm_engine::{GenerateOptions, LoadedModel, LogitsMode, StepItem, StreamOptions, generate};
+use anelm_engine::{GenerateOptions, LanguageModel, LoadedModel, LogitsMode, StepItem, StreamOptions, generate};
 use serde_json::Value;
 
 /// `fixtures/llamacpp/<name>` at the repository root (made by `scripts/make-llamacpp-fixtures.sh`).
@@ -57,6 +57,19 @@ pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
     let na: f64 = a.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
     let nb: f64 = b.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
     dot / (na * nb)
+}
+
+/// Every position's logits of one fresh session over `tokens`, in one forward.
+pub fn all_logits(model: &dyn LanguageModel, tokens: &[u32]) -> Vec<Vec<f32>> {
+    let mut session = model.new_session(tokens.len() + 1);
+    let out = model
+        .forward(&mut [StepItem {
+            session: &mut session,
+            tokens,
+            logits: LogitsMode::All,
+        }])
+        .expect("forward");
+    (0..out.lanes()).map(|i| out.lane(i).to_vec()).collect()
 }
 
 pub fn argmax(logits: &[f32]) -> u32 {
