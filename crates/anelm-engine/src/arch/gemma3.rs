@@ -199,12 +199,7 @@ impl Gemma3Config {
     /// LM head. Loading compiles exactly this list and `anelm plan` plans it.
     pub fn kernel_specs(&self, names: &TensorNames) -> Result<KernelList> {
         use LayerTensor::*;
-        if names.family() != Family::Gemma3 {
-            return Err(EngineError::Config(format!(
-                "a Gemma 3 model was given the {:?} tensor names",
-                names.family()
-            )));
-        }
+        names.require(Family::Gemma3, "a Gemma 3 model")?;
         let (h, f) = (self.hidden_size, self.intermediate_size);
         let q_dim = self.n_heads * self.head_dim;
         let kv_dim = self.n_kv_heads * self.head_dim;

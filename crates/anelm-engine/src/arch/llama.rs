@@ -147,12 +147,7 @@ impl LlamaConfig {
     /// residual; then the LM head. Loading compiles exactly this list and `anelm plan` plans it.
     pub fn kernel_specs(&self, names: &TensorNames) -> Result<KernelList> {
         use LayerTensor::*;
-        if names.family() != Family::Llama {
-            return Err(EngineError::Config(format!(
-                "a Llama-family model was given the {:?} tensor names",
-                names.family()
-            )));
-        }
+        names.require(Family::Llama, "a Llama-family model")?;
         let h = self.hidden_size;
         let q_dim = self.n_heads * self.head_dim;
         let kv_dim = self.n_kv_heads * self.head_dim;

@@ -234,12 +234,7 @@ impl Qwen35Config {
     /// compiles exactly this list and `anelm plan` plans it.
     pub fn kernel_specs(&self, names: &TensorNames) -> Result<KernelList> {
         use LayerTensor::*;
-        if names.family() != Family::Qwen35 {
-            return Err(EngineError::Config(format!(
-                "a Qwen3.5 model was given the {:?} tensor names",
-                names.family()
-            )));
-        }
+        names.require(Family::Qwen35, "a Qwen3.5 model")?;
         let h = self.hidden_size;
         let hd = self.head_dim;
         let d = self.deltanet;

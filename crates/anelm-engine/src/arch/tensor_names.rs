@@ -162,6 +162,19 @@ impl TensorNames {
         self.family
     }
 
+    /// These names, when they are `family`'s (an architecture's loader was handed them), else an
+    /// error naming both: `model` is the architecture as a user knows it ("a Gemma 3 model").
+    pub fn require(&self, family: Family, model: &str) -> Result<&Self> {
+        if self.family == family {
+            Ok(self)
+        } else {
+            Err(EngineError::Config(format!(
+                "{model} was given the {:?} tensor names",
+                self.family
+            )))
+        }
+    }
+
     /// The layout.
     pub fn layout(&self) -> &Layout {
         &self.layout
@@ -353,6 +366,17 @@ fn hf_qwen35(l: LayerTensor) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn another_familys_names_are_refused_naming_both() {
+        let llama = TensorNames::gguf(Family::Llama);
+        assert!(llama.require(Family::Llama, "a Llama-family model").is_ok());
+        let err = llama
+            .require(Family::Gemma3, "a Gemma 3 model")
+            .expect_err("a Gemma 3 loader must refuse Llama names")
+            .to_string();
+        assert!(err.contains("a Gemma 3 model") && err.contains("Llama"), "{err}");
+    }
 
     #[test]
     fn families_name_the_same_role_differently() {
