@@ -26,7 +26,7 @@ use anelm_model::tensor_store::TensorStore;
 use crate::backend::{Backend, Dispatch, Kernel, KernelShape, KernelSpec, WeightId};
 use crate::batch::Batch;
 use crate::cpu_backend::CpuBackend;
-use crate::error::{EngineError, Result};
+use crate::error::{EngineError, Result, check_matrix_shape};
 use crate::stored_matrix::StoredMatrix;
 
 /// How the ANE backend builds its programs.
@@ -232,15 +232,7 @@ fn dense(store: &Arc<dyn TensorStore>, id: &WeightId) -> Result<Dense> {
 }
 
 fn expect(d: &Dense, rows: usize, cols: usize) -> Result<()> {
-    if d.rows == rows && d.cols == cols {
-        Ok(())
-    } else {
-        Err(EngineError::TensorShape {
-            name: d.name.clone(),
-            found: vec![d.rows, d.cols],
-            expected: vec![rows, cols],
-        })
-    }
+    check_matrix_shape(&d.name, (d.rows, d.cols), (rows, cols))
 }
 
 /// The FFN's three matrices, their shapes checked against the gate's.

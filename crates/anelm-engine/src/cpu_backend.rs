@@ -10,7 +10,7 @@ use anelm_model::tensor_store::TensorStore;
 
 use crate::backend::{Backend, Dispatch, Kernel, KernelShape, KernelSpec};
 use crate::batch::Batch;
-use crate::error::{EngineError, Result};
+use crate::error::{EngineError, Result, check_matrix_shape};
 use crate::load_quantize::{LoadQuantization, quantize_matrix, quantize_packed, target_format};
 use crate::stored_matrix::StoredMatrix;
 
@@ -255,15 +255,7 @@ impl CpuMatrix {
 
     /// Require a shape, naming the tensor when it differs.
     fn expect_shape(&self, rows: usize, cols: usize) -> Result<()> {
-        if self.rows == rows && self.cols == cols {
-            Ok(())
-        } else {
-            Err(EngineError::TensorShape {
-                name: self.name.clone(),
-                found: vec![self.rows, self.cols],
-                expected: vec![rows, cols],
-            })
-        }
+        check_matrix_shape(&self.name, (self.rows, self.cols), (rows, cols))
     }
 
     fn matmul(&self, act: &Activations, out: &mut [f32]) -> Result<()> {

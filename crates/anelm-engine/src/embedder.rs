@@ -110,12 +110,7 @@ impl Embedder {
         backend: &dyn Backend,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
-        if !path.exists() {
-            return Err(EngineError::Model(anelm_model::error::ModelError::Io {
-                path: path.to_path_buf(),
-                source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory"),
-            }));
-        }
+        crate::loader::require_exists(path)?;
         if path.is_file() {
             return Self::load_gguf(path, backend, progress);
         }

@@ -69,3 +69,18 @@ pub enum EngineError {
 
 /// Result alias for the engine.
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+/// `Ok` when the matrix `name` is `found` = (rows, cols) as the configuration `expected`, else
+/// [`EngineError::TensorShape`] naming it: the one shape check of every place that holds a
+/// matrix (the stored tensor, a CPU kernel's matrix, a dequantised ANE weight).
+pub fn check_matrix_shape(name: &str, found: (usize, usize), expected: (usize, usize)) -> Result<()> {
+    if found == expected {
+        Ok(())
+    } else {
+        Err(EngineError::TensorShape {
+            name: name.to_string(),
+            found: vec![found.0, found.1],
+            expected: vec![expected.0, expected.1],
+        })
+    }
+}

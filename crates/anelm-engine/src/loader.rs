@@ -168,13 +168,20 @@ pub fn load_model_weights(
 }
 
 fn open_gguf(path: &Path) -> Result<Arc<GgufFile>> {
-    if !path.exists() {
-        return Err(EngineError::Model(ModelError::Io {
-            path: path.to_path_buf(),
-            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory"),
-        }));
-    }
+    require_exists(path)?;
     Ok(Arc::new(GgufFile::open(path)?))
+}
+
+/// A "no such file or directory" error naming `path` when nothing is there (before anything
+/// tries to read it as one kind of model or another).
+pub(crate) fn require_exists(path: &Path) -> Result<()> {
+    if path.exists() {
+        return Ok(());
+    }
+    Err(EngineError::Model(ModelError::Io {
+        path: path.to_path_buf(),
+        source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory"),
+    }))
 }
 
 fn gguf_model(

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use anelm_kernels::WeightFormat;
 use anelm_model::tensor_store::TensorStore;
 
-use crate::error::{EngineError, Result};
+use crate::error::{EngineError, Result, check_matrix_shape};
 
 /// A row-major matrix `[rows, cols]` in its stored format.
 pub struct StoredMatrix {
@@ -95,15 +95,7 @@ impl StoredMatrix {
 
     /// Require a shape, naming the tensor when it differs.
     pub fn expect_shape(&self, rows: usize, cols: usize) -> Result<()> {
-        if self.rows == rows && self.cols == cols {
-            Ok(())
-        } else {
-            Err(EngineError::TensorShape {
-                name: self.name.clone(),
-                found: vec![self.rows, self.cols],
-                expected: vec![rows, cols],
-            })
-        }
+        check_matrix_shape(&self.name, (self.rows, self.cols), (rows, cols))
     }
 
     /// Decode the whole tensor to f32 (only for small tensors such as norm weights). The caller

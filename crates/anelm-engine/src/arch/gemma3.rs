@@ -212,13 +212,7 @@ impl Gemma3Config {
                         LayerKind::Attention
                     },
                     kernels: vec![
-                        KernelDesc::concat(
-                            KernelRole::InputProj,
-                            names,
-                            i,
-                            &[(AttnQ, q_dim), (AttnK, kv_dim), (AttnV, kv_dim)],
-                            h,
-                        )?,
+                        KernelDesc::qkv(names, i, q_dim, kv_dim, h)?,
                         KernelDesc::linear(KernelRole::OutputProj, names, i, AttnOutput, h, q_dim, false)?,
                         KernelDesc::concat(KernelRole::FfnGateUp, names, i, &[(FfnGate, f), (FfnUp, f)], h)?,
                         KernelDesc::linear(KernelRole::FfnDown, names, i, FfnDown, h, f, false)?,

@@ -87,6 +87,19 @@ impl KernelDesc {
         })
     }
 
+    /// The fused q ‖ k ‖ v input projection of layer `layer`: `q_rows` query rows and `kv_rows`
+    /// each of key and value, `hidden` wide.
+    pub fn qkv(names: &TensorNames, layer: usize, q_rows: usize, kv_rows: usize, hidden: usize) -> Result<Self> {
+        use LayerTensor::{AttnK, AttnQ, AttnV};
+        Self::concat(
+            KernelRole::InputProj,
+            names,
+            layer,
+            &[(AttnQ, q_rows), (AttnK, kv_rows), (AttnV, kv_rows)],
+            hidden,
+        )
+    }
+
     /// `W·x` (`residual` false) or `r + W·x` (true) over layer `layer`'s `t`, `rows × cols`.
     pub fn linear(
         role: KernelRole,

@@ -156,13 +156,7 @@ impl LlamaConfig {
                 Ok(LayerKernels {
                     kind: LayerKind::Attention,
                     kernels: vec![
-                        KernelDesc::concat(
-                            KernelRole::InputProj,
-                            names,
-                            i,
-                            &[(AttnQ, q_dim), (AttnK, kv_dim), (AttnV, kv_dim)],
-                            h,
-                        )?,
+                        KernelDesc::qkv(names, i, q_dim, kv_dim, h)?,
                         KernelDesc::linear(KernelRole::OutputProjResidual, names, i, AttnOutput, h, q_dim, true)?,
                         KernelDesc::swiglu_residual(names, i, h, self.intermediate_size)?,
                     ],

@@ -267,14 +267,8 @@ impl Qwen35Config {
                 } else {
                     let kv = self.n_kv_heads * hd;
                     vec![
-                        KernelDesc::concat(
-                            KernelRole::InputProj,
-                            names,
-                            i,
-                            // Each query head is followed by its output gate.
-                            &[(AttnQ, 2 * self.n_heads * hd), (AttnK, kv), (AttnV, kv)],
-                            h,
-                        )?,
+                        // Each query head is followed by its output gate.
+                        KernelDesc::qkv(names, i, 2 * self.n_heads * hd, kv, h)?,
                         KernelDesc::linear(
                             KernelRole::OutputProjResidual,
                             names,
