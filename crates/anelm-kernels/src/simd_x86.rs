@@ -242,6 +242,16 @@ fn load_w8(fmt: WeightFormat, row: &[u8], k: usize) -> __m256 {
     }
 }
 
+/// `s` plus the scalar products of columns `from .. cols` (the tail a vector loop leaves), added
+/// in column order.
+#[inline]
+fn add_tail(mut s: f32, fmt: WeightFormat, row: &[u8], xs: &[f32], from: usize, cols: usize) -> f32 {
+    for (kk, &xv) in xs.iter().enumerate().take(cols).skip(from) {
+        s += scalar_w(fmt, row, kk) * xv;
+    }
+    s
+}
+
 #[inline]
 fn scalar_w(fmt: WeightFormat, row: &[u8], k: usize) -> f32 {
     match fmt {
@@ -277,11 +287,7 @@ fn float_row(fmt: WeightFormat, row: &[u8], x: &Activations, lane0: usize, acc: 
             s0 = _mm256_fmadd_ps(load_w8(fmt, row, k), x0, s0);
             k += 8;
         }
-        let mut s = hsum_f32(_mm256_add_ps(s0, s1));
-        for (kk, &xv) in xs.iter().enumerate().skip(k) {
-            s += scalar_w(fmt, row, kk) * xv;
-        }
-        *a += s;
+        *a += add_tail(hsum_f32(_mm256_add_ps(s0, s1)), fmt, row, xs, k, cols);
     }
 }
 
@@ -341,11 +347,7 @@ fn float_tile_rows(fmt: WeightFormat, w: &[u8], xs: &[f32], cols: usize) -> f32 
         acc = _mm256_fmadd_ps(load_w8(fmt, w, k), xv, acc);
         k += 8;
     }
-    let mut s = hsum_f32(acc);
-    for (kk, &xv) in xs.iter().enumerate().take(cols).skip(main) {
-        s += scalar_w(fmt, w, kk) * xv;
-    }
-    s
+    add_tail(hsum_f32(acc), fmt, w, xs, main, cols)
 }
 
 /// Whether this CPU has AVX-512F (detected once).
@@ -436,13 +438,7 @@ fn float_tile_512_rows<const R: usize>(fmt: WeightFormat, w: [&[u8]; R], xs: &[f
         }
         k += 16;
     }
-    std::array::from_fn(|r| {
-        let mut s = _mm512_reduce_add_ps(acc[r]);
-        for (kk, &xv) in xs.iter().enumerate().take(cols).skip(main) {
-            s += scalar_w(fmt, w[r], kk) * xv;
-        }
-        s
-    })
+    std::array::from_fn(|r| add_tail(_mm512_reduce_add_ps(acc[r]), fmt, w[r], xs, main, cols))
 }
 
 /// Σ_k w[r][k]·x[j][k] for 4 rows and `L` lanes with 512-bit vectors. Every lane's sum runs in
@@ -479,11 +475,7 @@ fn float_tile_512<const L: usize>(
     let mut out = [[0f32; TILE_ROWS]; L];
     for j in 0..L {
         for r in 0..TILE_ROWS {
-            let mut s = _mm512_reduce_add_ps(acc[j][r]);
-            for (kk, &xv) in xs[j].iter().enumerate().take(cols).skip(main) {
-                s += scalar_w(fmt, w[r], kk) * xv;
-            }
-            out[j][r] = s;
+            out[j][r] = add_tail(_mm512_reduce_add_ps(acc[j][r]), fmt, w[r], xs[j], main, cols);
         }
     }
     out
@@ -516,11 +508,7 @@ fn float_tile<const L: usize>(
     let mut out = [[0f32; TILE_ROWS]; L];
     for j in 0..L {
         for r in 0..TILE_ROWS {
-            let mut s = hsum_f32(acc[j][r]);
-            for (kk, &xv) in xs[j].iter().enumerate().take(cols).skip(main) {
-                s += scalar_w(fmt, w[r], kk) * xv;
-            }
-            out[j][r] = s;
+            out[j][r] = add_tail(hsum_f32(acc[j][r]), fmt, w[r], xs[j], main, cols);
         }
     }
     out
