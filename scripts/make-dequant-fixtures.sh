@@ -9,13 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 GGUF_VERSION="0.19.0"
-if [ -n "${XDG_CACHE_HOME:-}" ]; then
-  cache="$XDG_CACHE_HOME/anelm"
-elif [ "$(uname -s)" = "Darwin" ]; then
-  cache="$HOME/Library/Caches/anelm"
-else
-  cache="$HOME/.cache/anelm"
-fi
+# shellcheck source=lib/model-cache.sh
+. scripts/lib/model-cache.sh
+cache="$ANELM_CACHE_DIR"
 venv="$cache/venv-dequant"
 stamp="$venv/.anelm-gguf-$GGUF_VERSION"
 PY="${PYTHON:-python3}"

@@ -20,13 +20,9 @@ TRANSFORMERS_VERSION="5.24.0"
 ST_VERSION="6.2.0"
 GGUF_VERSION="0.19.0"
 
-if [ -n "${XDG_CACHE_HOME:-}" ]; then
-  cache="$XDG_CACHE_HOME/anelm"
-elif [ "$(uname -s)" = "Darwin" ]; then
-  cache="$HOME/Library/Caches/anelm"
-else
-  cache="$HOME/.cache/anelm"
-fi
+# shellcheck source=lib/model-cache.sh
+. scripts/lib/model-cache.sh
+cache="$ANELM_CACHE_DIR"
 venv="$cache/venv-embeddings"
 stamp="$venv/.anelm-torch-$TORCH_VERSION-transformers-$TRANSFORMERS_VERSION-st-$ST_VERSION-gguf-$GGUF_VERSION"
 

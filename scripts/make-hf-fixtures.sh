@@ -19,13 +19,9 @@ TORCH_VERSION="2.15.0"
 # 5.25 needs a package the registry here does not serve; 5.24.0 has qwen3_5 and gemma3.
 TRANSFORMERS_VERSION="5.24.0"
 
-if [ -n "${XDG_CACHE_HOME:-}" ]; then
-  cache="$XDG_CACHE_HOME/anelm"
-elif [ "$(uname -s)" = "Darwin" ]; then
-  cache="$HOME/Library/Caches/anelm"
-else
-  cache="$HOME/.cache/anelm"
-fi
+# shellcheck source=lib/model-cache.sh
+. scripts/lib/model-cache.sh
+cache="$ANELM_CACHE_DIR"
 venv="$cache/venv-fixtures"
 stamp="$venv/.anelm-torch-$TORCH_VERSION-transformers-$TRANSFORMERS_VERSION"
 

@@ -49,7 +49,7 @@ SUFFIX=""
 BASE="$BENCH/qwen3.5-$SIZE-shaped-random$SUFFIX"
 
 # numpy and gguf, pinned, in their own small virtualenv.
-VENV="$(dirname "$ANELM_MODELS_DIR")/venv-gguf"
+VENV="$ANELM_CACHE_DIR/venv-gguf"
 STAMP="$VENV/.anelm-numpy-2.4.6-gguf-0.19.0"
 if [[ ! -f "$STAMP" ]]; then
   echo "creating $VENV (numpy, gguf)" >&2

@@ -1,14 +1,16 @@
-# Sourced by the model fetch scripts (not run on its own): where anelm's model cache lives (the
-# same place the binary looks), sha256 of a file, the early exit for an already verified model,
+# Sourced by the model fetch and fixture scripts (not run on its own): where anelm's cache and
+# its models live (the same place the binary looks), sha256 of a file, the early exit for an already verified model,
 # and the temp directory a fetch works in (beside the destination, removed on exit).
 
+# ANELM_CACHE_DIR holds the models and the scripts' virtualenvs.
 if [ -n "${XDG_CACHE_HOME:-}" ]; then
-  ANELM_MODELS_DIR="$XDG_CACHE_HOME/anelm/models"
+  ANELM_CACHE_DIR="$XDG_CACHE_HOME/anelm"
 elif [ "$(uname -s)" = "Darwin" ]; then
-  ANELM_MODELS_DIR="$HOME/Library/Caches/anelm/models"
+  ANELM_CACHE_DIR="$HOME/Library/Caches/anelm"
 else
-  ANELM_MODELS_DIR="$HOME/.cache/anelm/models"
+  ANELM_CACHE_DIR="$HOME/.cache/anelm"
 fi
+ANELM_MODELS_DIR="$ANELM_CACHE_DIR/models"
 
 sha_of() {
   if command -v sha256sum >/dev/null 2>&1; then sha256sum "$1" | cut -d' ' -f1
