@@ -8,7 +8,9 @@
 //! the figure includes cold-cache effects that one hot matrix hides.
 //!
 //! Options (after `--`): `--quick` (fewer formats/shapes), `--threads N` (default: all cores),
-//! `--formats Q4_K,Q6_K` (only these formats in the per-shape table),
+//! `--formats Q4_K,Q6_K` (only these formats in the per-shape table), `--shape 248320x1024`
+//! (this one shape instead of the built-in three: one larger than the last-level cache shows the
+//! kernel at the weight stream's rate, as a decode step meets it),
 //! `--sweep-layers N` (the sweep's layer count, default SmolLM2's 30; 300 makes a step stream
 //! ~800 MB, more than any last-level cache), `--bandwidth-only` (print the streaming-read GB/s alone and stop),
 //! `--cpu-time` (with `--threads 1`: time by the thread's CPU clock instead of the wall clock, so
@@ -98,10 +100,16 @@ fn main() {
     );
     println!("| format | rows × cols | lanes | isa | time | weight GB/s | % of bandwidth | GFLOP/s |");
     println!("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: |");
-    let shapes: &[(usize, usize)] = if quick {
-        &[(1536, 576)]
-    } else {
-        &[(1536, 576), (576, 1536), (9216, 2560)]
+    let custom: Option<(usize, usize)> = args
+        .iter()
+        .position(|a| a == "--shape")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.split_once('x'))
+        .and_then(|(r, c)| Some((r.parse().ok()?, c.parse().ok()?)));
+    let shapes: Vec<(usize, usize)> = match custom {
+        Some(shape) => vec![shape],
+        None if quick => vec![(1536, 576)],
+        None => vec![(1536, 576), (576, 1536), (9216, 2560)],
     };
     let formats: Vec<WeightFormat> = match args.iter().position(|a| a == "--formats").and_then(|i| args.get(i + 1)) {
         Some(list) => WeightFormat::ALL
@@ -119,7 +127,7 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(30);
     decode_sweep(bw, layers, &mut seed);
-    for &(rows, cols) in shapes {
+    for &(rows, cols) in &shapes {
         for &fmt in &formats {
             // K-quants need 256-column rows: a shape they cannot hold is skipped, not an error.
             let Ok(rb) = fmt.row_bytes(cols) else {
