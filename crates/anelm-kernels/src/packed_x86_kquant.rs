@@ -362,8 +362,8 @@ fn q45_k_tile_wide<const L: usize, const NTA: bool, const FIFTH: bool>(
             // A quarter of the super-block two ahead per chunk (as Q6_K does): a fixed 1 KB past
             // the nibbles left the header lines to the hardware prefetcher and the stream ran
             // latency-bound (25 GB/s on one thread where Q8_0 reads 41).
-            prefetch_part_ahead::<NTA>(p, group_bytes, c, 4);
             for half in 0..2 {
+                prefetch_part_ahead::<NTA>(p, group_bytes, 2 * c + half, 8);
                 let mut w = [_mm512_setzero_si512(); 8];
                 for k in 0..8 {
                     let v = load512(&p[320 + 64 * (8 * c + k)..]);
