@@ -237,9 +237,11 @@ impl GatedDeltaNet {
                 let decay = (self.neg_a[vh] * softplus(a + self.dt_bias[vh])).exp();
                 (q, k, v, z, sigmoid(b), decay)
             };
-            // `u` holds Sᵀk of the current lane once its pass over the state has decayed S;
-            // when the next lane continues the same session, that pass rides along with this
-            // lane's update (one pass over the state per token instead of two).
+            // `u` holds (g·S)ᵀk of the current lane. The state is stored without the decay g its
+            // next token applies: the first pass of a token only reads (`project`), and its
+            // update writes g·S + k·δᵀ once (one write pass per decode token instead of two).
+            // When the next lane continues the same session, its projection rides along with
+            // this lane's update (one pass over the state per token instead of two).
             let (mut u, mut u_next) = (vec![0.0f32; dv], vec![0.0f32; dv]);
             let mut primed = false;
             for (lane, &si) in lane_state.iter().enumerate() {
@@ -247,7 +249,7 @@ impl GatedDeltaNet {
                 let sm = &mut *job.states[si];
                 let o = &mut *job.outs[lane];
                 if !primed {
-                    decay_project(sm, k, decay, &mut u);
+                    project(sm, k, decay, &mut u);
                 }
                 // δ = β(v − u), in place.
                 for (d, &vj) in u.iter_mut().zip(v) {
@@ -256,10 +258,10 @@ impl GatedDeltaNet {
                 primed = lane_state.get(lane + 1) == Some(&si);
                 if primed {
                     let (_, k_next, _, _, _, decay_next) = inputs(lane + 1);
-                    update_then_project(sm, k, q, &u, o, (k_next, decay_next), &mut u_next);
+                    update_then_project(sm, (decay, k, q), &u, o, (k_next, decay_next), &mut u_next);
                     std::mem::swap(&mut u, &mut u_next);
                 } else {
-                    update(sm, k, q, &u, o);
+                    update(sm, decay, k, q, &u, o);
                 }
                 gated_norm(o, &self.norm_w, z, self.eps);
             }
@@ -296,32 +298,33 @@ multiversion! {
 }
 
 // The delta rule on one head's state S (`[dk][dv]`, row i belongs to key channel i) for one
-// token: decay `S ← g·S`, `u = Sᵀk`, `δ = β(v − u)`, `S ← S + k·δᵀ`, readout `o = Sᵀq`. Split
-// into passes over S so that consecutive tokens of a session can share one (see
-// `GatedDeltaNet::forward`); every element sees the same operations in the same order either way.
+// token: decay `S ← g·S`, `u = Sᵀk`, `δ = β(v − u)`, `S ← S + k·δᵀ`, readout `o = Sᵀq`. The
+// stored state never holds the decay of the token to come: each pass multiplies by it on the
+// way (`g·S` rounded to f32, then used), so a decode token reads S twice and writes it once, and
+// consecutive tokens of a session can share a pass (see `GatedDeltaNet::forward`). Every element
+// sees the same operations in the same order either way.
 
 multiversion! {
-    /// First pass of a token: `S ← decay·S` and `u = Sᵀk`.
-    fn decay_project(sm: &mut [f32], k: &[f32], decay: f32, u: &mut [f32]) = decay_project_body {
+    /// First pass of a token, read-only: `u = (decay·S)ᵀk`.
+    fn project(sm: &[f32], k: &[f32], decay: f32, u: &mut [f32]) = project_body {
         let dv = u.len();
         u.fill(0.0);
-        for (row, &ki) in sm.chunks_exact_mut(dv).zip(k) {
-            for (sij, uj) in row.iter_mut().zip(u.iter_mut()) {
-                *sij *= decay;
-                *uj += *sij * ki;
+        for (row, &ki) in sm.chunks_exact(dv).zip(k) {
+            for (&sij, uj) in row.iter().zip(u.iter_mut()) {
+                *uj += (sij * decay) * ki;
             }
         }
     }
 }
 
 multiversion! {
-    /// Last pass of a token: `S ← S + k·δᵀ` and `o = Sᵀq`.
-    fn update(sm: &mut [f32], k: &[f32], q: &[f32], delta: &[f32], o: &mut [f32]) = update_body {
+    /// Last pass of a token: `S ← decay·S + k·δᵀ` and `o = Sᵀq`.
+    fn update(sm: &mut [f32], decay: f32, k: &[f32], q: &[f32], delta: &[f32], o: &mut [f32]) = update_body {
         let dv = o.len();
         o.fill(0.0);
         for ((row, &ki), &qi) in sm.chunks_exact_mut(dv).zip(k).zip(q) {
             for ((sij, &dj), oj) in row.iter_mut().zip(delta).zip(o.iter_mut()) {
-                *sij += ki * dj;
+                *sij = *sij * decay + ki * dj;
                 *oj += *sij * qi;
             }
         }
@@ -329,27 +332,27 @@ multiversion! {
 }
 
 multiversion! {
-    /// [`update`] of one token fused with [`decay_project`] of the session's next token
-    /// (`next` = its k and decay, into `u_next`).
+    /// [`update`] of one token fused with [`project`] of the session's next token (`next` = its
+    /// k and decay, into `u_next`).
+    /// `token` is this token's (decay, k, q).
     fn update_then_project(
         sm: &mut [f32],
-        k: &[f32],
-        q: &[f32],
+        token: (f32, &[f32], &[f32]),
         delta: &[f32],
         o: &mut [f32],
         next: (&[f32], f32),
         u_next: &mut [f32],
     ) = update_then_project_body {
+        let (decay, k, q) = token;
         let (k_next, decay_next) = next;
         let dv = o.len();
         o.fill(0.0);
         u_next.fill(0.0);
         for (((row, &ki), &qi), &kn) in sm.chunks_exact_mut(dv).zip(k).zip(q).zip(k_next) {
             for (((sij, &dj), oj), un) in row.iter_mut().zip(delta).zip(o.iter_mut()).zip(u_next.iter_mut()) {
-                *sij += ki * dj;
+                *sij = *sij * decay + ki * dj;
                 *oj += *sij * qi;
-                *sij *= decay_next;
-                *un += *sij * kn;
+                *un += (*sij * decay_next) * kn;
             }
         }
     }
