@@ -95,4 +95,12 @@ if bws and tg:
           f"(median of {len(bws)}: {', '.join(f'{x:.1f}' for x in bws)}) -> {bw * 1e9 / per_token:.0f} tok/s; "
           f"anelm {tg[0]} {rate:.1f} tok/s = {rate * per_token / 1e9:.1f} GB/s = "
           f"{100 * rate * per_token / (bw * 1e9):.0f} % of the bound")
+    # The host's bandwidth can change between rounds (a shared VM): each round's tg median
+    # against the streaming read measured right after it, too.
+    rounds = [statistics.median(r.get("samples_ts") or r.get("tok_s") or [0])
+              for r in map(json.loads, filter(str.strip, open(anelm))) if r.get("test") == tg[0]]
+    per_round = [100 * t * per_token / (b * 1e9) for t, b in zip(rounds, bws)]
+    if per_round:
+        print(f"Per round (tg median / that round's bound): {', '.join(f'{x:.0f} %' for x in per_round)}; "
+              f"median {statistics.median(per_round):.0f} %")
 PY

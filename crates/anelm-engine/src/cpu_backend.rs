@@ -348,13 +348,14 @@ impl Kernel for CpuLinear {
 }
 
 impl CpuLinear {
-    /// The fused matrices' packed forms (the first `n` of the array), when every one has one in
-    /// the same format: then they share one quantised input and one loop. No allocation: this
+    /// The fused matrices' packed forms (the first `n` of the array), when every one has one and
+    /// all take the same activations (one format, or K-quants only): then they share one
+    /// quantised input and one loop. No allocation: this
     /// runs for every layer of every step.
     fn packed_together(&self) -> Option<([&anelm_kernels::PackedMatrix; anelm_kernels::MAX_FUSED], usize)> {
         let first = self.mats.first()?;
         let n = self.mats.len();
-        if n > anelm_kernels::MAX_FUSED || self.mats.iter().any(|m| m.format != first.format) {
+        if n > anelm_kernels::MAX_FUSED || self.mats.iter().any(|m| !first.format.shares_activations(m.format)) {
             return None;
         }
         let mut refs = [first.packed.as_ref()?; anelm_kernels::MAX_FUSED];
@@ -388,8 +389,8 @@ impl CpuLinear {
             let mut offset = 0;
             for (i, m) in self.mats.iter().enumerate() {
                 // Quantise afresh for the first matrix (the buffer holds the previous run's
-                // activations), then only when the format changes.
-                if i == 0 || act.weight_format() != m.format {
+                // activations), then only when a format needs other activations.
+                if i == 0 || !act.pairs_with(m.format) {
                     act.quantize(m.format, x.as_slice(), lanes, m.cols)?;
                 }
                 part.resize(lanes * m.rows, 0.0);
@@ -487,7 +488,7 @@ impl CpuSwiGlu {
         }
         act.quantize(self.gate.format, x.as_slice(), lanes, self.gate.cols)?;
         match (&self.gate.packed, &self.up.packed) {
-            (Some(g), Some(u)) if self.up.format == self.gate.format => {
+            (Some(g), Some(u)) if self.gate.format.shares_activations(self.up.format) => {
                 // Gate and up in one loop, `silu(g) · u` made by the tasks that computed them,
                 // which also quantise it for the down projection.
                 let combine = |g: &mut [f32], u: &[f32]| anelm_kernels::silu_mul(g, u);
@@ -497,7 +498,7 @@ impl CpuSwiGlu {
             _ => {
                 up.resize(lanes * ffn, 0.0);
                 self.gate.matmul(act, gate)?;
-                if self.up.format != self.gate.format {
+                if !act.pairs_with(self.up.format) {
                     act.quantize(self.up.format, x.as_slice(), lanes, self.up.cols)?;
                 }
                 self.up.matmul(act, up)?;

@@ -327,6 +327,12 @@ impl Activations {
         self.fmt
     }
 
+    /// Whether these activations serve matrices stored in `fmt` (see
+    /// [`WeightFormat::shares_activations`]).
+    pub fn pairs_with(&self, fmt: WeightFormat) -> bool {
+        self.fmt.shares_activations(fmt)
+    }
+
     /// Convert `x` (lane-major: `x[lane*cols + k]`) for weights stored in `weight_fmt`.
     pub fn quantize(
         &mut self,
@@ -466,15 +472,14 @@ impl Activations {
         }
         self.kpairs.clear();
         self.sub_offsets.clear();
-        match self.fmt {
-            WeightFormat::Q4_K | WeightFormat::Q5_K => self.kpairs.extend(self.bsums.chunks_exact(4).map(|s| {
-                // Each 32-value sum is within ±32·127, so it fits an i16.
-                let (a, b) = (s[0] + s[1], s[2] + s[3]);
-                (a & 0xFFFF) | (b << 16)
-            })),
-            WeightFormat::Q6_K => self.sub_offsets.extend(self.bsums.iter().map(|&v| -32 * v)),
-            _ => {}
-        }
+        // Both derived sums, whichever K-quant asked: the same activations then serve Q4_K,
+        // Q5_K and Q6_K matrices alike (a Q4_K_M layer's Q6_K and Q4_K projections in one loop).
+        self.kpairs.extend(self.bsums.chunks_exact(4).map(|s| {
+            // Each 32-value sum is within ±32·127, so it fits an i16.
+            let (a, b) = (s[0] + s[1], s[2] + s[3]);
+            (a & 0xFFFF) | (b << 16)
+        }));
+        self.sub_offsets.extend(self.bsums.iter().map(|&v| -32 * v));
     }
 }
 

@@ -82,6 +82,14 @@ impl WeightFormat {
     }
 
     /// Name as llama.cpp spells it.
+    /// Whether matrices in `self` and `other` take the same quantised activations, so one
+    /// [`crate::Activations::quantize`] serves both (and a fused loop can hold both): the same
+    /// format, or two K-quants (Q8_K blocks, which carry the sums every K-quant kernel needs).
+    pub fn shares_activations(self, other: WeightFormat) -> bool {
+        let k_quant = |f: WeightFormat| matches!(f, WeightFormat::Q4_K | WeightFormat::Q5_K | WeightFormat::Q6_K);
+        self == other || (k_quant(self) && k_quant(other))
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Self::F32 => "F32",

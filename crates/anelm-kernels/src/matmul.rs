@@ -232,7 +232,7 @@ pub fn matmul_with(
         w.len(),
         "bytes",
     )?;
-    if x.fmt != fmt || x.cols != cols {
+    if !x.pairs_with(fmt) || x.cols != cols {
         return Err(KernelError::ActivationMismatch {
             prepared_for: x.fmt.name(),
             prepared_cols: x.cols,

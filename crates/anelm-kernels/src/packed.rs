@@ -376,7 +376,7 @@ impl PackedMatrix {
                     isa: isa.name(),
                 });
             }
-            if x.fmt != m.fmt || x.cols != m.cols {
+            if !x.pairs_with(m.fmt) || x.cols != m.cols {
                 return Err(KernelError::ActivationMismatch {
                     prepared_for: x.fmt.name(),
                     prepared_cols: x.cols,

@@ -446,3 +446,55 @@ fn fused_loops_give_exactly_the_separate_results() {
         assert!(PackedMatrix::matmul_concat(&[&v, &v, &v, &v, &v], &act, &mut [0.0; 40]).is_err());
     }
 }
+
+/// A Q4_K_M layer fuses Q6_K and Q4_K projections (llama.cpp gives some layers' qkv or v six
+/// bits): one set of Q8_K activations serves both in one loop, with exactly the separate results,
+/// whichever K-quant the activations were quantised for; formats that pair with other
+/// activations (Q8_0 beside Q4_K) stay an error.
+#[test]
+fn k_quants_of_different_formats_share_one_fused_loop() {
+    let mut rng = Rng(29);
+    let cols = 512;
+    let (Some(qkv), Some(z), Some(b), Some(q8)) = (
+        packed(WeightFormat::Q6_K, &mut rng, 96, cols),
+        packed(WeightFormat::Q4_K, &mut rng, 64, cols),
+        packed(WeightFormat::Q5_K, &mut rng, 16, cols),
+        packed(WeightFormat::Q8_0, &mut rng, 32, cols),
+    ) else {
+        println!("no packed kernel on this CPU");
+        return;
+    };
+    for quantised_for in [WeightFormat::Q6_K, WeightFormat::Q4_K, WeightFormat::Q5_K] {
+        for lanes in [1usize, 5] {
+            let x = rng.vec(lanes * cols);
+            let mut act = Activations::new();
+            act.quantize(quantised_for, &x, lanes, cols).expect("quantize");
+            let width = 96 + 64 + 16;
+            let mut fused = vec![f32::NAN; lanes * width];
+            PackedMatrix::matmul_concat(&[&qkv, &z, &b], &act, &mut fused).expect("mixed K-quant concat");
+            for (m, offset) in [(&qkv, 0), (&z, 96), (&b, 160)] {
+                // Each matrix alone, with activations quantised for its own format.
+                let mut own = Activations::new();
+                own.quantize(m.format(), &x, lanes, cols).expect("quantize");
+                let mut out = vec![0.0; lanes * m.rows()];
+                m.matmul(&own, &mut out).expect("matmul");
+                for lane in 0..lanes {
+                    let got = &fused[lane * width + offset..lane * width + offset + m.rows()];
+                    let want = &out[lane * m.rows()..(lane + 1) * m.rows()];
+                    assert!(
+                        got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{:?} in a loop quantised for {quantised_for:?}, lanes {lanes}",
+                        m.format()
+                    );
+                }
+            }
+        }
+    }
+    let mut act = Activations::new();
+    act.quantize(WeightFormat::Q4_K, &rng.vec(cols), 1, cols)
+        .expect("quantize");
+    assert!(PackedMatrix::matmul_concat(&[&z, &q8], &act, &mut [0.0; 96]).is_err());
+    assert!(!WeightFormat::Q4_K.shares_activations(WeightFormat::Q8_0));
+    assert!(!WeightFormat::Q4_0.shares_activations(WeightFormat::Q8_0));
+    assert!(WeightFormat::Q6_K.shares_activations(WeightFormat::Q4_K));
+}
