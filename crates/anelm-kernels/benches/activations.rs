@@ -1,6 +1,6 @@
 //! `cargo bench -p anelm-kernels --bench activations`: activation quantisation (the step the
 //! caller runs alone before every matmul, while the pool's workers wait), as ns per 32-value
-//! block, for SmolLM2's input widths and 1–8 lanes. Each figure is the median of repeated runs
+//! block, for SmolLM2's input widths (and Qwen3.5 0.8B's for the K-quants' Q8_K) and 1–8 lanes. Each figure is the median of repeated runs
 //! on this thread's CPU clock (Linux/macOS).
 
 mod common;
@@ -31,8 +31,14 @@ fn main() {
     println!("| weights | cols | lanes | ns per call | ns per block |");
     println!("| --- | ---: | ---: | ---: | ---: |");
     let mut rnd = common::uniform(0x9E37_79B9);
-    for fmt in [WeightFormat::Q4_1, WeightFormat::Q8_0] {
-        for cols in [576usize, 1536] {
+    // SmolLM2's widths for its formats; the Qwen3.5 0.8B widths for the K-quants (Q8_K blocks).
+    let cases: [(WeightFormat, &[usize]); 3] = [
+        (WeightFormat::Q4_1, &[576, 1536]),
+        (WeightFormat::Q8_0, &[576, 1536]),
+        (WeightFormat::Q4_K, &[1024, 3584]),
+    ];
+    for (fmt, widths) in cases {
+        for &cols in widths {
             for lanes in [1usize, 4, 8] {
                 let x: Vec<f32> = (0..lanes * cols).map(|_| rnd() * 3.0).collect();
                 let mut act = Activations::new();

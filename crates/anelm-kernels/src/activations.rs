@@ -132,8 +132,25 @@ fn quantize_q8_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32], bsu
 }
 
 /// Q8_K as ggml's reference, block by block: scale from the signed value of largest magnitude,
-/// iscale = −127/max; `bsums` gets each 16 values' sum.
+/// iscale = −127/max; `bsums` gets each 16 values' sum. On AVX-512 [`quantize_q8k_block_avx512`]
+/// (the same bytes, tested): the portable loop's search for the largest magnitude is a serial
+/// chain, and a decode step quantises ~100 vectors on the caller's thread while the pool waits.
 fn quantize_q8k_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], bsums: &mut [i32]) {
+    #[cfg(target_arch = "x86_64")]
+    if wide_quantizer() {
+        for (b, src) in x.chunks_exact(256).enumerate() {
+            // SAFETY: AVX-512 F and BW were detected at run time.
+            d[b] = unsafe {
+                quantize_q8k_block_avx512(src, &mut q[256 * b..256 * b + 256], &mut bsums[16 * b..16 * b + 16])
+            };
+        }
+        return;
+    }
+    quantize_q8k_blocks_portable(x, q, d, bsums)
+}
+
+/// [`quantize_q8k_blocks`] in plain Rust (every target; the reference of the AVX-512 path).
+fn quantize_q8k_blocks_portable(x: &[f32], q: &mut [i8], d: &mut [f32], bsums: &mut [i32]) {
     for (b, src) in x.chunks_exact(256).enumerate() {
         let (mut amax, mut max) = (0.0f32, 0.0f32);
         for &v in src {
@@ -226,6 +243,52 @@ fn quantize_block_avx512(src: &[f32], q: &mut [i8]) -> (f32, i32) {
         _mm_storeu_si128(q.as_mut_ptr().add(16).cast(), _mm512_cvtsepi32_epi8(r1));
     }
     (d, _mm512_reduce_add_epi32(_mm512_add_epi32(r0, r1)))
+}
+
+/// One Q8_K block (256 values) on AVX-512: the portable loop's bytes, 16-value sums and scale
+/// `d`, returned. The signed value of largest magnitude is the first one reaching the maximum
+/// magnitude (the portable loop keeps the first on ties); `iscale · v` rounds half to even as
+/// there (the default rounding mode; |iscale · v| ≤ 127 up to one rounding, so the magic-number
+/// rounding gives the same integers), then `min(127)`. A block holding NaN or ±∞ goes to the
+/// portable loop.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn quantize_q8k_block_avx512(src: &[f32], q: &mut [i8], bsums: &mut [i32]) -> f32 {
+    use std::arch::x86_64::*;
+    assert!(src.len() == 256 && q.len() == 256 && bsums.len() == 16);
+    // SAFETY: the assertion guarantees 256 readable f32; unaligned loads.
+    let v: [__m512; 16] = std::array::from_fn(|i| unsafe { _mm512_loadu_ps(src.as_ptr().add(16 * i)) });
+    let limit = _mm512_set1_ps(f32::MAX);
+    let (mut m, mut bad) = (_mm512_setzero_ps(), 0u16);
+    for vi in &v {
+        let a = _mm512_abs_ps(*vi);
+        // NaN or ±∞: not below the largest finite value, unordered included.
+        bad |= _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(a, limit);
+        m = _mm512_max_ps(m, a);
+    }
+    if bad != 0 {
+        // The portable loop's own treatment of non-finite values (rare enough to be slow).
+        let mut d = 0.0;
+        quantize_q8k_blocks_portable(src, q, std::slice::from_mut(&mut d), bsums);
+        return d;
+    }
+    let amax = _mm512_reduce_max_ps(m);
+    if amax == 0.0 {
+        q.fill(0);
+        bsums.fill(0);
+        return 0.0;
+    }
+    // The first value whose magnitude is `amax` (one exists: every value is finite).
+    let max = src.iter().copied().find(|x| x.abs() == amax).unwrap_or(amax);
+    let iscale = -127.0 / max;
+    let (scale, top) = (_mm512_set1_ps(iscale), _mm512_set1_epi32(127));
+    for (i, vi) in v.iter().enumerate() {
+        let r = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(*vi, scale)), top);
+        bsums[i] = _mm512_reduce_add_epi32(r);
+        // SAFETY: `q` holds 256 bytes (asserted); an unaligned 16-byte store at 16·i.
+        unsafe { _mm_storeu_si128(q.as_mut_ptr().add(16 * i).cast(), _mm512_cvtsepi32_epi8(r)) };
+    }
+    1.0 / iscale
 }
 
 /// The activation encoding paired with a weight format.
@@ -562,6 +625,48 @@ impl BlockWriter<'_> {
 #[cfg(test)]
 mod tests {
     use super::round_even_small;
+
+    /// The Q8_K quantiser on this CPU's best path gives the portable loop's bytes, sums and
+    /// scales: random blocks at several magnitudes, ties for the largest magnitude (either sign
+    /// first), exact halves after scaling, zero blocks, and NaN / ±∞ (the portable fallback).
+    #[test]
+    fn q8k_blocks_equal_the_portable_loop() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        };
+        let mut blocks: Vec<Vec<f32>> = Vec::new();
+        for scale in [1e-30f32, 1e-3, 1.0, 3.7, 1e4, 1e30] {
+            blocks.push((0..256).map(|_| next() * scale).collect());
+        }
+        let mut tie: Vec<f32> = (0..256).map(|_| next()).collect();
+        (tie[10], tie[200]) = (-2.0, 2.0);
+        blocks.push(tie.clone());
+        (tie[10], tie[200]) = (2.0, -2.0);
+        blocks.push(tie);
+        // Multiples of 127/254 scale to exact halves: ties to even must agree.
+        blocks.push((0..256).map(|i| (i as f32 - 128.0) * 0.5 / 127.0 * 4.0).collect());
+        blocks.push(vec![0.0; 256]);
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let mut b: Vec<f32> = (0..256).map(|_| next()).collect();
+            b[77] = bad;
+            blocks.push(b);
+        }
+        let x: Vec<f32> = blocks.concat();
+        let n = x.len() / 256;
+        let (mut q, mut d, mut s) = (vec![0i8; x.len()], vec![0f32; n], vec![0i32; 16 * n]);
+        let (mut q2, mut d2, mut s2) = (q.clone(), d.clone(), s.clone());
+        super::quantize_q8k_blocks(&x, &mut q, &mut d, &mut s);
+        super::quantize_q8k_blocks_portable(&x, &mut q2, &mut d2, &mut s2);
+        assert_eq!(q, q2);
+        assert_eq!(s, s2);
+        for (a, b) in d.iter().zip(&d2) {
+            assert_eq!(a.to_bits(), b.to_bits());
+        }
+    }
 
     #[test]
     fn magic_rounding_equals_round_ties_even() {
