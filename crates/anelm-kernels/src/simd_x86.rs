@@ -372,7 +372,16 @@ unsafe fn dot_rows4_float_512(
     let lane = |l: usize| &x.f[(lane0 + l) * cols..(lane0 + l + 1) * cols];
     let mut l = 0;
     while l + 4 <= tile.len() {
-        let sums = float_tile_512::<4>(fmt, rows, std::array::from_fn(|j| lane(l + j)), cols);
+        // Full tiles (prefill, encoders) compiled once per stored kind: the run-time format test
+        // per vector and the row bounds checks had been most of the loop's instructions (F16
+        // pp128 +27 %). The lone lane below keeps its loop as it was: specialised the same way,
+        // it streamed at half the speed (field guide, 2026-12-07).
+        let xs = std::array::from_fn(|j| lane(l + j));
+        let sums = match fmt {
+            WeightFormat::F32 => float_tile4_512::<KIND_F32>(rows, xs, cols),
+            WeightFormat::F16 => float_tile4_512::<KIND_F16>(rows, xs, cols),
+            _ => float_tile4_512::<KIND_BF16>(rows, xs, cols),
+        };
         tile[l..l + 4].copy_from_slice(&sums);
         l += 4;
     }
@@ -439,6 +448,76 @@ fn float_tile_512_rows<const R: usize>(fmt: WeightFormat, w: [&[u8]; R], xs: &[f
         k += 16;
     }
     std::array::from_fn(|r| add_tail(_mm512_reduce_add_ps(acc[r]), fmt, w[r], xs, main, cols))
+}
+
+/// The stored float kinds as const parameters of [`float_tile4_512`].
+const KIND_F32: u8 = 0;
+const KIND_F16: u8 = 1;
+const KIND_BF16: u8 = 2;
+
+/// The weight format of a stored float kind (for the scalar tails).
+const fn kind_format(kind: u8) -> WeightFormat {
+    match kind {
+        KIND_F32 => WeightFormat::F32,
+        KIND_F16 => WeightFormat::F16,
+        _ => WeightFormat::BF16,
+    }
+}
+
+/// Sixteen stored values of kind `K` at `p` as f32 (512-bit).
+///
+/// # Safety
+/// `p` must point at 16 readable values of kind `K` (64 or 32 bytes).
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn load16<const K: u8>(p: *const u8) -> __m512 {
+    // SAFETY: the caller guarantees the 16 values; loadu has no alignment requirement.
+    unsafe {
+        match K {
+            KIND_F32 => _mm512_loadu_ps(p.cast()),
+            KIND_F16 => _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())),
+            _ => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                p.cast(),
+            )))),
+        }
+    }
+}
+
+/// [`float_tile_512`] for 4 lanes with the stored kind `K` known at compile time and the bounds
+/// checked once: the same operations in the same order, so the same sums.
+#[target_feature(enable = "avx512f")]
+fn float_tile4_512<const K: u8>(w: [&[u8]; TILE_ROWS], xs: [&[f32]; 4], cols: usize) -> [[f32; TILE_ROWS]; 4] {
+    let esize = if K == KIND_F32 { 4 } else { 2 };
+    assert!(xs.iter().all(|x| x.len() >= cols) && w.iter().all(|r| r.len() >= cols * esize));
+    let main = cols - cols % 16;
+    let mut acc = [[_mm512_setzero_ps(); TILE_ROWS]; 4];
+    let mut k = 0;
+    while k < main {
+        let at = k * esize;
+        // As in `float_tile_512`: each row's bytes a little ahead, once per 64 bytes.
+        if at % 64 == 0 {
+            for row in w {
+                _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().wrapping_add(at + PREFETCH_AHEAD).cast());
+            }
+        }
+        // SAFETY: each row holds `cols` values of kind `K` (asserted) and k + 16 ≤ main ≤ cols.
+        let wv: [__m512; TILE_ROWS] = std::array::from_fn(|r| unsafe { load16::<K>(w[r].as_ptr().add(at)) });
+        for (j, a) in acc.iter_mut().enumerate() {
+            // SAFETY: lane `j` holds `cols` values (asserted) and k + 16 ≤ cols.
+            let xv = unsafe { _mm512_loadu_ps(xs[j].as_ptr().add(k)) };
+            for r in 0..TILE_ROWS {
+                a[r] = _mm512_fmadd_ps(wv[r], xv, a[r]);
+            }
+        }
+        k += 16;
+    }
+    let mut out = [[0f32; TILE_ROWS]; 4];
+    for j in 0..4 {
+        for r in 0..TILE_ROWS {
+            out[j][r] = add_tail(_mm512_reduce_add_ps(acc[j][r]), kind_format(K), w[r], xs[j], main, cols);
+        }
+    }
+    out
 }
 
 /// Σ_k w[r][k]·x[j][k] for 4 rows and `L` lanes with 512-bit vectors. Every lane's sum runs in
