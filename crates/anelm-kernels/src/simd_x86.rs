@@ -371,30 +371,29 @@ unsafe fn dot_rows4_float_512(
     let cols = x.cols;
     let lane = |l: usize| &x.f[(lane0 + l) * cols..(lane0 + l + 1) * cols];
     let mut l = 0;
-    while l + 4 <= tile.len() {
-        // Full tiles (prefill, encoders) compiled once per stored kind: the run-time format test
-        // per vector and the row bounds checks had been most of the loop's instructions (F16
-        // pp128 +27 %). The lone lane below keeps its loop as it was: specialised the same way,
-        // it streamed at half the speed (field guide, 2026-12-07).
-        let xs = std::array::from_fn(|j| lane(l + j));
-        let sums = match fmt {
-            WeightFormat::F32 => float_tile4_512::<KIND_F32>(rows, xs, cols),
-            WeightFormat::F16 => float_tile4_512::<KIND_F16>(rows, xs, cols),
-            _ => float_tile4_512::<KIND_BF16>(rows, xs, cols),
+    // The tiles compiled once per stored kind: the run-time format test per vector and the row
+    // bounds checks had been most of the loop's instructions (F16 pp128 +30 %). The lone lane
+    // (decode) keeps its run-time-format loop: specialised the same way, it streamed at half
+    // the speed (field guide, 2026-12-07).
+    macro_rules! tile_of {
+        ($l:literal, $xs:expr) => {
+            match fmt {
+                WeightFormat::F32 => float_tile_512::<$l, KIND_F32>(rows, $xs, cols),
+                WeightFormat::F16 => float_tile_512::<$l, KIND_F16>(rows, $xs, cols),
+                _ => float_tile_512::<$l, KIND_BF16>(rows, $xs, cols),
+            }
         };
+    }
+    while l + 4 <= tile.len() {
+        let sums = tile_of!(4, std::array::from_fn(|j| lane(l + j)));
         tile[l..l + 4].copy_from_slice(&sums);
         l += 4;
     }
     // One to three lanes left (decode is one): only their sums, so a lone lane costs a quarter
     // of the FMAs of a full tile.
     match tile.len() - l {
-        3 => tile[l..].copy_from_slice(&float_tile_512::<3>(
-            fmt,
-            rows,
-            [lane(l), lane(l + 1), lane(l + 2)],
-            cols,
-        )),
-        2 => tile[l..].copy_from_slice(&float_tile_512::<2>(fmt, rows, [lane(l), lane(l + 1)], cols)),
+        3 => tile[l..].copy_from_slice(&tile_of!(3, [lane(l), lane(l + 1), lane(l + 2)])),
+        2 => tile[l..].copy_from_slice(&tile_of!(2, [lane(l), lane(l + 1)])),
         1 => {
             for (r, row) in rows.into_iter().enumerate() {
                 tile[l][r] = float_tile_512_rows::<1>(fmt, [row], lane(l), cols)[0];
@@ -450,7 +449,7 @@ fn float_tile_512_rows<const R: usize>(fmt: WeightFormat, w: [&[u8]; R], xs: &[f
     std::array::from_fn(|r| add_tail(_mm512_reduce_add_ps(acc[r]), fmt, w[r], xs, main, cols))
 }
 
-/// The stored float kinds as const parameters of [`float_tile4_512`].
+/// The stored float kinds as const parameters of [`float_tile_512`].
 const KIND_F32: u8 = 0;
 const KIND_F16: u8 = 1;
 const KIND_BF16: u8 = 2;
@@ -483,18 +482,26 @@ unsafe fn load16<const K: u8>(p: *const u8) -> __m512 {
     }
 }
 
-/// [`float_tile_512`] for 4 lanes with the stored kind `K` known at compile time and the bounds
-/// checked once: the same operations in the same order, so the same sums.
+/// Σ_k w[r][k]·x[j][k] for 4 rows and `L` lanes with 512-bit vectors, weights of the stored kind
+/// `K` (known at compile time, so no format test per vector; the bounds checked once). Every
+/// lane's sum runs in the same order whatever `L`.
 #[target_feature(enable = "avx512f")]
-fn float_tile4_512<const K: u8>(w: [&[u8]; TILE_ROWS], xs: [&[f32]; 4], cols: usize) -> [[f32; TILE_ROWS]; 4] {
+fn float_tile_512<const L: usize, const K: u8>(
+    w: [&[u8]; TILE_ROWS],
+    xs: [&[f32]; L],
+    cols: usize,
+) -> [[f32; TILE_ROWS]; L] {
     let esize = if K == KIND_F32 { 4 } else { 2 };
     assert!(xs.iter().all(|x| x.len() >= cols) && w.iter().all(|r| r.len() >= cols * esize));
     let main = cols - cols % 16;
-    let mut acc = [[_mm512_setzero_ps(); TILE_ROWS]; 4];
+    let mut acc = [[_mm512_setzero_ps(); TILE_ROWS]; L];
     let mut k = 0;
     while k < main {
         let at = k * esize;
-        // As in `float_tile_512`: each row's bytes a little ahead, once per 64 bytes.
+        // Four rows stream side by side, which the hardware prefetcher follows less well than
+        // one: ask for each row's bytes a little ahead (a hint; past the row's end is harmless),
+        // once per 64 bytes. Measured on a 9216 × 2560 F16 matrix, 32 lanes: 12.2–13.1 ms with,
+        // 12.7–15.4 without.
         if at % 64 == 0 {
             for row in w {
                 _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().wrapping_add(at + PREFETCH_AHEAD).cast());
@@ -511,50 +518,10 @@ fn float_tile4_512<const K: u8>(w: [&[u8]; TILE_ROWS], xs: [&[f32]; 4], cols: us
         }
         k += 16;
     }
-    let mut out = [[0f32; TILE_ROWS]; 4];
-    for j in 0..4 {
-        for r in 0..TILE_ROWS {
-            out[j][r] = add_tail(_mm512_reduce_add_ps(acc[j][r]), kind_format(K), w[r], xs[j], main, cols);
-        }
-    }
-    out
-}
-
-/// Σ_k w[r][k]·x[j][k] for 4 rows and `L` lanes with 512-bit vectors. Every lane's sum runs in
-/// the same order whatever `L`.
-#[target_feature(enable = "avx512f")]
-fn float_tile_512<const L: usize>(
-    fmt: WeightFormat,
-    w: [&[u8]; TILE_ROWS],
-    xs: [&[f32]; L],
-    cols: usize,
-) -> [[f32; TILE_ROWS]; L] {
-    let main = cols - cols % 16;
-    let mut acc = [[_mm512_setzero_ps(); TILE_ROWS]; L];
-    let esize = fmt.block_bytes();
-    let mut k = 0;
-    while k < main {
-        // Four rows stream side by side, which the hardware prefetcher follows less well than
-        // one: ask for each row's bytes a little ahead (a hint; past the row's end is harmless).
-        // Measured on a 9216 × 2560 F16 matrix, 32 lanes: 12.2–13.1 ms with, 12.7–15.4 without.
-        for row in w {
-            _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().wrapping_add(k * esize + PREFETCH_AHEAD).cast());
-        }
-        let wv: [__m512; TILE_ROWS] = std::array::from_fn(|r| load_w16(fmt, w[r], k));
-        for (j, a) in acc.iter_mut().enumerate() {
-            let xk = &xs[j][k..k + 16];
-            // SAFETY: `xk` holds exactly 16 f32; loadu has no alignment requirement.
-            let xv = unsafe { _mm512_loadu_ps(xk.as_ptr()) };
-            for r in 0..TILE_ROWS {
-                a[r] = _mm512_fmadd_ps(wv[r], xv, a[r]);
-            }
-        }
-        k += 16;
-    }
     let mut out = [[0f32; TILE_ROWS]; L];
     for j in 0..L {
         for r in 0..TILE_ROWS {
-            out[j][r] = add_tail(_mm512_reduce_add_ps(acc[j][r]), fmt, w[r], xs[j], main, cols);
+            out[j][r] = add_tail(_mm512_reduce_add_ps(acc[j][r]), kind_format(K), w[r], xs[j], main, cols);
         }
     }
     out
