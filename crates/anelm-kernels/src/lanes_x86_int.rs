@@ -12,6 +12,8 @@
 
 use std::arch::x86_64::*;
 
+use crate::packed_x86_wide::prefetch_lines;
+
 /// A register width of the packed kernels: one i32 or f32 lane per row of a group of
 /// [`IntLanes::ROWS`] rows, and the byte vectors that hold four bytes of each of those rows.
 pub(crate) trait IntLanes: Copy {
@@ -87,29 +89,7 @@ pub(crate) trait IntLanes: Copy {
 /// Bytes ahead of the current block that the 8-row kernels prefetch.
 const YMM_PREFETCH: usize = crate::packed_x86::PREFETCH;
 /// Bytes ahead of the current block that the 16-row kernels prefetch.
-const ZMM_PREFETCH: usize = 2048;
-
-/// Prefetch `lines` lines from `ahead` bytes past `p`, non-temporally when `nta`.
-#[inline(always)]
-fn prefetch_lines(p: &[u8], ahead: usize, lines: usize, nta: bool) {
-    for i in 0..lines {
-        prefetch_one(p.as_ptr().wrapping_add(ahead + 64 * i), nta);
-    }
-}
-
-/// Prefetch the line at `a`, non-temporally when `nta`.
-#[inline(always)]
-fn prefetch_one(a: *const u8, nta: bool) {
-    // SAFETY: `_mm_prefetch` is SSE (baseline on x86-64) and only hints: it never faults and
-    // reads nothing architecturally, so any address will do.
-    unsafe {
-        if nta {
-            _mm_prefetch::<_MM_HINT_NTA>(a.cast())
-        } else {
-            _mm_prefetch::<_MM_HINT_T0>(a.cast())
-        }
-    }
-}
+const ZMM_PREFETCH: usize = crate::packed_x86_wide::PREFETCH;
 
 /// 8-row groups in 256-bit registers: AVX2, FMA, F16C, and with `VNNI` AVX-512 VNNI/VL.
 #[derive(Clone, Copy, Debug)]

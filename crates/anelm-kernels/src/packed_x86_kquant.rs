@@ -17,7 +17,7 @@ use std::arch::x86_64::*;
 
 use crate::activations::Activations;
 use crate::packed_x86::{LaneBlocks, acc_dot, acc_dot_vnni, f16x8, lane_entry};
-use crate::packed_x86_wide::{WIDE_ROWS, f16x16, load512, weight_prefetch_nta};
+use crate::packed_x86_wide::{WIDE_ROWS, f16x16, load512, prefetch_part_ahead, weight_prefetch_nta};
 use crate::simd_x86::load256;
 
 /// Bytes per row of a Q4_K super-block in the packed layout (Q5_K: 32 more, its fifth bits).
@@ -66,7 +66,7 @@ macro_rules! define_q4_k_group {
                 for c in 0..4 {
                     for half in 0..2 {
                         // The whole block two ahead, an eighth per step (see the 16-row kernel).
-                        prefetch_part_ahead::<false>(p, group_bytes, 2 * c + half, 8);
+                        prefetch_part_ahead(p, group_bytes, 2 * c + half, 8, false);
                         // Sub-block 2c (low nibbles) or 2c + 1 (high nibbles): elements
                         // 64c + 32·half + 4k .. +4 of the 8 rows in vector k.
                         let mut w = [_mm256_setzero_si256(); 8];
@@ -157,7 +157,7 @@ macro_rules! define_q6_k_group {
                             // The whole block two ahead, an eighth every other step (see the
                             // 16-row kernel; a sixteenth per step cost the AVX2 kernel 10 %).
                             if st % 2 == 0 {
-                                prefetch_part_ahead::<false>(p, Q6_K_GROUP_BYTES, 4 * h + 2 * kk + st / 2, 8);
+                                prefetch_part_ahead(p, Q6_K_GROUP_BYTES, 4 * h + 2 * kk + st / 2, 8, false);
                             }
                             // Plain loops, not closures: a closure here was compiled on its
                             // own, without the target features, and called per vector (the
@@ -254,27 +254,6 @@ fn bytes_to_i32x16<const SIGNED: bool>(b: &[u8]) -> __m512i {
     }
 }
 
-/// Prefetch part `part` of `parts` of the (group, super-block) two blocks (`2 · bytes`) past
-/// `p`: called for parts 0..parts of each block, spread over its computation, it keeps the whole
-/// stream two blocks ahead with a few prefetches at a time (a prefetch only hints and never
-/// faults, so the address may lie past the matrix).
-#[inline(always)]
-fn prefetch_part_ahead<const NTA: bool>(p: &[u8], bytes: usize, part: usize, parts: usize) {
-    let part_bytes = bytes.div_ceil(parts);
-    let start = 2 * bytes + part * part_bytes;
-    for line in (0..part_bytes).step_by(64) {
-        let ahead = p.as_ptr().wrapping_add(start + line);
-        // SAFETY: `_mm_prefetch` is SSE (baseline on x86-64) and only hints.
-        unsafe {
-            if NTA {
-                _mm_prefetch::<_MM_HINT_NTA>(ahead.cast())
-            } else {
-                _mm_prefetch::<_MM_HINT_T0>(ahead.cast())
-            }
-        }
-    }
-}
-
 /// The entry of a 16-row kernel: tiles of 4 lanes, then 2, then 1, with the weight stream
 /// prefetched as the other wide kernels do it (`weight_prefetch_nta`).
 macro_rules! wide_lanes {
@@ -350,11 +329,11 @@ fn q45_k_tile_wide<const L: usize, const NTA: bool, const FIFTH: bool>(
     for (b, p) in blk.chunks_exact(group_bytes).enumerate().take(nb) {
         let mut sumi = [_mm512_setzero_si512(); L];
         for c in 0..4 {
-            // A quarter of the super-block two ahead per chunk (as Q6_K does): a fixed 1 KB past
-            // the nibbles left the header lines to the hardware prefetcher and the stream ran
+            // The whole super-block two ahead, an eighth per half-chunk: a fixed 1 KB past the
+            // nibbles left the header lines to the hardware prefetcher and the stream ran
             // latency-bound (25 GB/s on one thread where Q8_0 reads 41).
             for half in 0..2 {
-                prefetch_part_ahead::<NTA>(p, group_bytes, 2 * c + half, 8);
+                prefetch_part_ahead(p, group_bytes, 2 * c + half, 8, NTA);
                 let mut w = [_mm512_setzero_si512(); 8];
                 for k in 0..8 {
                     let v = load512(&p[320 + 64 * (8 * c + k)..]);
@@ -440,7 +419,7 @@ fn q6_k_tile_wide<const L: usize, const NTA: bool>(
                 for st in 0..4 {
                     // The whole super-block two ahead, a sixteenth per step: issued half a
                     // block at a time (26 lines at once) the stream ran at 30 GB/s per core.
-                    prefetch_part_ahead::<NTA>(p, Q6_K_WIDE_BYTES, 8 * h + 4 * kk + st, 16);
+                    prefetch_part_ahead(p, Q6_K_WIDE_BYTES, 8 * h + 4 * kk + st, 16, NTA);
                     let mut w = [_mm512_setzero_si512(); 4];
                     for i in 0..4 {
                         let k = 4 * kk + i;
