@@ -1,6 +1,7 @@
 //! `anelm`: LLM inference on Apple's Neural Engine, with a native CPU backend everywhere else.
 
 mod args;
+mod batch;
 mod bench;
 mod bench_embed;
 mod bench_prefix;
@@ -13,6 +14,7 @@ mod doctor_report;
 mod embed;
 mod energy;
 mod generate;
+mod http_client;
 mod inspect;
 mod logits;
 mod plan;
@@ -59,6 +61,8 @@ enum Command {
     Doctor(doctor::DoctorArgs),
     /// Run `anelm serve` as a per-user service (systemd on Linux, launchd on macOS).
     Service(service::ServiceArgs),
+    /// Submit, follow, fetch and cancel batch jobs on a running `anelm serve`.
+    Batch(batch::BatchArgs),
 }
 
 impl Command {
@@ -68,7 +72,7 @@ impl Command {
 
     fn model_args(&self) -> Option<&args::ModelArgs> {
         Some(match self {
-            Command::Plan(_) | Command::Doctor(_) | Command::Service(_) => return None,
+            Command::Plan(_) | Command::Doctor(_) | Command::Service(_) | Command::Batch(_) => return None,
             Command::Compile(a) => &a.model,
             Command::Generate(a) => &a.model,
             Command::Chat(a) => &a.model,
@@ -112,6 +116,7 @@ fn main() {
         Command::Compile(a) => compile::run(a),
         Command::Doctor(a) => doctor::run(a),
         Command::Service(a) => service::run(a),
+        Command::Batch(a) => batch::run(a),
     });
     if let Err(e) = result {
         let msg = format!("{e:#}").replace('\n', " ");

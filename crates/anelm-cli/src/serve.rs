@@ -11,7 +11,10 @@ use anyhow::{Context, Result};
 use clap::Args;
 
 use anelm_engine::{Embedder, SchedulerConfig};
+use anelm_server::batch_runner::Jobs;
+use anelm_server::data_dir::{DataDir, DataDirError, default_data_dir};
 use anelm_server::embeddings::Embeddings;
+use anelm_server::job_store::JobStore;
 use anelm_server::upstream::{Upstream, Upstreams};
 use anelm_server::{AppState, ServerConfig, router, shutdown_signal};
 
@@ -85,6 +88,21 @@ pub struct ServeArgs {
     pub embedding_model: Option<PathBuf>,
     #[command(flatten)]
     pub embedding_prompt: EmbeddingPromptArgs,
+    /// Where work that outlives the process is kept: the Files and Batch APIs' job database
+    /// (default: ~/Library/Application Support/anelm on macOS, $XDG_DATA_HOME/anelm or
+    /// ~/.local/share/anelm elsewhere). One server per directory.
+    #[arg(long, value_name = "DIR", env = "ANELM_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Run without a data directory (no /v1/files or /v1/batches).
+    #[arg(long, conflicts_with = "data_dir")]
+    pub no_data_dir: bool,
+    /// Largest file POST /v1/files accepts, in bytes.
+    #[arg(long, default_value_t = 200 << 20)]
+    pub max_file_bytes: usize,
+    /// Seconds a shutdown waits for the batch lines in flight before leaving them for the next
+    /// start (they run again then; none is lost or done twice).
+    #[arg(long, value_name = "SECS", default_value_t = 10)]
+    pub shutdown_grace: u64,
 }
 
 fn name_of(path: &Path) -> String {
@@ -130,6 +148,39 @@ fn upstreams(a: &ServeArgs) -> Result<Upstreams> {
     })
 }
 
+/// Open the data directory and its job database: the one given (its failure ends the
+/// command), else the default (where a failure — another server holds it, no home — only
+/// turns the Files and Batch APIs off, with a warning).
+fn open_jobs(a: &ServeArgs, concurrency: usize) -> Result<Option<(DataDir, Arc<Jobs>)>> {
+    if a.no_data_dir {
+        return Ok(None);
+    }
+    let (path, explicit) = match &a.data_dir {
+        Some(p) => (p.clone(), true),
+        None => match default_data_dir() {
+            Some(p) => (p, false),
+            None => {
+                eprintln!(
+                    "anelm serve: warning: {} (files and batches are off)",
+                    DataDirError::NoDefault
+                );
+                return Ok(None);
+            }
+        },
+    };
+    let dir = match DataDir::open(&path) {
+        Ok(d) => d,
+        Err(e) if !explicit => {
+            eprintln!("anelm serve: warning: {e} (files and batches are off)");
+            return Ok(None);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let store = JobStore::open(&dir.jobs_db())
+        .with_context(|| format!("could not open the job database in {}", dir.path().display()))?;
+    Ok(Some((dir, Jobs::new(store, a.max_file_bytes, concurrency))))
+}
+
 /// Run `anelm serve` until SIGINT/SIGTERM.
 pub fn run(a: ServeArgs) -> Result<()> {
     if a.sessions == 0 {
@@ -170,6 +221,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
         share_prefixes: !a.no_prefix_sharing,
         cache_mem: a.cache_mem.map(|mib| mib.saturating_mul(1 << 20)),
     };
+    // Batch lines in flight: enough to keep every session busy while finished lines are
+    // recorded (the extra ones wait in the scheduler's queue at background priority).
+    let data = open_jobs(&a, a.sessions * 2)?;
+    if let Some((dir, _)) = &data {
+        eprintln!("anelm serve: data directory {}", dir.path().display());
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -191,6 +248,10 @@ pub fn run(a: ServeArgs) -> Result<()> {
                     .map_err(|e| format!("{e:#}"))
             });
             state.enable_idle_unload(std::time::Duration::from_secs(secs.max(1)), loader);
+        }
+        if let Some((_, jobs)) = &data {
+            let _ = state.jobs.set(jobs.clone());
+            jobs.start(state.clone(), std::time::Duration::from_secs(a.shutdown_grace));
         }
         let loader_state = state.clone();
         let model_args = a.model.clone();
@@ -221,11 +282,21 @@ pub fn run(a: ServeArgs) -> Result<()> {
             }
             load_chat(&model_args, &loader_state, sched_cfg)
         });
+        // On SIGINT/SIGTERM: first the batch runner (its lines in flight finish or stay
+        // pending for the next start), then the HTTP server.
+        let stopping = state.clone();
+        let shutdown = async move {
+            shutdown_signal().await;
+            eprintln!("anelm serve: shutting down");
+            if let Some(jobs) = stopping.jobs.get() {
+                jobs.stop().await;
+            }
+        };
         axum::serve(listener, router(state.clone()))
-            .with_graceful_shutdown(shutdown_signal())
+            .with_graceful_shutdown(shutdown)
             .await
             .context("the server failed")?;
-        eprintln!("anelm serve: shutting down");
+        drop(data);
         if let Some(r) = state.ready.get() {
             r.scheduler.shutdown(true);
         }

@@ -44,7 +44,9 @@ pub use loader::{LoadedModel, ModelSource, load_model, load_model_weights};
 pub use model::{LanguageModel, LogitsMode, ModelInfo, StepItem};
 pub use reasoning::{Part, ReasoningSplitter};
 pub use sampler::{Sampler, SamplerParams};
-pub use scheduler::{CancelToken, Completion, Event, Metrics, Request, Scheduler, SchedulerConfig, Sink, SubmitError};
+pub use scheduler::{
+    CancelToken, Completion, Event, Metrics, Priority, Request, Scheduler, SchedulerConfig, Sink, SubmitError,
+};
 pub use session::{RecurrentLayer, Session};
 pub use stream::{FinishReason, Stream, StreamError, StreamOptions, StreamStep, TokenLogprob};
 pub use tools::{ForcedCall, ToolCall, ToolFormat, ToolSpec};

@@ -5,6 +5,10 @@
 //! than one chunk.
 //!
 //! Requests wait in a bounded queue; a full queue is refused at once ([`SubmitError::QueueFull`]).
+//! Each request has a [`Priority`]: interactive requests take free sessions first, and one that
+//! finds every session busy while some serve background requests takes one of those at the next
+//! step — the background request is parked with its session (cache, sampler, pending prompt) and
+//! resumes exactly where it stopped once a session is free again.
 //! A request's events go to its [`Sink`]; a sink that returns false (its client went away), or a
 //! cancelled [`CancelToken`], frees the session at the next step. A finished session keeps its
 //! cache, and a new request whose prompt extends that session's tokens is placed there and
@@ -72,6 +76,17 @@ pub struct Request {
     pub prompt: Vec<u32>,
     /// How its stream decodes: budget, sampling, stop strings, log-probabilities.
     pub stream: StreamOptions,
+}
+
+/// Who waits for a request: the person at the keyboard, or a job that may yield to them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Priority {
+    /// Ordinary requests: served first, and may take a session from background work.
+    #[default]
+    Interactive,
+    /// Batch lines and requests that ask for it: only fill what interactive work leaves, and
+    /// are parked (not lost) when an interactive request needs their session.
+    Background,
 }
 
 /// What a request produces, in order: tokens with their text, then exactly one `Done` or
@@ -186,9 +201,16 @@ pub struct Metrics {
     /// Bytes the sessions' caches hold allocated (KV capacity, recurrent state, tokens), kept
     /// between requests for prompt reuse; updated after every step.
     pub session_cache_bytes: AtomicU64,
+    /// Background requests parked so that an interactive one could have their session.
+    pub preemptions_total: AtomicU64,
+    /// Background requests parked right now (each keeps its session's cache aside).
+    pub parked: AtomicU64,
+    /// Background requests accepted.
+    pub background_requests_total: AtomicU64,
 }
 
 struct Job {
+    priority: Priority,
     req: Request,
     sink: Sink,
     cancel: CancelToken,
@@ -236,8 +258,21 @@ impl Scheduler {
         })
     }
 
-    /// Queue a request; its events go to `sink`. Refused at once when the queue is full.
+    /// Queue an interactive request; its events go to `sink`. Refused at once when the queue is
+    /// full.
     pub fn submit(&self, req: Request, sink: Sink, cancel: CancelToken) -> std::result::Result<(), SubmitError> {
+        self.submit_as(req, Priority::Interactive, sink, cancel)
+    }
+
+    /// Queue a request of the given [`Priority`]; its events go to `sink`. Refused at once when
+    /// the queue is full.
+    pub fn submit_as(
+        &self,
+        req: Request,
+        priority: Priority,
+        sink: Sink,
+        cancel: CancelToken,
+    ) -> std::result::Result<(), SubmitError> {
         if req.prompt.is_empty() {
             return Err(SubmitError::Invalid("the prompt is empty (no tokens)".into()));
         }
@@ -264,6 +299,7 @@ impl Scheduler {
         let guard = self.tx.lock().map_err(|_| SubmitError::ShuttingDown)?;
         let tx = guard.as_ref().ok_or(SubmitError::ShuttingDown)?;
         let job = Job {
+            priority,
             req,
             sink,
             cancel,
@@ -285,6 +321,9 @@ impl Scheduler {
         match tx.try_send(job) {
             Ok(()) => {
                 self.metrics.requests_total.fetch_add(1, Ordering::Relaxed);
+                if priority == Priority::Background {
+                    self.metrics.background_requests_total.fetch_add(1, Ordering::Relaxed);
+                }
                 Ok(())
             }
             Err(e) => {
@@ -355,65 +394,137 @@ struct Slot<'t> {
     last_used: u64,
 }
 
+/// Requests taken from the channel and not yet in a session, by priority.
+#[derive(Default)]
+struct Waiting {
+    interactive: VecDeque<Job>,
+    background: VecDeque<Job>,
+}
+
+impl Waiting {
+    fn push(&mut self, job: Job) {
+        match job.priority {
+            Priority::Interactive => self.interactive.push_back(job),
+            Priority::Background => self.background.push_back(job),
+        }
+    }
+    fn is_empty(&self) -> bool {
+        self.interactive.is_empty() && self.background.is_empty()
+    }
+}
+
 fn run_loop(lm: &LoadedModel, cfg: &SchedulerConfig, rx: &Receiver<Job>, metrics: &Metrics, stop_now: &AtomicBool) {
     let model = lm.model.as_ref();
     let tok: &Tokenizer = &lm.tokenizer;
     let ctx = cfg.ctx_size.min(model.info().context_length.max(1));
-    let mut slots: Vec<Slot<'_>> = (0..cfg.sessions)
-        .map(|_| Slot {
-            session: model.new_session(ctx),
-            active: None,
-            last_used: 0,
-        })
-        .collect();
+    let fresh = || Slot {
+        session: model.new_session(ctx),
+        active: None,
+        last_used: 0,
+    };
+    let mut slots: Vec<Slot<'_>> = (0..cfg.sessions).map(|_| fresh()).collect();
+    // Background requests parked for interactive ones, each with its own session, oldest first.
+    let mut parked: Vec<Slot<'_>> = Vec::new();
+    let mut waiting = Waiting::default();
     let mut clock = 0u64;
     let mut open = true;
     loop {
-        // Admission: fill free sessions from the queue; block only when there is nothing to do.
-        while open && slots.iter().any(|s| s.active.is_none()) {
-            let idle = slots.iter().all(|s| s.active.is_none());
-            let job = if idle {
+        // Take what has arrived; block (briefly) only when there is nothing to do.
+        if open {
+            let idle = slots.iter().all(|s| s.active.is_none()) && parked.is_empty() && waiting.is_empty();
+            if idle {
                 match rx.recv_timeout(Duration::from_millis(200)) {
-                    Ok(j) => j,
+                    Ok(j) => waiting.push(j),
                     Err(RecvTimeoutError::Timeout) => {
                         if stop_now.load(Ordering::Relaxed) {
                             return;
                         }
                         continue;
                     }
-                    Err(RecvTimeoutError::Disconnected) => {
-                        open = false;
-                        break;
-                    }
+                    Err(RecvTimeoutError::Disconnected) => open = false,
                 }
-            } else {
+            }
+            loop {
                 match rx.try_recv() {
-                    Ok(j) => j,
+                    Ok(j) => waiting.push(j),
                     Err(std::sync::mpsc::TryRecvError::Empty) => break,
                     Err(std::sync::mpsc::TryRecvError::Disconnected) => {
                         open = false;
                         break;
                     }
                 }
+            }
+        }
+        // Admission: interactive requests first (taking a background request's session when
+        // every session is busy), then parked background requests, then new ones.
+        loop {
+            let free = slots.iter().any(|s| s.active.is_none());
+            if let Some(job) = waiting.interactive.pop_front() {
+                if !free {
+                    // The background request admitted last has the least work to set aside.
+                    let victim = slots
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, s)| {
+                            s.active
+                                .as_ref()
+                                .is_some_and(|a| a.job.priority == Priority::Background)
+                        })
+                        .max_by_key(|(_, s)| s.active.as_ref().map_or(0, |a| a.seq))
+                        .map(|(i, _)| i);
+                    let Some(v) = victim else {
+                        waiting.interactive.push_front(job);
+                        break;
+                    };
+                    parked.push(std::mem::replace(&mut slots[v], fresh()));
+                    metrics.preemptions_total.fetch_add(1, Ordering::Relaxed);
+                }
+                metrics.queue_depth.fetch_sub(1, Ordering::AcqRel);
+                clock += 1;
+                admit(&mut slots, job, tok, metrics, clock);
+                continue;
+            }
+            if !free {
+                break;
+            }
+            if !parked.is_empty() {
+                // Resume the oldest parked request in place of the least recently used free
+                // session (whose cache is released: the parked one brings its own).
+                let f = slots
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| s.active.is_none())
+                    .min_by_key(|(_, s)| s.last_used)
+                    .map(|(i, _)| i);
+                if let Some(f) = f {
+                    slots[f] = parked.remove(0);
+                }
+                continue;
+            }
+            let Some(job) = waiting.background.pop_front() else {
+                break;
             };
             metrics.queue_depth.fetch_sub(1, Ordering::AcqRel);
             clock += 1;
             admit(&mut slots, job, tok, metrics, clock);
         }
-        if !open && slots.iter().all(|s| s.active.is_none()) {
+        metrics.parked.store(parked.len() as u64, Ordering::Relaxed);
+        let busy = slots.iter().any(|s| s.active.is_some());
+        if !open && !busy && parked.is_empty() && waiting.is_empty() {
             return;
         }
-        if slots.iter().all(|s| s.active.is_none()) {
-            continue;
-        }
-        // Drop cancelled requests before spending a step on them.
+        // Drop cancelled requests before spending a step on them (parked ones too).
         let cancel_all = stop_now.load(Ordering::Relaxed);
-        for slot in slots.iter_mut() {
+        for slot in slots.iter_mut().chain(parked.iter_mut()) {
             if let Some(a) = &slot.active
                 && (cancel_all || a.job.cancel.is_cancelled())
             {
                 finish(slot, metrics);
             }
+        }
+        parked.retain(|s| s.active.is_some());
+        if !busy {
+            continue;
         }
         step(model, &mut slots, cfg, metrics);
     }

@@ -4,10 +4,16 @@
 //! steps; a client that disconnects frees its session at the next step.
 
 pub mod api_error;
+pub mod batch_runner;
+pub mod batches_api;
+pub mod data_dir;
 pub mod embeddings;
+pub mod files_api;
 pub mod idle;
+pub mod job_store;
 pub mod logprobs;
 pub mod openai;
+pub mod priority;
 pub mod respond;
 pub mod upstream;
 
@@ -25,6 +31,8 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+
+use crate::batch_runner::Jobs;
 use axum::{Json, Router};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -68,6 +76,8 @@ pub struct AppState {
     pub upstreams: Upstreams,
     /// The embedding model, when the server has one (`/v1/embeddings`).
     pub embeddings: OnceLock<embeddings::Embeddings>,
+    /// The Files and Batch APIs' store and runner, when the server has a data directory.
+    pub jobs: OnceLock<Arc<Jobs>>,
 }
 
 impl AppState {
@@ -85,6 +95,7 @@ impl AppState {
             load_error: OnceLock::new(),
             upstreams,
             embeddings: OnceLock::new(),
+            jobs: OnceLock::new(),
         })
     }
 
@@ -204,7 +215,24 @@ impl AppState {
 /// The router with every endpoint.
 pub fn router(state: Arc<AppState>) -> Router {
     let limit = state.config.max_body_bytes;
+    // Uploads may be larger than requests: their own limit (--max-file-bytes) is checked while
+    // reading, with room for the multipart framing.
+    let upload_limit = state
+        .jobs
+        .get()
+        .map_or(limit, |j| j.max_file_bytes.saturating_add(1 << 16));
     Router::new()
+        .route(
+            "/v1/files",
+            post(files_api::upload)
+                .layer(DefaultBodyLimit::max(upload_limit))
+                .get(files_api::list),
+        )
+        .route("/v1/files/{id}", get(files_api::get).delete(files_api::delete))
+        .route("/v1/files/{id}/content", get(files_api::content))
+        .route("/v1/batches", post(batches_api::create).get(batches_api::list))
+        .route("/v1/batches/{id}", get(batches_api::get))
+        .route("/v1/batches/{id}/cancel", post(batches_api::cancel))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
@@ -220,7 +248,7 @@ async fn not_found() -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         "invalid_request_error",
-        "no such endpoint: see /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models, /health, /metrics",
+        "no such endpoint: see /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/files, /v1/batches, /v1/models, /health, /metrics",
     )
 }
 
@@ -473,7 +501,9 @@ async fn completions(
     handle(st, headers, body, false).await
 }
 
-async fn handle(
+/// A chat (`chat`) or completions request, from its headers and body to its response. The
+/// batch runner sends batch lines through here too.
+pub(crate) async fn handle(
     st: Arc<AppState>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
@@ -491,6 +521,7 @@ async fn handle(
     let lm = &ready.model;
     let ctx = ready.scheduler.config().ctx_size;
     let parsed: Parsed = openai::parse(&body, chat, ctx)?;
+    let priority = priority::of(&headers, parsed.priority)?;
     // The tools the model sees: none with tool_choice "none".
     let tools: &[ToolSpec] = if parsed.tool_choice == ToolChoice::None {
         &[]
@@ -560,9 +591,12 @@ async fn handle(
         req.stream.sampler.seed = req.stream.sampler.seed.wrapping_add(i as u64);
         let cancel = CancelToken::new();
         let tx = tx.clone();
-        let submitted = ready
-            .scheduler
-            .submit(req, Box::new(move |e| tx.send((i, e)).is_ok()), cancel.clone());
+        let submitted = ready.scheduler.submit_as(
+            req,
+            priority,
+            Box::new(move |e| tx.send((i, e)).is_ok()),
+            cancel.clone(),
+        );
         if let Err(e) = submitted {
             cancels.iter().for_each(CancelToken::cancel);
             if matches!(e, SubmitError::QueueFull(_))

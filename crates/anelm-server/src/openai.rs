@@ -48,6 +48,8 @@ pub struct Parsed {
     pub parallel_tool_calls: bool,
     /// Choices to generate (`n`, 1–16).
     pub n: usize,
+    /// The priority `service_tier` asked for (`flex`: background), if it said.
+    pub priority: Option<anelm_engine::Priority>,
 }
 
 /// The prompt part of a request.
@@ -131,6 +133,7 @@ const COMMON_FIELDS: &[&str] = &[
     "n",
     "logprobs",
     "grammar",
+    "service_tier",
 ];
 /// Fields only `/v1/chat/completions` implements.
 const CHAT_FIELDS: &[&str] = &[
@@ -147,14 +150,7 @@ const CHAT_FIELDS: &[&str] = &[
 const COMPLETION_FIELDS: &[&str] = &["prompt", "echo", "best_of", "suffix"];
 /// Fields accepted and ignored because they change nothing about the answer (bookkeeping for
 /// the caller or for OpenAI's own platform). Documented in the README.
-pub const IGNORED_FIELDS: &[&str] = &[
-    "user",
-    "metadata",
-    "store",
-    "service_tier",
-    "safety_identifier",
-    "prompt_cache_key",
-];
+pub const IGNORED_FIELDS: &[&str] = &["user", "metadata", "store", "safety_identifier", "prompt_cache_key"];
 /// Keys a chat message may have (`name` is accepted and not shown to the model).
 const MESSAGE_FIELDS: &[&str] = &["role", "content", "name", "tool_calls", "tool_call_id"];
 
@@ -571,7 +567,9 @@ pub fn parse(body: &[u8], chat: bool, max_context: usize) -> Result<Parsed, ApiE
         Some(n) if (1..=MAX_CHOICES).contains(&n) => n,
         Some(_) => return Err(bad("n", "must be an integer from 1 to 16")),
     };
+    let priority = crate::priority::of_service_tier(obj.get("service_tier"))?;
     Ok(Parsed {
+        priority,
         n,
         tools,
         tool_choice,
