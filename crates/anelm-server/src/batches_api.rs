@@ -262,8 +262,8 @@ pub async fn cancel(
     }
     let (store, key) = (jobs.store.clone(), id.clone());
     let row = blocking(move || store.cancel_batch(&key)).await?;
-    let row = row.ok_or_else(|| not_found(&id))?;
-    if !["cancelling", "cancelled"].contains(&row.status.as_str()) {
+    let (asked, row) = row.ok_or_else(|| not_found(&id))?;
+    if !asked && row.status != "cancelling" {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "invalid_request_error",

@@ -446,16 +446,17 @@ impl JobStore {
     }
 
     /// Ask a running batch to stop: `cancelling` (the runner then ends it as `cancelled`).
-    /// Returns the batch as it is now; `None` when there is no such batch.
-    pub fn cancel_batch(&self, id: &str) -> Result<Option<BatchRow>> {
-        self.with(|c| {
+    /// Returns whether this call asked it, and the batch as it is now; `None` when there is no
+    /// such batch.
+    pub fn cancel_batch(&self, id: &str) -> Result<Option<(bool, BatchRow)>> {
+        let changed = self.with(|c| {
             c.execute(
                 "UPDATE batches SET status = 'cancelling', cancelling_at = ?2
                  WHERE id = ?1 AND status IN ('validating', 'in_progress')",
                 params![id, now() as i64],
             )
-        })?;
-        self.batch(id)
+        })? > 0;
+        Ok(self.batch(id)?.map(|b| (changed, b)))
     }
 
     /// Up to `limit` lines of `batch_id` still pending, in input order, skipping `busy` ones.
@@ -722,7 +723,9 @@ mod tests {
             )
             .unwrap();
         assert!(s.finish_line(&b.id, 1, &ok(1)).unwrap());
-        assert_eq!(s.cancel_batch(&b.id).unwrap().unwrap().status, "cancelling");
+        let (asked, row) = s.cancel_batch(&b.id).unwrap().unwrap();
+        assert!(asked);
+        assert_eq!(row.status, "cancelling");
         let done = s.finalize(&b.id, "cancelled").unwrap().unwrap();
         assert_eq!(done.status, "cancelled");
         assert!(done.times.cancelled_at > 0);

@@ -406,6 +406,24 @@ async fn metrics(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Respons
             "bytes the sessions' caches hold for prompt reuse (KV capacity included)",
             g(&m.session_cache_bytes),
         );
+        put(
+            "background_requests_total",
+            "counter",
+            "background requests accepted (batch lines, X-Anelm-Priority: background, service_tier flex)",
+            g(&m.background_requests_total),
+        );
+        put(
+            "preemptions_total",
+            "counter",
+            "background requests parked so an interactive request could have their session",
+            g(&m.preemptions_total),
+        );
+        put(
+            "parked_requests",
+            "gauge",
+            "background requests parked right now (they resume where they stopped)",
+            g(&m.parked),
+        );
         put("steps_total", "counter", "batched forward steps", g(&m.steps_total));
         put(
             "step_seconds_total",

@@ -58,6 +58,12 @@ pub fn start_on(port: u16, sessions: usize, queue: usize, extra: &[&str], env: &
             vec!["--max-body-bytes".to_string(), BODY_LIMIT.to_string()]
         })
         .args(["--ctx-size", "1024"])
+        // A test server keeps nothing in the user's data directory unless it is given one.
+        .args(if extra.contains(&"--data-dir") {
+            vec![]
+        } else {
+            vec!["--no-data-dir"]
+        })
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
@@ -121,8 +127,11 @@ pub fn http_with(
     for (name, value) in extra {
         more.push_str(&format!("{name}: {value}\r\n"));
     }
+    if !extra.iter().any(|(n, _)| n.eq_ignore_ascii_case("content-type")) {
+        more.push_str("Content-Type: application/json\r\n");
+    }
     let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n{more}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n{more}Content-Length: {}\r\n\r\n",
         body.len()
     );
     s.write_all(head.as_bytes())?;
