@@ -169,6 +169,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         threads,
         share_prefixes: !a.no_prefix_sharing,
         cache_mem: a.cache_mem.map(|mib| mib.saturating_mul(1 << 20)),
+        prompt_cache: None,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
