@@ -640,3 +640,266 @@ fn sync_dir(dir: &Path) -> std::io::Result<()> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv_cache::KvCache;
+    use crate::session::RecurrentLayer;
+
+    /// A fresh directory under the system temp dir, removed on drop.
+    pub(crate) struct TempDir(pub PathBuf);
+
+    impl TempDir {
+        pub(crate) fn new(tag: &str) -> Self {
+            static N: AtomicU64 = AtomicU64::new(0);
+            let p = std::env::temp_dir().join(format!(
+                "anelm-pc-{tag}-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ));
+            let _ = std::fs::remove_dir_all(&p);
+            Self(p)
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn opts(max_bytes: u64) -> PromptCacheOptions {
+        PromptCacheOptions {
+            max_bytes,
+            min_tokens: 8,
+            queue: 4,
+        }
+    }
+
+    /// A hybrid-shaped session holding `tokens` (KV rows and recurrent state derived from them).
+    fn session_with(tokens: &[u32], recurrent: bool) -> Session {
+        let kv = KvCache::new(2, 4).with_heads(2);
+        let rec = if recurrent {
+            vec![RecurrentLayer::zeros(3, 6), RecurrentLayer::default()]
+        } else {
+            Vec::new()
+        };
+        let mut s = Session::with_recurrent(kv, rec, 1024);
+        for &t in tokens {
+            let row: Vec<f32> = (0..4).map(|i| t as f32 * 0.5 + i as f32).collect();
+            for l in &mut s.kv.layers {
+                l.reserve_step(1, 4);
+                l.push(&row, &row);
+            }
+            if recurrent {
+                s.recurrent[0].state.iter_mut().for_each(|x| *x = *x * 0.9 + t as f32);
+            }
+            s.push_tokens(&[t]);
+        }
+        s
+    }
+
+    fn empty(recurrent: bool) -> Session {
+        session_with(&[], recurrent)
+    }
+
+    fn prompt(seed: u32, n: usize) -> Vec<u32> {
+        (0..n as u32).map(|i| (i * 7 + seed * 13) % 97 + 1).collect()
+    }
+
+    fn entry_files(dir: &Path) -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == EXTENSION))
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn a_stored_prefix_is_found_after_a_restart_and_restores_bit_for_bit() {
+        let dir = TempDir::new("restart");
+        let p = prompt(1, 40);
+        let src = session_with(&p, true);
+        {
+            let cache = PromptCache::open(&dir.0, b"model-a", opts(1 << 20)).unwrap();
+            assert!(cache.store(&src, 40));
+            assert!(!cache.store(&src, 40), "queued once");
+            cache.flush();
+            assert!(cache.contains(&p));
+            assert!(!cache.store(&src, 4), "shorter than min_tokens");
+            let s = cache.stats();
+            assert_eq!((s.entries, s.writes), (1, 1));
+            assert!(s.bytes > 40 * 4 * 2 * 2 * 4);
+        }
+        // A new process: the index is rebuilt from the file.
+        let cache = PromptCache::open(&dir.0, b"model-a", opts(1 << 20)).unwrap();
+        let mut longer = p.clone();
+        longer.extend([5, 6, 7]);
+        assert_eq!(cache.longest_prefix(&longer, 42), Some(40));
+        assert_eq!(
+            cache.longest_prefix(&longer, 39),
+            None,
+            "recurrent: only the whole entry"
+        );
+        assert_eq!(cache.longest_prefix(&prompt(2, 40), 40), None);
+        let mut d = empty(true);
+        assert_eq!(cache.restore_into(&mut d, &longer, 42, 0), Some(40));
+        assert_eq!(d.tokens(), src.tokens());
+        assert_eq!(d.recurrent, src.recurrent);
+        assert_eq!(d.encode_prefix(40), src.encode_prefix(40), "bit for bit");
+        let s = cache.stats();
+        assert_eq!((s.hits, s.tokens_restored, s.misses), (1, 40, 0));
+        // Nothing better than what the session already has: a miss, the session untouched.
+        assert_eq!(cache.restore_into(&mut d, &longer, 42, 40), None);
+        assert_eq!(cache.stats().misses, 1);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode(&dir.0), 0o700);
+            for f in entry_files(&dir.0) {
+                assert_eq!(mode(&f), 0o600);
+            }
+        }
+    }
+
+    #[test]
+    fn an_attention_only_entry_serves_any_shared_part_of_it() {
+        let dir = TempDir::new("rewind");
+        let cache = PromptCache::open(&dir.0, b"m", opts(1 << 20)).unwrap();
+        let p = prompt(3, 30);
+        let src = session_with(&p, false);
+        assert!(cache.store(&src, 30));
+        cache.flush();
+        // Same first 20 tokens, then different.
+        let mut other = p[..20].to_vec();
+        other.extend([99, 98, 97]);
+        assert_eq!(cache.longest_prefix(&other, 22), Some(20));
+        let mut d = session_with(&[1, 2, 3], false);
+        assert_eq!(cache.restore_into(&mut d, &other, 22, 0), Some(20));
+        assert_eq!(d.encode_prefix(20), src.encode_prefix(20));
+    }
+
+    #[test]
+    fn torn_corrupt_and_foreign_entries_are_discarded_never_used() {
+        let dir = TempDir::new("bad");
+        let (a, b, c) = (prompt(1, 20), prompt(2, 20), prompt(3, 20));
+        {
+            let cache = PromptCache::open(&dir.0, b"model-a", opts(1 << 20)).unwrap();
+            for p in [&a, &b, &c] {
+                assert!(cache.store(&session_with(p, true), 20));
+            }
+            cache.flush();
+            assert_eq!(cache.stats().entries, 3);
+        }
+        let name = |p: &[u32]| {
+            let cache_key = Shared {
+                dir: dir.0.clone(),
+                key: b"model-a".to_vec(),
+                opts: opts(0),
+                index: Mutex::default(),
+                counters: Counters::default(),
+            };
+            dir.0.join(cache_key.name_of(p))
+        };
+        // a: torn (the tail of the write never landed).
+        let fa = name(&a);
+        let len = std::fs::metadata(&fa).unwrap().len();
+        File::options()
+            .write(true)
+            .open(&fa)
+            .unwrap()
+            .set_len(len - 100)
+            .unwrap();
+        // b: one flipped payload byte.
+        let fb = name(&b);
+        let mut bytes = std::fs::read(&fb).unwrap();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0x10;
+        std::fs::write(&fb, bytes).unwrap();
+        // A leftover temporary file of a write a crash interrupted.
+        std::fs::write(dir.0.join(format!(".tmp-1-2-x.{EXTENSION}")), b"half").unwrap();
+        let cache = PromptCache::open(&dir.0, b"model-a", opts(1 << 20)).unwrap();
+        assert_eq!(cache.stats().discarded, 1, "the torn entry, at open from its header");
+        assert!(!fa.exists());
+        assert_eq!(entry_files(&dir.0).len(), 2);
+        assert!(!dir.0.join(format!(".tmp-1-2-x.{EXTENSION}")).exists());
+        // The corrupt payload is found when it is about to be used.
+        let mut d = empty(true);
+        assert_eq!(cache.restore_into(&mut d, &b, 20, 0), None);
+        assert!(d.is_empty());
+        assert!(!fb.exists());
+        assert_eq!(cache.stats().discarded, 2);
+        assert_eq!(cache.restore_into(&mut d, &c, 20, 0), Some(20));
+        drop(cache);
+        // Another model's identity: c is discarded, not used.
+        let other = PromptCache::open(&dir.0, b"model-b", opts(1 << 20)).unwrap();
+        assert_eq!(other.stats().discarded, 1);
+        assert_eq!(other.stats().entries, 0);
+        assert_eq!(other.restore_into(&mut empty(true), &c, 20, 0), None);
+        assert!(entry_files(&dir.0).is_empty());
+    }
+
+    #[test]
+    fn a_session_of_another_shape_refuses_an_entry_and_it_is_discarded() {
+        let dir = TempDir::new("shape");
+        let cache = PromptCache::open(&dir.0, b"same-key", opts(1 << 20)).unwrap();
+        let p = prompt(4, 16);
+        assert!(cache.store(&session_with(&p, true), 16));
+        cache.flush();
+        let mut wrong = empty(false);
+        assert_eq!(cache.restore_into(&mut wrong, &p, 16, 0), None);
+        assert_eq!(cache.stats().discarded, 1);
+        assert_eq!(cache.stats().entries, 0);
+    }
+
+    #[test]
+    fn the_budget_evicts_least_recently_used_entries_first_and_clear_empties() {
+        let dir = TempDir::new("lru");
+        let p: Vec<Vec<u32>> = (0..4).map(|i| prompt(10 + i, 24)).collect();
+        let size = {
+            let probe = PromptCache::open(&dir.0, b"k", opts(1 << 20)).unwrap();
+            assert!(probe.store(&session_with(&p[0], false), 24));
+            probe.flush();
+            let s = probe.stats().bytes;
+            probe.clear().unwrap();
+            s
+        };
+        // Room for three entries.
+        let cache = PromptCache::open(&dir.0, b"k", opts(3 * size + size / 2)).unwrap();
+        for q in &p[..3] {
+            assert!(cache.store(&session_with(q, false), 24));
+            cache.flush();
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        // Use the oldest: the second becomes least recently used.
+        assert_eq!(cache.restore_into(&mut empty(false), &p[0], 24, 0), Some(24));
+        cache.flush();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(cache.store(&session_with(&p[3], false), 24));
+        cache.flush();
+        let s = cache.stats();
+        assert_eq!((s.entries, s.evicted), (3, 1));
+        assert!(s.bytes <= 3 * size + size / 2);
+        assert!(cache.contains(&p[0]) && !cache.contains(&p[1]) && cache.contains(&p[2]) && cache.contains(&p[3]));
+        drop(cache);
+        // The order survives a restart (file times), and a smaller budget evicts at open.
+        let cache = PromptCache::open(&dir.0, b"k", opts(size + size / 2)).unwrap();
+        assert_eq!(cache.stats().entries, 1);
+        assert!(cache.contains(&p[3]), "the most recently used one stays");
+        // An entry larger than the whole budget is not written.
+        let tiny = PromptCache::open(&dir.0, b"k", opts(size / 2)).unwrap();
+        assert_eq!(tiny.stats().entries, 0);
+        assert!(!tiny.store(&session_with(&p[1], false), 24));
+        assert_eq!(tiny.stats().dropped, 1);
+        drop((cache, tiny));
+        let cache = PromptCache::open(&dir.0, b"k", opts(1 << 20)).unwrap();
+        assert!(cache.store(&session_with(&p[1], false), 24));
+        assert_eq!(cache.clear().unwrap(), 1);
+        assert_eq!(cache.stats().entries, 0);
+        assert!(entry_files(&dir.0).is_empty());
+    }
+}
