@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::SystemTime;
 
-use crate::prompt_cache_file::{EXTENSION, Entry, final_crc, header_bytes, read_header};
+use crate::prompt_cache_file::{EXTENSION, Entry, file_name, final_crc, header_bytes, read_header};
 use crate::session::Session;
 
 /// How a prompt cache is sized and what it keeps.
@@ -419,17 +419,8 @@ impl Shared {
         self.index.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The file name of the entry for `tokens`: a 64-bit FNV-1a of the key and the tokens.
     fn name_of(&self, tokens: &[u32]) -> String {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        let mut eat = |b: u8| {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        };
-        self.key.iter().for_each(|&b| eat(b));
-        eat(0xff);
-        tokens.iter().flat_map(|t| t.to_le_bytes()).for_each(&mut eat);
-        format!("{h:016x}.{EXTENSION}")
+        file_name(&self.key, tokens)
     }
 
     /// Rebuild the index from the directory: headers only; unusable and foreign entries and
@@ -795,16 +786,7 @@ mod tests {
             cache.flush();
             assert_eq!(cache.stats().entries, 3);
         }
-        let name = |p: &[u32]| {
-            let cache_key = Shared {
-                dir: dir.0.clone(),
-                key: b"model-a".to_vec(),
-                opts: opts(0),
-                index: Mutex::default(),
-                counters: Counters::default(),
-            };
-            dir.0.join(cache_key.name_of(p))
-        };
+        let name = |p: &[u32]| dir.0.join(file_name(b"model-a", p));
         // a: torn (the tail of the write never landed).
         let fa = name(&a);
         let len = std::fs::metadata(&fa).unwrap().len();

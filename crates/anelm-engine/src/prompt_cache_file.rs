@@ -98,6 +98,21 @@ pub fn header_bytes(key: &[u8], tokens: &[u32], rewindable: bool, payload_len: u
     h
 }
 
+/// The file name of the entry for the prefix `tokens` under the model identity `key`: a 64-bit
+/// FNV-1a of both, in hex, with [`EXTENSION`]. Never derived from anything but these hashes, so
+/// no input reaches the file system as a path.
+pub fn file_name(key: &[u8], tokens: &[u32]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |b: u8| {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    };
+    key.iter().for_each(|&b| eat(b));
+    eat(0xff);
+    tokens.iter().flat_map(|t| t.to_le_bytes()).for_each(&mut eat);
+    format!("{h:016x}.{EXTENSION}")
+}
+
 /// The CRC that ends an entry: over its header bytes and payload.
 pub fn final_crc(header: &[u8], payload: &[u8]) -> u32 {
     let mut c = crc32fast::Hasher::new();
