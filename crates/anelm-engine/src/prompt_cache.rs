@@ -387,6 +387,27 @@ impl PromptCache {
         }
     }
 
+    /// Delete every entry file (and leftover temporary file) under `dir` without opening a
+    /// cache: for `anelm cache clear`, which knows no model. Returns how many entries were
+    /// deleted; a missing directory has none. A server running on the directory meanwhile finds
+    /// its entries gone at its next lookup and counts them as discarded.
+    pub fn clear_dir(dir: &Path) -> std::io::Result<usize> {
+        let entries = match std::fs::read_dir(dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(e),
+        };
+        let mut n = 0;
+        for dirent in entries {
+            let name = dirent?.file_name().to_string_lossy().into_owned();
+            if name.ends_with(&format!(".{EXTENSION}")) {
+                remove_if_exists(&dir.join(&name))?;
+                n += usize::from(!name.starts_with(".tmp-"));
+            }
+        }
+        Ok(n)
+    }
+
     /// Delete every entry (after the queued writes land) and return how many were deleted.
     pub fn clear(&self) -> std::io::Result<usize> {
         self.flush();
@@ -523,7 +544,7 @@ impl Shared {
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         ));
-        let written = (|| {
+        let written = (|| -> std::io::Result<()> {
             let mut f = private_file(&tmp)?;
             f.write_all(&header)?;
             f.write_all(payload)?;
@@ -531,7 +552,12 @@ impl Shared {
             f.sync_all()?;
             drop(f);
             std::fs::rename(&tmp, self.dir.join(name))?;
-            sync_dir(&self.dir)
+            // Makes the rename durable. Where the file system refuses to sync a directory the
+            // entry may be missing after a power loss — the old state, never a torn one.
+            if let Err(e) = sync_dir(&self.dir) {
+                tracing::debug!("prompt cache: could not sync the directory: {e}");
+            }
+            Ok(())
         })();
         if written.is_err() {
             let _ = std::fs::remove_file(&tmp);
@@ -883,5 +909,14 @@ mod tests {
         assert_eq!(cache.clear().unwrap(), 1);
         assert_eq!(cache.stats().entries, 0);
         assert!(entry_files(&dir.0).is_empty());
+        // Clearing the directory without a cache (no model known), under a running one.
+        assert!(cache.store(&session_with(&p[2], false), 24));
+        cache.flush();
+        std::fs::write(dir.0.join("unrelated.txt"), b"kept").unwrap();
+        assert_eq!(PromptCache::clear_dir(&dir.0).unwrap(), 1);
+        assert!(entry_files(&dir.0).is_empty() && dir.0.join("unrelated.txt").exists());
+        assert_eq!(cache.restore_into(&mut empty(false), &p[2], 24, 0), None);
+        assert_eq!(cache.stats().entries, 0, "the running cache drops the vanished entry");
+        assert_eq!(PromptCache::clear_dir(&dir.0.join("missing")).unwrap(), 0);
     }
 }
