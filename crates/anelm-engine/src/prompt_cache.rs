@@ -38,8 +38,13 @@ pub struct PromptCacheOptions {
     pub max_bytes: u64,
     /// Shortest prefix (in tokens) worth saving; shorter ones prefill about as fast as they load.
     pub min_tokens: usize,
-    /// Entries that may wait for the writer thread; more are dropped.
+    /// Entries that may wait for the writer thread; more are dropped. Each holds its state in
+    /// memory until written.
     pub queue: usize,
+    /// Also save every long prompt (less its last token) when its prefill reaches that point,
+    /// not only prefixes two requests were seen to share. Off suits a stream of long unique
+    /// prompts (a batch of distinct documents), whose entries would only churn the budget.
+    pub save_prompts: bool,
 }
 
 impl Default for PromptCacheOptions {
@@ -48,6 +53,7 @@ impl Default for PromptCacheOptions {
             max_bytes: 4 << 30,
             min_tokens: 256,
             queue: 4,
+            save_prompts: true,
         }
     }
 }
@@ -501,7 +507,7 @@ impl Shared {
         tracing::info!(entry = name, "prompt cache: discarding an entry: {why}");
         let mut index = self.lock();
         if let Some(e) = index.entries.remove(name) {
-            index.total -= e.bytes;
+            index.total = index.total.saturating_sub(e.bytes);
         }
         let _ = std::fs::remove_file(self.dir.join(name));
         self.counters.discarded.fetch_add(1, Ordering::Relaxed);
@@ -519,7 +525,7 @@ impl Shared {
                 return;
             };
             if let Some(e) = index.entries.remove(&lru) {
-                index.total -= e.bytes;
+                index.total = index.total.saturating_sub(e.bytes);
             }
             if let Err(e) = remove_if_exists(&self.dir.join(&lru)) {
                 tracing::warn!(entry = lru, "prompt cache: could not evict an entry: {e}");
@@ -534,7 +540,7 @@ impl Shared {
         {
             let mut index = self.lock();
             if let Some(old) = index.entries.remove(name) {
-                index.total -= old.bytes;
+                index.total = index.total.saturating_sub(old.bytes);
             }
             self.evict_to(&mut index, self.opts.max_bytes.saturating_sub(size));
         }
@@ -691,6 +697,7 @@ mod tests {
             max_bytes,
             min_tokens: 8,
             queue: 4,
+            save_prompts: true,
         }
     }
 

@@ -104,7 +104,8 @@ pub struct Completion {
     pub finish: FinishReason,
     /// Prompt tokens.
     pub prompt_tokens: usize,
-    /// Of those, reused from the session's cache.
+    /// Of those, reused from the session's cache (or another session's, or restored from the
+    /// on-disk prompt cache): not prefilled.
     pub reused_tokens: usize,
     /// Generated token ids.
     pub tokens: Vec<u32>,
@@ -165,7 +166,8 @@ pub struct Metrics {
     pub requests_cancelled: AtomicU64,
     /// Prompt tokens prefilled (not counting reused ones).
     pub prompt_tokens_total: AtomicU64,
-    /// Prompt tokens reused from session caches.
+    /// Prompt tokens reused from session caches (restored ones from the on-disk prompt cache
+    /// included).
     pub reused_tokens_total: AtomicU64,
     /// Requests that copied a shared prompt prefix from another session's cache.
     pub prefix_hits_total: AtomicU64,

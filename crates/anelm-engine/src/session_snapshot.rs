@@ -85,9 +85,9 @@ impl Session {
                 tokens.len()
             )));
         }
-        if len == 0 || len > self.ctx_size() {
+        if keep > self.ctx_size() {
             return Err(SnapshotError::Mismatch(format!(
-                "context: {len} positions, the session holds {}",
+                "context: {keep} positions, the session holds {}",
                 self.ctx_size()
             )));
         }

@@ -74,6 +74,11 @@ impl Drop for TempDir {
 const MIN_TOKENS: usize = 64;
 
 fn open_cache(dir: &Path, lm: &LoadedModel) -> Arc<PromptCache> {
+    open_cache_with(dir, lm, true)
+}
+
+/// The cache for `lm` under `dir`, saving whole prompts or only shared prefixes.
+fn open_cache_with(dir: &Path, lm: &LoadedModel, save_prompts: bool) -> Arc<PromptCache> {
     let key = ModelIdentity::of(lm)
         .expect("identity")
         .with("backend", "cpu")
@@ -82,6 +87,7 @@ fn open_cache(dir: &Path, lm: &LoadedModel) -> Arc<PromptCache> {
         max_bytes: 64 << 20,
         min_tokens: MIN_TOKENS,
         queue: 8,
+        save_prompts,
     };
     Arc::new(PromptCache::open(dir, key, opts).expect("open the prompt cache"))
 }
@@ -224,9 +230,9 @@ fn qwen35_restored_prefix_after_a_restart_answers_like_a_cold_run() {
     a_restored_prefix_answers_like_a_cold_run(&qwen35(), "qwen35");
 }
 
-/// Two concurrent requests sharing a 120-token prefix: the shared prefix is saved (for the
-/// hybrid model, at the checkpoint the copy used), and after a restart a third prompt with the
-/// same prefix and another question restores it.
+/// Two concurrent requests sharing a 120-token prefix, with whole prompts not saved: the shared
+/// prefix alone is (for the hybrid model, at the checkpoint the copy used), and after a restart
+/// a third prompt with the same prefix and another question restores it.
 fn a_shared_prefix_is_saved_and_serves_a_new_question(lm: &Arc<LoadedModel>, tag: &str) {
     let dir = TempDir::new(tag);
     let prefix = ids(5, 120);
@@ -235,7 +241,7 @@ fn a_shared_prefix_is_saved_and_serves_a_new_question(lm: &Arc<LoadedModel>, tag
         p.extend(ids(100 + q, 12));
         p
     };
-    let cache = open_cache(&dir.0, lm);
+    let cache = open_cache_with(&dir.0, lm, false);
     {
         let sched = Scheduler::start(lm.clone(), config(Some(cache.clone()))).expect("start");
         let rxs: Vec<_> = [ask(1), ask(2)]
@@ -249,9 +255,10 @@ fn a_shared_prefix_is_saved_and_serves_a_new_question(lm: &Arc<LoadedModel>, tag
     }
     cache.flush();
     assert!(cache.contains(&prefix), "{tag}: the shared prefix is stored");
+    assert_eq!(cache.stats().entries, 1, "{tag}: and nothing else");
     drop(cache);
     let cold = run(lm, None, &[ask(3)]);
-    let cache = open_cache(&dir.0, lm);
+    let cache = open_cache_with(&dir.0, lm, false);
     let warm = run(lm, Some(cache.clone()), &[ask(3)]);
     let s = cache.stats();
     assert_eq!(s.hits, 1, "{tag}: {s:?}");

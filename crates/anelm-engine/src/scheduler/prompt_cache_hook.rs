@@ -10,7 +10,7 @@
 //!   tokens and a new prompt part (saved at admission, after the rewind), and the length a
 //!   request copies from a concurrent one (`share_prefixes`); a hybrid model's state there is
 //!   the checkpoint the rewind or the copy used;
-//! - *every prompt less its last token*, saved when its prefill reaches that point, so the same
+//! - *every prompt less its last token* (unless [`PromptCacheOptions::save_prompts`] is off), saved when its prefill reaches that point, so the same
 //!   prompt, or any continuation of it (the next turn of a chat), hits after a restart. A hybrid
 //!   model's prefill ends a chunk there ([`checkpoint_cuts`]) so the exact state exists.
 //!
@@ -18,6 +18,7 @@
 //! on the cache's own thread.
 //!
 //! [`PromptCacheOptions::min_tokens`]: crate::PromptCacheOptions::min_tokens
+//! [`PromptCacheOptions::save_prompts`]: crate::PromptCacheOptions::save_prompts
 
 use std::sync::atomic::Ordering;
 
@@ -54,7 +55,7 @@ pub(super) fn on_admit(
 /// [`checkpoint_cuts`] ends a chunk; others also once the whole prompt is in).
 pub(super) fn after_prefill_chunk(disk: &PromptCache, session: &Session, prompt: &[u32]) {
     let target = prompt.len() - 1;
-    if target < disk.options().min_tokens {
+    if !disk.options().save_prompts || target < disk.options().min_tokens {
         return;
     }
     let at_target = session.len() == target;
@@ -74,7 +75,11 @@ pub(super) fn checkpoint_cuts(disk: &PromptCache, slots: &[Slot<'_>], cuts: &mut
         }
         let prompt = &a.job.req.prompt;
         let target = prompt.len() - 1;
-        if target < disk.options().min_tokens || slot.session.len() >= target || disk.contains(&prompt[..target]) {
+        if !disk.options().save_prompts
+            || target < disk.options().min_tokens
+            || slot.session.len() >= target
+            || disk.contains(&prompt[..target])
+        {
             continue;
         }
         *cut = Some(cut.map_or(target, |c| c.min(target)));
