@@ -299,6 +299,42 @@ fn an_entry_of_another_model_is_discarded() {
     assert_eq!(sched.metrics().prompt_cache_hits_total.load(Ordering::Relaxed), 0);
 }
 
+/// A torn entry (the end of its write never landed) is discarded at open, and one with a flipped
+/// byte when it is about to be used; either way the prompt is prefilled and answers as cold.
+#[test]
+fn torn_and_corrupted_entries_are_discarded_and_the_prompt_prefilled() {
+    let lm = qwen35();
+    for damage in ["torn", "flipped"] {
+        let dir = TempDir::new(damage);
+        let prompt = ids(11, 120);
+        let cold = run(&lm, None, std::slice::from_ref(&prompt));
+        let cache = open_cache(&dir.0, &lm);
+        run(&lm, Some(cache.clone()), std::slice::from_ref(&prompt));
+        assert_eq!(cache.stats().entries, 1);
+        drop(cache);
+        let file = std::fs::read_dir(&dir.0)
+            .expect("dir")
+            .map(|e| e.expect("entry").path())
+            .find(|p| p.extension().is_some_and(|e| e == EXTENSION))
+            .expect("the entry file");
+        let mut bytes = std::fs::read(&file).expect("read");
+        if damage == "torn" {
+            bytes.truncate(bytes.len() * 2 / 3);
+        } else {
+            let at = bytes.len() * 2 / 3;
+            bytes[at] ^= 0x01;
+        }
+        std::fs::write(&file, &bytes).expect("write");
+        let cache = open_cache(&dir.0, &lm);
+        let warm = run(&lm, Some(cache.clone()), std::slice::from_ref(&prompt));
+        let s = cache.stats();
+        assert_eq!((s.hits, s.discarded), (0, 1), "{damage}: {s:?}");
+        assert_eq!(warm, cold, "{damage}: prefilled afresh");
+        cache.flush();
+        assert_eq!(cache.stats().entries, 1, "{damage}: written again");
+    }
+}
+
 /// The Qwen3.5 fixture and a cache on a directory of its own, shared by the proptest cases.
 fn shared_qwen() -> &'static Arc<LoadedModel> {
     static LM: OnceLock<Arc<LoadedModel>> = OnceLock::new();
