@@ -62,6 +62,7 @@ pub fn bench_scheduler(sessions: usize, threads: usize, ctx_size: usize) -> Sche
         threads,
         share_prefixes: true,
         cache_mem: None,
+        prompt_cache: None,
     }
 }
 

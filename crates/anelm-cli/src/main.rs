@@ -6,6 +6,7 @@ mod bench;
 mod bench_embed;
 mod bench_prefix;
 mod bench_serve;
+mod cache_cmd;
 mod chat;
 mod compile;
 mod default_model;
@@ -63,6 +64,8 @@ enum Command {
     Service(service::ServiceArgs),
     /// Submit, follow, fetch and cancel batch jobs on a running `anelm serve`.
     Batch(batch::BatchArgs),
+    /// Look at or empty the on-disk prompt cache of a data directory.
+    Cache(cache_cmd::CacheArgs),
 }
 
 impl Command {
@@ -72,7 +75,9 @@ impl Command {
 
     fn model_args(&self) -> Option<&args::ModelArgs> {
         Some(match self {
-            Command::Plan(_) | Command::Doctor(_) | Command::Service(_) | Command::Batch(_) => return None,
+            Command::Plan(_) | Command::Doctor(_) | Command::Service(_) | Command::Batch(_) | Command::Cache(_) => {
+                return None;
+            }
             Command::Compile(a) => &a.model,
             Command::Generate(a) => &a.model,
             Command::Chat(a) => &a.model,
@@ -117,6 +122,7 @@ fn main() {
         Command::Doctor(a) => doctor::run(a),
         Command::Service(a) => service::run(a),
         Command::Batch(a) => batch::run(a),
+        Command::Cache(a) => cache_cmd::run(a),
     });
     if let Err(e) = result {
         let msg = format!("{e:#}").replace('\n', " ");

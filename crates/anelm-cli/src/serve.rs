@@ -10,7 +10,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use clap::Args;
 
-use anelm_engine::{Embedder, SchedulerConfig};
+use anelm_engine::{Embedder, LoadedModel, ModelIdentity, PromptCache, PromptCacheOptions, SchedulerConfig};
 use anelm_server::batch_runner::Jobs;
 use anelm_server::data_dir::{DataDir, DataDirError, default_data_dir};
 use anelm_server::embeddings::Embeddings;
@@ -99,6 +99,17 @@ pub struct ServeArgs {
     /// Largest file POST /v1/files accepts, in bytes.
     #[arg(long, default_value_t = 200 << 20)]
     pub max_file_bytes: usize,
+    /// Do not keep long prompt prefixes' caches on disk in the data directory (by default they
+    /// are kept, and a request sharing a stored prefix prefills only the rest, also after a
+    /// restart or an idle unload).
+    #[arg(long)]
+    pub no_prompt_cache: bool,
+    /// Most bytes the prompt cache may take on disk (least recently used entries go first).
+    #[arg(long, value_name = "BYTES", default_value_t = 4 << 30)]
+    pub prompt_cache_bytes: u64,
+    /// Shortest prompt prefix, in tokens, worth keeping on disk.
+    #[arg(long, value_name = "TOKENS", default_value_t = 256)]
+    pub prompt_cache_min_tokens: usize,
     /// Seconds a shutdown waits for the batch lines in flight before leaving them for the next
     /// start (they run again then; none is lost or done twice).
     #[arg(long, value_name = "SECS", default_value_t = 10)]
@@ -220,6 +231,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         threads,
         share_prefixes: !a.no_prefix_sharing,
         cache_mem: a.cache_mem.map(|mib| mib.saturating_mul(1 << 20)),
+        prompt_cache: None,
     };
     // Batch lines in flight: enough to keep every session busy while finished lines are
     // recorded (the extra ones wait in the scheduler's queue at background priority).
@@ -227,6 +239,17 @@ pub fn run(a: ServeArgs) -> Result<()> {
     if let Some((dir, _)) = &data {
         eprintln!("anelm serve: data directory {}", dir.path().display());
     }
+    let prompt_cache: PromptCacheSetup = match &data {
+        Some((dir, _)) if !a.no_prompt_cache => Some(Arc::new((
+            dir.prompt_cache(),
+            PromptCacheOptions {
+                max_bytes: a.prompt_cache_bytes,
+                min_tokens: a.prompt_cache_min_tokens.max(1),
+                ..PromptCacheOptions::default()
+            },
+        ))),
+        _ => None,
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -241,10 +264,13 @@ pub fn run(a: ServeArgs) -> Result<()> {
             .with_context(|| format!("could not listen on {addr} (is another server using the port?)"))?;
         eprintln!("anelm serve: listening on http://{addr} (loading the model; /health is 503 until ready)");
         if let Some(secs) = a.idle_unload {
-            let (args, cfg) = (a.model.clone(), sched_cfg.clone());
+            let (args, cfg, cache) = (a.model.clone(), sched_cfg.clone(), prompt_cache.clone());
             let loader: anelm_server::idle::Loader = Arc::new(move || {
                 load(&args)
-                    .map(|lm| (Arc::new(lm), cfg.clone()))
+                    .map(|lm| {
+                        let cfg = with_prompt_cache(&lm, &args, cfg.clone(), &cache);
+                        (Arc::new(lm), cfg)
+                    })
                     .map_err(|e| format!("{e:#}"))
             });
             state.enable_idle_unload(std::time::Duration::from_secs(secs.max(1)), loader);
@@ -280,7 +306,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
                     return;
                 }
             }
-            load_chat(&model_args, &loader_state, sched_cfg)
+            load_chat(&model_args, &loader_state, sched_cfg, &prompt_cache)
         });
         // On SIGINT/SIGTERM: first the batch runner (its lines in flight finish or stay
         // pending for the next start), then the HTTP server.
@@ -304,10 +330,46 @@ pub fn run(a: ServeArgs) -> Result<()> {
     })
 }
 
+/// Where the prompt cache lives and how it is sized (`None`: no prompt cache).
+type PromptCacheSetup = Option<Arc<(PathBuf, PromptCacheOptions)>>;
+
+/// `cfg` with the on-disk prompt cache for `lm` opened in it. Its entries are keyed by the
+/// model files and everything that changes the numbers (device, quantisation, context, chip);
+/// a cache that cannot be opened is a warning, not a failure.
+fn with_prompt_cache(
+    lm: &LoadedModel,
+    args: &ModelArgs,
+    mut cfg: SchedulerConfig,
+    setup: &PromptCacheSetup,
+) -> SchedulerConfig {
+    let Some(setup) = setup else {
+        return cfg;
+    };
+    let (dir, opts) = setup.as_ref();
+    let opened = ModelIdentity::of(lm).map_err(|e| e.to_string()).and_then(|id| {
+        let id = id
+            .with("device", format!("{:?}", args.device))
+            .with("quantize", format!("{:?}", args.quantize))
+            .with("ctx", args.ctx_size)
+            .with("chip", &args.ane.chip)
+            .with("ane_weights", format!("{:?}", args.ane.ane_weights))
+            .with("chat_template", format!("{:?}", args.chat_template));
+        PromptCache::open(dir.clone(), id.as_str(), opts.clone()).map_err(|e| e.to_string())
+    });
+    match opened {
+        Ok(cache) => cfg.prompt_cache = Some(Arc::new(cache)),
+        Err(e) => eprintln!("anelm serve: warning: the prompt cache is off: {e}"),
+    }
+    cfg
+}
+
 /// Load the chat model and start its scheduler; a failure is reported by /health.
-fn load_chat(model_args: &ModelArgs, state: &AppState, sched_cfg: SchedulerConfig) {
+fn load_chat(model_args: &ModelArgs, state: &AppState, sched_cfg: SchedulerConfig, cache: &PromptCacheSetup) {
     match load(model_args) {
-        Ok(lm) => match state.set_ready(Arc::new(lm), sched_cfg) {
+        Ok(lm) => match {
+            let cfg = with_prompt_cache(&lm, model_args, sched_cfg, cache);
+            state.set_ready(Arc::new(lm), cfg)
+        } {
             Ok(_) => eprintln!("anelm serve: ready"),
             Err(e) => {
                 eprintln!("error: could not start the scheduler: {e}");

@@ -14,6 +14,9 @@ use std::ops::Range;
 
 use anelm_kernels::f32_to_f16_slice;
 
+use crate::byte_codec::{Reader, put_f32s, put_u8, put_u16s, put_usize};
+use crate::session_snapshot::SnapshotError;
+
 /// Extra ring slots beyond what a step needs, so short rewinds keep the session.
 pub const REWIND_SLACK: usize = 64;
 
@@ -438,6 +441,74 @@ impl KvLayer {
         self.len = len;
     }
 
+    /// Append this layer's state for the first `len` positions to `out`: the rows a query at
+    /// position `len` reads (every row of a full layer, the last `window − 1` of a ring), plane by
+    /// plane, in the storage type's own bits. False when the layer no longer holds them.
+    pub(crate) fn encode_prefix(&self, len: usize, out: &mut Vec<u8>) -> bool {
+        let storage_code = match self.storage() {
+            KvStorage::F32 => 0,
+            KvStorage::F16 => 1,
+        };
+        let (start, end) = if self.len == 0 {
+            (0, 0) // a layer the model never writes (a hybrid model's recurrent layers)
+        } else {
+            match self.window {
+                None => (0, len),
+                Some(w) => (len.saturating_sub(w - 1), len),
+            }
+        };
+        if end > self.len || (end > 0 && start < self.oldest()) {
+            return false;
+        }
+        let kv_dim = if end == 0 { 0 } else { self.kv_dim };
+        put_u8(out, storage_code);
+        put_usize(out, self.window.unwrap_or(0));
+        put_usize(out, self.heads);
+        put_usize(out, kv_dim);
+        put_usize(out, start);
+        put_usize(out, end);
+        let pd = self.plane_dim();
+        for buf in [&self.k, &self.v] {
+            for h in 0..self.heads {
+                for range in self.segments(start..end) {
+                    let at = (h * self.slots + range.start) * pd;
+                    let n = range.len() * pd;
+                    match buf {
+                        Buf::F32(b) => put_f32s(out, &b[at..at + n]),
+                        Buf::F16(b) => put_u16s(out, &b[at..at + n]),
+                    }
+                }
+            }
+        }
+        true
+    }
+
+    /// Replace this layer's contents with saved rows (checked by [`LayerPrefix::check_fits`]):
+    /// afterwards it holds `p.end()` positions and serves the next query as the layer that was
+    /// saved did.
+    pub(crate) fn restore_prefix(&mut self, p: LayerPrefix) {
+        self.release();
+        if p.end == 0 {
+            return;
+        }
+        // Room as for a step appending the rows after position 0 (a ring: its window plus slack).
+        match self.window {
+            None => self.reserve_step(p.end, p.kv_dim),
+            Some(_) => self.reserve_step(1, p.kv_dim),
+        }
+        let (pd, rows) = (self.plane_dim(), p.end - p.start);
+        self.len = p.end;
+        self.first = p.start;
+        for (dst, src) in [(&mut self.k, &p.k), (&mut self.v, &p.v)] {
+            for h in 0..self.heads {
+                for (i, pos) in (p.start..p.end).enumerate() {
+                    let slot = pos % self.slots;
+                    dst.copy_from(src, (h * rows + i) * pd, (h * self.slots + slot) * pd, pd);
+                }
+            }
+        }
+    }
+
     /// Forget every position and free the buffers.
     fn release(&mut self) {
         let storage = self.storage();
@@ -456,6 +527,97 @@ impl KvLayer {
 
     fn reserved_bytes(&self) -> usize {
         self.k.element_bytes() * (self.k.capacity() + self.v.capacity())
+    }
+}
+
+/// One layer's saved rows for a session prefix (see [`KvLayer::encode_prefix`]), decoded and
+/// not yet checked against a layer.
+#[derive(Debug)]
+pub(crate) struct LayerPrefix {
+    storage: KvStorage,
+    window: Option<usize>,
+    heads: usize,
+    kv_dim: usize,
+    /// Positions `start..end` are held, plane by plane (`heads` planes of `end − start` rows).
+    start: usize,
+    end: usize,
+    k: Buf,
+    v: Buf,
+}
+
+impl LayerPrefix {
+    /// Read one layer written by [`KvLayer::encode_prefix`].
+    pub(crate) fn decode(r: &mut Reader<'_>) -> Result<Self, SnapshotError> {
+        let storage = match r.u8()? {
+            0 => KvStorage::F32,
+            1 => KvStorage::F16,
+            other => return Err(SnapshotError::Invalid(format!("unknown KV storage code {other}"))),
+        };
+        let window = match r.usize()? {
+            0 => None,
+            w => Some(w),
+        };
+        let (heads, kv_dim, start, end) = (r.usize()?, r.usize()?, r.usize()?, r.usize()?);
+        if heads == 0 || (kv_dim > 0 && kv_dim % heads != 0) || start > end {
+            return Err(SnapshotError::Invalid(format!(
+                "KV layer of {heads} heads, {kv_dim} values, positions {start}..{end}"
+            )));
+        }
+        let n = (end - start)
+            .checked_mul(kv_dim)
+            .ok_or_else(|| SnapshotError::Invalid("KV layer size overflows".into()))?;
+        let read = |r: &mut Reader<'_>| -> Result<Buf, SnapshotError> {
+            Ok(match storage {
+                KvStorage::F32 => Buf::F32(r.f32s(n)?),
+                KvStorage::F16 => Buf::F16(r.u16s(n)?),
+            })
+        };
+        let k = read(r)?;
+        let v = read(r)?;
+        Ok(Self {
+            storage,
+            window,
+            heads,
+            kv_dim,
+            start,
+            end,
+            k,
+            v,
+        })
+    }
+
+    /// Positions this layer's saved rows reach (0 for a layer that was never used).
+    pub(crate) fn end(&self) -> usize {
+        self.end
+    }
+
+    /// Why `layer` cannot take these rows, if it cannot.
+    pub(crate) fn check_fits(&self, layer: &KvLayer) -> Result<(), SnapshotError> {
+        let mismatch = |what: &str| Err(SnapshotError::Mismatch(format!("KV {what}")));
+        if self.end == 0 {
+            return Ok(());
+        }
+        if self.storage != layer.storage() {
+            return mismatch("storage type");
+        }
+        if self.window != layer.window {
+            return mismatch("window");
+        }
+        if self.heads != layer.heads {
+            return mismatch("head planes");
+        }
+        if layer.kv_dim != 0 && layer.kv_dim != self.kv_dim {
+            return mismatch("width");
+        }
+        if let Some(w) = self.window
+            && self.start != self.end.saturating_sub(w - 1)
+        {
+            return mismatch("window rows");
+        }
+        if self.window.is_none() && self.start != 0 {
+            return mismatch("rows");
+        }
+        Ok(())
     }
 }
 

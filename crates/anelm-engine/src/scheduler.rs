@@ -26,9 +26,12 @@ use anelm_model::tokenizer::Tokenizer;
 use crate::error::{EngineError, Result};
 use crate::loader::LoadedModel;
 use crate::model::{LogitsMode, StepItem};
+use crate::prompt_cache::PromptCache;
 use crate::session::Session;
 use crate::stream::FinishReason;
 use crate::stream::{Stream, StreamOptions, TokenLogprob};
+
+mod prompt_cache_hook;
 
 /// How the scheduler is sized.
 #[derive(Clone, Debug)]
@@ -52,6 +55,10 @@ pub struct SchedulerConfig {
     /// Most bytes the sessions' caches may keep (`None`: no limit). Idle sessions keep their
     /// cache for prompt reuse; beyond this, the least recently used idle ones are released.
     pub cache_mem: Option<usize>,
+    /// The on-disk prompt cache (`None`: off). At admission a request whose prompt starts with
+    /// a stored prefix longer than any session shares restores it and prefills only the rest;
+    /// long prompts and prefixes two requests share are saved (see `prompt_cache_hook`).
+    pub prompt_cache: Option<Arc<PromptCache>>,
 }
 
 impl Default for SchedulerConfig {
@@ -65,6 +72,7 @@ impl Default for SchedulerConfig {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             share_prefixes: true,
             cache_mem: None,
+            prompt_cache: None,
         }
     }
 }
@@ -111,7 +119,8 @@ pub struct Completion {
     pub finish: FinishReason,
     /// Prompt tokens.
     pub prompt_tokens: usize,
-    /// Of those, reused from the session's cache.
+    /// Of those, reused from the session's cache (or another session's, or restored from the
+    /// on-disk prompt cache): not prefilled.
     pub reused_tokens: usize,
     /// Generated token ids.
     pub tokens: Vec<u32>,
@@ -172,7 +181,8 @@ pub struct Metrics {
     pub requests_cancelled: AtomicU64,
     /// Prompt tokens prefilled (not counting reused ones).
     pub prompt_tokens_total: AtomicU64,
-    /// Prompt tokens reused from session caches.
+    /// Prompt tokens reused from session caches (restored ones from the on-disk prompt cache
+    /// included).
     pub reused_tokens_total: AtomicU64,
     /// Requests that copied a shared prompt prefix from another session's cache.
     pub prefix_hits_total: AtomicU64,
@@ -207,6 +217,22 @@ pub struct Metrics {
     pub parked: AtomicU64,
     /// Background requests accepted.
     pub background_requests_total: AtomicU64,
+    /// Bytes of the on-disk prompt cache's entries (updated at admissions and steps).
+    pub prompt_cache_bytes: AtomicU64,
+    /// Entries in the on-disk prompt cache.
+    pub prompt_cache_entries: AtomicU64,
+    /// Requests that restored a prompt prefix from the on-disk cache.
+    pub prompt_cache_hits_total: AtomicU64,
+    /// Lookups in the on-disk cache that found nothing usable.
+    pub prompt_cache_misses_total: AtomicU64,
+    /// Prompt tokens restored from disk instead of prefilled.
+    pub prompt_cache_tokens_restored_total: AtomicU64,
+    /// Entries written to the on-disk cache.
+    pub prompt_cache_writes_total: AtomicU64,
+    /// Entries deleted as unusable (torn, corrupt, another model's).
+    pub prompt_cache_discarded_total: AtomicU64,
+    /// Entries evicted to stay within the disk budget.
+    pub prompt_cache_evictions_total: AtomicU64,
 }
 
 struct Job {
@@ -481,7 +507,7 @@ fn run_loop(lm: &LoadedModel, cfg: &SchedulerConfig, rx: &Receiver<Job>, metrics
                 }
                 metrics.queue_depth.fetch_sub(1, Ordering::AcqRel);
                 clock += 1;
-                admit(&mut slots, job, tok, metrics, clock);
+                admit(&mut slots, job, tok, metrics, clock, cfg.prompt_cache.as_deref());
                 continue;
             }
             if !free {
@@ -506,7 +532,7 @@ fn run_loop(lm: &LoadedModel, cfg: &SchedulerConfig, rx: &Receiver<Job>, metrics
             };
             metrics.queue_depth.fetch_sub(1, Ordering::AcqRel);
             clock += 1;
-            admit(&mut slots, job, tok, metrics, clock);
+            admit(&mut slots, job, tok, metrics, clock, cfg.prompt_cache.as_deref());
         }
         metrics.parked.store(parked.len() as u64, Ordering::Relaxed);
         let busy = slots.iter().any(|s| s.active.is_some());
@@ -532,7 +558,14 @@ fn run_loop(lm: &LoadedModel, cfg: &SchedulerConfig, rx: &Receiver<Job>, metrics
 
 /// Place `job` in the free session sharing the longest prefix with its prompt (else the least
 /// recently used free one) and rewind that session to the shared prefix.
-fn admit<'t>(slots: &mut [Slot<'t>], mut job: Job, tok: &'t Tokenizer, metrics: &Metrics, clock: u64) {
+fn admit<'t>(
+    slots: &mut [Slot<'t>],
+    mut job: Job,
+    tok: &'t Tokenizer,
+    metrics: &Metrics,
+    clock: u64,
+    disk: Option<&PromptCache>,
+) {
     let shared = |s: &Session, p: &[u32]| s.tokens().iter().zip(p).take_while(|(a, b)| a == b).count();
     let Some(best) = slots
         .iter()
@@ -554,8 +587,12 @@ fn admit<'t>(slots: &mut [Slot<'t>], mut job: Job, tok: &'t Tokenizer, metrics: 
     let slot = &mut slots[best];
     // Keep at least the last prompt token to run again: its logits start generation.
     let common = shared(&slot.session, &job.req.prompt).min(job.req.prompt.len() - 1);
+    let held = slot.session.len();
     // A recurrent (hybrid-model) session cannot rewind: it may keep less than asked.
-    let common = slot.session.truncate(common);
+    let mut common = slot.session.truncate(common);
+    if let Some(disk) = disk {
+        common = prompt_cache_hook::on_admit(disk, &mut slot.session, held, &job.req.prompt, common, metrics);
+    }
     slot.last_used = clock;
     metrics.busy_sessions.fetch_add(1, Ordering::Relaxed);
     metrics.reused_tokens_total.fetch_add(common as u64, Ordering::Relaxed);
@@ -614,7 +651,11 @@ enum Sharing {
 /// saved, so the request being waited for ends a prefill chunk exactly at the shared length and
 /// checkpoints there. Returns which slots wait this step and where each slot's next prefill
 /// chunk must end.
-fn share_prefixes(slots: &mut [Slot<'_>], metrics: &Metrics) -> (Vec<bool>, Vec<Option<usize>>) {
+fn share_prefixes(
+    slots: &mut [Slot<'_>],
+    metrics: &Metrics,
+    disk: Option<&PromptCache>,
+) -> (Vec<bool>, Vec<Option<usize>>) {
     let mut cuts: Vec<Option<usize>> = vec![None; slots.len()];
     let mut decisions: Vec<(usize, Sharing)> = Vec::new();
     for (x, sx) in slots.iter().enumerate() {
@@ -681,6 +722,10 @@ fn share_prefixes(slots: &mut [Slot<'_>], metrics: &Metrics) -> (Vec<bool>, Vec<
                     continue;
                 }
                 slot.session = copy;
+                if let Some(disk) = disk {
+                    // Two requests were seen to share this prefix: worth keeping across restarts.
+                    disk.store(&slot.session, kept);
+                }
                 a.pending = a.job.req.prompt[kept..].iter().copied().collect();
                 a.reused = kept;
                 metrics.prefix_hits_total.fetch_add(1, Ordering::Relaxed);
@@ -736,11 +781,14 @@ fn fail(slot: &mut Slot<'_>, msg: String, metrics: &Metrics) {
 /// One batched forward for every active session, then sampling and streaming.
 fn step(model: &dyn crate::model::LanguageModel, slots: &mut [Slot<'_>], cfg: &SchedulerConfig, metrics: &Metrics) {
     let t0 = Instant::now();
-    let (waiting, cuts) = if cfg.share_prefixes {
-        share_prefixes(slots, metrics)
+    let (waiting, mut cuts) = if cfg.share_prefixes {
+        share_prefixes(slots, metrics, cfg.prompt_cache.as_deref())
     } else {
         (vec![false; slots.len()], vec![None; slots.len()])
     };
+    if let Some(disk) = &cfg.prompt_cache {
+        prompt_cache_hook::checkpoint_cuts(disk, slots, &mut cuts);
+    }
     // Decide each slot's tokens: decoders first (one each), then prefill chunks within budget.
     let mut budget = cfg.max_step_tokens;
     let mut feed: Vec<(usize, Vec<u32>, bool)> = Vec::new(); // (slot, tokens, wants logits)
@@ -849,6 +897,9 @@ fn step(model: &dyn crate::model::LanguageModel, slots: &mut [Slot<'_>], cfg: &S
                 // where a waiting request shares this prefix, so it can copy it.
                 slot.session.checkpoint();
             }
+            if let Some(disk) = &cfg.prompt_cache {
+                prompt_cache_hook::after_prefill_chunk(disk, &slot.session, &a.job.req.prompt);
+            }
         }
         if !wants {
             continue;
@@ -895,6 +946,9 @@ fn step(model: &dyn crate::model::LanguageModel, slots: &mut [Slot<'_>], cfg: &S
     let dt = t0.elapsed();
     let cache_bytes: usize = slots.iter().map(|s| s.session.reserved_bytes()).sum();
     metrics.session_cache_bytes.store(cache_bytes as u64, Ordering::Relaxed);
+    if let Some(disk) = &cfg.prompt_cache {
+        prompt_cache_hook::publish(disk, metrics);
+    }
     metrics.steps_total.fetch_add(1, Ordering::Relaxed);
     metrics
         .step_time_us_total

@@ -179,6 +179,33 @@ impl Session {
             + 4 * self.tokens.capacity()
     }
 
+    /// The recurrent state after the first `len` positions, when the session still has it: the
+    /// live state at its current length, or its checkpoint. An attention-only session's (empty)
+    /// layers at any length.
+    pub(crate) fn recurrent_at(&self, len: usize) -> Option<&[RecurrentLayer]> {
+        if !self.is_recurrent() || len == self.tokens.len() {
+            return Some(&self.recurrent);
+        }
+        match &self.checkpoint {
+            Some(cp) if cp.len == len => Some(&cp.recurrent),
+            _ => None,
+        }
+    }
+
+    /// The recurrent layers, to be overwritten by a restore.
+    pub(crate) fn recurrent_mut(&mut self) -> &mut [RecurrentLayer] {
+        &mut self.recurrent
+    }
+
+    /// Take `tokens` as the positions the caches now hold (just restored) and checkpoint there,
+    /// so a later request can rewind to the restored prefix.
+    pub(crate) fn set_restored(&mut self, tokens: &[u32]) {
+        self.tokens.clear();
+        self.tokens.extend_from_slice(tokens);
+        self.checkpoint = None;
+        self.checkpoint();
+    }
+
     pub(crate) fn push_tokens(&mut self, tokens: &[u32]) {
         self.tokens.extend_from_slice(tokens);
     }

@@ -35,6 +35,7 @@ fn config(sessions: usize, queue: usize) -> SchedulerConfig {
         threads: 2,
         share_prefixes: true,
         cache_mem: None,
+        prompt_cache: None,
     }
 }
 

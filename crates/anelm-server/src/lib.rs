@@ -424,6 +424,39 @@ async fn metrics(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Respons
             "background requests parked right now (they resume where they stopped)",
             g(&m.parked),
         );
+        if let Some(pc) = &r.scheduler.config().prompt_cache {
+            let p = pc.stats();
+            put(
+                "prompt_cache_bytes",
+                "gauge",
+                "bytes the on-disk prompt cache takes",
+                p.bytes as f64,
+            );
+            put(
+                "prompt_cache_entries",
+                "gauge",
+                "prompt prefixes kept on disk",
+                p.entries as f64,
+            );
+            put(
+                "prompt_cache_hits_total",
+                "counter",
+                "requests that restored a prompt prefix from disk",
+                p.hits as f64,
+            );
+            put(
+                "prompt_cache_tokens_restored_total",
+                "counter",
+                "prompt tokens restored from disk instead of prefilled",
+                p.tokens_restored as f64,
+            );
+            put(
+                "prompt_cache_discarded_total",
+                "counter",
+                "on-disk entries discarded as unusable (torn, corrupt, another model's)",
+                p.discarded as f64,
+            );
+        }
         put("steps_total", "counter", "batched forward steps", g(&m.steps_total));
         put(
             "step_seconds_total",

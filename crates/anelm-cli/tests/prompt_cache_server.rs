@@ -1,0 +1,92 @@
+//! The on-disk prompt cache through `anelm serve`: two requests sharing a long system prompt
+//! leave its prefix on disk; after a SIGKILL and a restart on the same data directory a third
+//! request with that system prompt restores it instead of prefilling it, and answers exactly as
+//! a server without the cache does.
+//!
+//! Needs the default model (`scripts/test.sh`).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+mod serving;
+use serving::*;
+
+struct TempDir(PathBuf);
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("anelm-{tag}-{}-{}", std::process::id(), free_port()));
+        std::fs::create_dir_all(&p).expect("temp dir");
+        Self(p)
+    }
+    fn arg(&self) -> &str {
+        self.0.to_str().expect("utf-8 temp path")
+    }
+}
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn system_prompt() -> String {
+    let facts: Vec<String> = (0..40)
+        .map(|i| format!("Rule {i}: file notes about topic {i} under folder {}.", i % 7))
+        .collect();
+    format!("You sort a person's notes into folders. {}", facts.join(" "))
+}
+
+fn ask(port: u16, question: &str) -> String {
+    let body = json!({"messages": [{"role": "system", "content": system_prompt()},
+                                    {"role": "user", "content": question}],
+                      "max_tokens": 16, "temperature": 0});
+    let r = http(
+        port,
+        "POST",
+        "/v1/chat/completions",
+        body.to_string().as_bytes(),
+        Some(KEY),
+    )
+    .expect("request");
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v: Value = serde_json::from_str(&r.body).expect("JSON");
+    v["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content")
+        .to_string()
+}
+
+#[test]
+fn a_shared_prefix_outlives_a_kill_and_answers_like_a_cold_run() {
+    let dir = TempDir::new("prompt-cache");
+    let port = free_port();
+    let args = ["--data-dir", dir.arg(), "--prompt-cache-min-tokens", "128"];
+    let mut server = start_on(port, 2, 16, &args, &[]);
+    ask(port, "Where does a note about gardening go?");
+    ask(port, "Where does a note about taxes go?");
+    let t = Instant::now();
+    while metric(port, "prompt_cache_entries") < 1.0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "no prompt-cache entry written in 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: kill(2) on the pid of a child this test started and has not yet reaped.
+    assert_eq!(unsafe { libc::kill(server.child.id() as i32, libc::SIGKILL) }, 0);
+    let _ = server.child.wait();
+    drop(server);
+    server = start_on(port, 2, 16, &args, &[]);
+    let question = "Where does a note about birdwatching go?";
+    let warm = ask(port, question);
+    assert!(
+        metric(port, "prompt_cache_hits_total") >= 1.0,
+        "the stored prefix was not used"
+    );
+    assert!(metric(port, "prompt_cache_tokens_restored_total") >= 128.0);
+    drop(server);
+    let cold_dir = TempDir::new("prompt-cache-cold");
+    let cold = start_with(2, 16, &["--data-dir", cold_dir.arg(), "--no-prompt-cache"]);
+    assert_eq!(ask(cold.port, question), warm, "the restored prefix changed the answer");
+}

@@ -1,0 +1,101 @@
+//! The scheduler's use of the on-disk prompt cache ([`PromptCache`]).
+//!
+//! **Restore.** At admission, once the chosen session is rewound to the prefix it shares with
+//! the prompt, a stored entry that gives more positions (at most the prompt less its last token,
+//! whose logits start generation) is restored into the session, and only the rest is prefilled.
+//!
+//! **Store policy.** Only prefixes of at least [`PromptCacheOptions::min_tokens`] tokens, and
+//! each prefix once (an entry already stored only has its last use renewed):
+//! - *a prefix two requests were seen to share*: the point where an idle session's cached
+//!   tokens and a new prompt part (saved at admission, after the rewind), and the length a
+//!   request copies from a concurrent one (`share_prefixes`); a hybrid model's state there is
+//!   the checkpoint the rewind or the copy used;
+//! - *every prompt less its last token* (unless [`PromptCacheOptions::save_prompts`] is off), saved when its prefill reaches that point, so the same
+//!   prompt, or any continuation of it (the next turn of a chat), hits after a restart. A hybrid
+//!   model's prefill ends a chunk there ([`checkpoint_cuts`]) so the exact state exists.
+//!
+//! Serialising happens on the step loop (a memory copy of the prefix's state); the file write
+//! on the cache's own thread.
+//!
+//! [`PromptCacheOptions::min_tokens`]: crate::PromptCacheOptions::min_tokens
+//! [`PromptCacheOptions::save_prompts`]: crate::PromptCacheOptions::save_prompts
+
+use std::sync::atomic::Ordering;
+
+use super::{Metrics, Slot};
+use crate::prompt_cache::PromptCache;
+use crate::session::Session;
+
+/// At admission: `session` held `held` positions and was rewound to the `common` it shares with
+/// `prompt`. Saves the shared prefix when the session held more (two requests share it), then
+/// restores a longer stored prefix if there is one. Returns the positions the session holds.
+pub(super) fn on_admit(
+    disk: &PromptCache,
+    session: &mut Session,
+    held: usize,
+    prompt: &[u32],
+    common: usize,
+    metrics: &Metrics,
+) -> usize {
+    let min = disk.options().min_tokens;
+    if common < held && common >= min {
+        disk.store(session, common);
+    }
+    let max_len = prompt.len() - 1;
+    let mut now = common;
+    if max_len > common && max_len >= min {
+        now = disk.restore_into(session, prompt, max_len, common).unwrap_or(common);
+    }
+    publish(disk, metrics);
+    now
+}
+
+/// After a prefill chunk of `prompt` ran in `session`: save the prompt less its last token once
+/// the session holds that state (a hybrid model only at exactly that length, where
+/// [`checkpoint_cuts`] ends a chunk; others also once the whole prompt is in).
+pub(super) fn after_prefill_chunk(disk: &PromptCache, session: &Session, prompt: &[u32]) {
+    let target = prompt.len() - 1;
+    if !disk.options().save_prompts || target < disk.options().min_tokens {
+        return;
+    }
+    let at_target = session.len() == target;
+    let done = session.len() == prompt.len() && !session.is_recurrent();
+    if at_target || done {
+        disk.store(session, target);
+    }
+}
+
+/// For each hybrid-model session still prefilling a prompt worth saving that is not stored yet:
+/// end a chunk at the prompt less its last token, where its recurrent state can be saved.
+pub(super) fn checkpoint_cuts(disk: &PromptCache, slots: &[Slot<'_>], cuts: &mut [Option<usize>]) {
+    for (slot, cut) in slots.iter().zip(cuts.iter_mut()) {
+        let Some(a) = &slot.active else { continue };
+        if a.next.is_some() || a.pending.is_empty() || !slot.session.is_recurrent() {
+            continue;
+        }
+        let prompt = &a.job.req.prompt;
+        let target = prompt.len() - 1;
+        if !disk.options().save_prompts
+            || target < disk.options().min_tokens
+            || slot.session.len() >= target
+            || disk.contains(&prompt[..target])
+        {
+            continue;
+        }
+        *cut = Some(cut.map_or(target, |c| c.min(target)));
+    }
+}
+
+/// Copy the cache's counters into the scheduler's metrics.
+pub(super) fn publish(disk: &PromptCache, metrics: &Metrics) {
+    let s = disk.stats();
+    let set = |m: &std::sync::atomic::AtomicU64, v: u64| m.store(v, Ordering::Relaxed);
+    set(&metrics.prompt_cache_bytes, s.bytes);
+    set(&metrics.prompt_cache_entries, s.entries);
+    set(&metrics.prompt_cache_hits_total, s.hits);
+    set(&metrics.prompt_cache_misses_total, s.misses);
+    set(&metrics.prompt_cache_tokens_restored_total, s.tokens_restored);
+    set(&metrics.prompt_cache_writes_total, s.writes);
+    set(&metrics.prompt_cache_discarded_total, s.discarded);
+    set(&metrics.prompt_cache_evictions_total, s.evicted);
+}
