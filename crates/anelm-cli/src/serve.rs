@@ -366,16 +366,16 @@ fn with_prompt_cache(
 /// Load the chat model and start its scheduler; a failure is reported by /health.
 fn load_chat(model_args: &ModelArgs, state: &AppState, sched_cfg: SchedulerConfig, cache: &PromptCacheSetup) {
     match load(model_args) {
-        Ok(lm) => match {
+        Ok(lm) => {
             let cfg = with_prompt_cache(&lm, model_args, sched_cfg, cache);
-            state.set_ready(Arc::new(lm), cfg)
-        } {
-            Ok(_) => eprintln!("anelm serve: ready"),
-            Err(e) => {
-                eprintln!("error: could not start the scheduler: {e}");
-                let _ = state.load_error.set(e.to_string());
+            match state.set_ready(Arc::new(lm), cfg) {
+                Ok(_) => eprintln!("anelm serve: ready"),
+                Err(e) => {
+                    eprintln!("error: could not start the scheduler: {e}");
+                    let _ = state.load_error.set(e.to_string());
+                }
             }
-        },
+        }
         Err(e) => {
             let msg = format!("{e:#}").replace('\n', " ");
             eprintln!("error: {msg}");

@@ -62,10 +62,10 @@ impl DataDir {
             .write(true)
             .open(path.join("lock"))
             .map_err(io)?;
-        match lock.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => return Err(DataDirError::Locked(path.to_path_buf())),
-            Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
+        match try_lock(&lock) {
+            Ok(true) => {}
+            Ok(false) => return Err(DataDirError::Locked(path.to_path_buf())),
+            Err(e) => return Err(io(e)),
         }
         Ok(Self {
             path: path.to_path_buf(),
@@ -86,6 +86,31 @@ impl DataDir {
     /// Where the prompt cache keeps its entries.
     pub fn prompt_cache(&self) -> PathBuf {
         self.path.join("prompt-cache")
+    }
+}
+
+/// Take an exclusive advisory lock on `file` without waiting: false when another open file
+/// holds it (released when the file is closed, also by a crash).
+fn try_lock(file: &File) -> std::io::Result<bool> {
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: flock(2) on a descriptor `file` owns and keeps open for the call.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc == 0 {
+            return Ok(true);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() == std::io::ErrorKind::WouldBlock {
+            Ok(false)
+        } else {
+            Err(e)
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = file;
+        Ok(true)
     }
 }
 
