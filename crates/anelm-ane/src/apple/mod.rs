@@ -49,7 +49,7 @@ pub use modeldir::{
 pub use objc::{ANE_FRAMEWORK, COREFOUNDATION, FOUNDATION, IOSURFACE, LIBOBJC};
 pub use runtime::{QOS, SurfaceKey};
 
-use crate::device::{AneDevice, DispatchTime, ProgramHandle, Signature};
+use crate::device::{AneDevice, CompileBudget, DispatchTime, ProgramHandle, Signature};
 use crate::error::AneError;
 use crate::surface::Surface;
 
@@ -149,6 +149,10 @@ impl<R: runtime::Runtime> AneDevice for device::Device<R> {
         device::Device::load_without_compile(self, mil_text, weights)
     }
 
+    fn compile_budget(&self) -> Option<CompileBudget> {
+        device::Device::compile_budget(self)
+    }
+
     fn load(&self, program: ProgramHandle) -> Result<(), AneError> {
         device::Device::load(self, program)
     }
@@ -190,6 +194,10 @@ impl AneDevice for AppleAne {
 
     fn cache_salt(&self) -> String {
         self.salt.clone()
+    }
+
+    fn compile_budget(&self) -> Option<CompileBudget> {
+        self.dev.compile_budget()
     }
 
     fn load(&self, program: ProgramHandle) -> Result<(), AneError> {
