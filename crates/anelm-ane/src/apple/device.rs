@@ -641,6 +641,10 @@ impl<R: Runtime> Device<R> {
         self.loads.fetch_add(1, Ordering::Relaxed);
         if without_compile {
             self.cache_loads.fetch_add(1, Ordering::Relaxed);
+            // A model loaded from the cache keeps its descriptor, and with it the NSData of every
+            // weight, for its whole life (only the compile path's saveModelFiles lets go of it):
+            // drop it, where this macOS's model class can.
+            self.rt.release_descriptor(k.model);
         }
         Ok(())
     }
@@ -710,7 +714,7 @@ impl<R: Runtime> Device<R> {
         self.rt
             .evaluate(k.model, QOS, self.options, k.request)
             .map_err(|description| AppleError::Call {
-                call: "-[_ANEInMemoryModel evaluateWithQoS:options:request:error:] (path=daemon)",
+                call: "-[_ANEInMemoryModel evaluateWithQoS:options:request:error:] (path=in-process)",
                 kernel: k.label.clone(),
                 description,
             })

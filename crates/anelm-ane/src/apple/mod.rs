@@ -42,6 +42,7 @@ pub use foundation::{
 };
 pub use framework::{
     CLIENT_CLASS, DIRECT_EVAL_SELECTOR, OPTIONAL_MODEL_METHODS, ProbeStep, REQUIRED_CLASSES, REQUIRED_METHODS,
+    SELECTOR_ARITIES,
 };
 pub use modeldir::{
     MAX_IDENTIFIER_BYTES, MODEL_MIL, model_dir, model_dir_files, remove_model_dir, usable_identifier, write_model_dir,
