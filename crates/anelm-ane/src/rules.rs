@@ -94,6 +94,10 @@ pub enum Rule {
     /// output but the last comes back silently corrupted. Every verified anelm kernel returns one
     /// output. (Orion's docs/ane_constraints.md §2–3 adds that the outputs of a multi-output
     /// program need equal allocation sizes and arrive in alphabetical order of their names.)
+    ///
+    /// **Conservative** (issue 37 item 6): Orion returned 3 outputs intact once the surfaces were
+    /// bound in sorted name order, so the corruption reported for 3+ outputs may have been the
+    /// binding order ([`Rule::IoSortedNames`]). Kept until a Mac shows 3 sorted outputs work.
     OutputCount,
     /// Runtime inputs are declared in sorted order of their names (byte order), and so are the
     /// outputs: the framework binds a request's IOSurfaces to the program's symbols in sorted
@@ -113,6 +117,9 @@ pub enum Rule {
     /// start of a larger surface (same document, §14), so the fix is only to allocate more. This
     /// is a device rule: the Apple device allocates at least this much and refuses a smaller
     /// surface; the emulator has no IOSurfaces.
+    ///
+    /// **Conservative** (issue 37 item 6): measured on M4 Max only; maderix's M5 run evaluated
+    /// 8 KB surfaces. Allocating more costs only host memory, so the minimum stays everywhere.
     SurfaceMinBytes,
     /// On M5, every runtime input and output tensor is a multiple of 128 bytes (and every
     /// IOSurface allocation is, on every chip).
@@ -146,8 +153,10 @@ pub enum Rule {
     /// around via exec() restart"), ane-hardware.md §4.7 (MX budgets 100 and exec()s itself; M4,
     /// macOS 15), Orion docs/ane_constraints.md §5 (confirmed on M4 Max). Contradicted on M3 Max /
     /// macOS 26.3.1, where ane.cpp compiled Qwen3-4B's 226 kernels in one process
-    /// (ane-hardware.md §4.7): the budget is configurable. Programs loaded from the compile
-    /// cache do not count, so a new process resumes where the last one stopped.
+    /// (ane-hardware.md §4.7): the budget is configurable, and **conservative** (issue 37
+    /// item 6). Programs loaded from the compile cache do not count, so a new process resumes
+    /// where the last one stopped; the ANE backend treats a spent budget as a stop, never as a
+    /// refusal of the form (issue 37 item 1).
     CompileBudget,
     /// No more loaded constant bytes per process than the configured budget (FG: ~3.5 GB,
     /// [`FG_MAX_LOADED_BYTES`]).
