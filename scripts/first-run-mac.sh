@@ -7,12 +7,14 @@
 #
 # It keeps going when a step fails (a failure is what the report is for) and never touches your
 # own compile cache: the cold start uses a fresh cache directory that is deleted at the end.
-# Set ANELM_BIN to use an anelm binary you built yourself instead of `cargo build --release`.
+# Set ANELM_BIN to use an anelm binary you built yourself instead of `cargo build --release`,
+# and ANELM_FIRST_RUN_DEVICE=ane-emu to rehearse the whole run on the emulated device (off a Mac).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 report="${1:-$PWD/anelm-first-run.txt}"
 prompt="The capital of France is"
 tokens=32
+ane="${ANELM_FIRST_RUN_DEVICE:-ane}"
 
 now() { perl -MTime::HiRes=time -e 'printf "%.3f\n", time'; }
 elapsed() { perl -e 'printf "%.2f", $ARGV[1] - $ARGV[0]' "$1" "$2"; }
@@ -63,31 +65,37 @@ say "doctor: $doctor"
 export ANELM_CACHE_DIR="$work/cache"
 gen() { "$anelm" generate --model "$model" --temp 0 -n "$tokens" --device "$1" "$prompt"; }
 
-section "cold start: generate on ane (compiles every program)"
-t0=$(now); run "$work/ane-cold.txt" gen ane && cold=ok || cold=FAIL; t1=$(now)
-say "ane cold: $cold in $(elapsed "$t0" "$t1") s"
+section "cold start: generate on $ane (compiles every program)"
+t0=$(now); run "$work/ane-cold.txt" gen "$ane" && cold=ok || cold=FAIL; t1=$(now)
+say "$ane cold: $cold in $(elapsed "$t0" "$t1") s"
 
-section "warm start: generate on ane (compile cache)"
-t0=$(now); run "$work/ane-warm.txt" gen ane && warm=ok || warm=FAIL; t1=$(now)
-say "ane warm: $warm in $(elapsed "$t0" "$t1") s"
+section "warm start: generate on $ane (compile cache)"
+t0=$(now); run "$work/ane-warm.txt" gen "$ane" && warm=ok || warm=FAIL; t1=$(now)
+say "$ane warm: $warm in $(elapsed "$t0" "$t1") s"
 
 section "generate on cpu"
 t0=$(now); run "$work/cpu.txt" gen cpu && cpu=ok || cpu=FAIL; t1=$(now)
 say "cpu: $cpu in $(elapsed "$t0" "$t1") s"
 
-section "tokens: ane against cpu (greedy)"
-if [ "$cold$cpu" = okok ] && cmp -s "$work/ane-cold.txt" "$work/cpu.txt"; then
+section "tokens: $ane against cpu (greedy)"
+if [ "$cold$cpu" != okok ]; then
+    say "tokens: not compared (a run failed)"
+elif cmp -s "$work/ane-cold.txt" "$work/cpu.txt"; then
     say "tokens: SAME ($tokens greedy tokens)"
 else
-    say "tokens: DIFFER (or a run failed); the texts are above"
+    # fp16 on the Neural Engine against fp32 on the CPU may part ways after a near tie.
+    same=$(perl -e 'local $/; open my $a, "<", $ARGV[0]; open my $b, "<", $ARGV[1];
+        my @a = split " ", <$a>; my @b = split " ", <$b>; my $n = 0;
+        $n++ while $n < @a && $n < @b && $a[$n] eq $b[$n]; print "$n of ", scalar(@b)' "$work/ane-cold.txt" "$work/cpu.txt")
+    say "tokens: DIFFERENT text; the first $same words agree (the texts are above)"
 fi
-cmp -s "$work/ane-cold.txt" "$work/ane-warm.txt" && say "cold and warm ane runs: same text" \
-    || say "cold and warm ane runs: DIFFERENT text"
+cmp -s "$work/ane-cold.txt" "$work/ane-warm.txt" && say "cold and warm $ane runs: same text" \
+    || say "cold and warm $ane runs: DIFFERENT text"
 
-section "logits: ane against cpu (last position)"
+section "logits: $ane against cpu (last position)"
 run "$work/ids.json" "$anelm" tokenize --model "$model" "$prompt"
 ids=$(tr -d '[] \n' <"$work/ids.json")
-run "$work/logits-ane.json" "$anelm" logits --model "$model" --device ane --token-ids "$ids"
+run "$work/logits-ane.json" "$anelm" logits --model "$model" --device "$ane" --token-ids "$ids"
 run "$work/logits-cpu.json" "$anelm" logits --model "$model" --device cpu --token-ids "$ids"
 cmp_logits=$(perl -MJSON::PP -e '
     sub rd { local $/; open my $f, "<", $_[0] or return; my $j = eval { decode_json(<$f>) } or return; $j->{logits}[-1] }
@@ -105,6 +113,6 @@ cmp_logits=$(perl -MJSON::PP -e '
 say "logits: $cmp_logits"
 
 section "summary"
-say "doctor $doctor; ane cold $cold; ane warm $warm; cpu $cpu"
+say "doctor $doctor; $ane cold $cold; $ane warm $warm; cpu $cpu"
 echo
 echo "Wrote $report — please attach it to an issue titled \"first run: <your chip>\"."
