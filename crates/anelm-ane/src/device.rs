@@ -18,9 +18,10 @@ pub struct ProgramHandle(pub u64);
 /// The runtime signature of a compiled program: `(channels, lanes)` of each surface.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Signature {
-    /// Input surfaces, in declaration order.
+    /// Input surfaces, in sorted order of their names (how the hardware binds them; the
+    /// validator requires declaration order to be that order, [`crate::Rule::IoSortedNames`]).
     pub inputs: Vec<(usize, usize)>,
-    /// Output surfaces, in `-> (…)` order.
+    /// Output surfaces, in sorted order of their names.
     pub outputs: Vec<(usize, usize)>,
 }
 
@@ -40,6 +41,23 @@ pub struct DispatchTime {
     pub ane: Duration,
     /// Bytes the dispatch moves: constants plus input and output surfaces.
     pub bytes: u64,
+}
+
+/// A device's per-process compile budget ([`crate::Rule::CompileBudget`]) and what this process
+/// has spent of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompileBudget {
+    /// Compiles one process may make.
+    pub max: u64,
+    /// Compiles this process has made (failed ones included: the compiler's leak is per call).
+    pub used: u64,
+}
+
+impl CompileBudget {
+    /// Compiles this process may still make.
+    pub fn remaining(&self) -> u64 {
+        self.max.saturating_sub(self.used)
+    }
 }
 
 /// A Neural Engine: compile → load → evaluate → unload.
@@ -68,6 +86,12 @@ pub trait AneDevice: Send + Sync {
     /// [`Limits::default`]; the emulator answers with the limits it enforces.
     fn limits(&self) -> Limits {
         Limits::default()
+    }
+
+    /// The per-process compile budget and what is spent of it (`None`: no budget). A program
+    /// loaded from the compile cache costs none of it.
+    fn compile_budget(&self) -> Option<CompileBudget> {
+        None
     }
 
     /// What besides the MIL text and weights decides whether a program compiles on this device
@@ -114,6 +138,18 @@ pub fn compile_and_load<D: AneDevice + ?Sized>(
         return Err(e);
     }
     Ok(h)
+}
+
+/// One evaluation of a loaded program on zeroed inputs (the smoke dispatch every program gets
+/// after it loads): a program that compiles and loads but fails to evaluate (status 0x1d for
+/// unequal or too small surfaces, a poisoned process) fails here, while the fallback chain can
+/// still pick another form, instead of in the middle of a generation.
+pub fn smoke_dispatch<D: AneDevice + ?Sized>(device: &D, program: ProgramHandle) -> Result<(), AneError> {
+    let sig = device.signature(program)?;
+    let inputs: Vec<Surface> = sig.inputs.iter().map(|&(c, w)| Surface::with_lanes(c, w)).collect();
+    let refs: Vec<&Surface> = inputs.iter().collect();
+    let mut outputs = sig.output_surfaces();
+    device.evaluate(program, &refs, &mut outputs).map(|_| ())
 }
 
 /// The programs of one kernel while it is being built: if the guard is dropped before

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anelm_mil::{WeightFiles, f16, parse_program};
 
 use crate::chip::ChipProfile;
-use crate::device::{AneDevice, DispatchTime, ProgramHandle, Signature};
+use crate::device::{AneDevice, CompileBudget, DispatchTime, ProgramHandle, Signature};
 use crate::error::AneError;
 use crate::exec::{Executable, Tensor, round_fp16};
 use crate::limits::Limits;
@@ -44,6 +44,11 @@ pub struct EmuConfig {
     /// its residual add (`swiglu_ffn_residual`), `tensor<fp16, [1, 512, 1, 32]> y` a 512-row
     /// linear. Empty (the default) refuses nothing. The CLI reads it from [`EMU_REFUSE_ENV`].
     pub refuse: Vec<String>,
+    /// **Test knob**: every program whose MIL text contains one of these strings compiles and
+    /// loads but fails at evaluation ([`Rule::Refused`]), as a program the hardware takes and
+    /// then fails with status 0x1d would (Orion: unequal or too small surfaces). The ANE backend's
+    /// smoke dispatch turns that into a refusal the fallback chain handles. Empty by default.
+    pub fail_evaluate: Vec<String>,
 }
 
 /// Environment variable the CLI reads [`EmuConfig::refuse`] from (`;`-separated strings), so the
@@ -56,6 +61,20 @@ impl EmuConfig {
         std::env::var(EMU_REFUSE_ENV)
             .map(|v| parse_refuse(&v))
             .unwrap_or_default()
+    }
+
+    /// The error every evaluation of `mil_text` gives, if it contains a string of
+    /// [`EmuConfig::fail_evaluate`].
+    fn evaluation_failure(&self, mil_text: &str) -> Option<String> {
+        self.fail_evaluate
+            .iter()
+            .find(|r| mil_text.contains(r.as_str()))
+            .map(|r| {
+                format!(
+                    "the program contains `{r}`, which this emulator is configured to fail at evaluation (as \
+                     status 0x1d would)"
+                )
+            })
     }
 
     /// The error for `mil_text` if it contains a string of [`EmuConfig::refuse`].
@@ -89,6 +108,7 @@ impl Default for EmuConfig {
             limits: Limits::default(),
             flush_subnormals: true,
             refuse: Vec::new(),
+            fail_evaluate: Vec::new(),
         }
     }
 }
@@ -139,6 +159,8 @@ impl State {
 struct Entry {
     exe: Arc<Executable>,
     state: State,
+    /// Every evaluation fails with this ([`EmuConfig::fail_evaluate`]).
+    eval_failure: Option<String>,
 }
 
 #[derive(Debug, Default)]
@@ -212,7 +234,7 @@ impl EmuAne {
         validate(&program, weights, &self.cfg).map(|_| ())
     }
 
-    fn insert(&self, exe: Executable, state: State, compiled: bool) -> ProgramHandle {
+    fn insert(&self, exe: Executable, state: State, compiled: bool, eval_failure: Option<String>) -> ProgramHandle {
         let mut g = self.lock();
         g.next += 1;
         let h = g.next;
@@ -221,6 +243,7 @@ impl EmuAne {
             Entry {
                 exe: Arc::new(exe),
                 state,
+                eval_failure,
             },
         );
         if compiled {
@@ -266,14 +289,14 @@ impl AneDevice for EmuAne {
         }
         self.cfg.refusal(mil_text)?;
         let exe = validate(&program, weights, &self.cfg)?;
-        Ok(self.insert(exe, State::Compiled, true))
+        Ok(self.insert(exe, State::Compiled, true, self.cfg.evaluation_failure(mil_text)))
     }
 
     fn load_without_compile(&self, mil_text: &str, weights: &WeightFiles) -> Result<ProgramHandle, AneError> {
         self.cfg.refusal(mil_text)?;
         let program = parse_program(mil_text)?;
         let exe = load_validated(&program, weights, &self.cfg)?;
-        let h = self.insert(exe, State::Compiled, false);
+        let h = self.insert(exe, State::Compiled, false, self.cfg.evaluation_failure(mil_text));
         if let Err(e) = self.load(h) {
             let _ = self.release(h);
             return Err(e);
@@ -284,6 +307,13 @@ impl AneDevice for EmuAne {
 
     fn limits(&self) -> Limits {
         self.cfg.limits
+    }
+
+    fn compile_budget(&self) -> Option<CompileBudget> {
+        self.cfg.max_compiles.map(|max| CompileBudget {
+            max: max as u64,
+            used: self.lock().stats.compile_attempts,
+        })
     }
 
     fn cache_salt(&self) -> String {
@@ -355,6 +385,9 @@ impl AneDevice for EmuAne {
                     call: "evaluate",
                     state: e.state.name(),
                 });
+            }
+            if let Some(why) = &e.eval_failure {
+                return Err(AneError::rule_err(Rule::Refused, why.clone()));
             }
             e.exe.clone()
         };

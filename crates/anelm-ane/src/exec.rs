@@ -104,9 +104,9 @@ fn for_each_index<const K: usize>(shape: &[usize], strides: [&[usize]; K], mut f
 /// Compile-time data of a validated program plus the statements to run.
 #[derive(Debug)]
 pub(crate) struct Executable {
-    /// Input names and shapes, in declaration order.
+    /// Input names and shapes, in sorted order of the names (how surfaces bind).
     pub inputs: Vec<(String, Vec<usize>)>,
-    /// Output names and shapes.
+    /// Output names and shapes, in sorted order of the names.
     pub outputs: Vec<(String, Vec<usize>)>,
     /// Runtime statements in order (consts and constexprs already folded).
     pub steps: Vec<Statement>,

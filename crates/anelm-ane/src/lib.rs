@@ -58,7 +58,9 @@ mod validate;
 pub use apple::{AppleAne, AppleConfig, AppleError, Fallback, FfnForm, fallback};
 pub use cache::{CACHE_DIR_ENV, CacheOutcome, CompileCache, compile_or_load, content_id};
 pub use chip::{CHIPS, ChipProfile, FIT_TO_ANEMLL_RATIO, HostProfile, INT8_STREAM_EFFICIENCY, STREAM_TO_ANEMLL_RATIO};
-pub use device::{AneDevice, DispatchTime, ProgramHandle, Releasing, Signature, compile_and_load};
+pub use device::{
+    AneDevice, CompileBudget, DispatchTime, ProgramHandle, Releasing, Signature, compile_and_load, smoke_dispatch,
+};
 pub use dispatch_sweep::{
     DEVICE_SWEEP_SIZES, DispatchFit, EMULATOR_SWEEP_SIZES, FitError, SweepError, SweepPoint, dispatch_sweep,
     fit_dispatch,
@@ -81,12 +83,12 @@ pub use plan_host::{DEFAULT_CONTEXT, HostOptions, HostRuntime, StepCost, StreamW
 pub use plan_input::{ModelKernel, ModelKernels, ModelLayer};
 pub use plan_serve::ServeLoad;
 pub use program_build::{
-    BuildCounters, BuildError, BuildStats, FallbackHook, FfnWeights, KernelFallback, ProgramBuilder,
+    BuildCounters, BuildError, BuildStats, CompileForecast, FallbackHook, FfnWeights, KernelFallback, ProgramBuilder,
 };
 pub use quant::{QuantizedMatrix, quantize_int8};
 pub use rules::{
     DEFAULT_MAX_COMPILES, FG_MAX_LOADED_BYTES, MAX_AXIS, MAX_PROGRAM_OUTPUTS, MAX_PROGRAM_WEIGHT_BYTES,
-    MIN_SURFACE_BYTES, Rule, SURFACE_ALIGN_BYTES, surface_alloc_size,
+    MIN_SURFACE_BYTES, Rule, SURFACE_ALIGN_BYTES, group_alloc_size, surface_alloc_size, unsorted_pair,
 };
 pub use surface::{LANES, Surface, f32_to_fp16, fp16_to_f32};
 pub use validate::WHITELIST;

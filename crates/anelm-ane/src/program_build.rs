@@ -5,7 +5,8 @@
 //! packing, lane grouping, the chunks' `x ‖ acc` accumulation) is [`ProgramLayout::run`].
 //!
 //! **Fallbacks** ([`fallback`], issue 27 item 4). When the device refuses a program (compile or
-//! load fails), the kernel is rebuilt in the next form instead of failing:
+//! load fails, or the smoke dispatch every loaded program gets on zeroed inputs fails, issue 37
+//! item 2), the kernel is rebuilt in the next form instead of failing:
 //! - an int8 program is retried in fp16 (per program);
 //! - an FFN goes resadd (`swiglu_ffn_residual`) → plain (`swiglu_ffn`, residual added on the
 //!   host) → chunked (`ffn_chunk`s with the on-ANE accumulator);
@@ -26,7 +27,7 @@ use thiserror::Error;
 
 use crate::apple::{Fallback, FfnForm, fallback};
 use crate::cache::{CacheOutcome, CompileCache, compile_or_load, content_id};
-use crate::device::{AneDevice, Releasing, compile_and_load};
+use crate::device::{AneDevice, Releasing, compile_and_load, smoke_dispatch};
 use crate::kernel::{AneKernel, WeightMode};
 use crate::kernel_run::{LoadedProgram, ProgramLayout};
 use crate::limits::Limits;
@@ -63,6 +64,66 @@ pub enum BuildError {
     /// Not the device's refusal (weights that do not lower, a bug): no fallback applies.
     #[error("{0}")]
     Fatal(String),
+    /// The process's compile budget is spent ([`Rule::CompileBudget`]). Not a refusal: no form
+    /// is marked refused and no fallback runs; the same command run again loads the programs
+    /// compiled so far from the compile cache and compiles the rest.
+    #[error("{0}")]
+    Budget(String),
+}
+
+/// How a model's compiles spread over processes under the device's per-process compile budget,
+/// worked out before compiling from the number of programs the plan needs
+/// ([`crate::Plan::kernel_count`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CompileForecast {
+    /// Programs the model needs.
+    pub programs: usize,
+    /// The device's budget and what this process has spent.
+    pub budget: crate::device::CompileBudget,
+}
+
+impl CompileForecast {
+    /// Whether this process can compile every program (when none is in the compile cache).
+    pub fn fits(&self) -> bool {
+        self.programs as u64 <= self.budget.remaining()
+    }
+
+    /// Runs of the same command a start with an empty compile cache takes: this process
+    /// compiles what its budget has left, each later run a whole budget (programs compiled
+    /// earlier load from the cache without compiling). A lower bound when forms are refused
+    /// (a failed compile costs budget too); `None` when the budget is 0.
+    pub fn runs(&self) -> Option<u64> {
+        let first = self.budget.remaining();
+        let rest = (self.programs as u64).saturating_sub(first);
+        if rest == 0 {
+            return Some(1);
+        }
+        (self.budget.max > 0).then(|| 1 + rest.div_ceil(self.budget.max))
+    }
+}
+
+impl fmt::Display for CompileForecast {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let b = self.budget;
+        write!(
+            f,
+            "this model needs {} ANE programs; a process may compile {} ({} left in this one; {} sets it, 0 turns \
+             the budget off)",
+            self.programs,
+            b.max,
+            b.remaining(),
+            crate::apple::MAX_COMPILES_ENV
+        )?;
+        match self.runs() {
+            Some(1) => Ok(()),
+            Some(n) => write!(
+                f,
+                "; with an empty compile cache the first start takes {n} runs of the same command, each loading \
+                 what the runs before compiled from the cache and compiling the rest"
+            ),
+            None => write!(f, "; nothing can be compiled: raise the budget"),
+        }
+    }
 }
 
 type Built<T> = Result<T, BuildError>;
@@ -130,6 +191,8 @@ pub struct ProgramBuilder<D: AneDevice> {
     /// Forms the device refused, by kernel shape and weight mode: not compiled again.
     refused: Mutex<HashMap<(AneKernel, WeightMode), String>>,
     hook: Option<FallbackHook>,
+    /// Programs the model needs, when the plan told ([`ProgramBuilder::expect_programs`]; 0: unknown).
+    expected: AtomicU64,
 }
 
 /// The three FFN weights (f32, row-major) and their widths.
@@ -158,7 +221,18 @@ impl<D: AneDevice> ProgramBuilder<D> {
             counters: Arc::new(BuildCounters::default()),
             refused: Mutex::new(HashMap::new()),
             hook: None,
+            expected: AtomicU64::new(0),
         }
+    }
+
+    /// Say how many programs the model needs (the plan's [`crate::Plan::kernel_count`]) before
+    /// building them. Returns the forecast when the device has a compile budget, so the caller
+    /// can say up front how many runs a cold start takes; a budget error names the count too.
+    pub fn expect_programs(&self, programs: usize) -> Option<CompileForecast> {
+        self.expected.store(programs as u64, Ordering::Relaxed);
+        self.device
+            .compile_budget()
+            .map(|budget| CompileForecast { programs, budget })
     }
 
     /// Call `hook` with every fallback.
@@ -200,6 +274,22 @@ impl<D: AneDevice> ProgramBuilder<D> {
             || compile_and_load(dev, &text, &low.weights),
         ) {
             Ok(r) => r,
+            Err(e) if e.rule() == Some(Rule::CompileBudget) => {
+                // The process, not the form: nothing is marked refused and no fallback runs.
+                let c = self.counters.stats();
+                let expected = self.expected.load(Ordering::Relaxed);
+                let of = if expected > 0 {
+                    format!(" of the {expected} this model needs")
+                } else {
+                    String::new()
+                };
+                return Err(BuildError::Budget(format!(
+                    "{kernel} {mode}: {e}. This process built {} programs{of} ({} compiled, {} loaded from the \
+                     compile cache). The form is not refused: run the same command again and it resumes from the \
+                     compile cache",
+                    c.programs, c.compiled, c.cache_loads
+                )));
+            }
             Err(e) => {
                 let reason = format!("{kernel} {mode}: {e}");
                 // A full load budget is about the process, not the form: try the form again.
@@ -209,6 +299,16 @@ impl<D: AneDevice> ProgramBuilder<D> {
                 return Err(BuildError::Refused(reason));
             }
         };
+        // Every loaded program gets one dispatch on zeroed inputs: a program the device takes but
+        // cannot evaluate is a refusal of this form, which the fallback chain handles here rather
+        // than a failed generation later. (Its compile-cache marker stays: the next process loads
+        // it without compiling and refuses it the same way, at no compile cost.)
+        if let Err(e) = smoke_dispatch(dev, handle) {
+            let _ = dev.release(handle);
+            let reason = format!("{kernel} {mode}: compiled and loaded, but its first evaluation failed: {e}");
+            lock(&self.refused).insert(key, reason.clone());
+            return Err(BuildError::Refused(reason));
+        }
         let c = &self.counters;
         c.programs.fetch_add(1, Ordering::Relaxed);
         if outcome == CacheOutcome::Loaded {
@@ -265,6 +365,7 @@ impl<D: AneDevice> ProgramBuilder<D> {
     fn give_up(label: &str, failure: BuildError, role: &KernelRole, form: FfnForm) -> BuildError {
         match failure {
             BuildError::Fatal(e) => BuildError::Fatal(e),
+            BuildError::Budget(e) => BuildError::Budget(format!("{label}: {e}")),
             BuildError::Refused(reason) => {
                 let what = match fallback(role, form) {
                     Fallback::Abort(m) => m,
@@ -347,8 +448,8 @@ impl<D: AneDevice> ProgramBuilder<D> {
         loop {
             let reason = match self.ffn_form(label, form, w, &planned) {
                 Ok(layout) => return Ok(layout),
-                Err(BuildError::Fatal(e)) => return Err(BuildError::Fatal(e)),
                 Err(BuildError::Refused(reason)) => reason,
+                Err(e) => return Err(Self::give_up(label, e, &KernelRole::FfnResidual, form)),
             };
             let role = match form {
                 FfnForm::Chunked => KernelRole::FfnChunk { index: 0, count: 1 },
@@ -474,6 +575,35 @@ mod tests {
         );
         assert_eq!(lock(&seen).len(), 1, "the hook saw the fallback");
         assert_eq!(b.counters().stats().programs, 1);
+    }
+
+    /// Issue 37 item 2: a program that compiles and loads but fails to evaluate is refused by its
+    /// smoke dispatch, released, and the FFN falls back to the next form.
+    #[test]
+    fn a_resadd_ffn_that_fails_to_evaluate_falls_back_to_plain() {
+        let cfg = EmuConfig {
+            fail_evaluate: vec!["xnorm".into()],
+            ..EmuConfig::default()
+        };
+        let dev = Arc::new(EmuAne::new(cfg));
+        let b = ProgramBuilder::new(Arc::clone(&dev), WeightMode::Fp16, None);
+        let (h, f) = (64, 128);
+        let (g, u, d) = (weights(f * h), weights(f * h), weights(h * f));
+        let w = FfnWeights {
+            gate: &g,
+            up: &u,
+            down: &d,
+            hidden: h,
+            inter: f,
+        };
+        let layout = b.ffn("ffn layer0", &w).expect("plain form");
+        assert!(matches!(layout, ProgramLayout::AddOnHost(_)), "{layout:?}");
+        let fb = b.counters().fallbacks();
+        assert_eq!(fb.len(), 1, "{fb:?}");
+        assert!(fb[0].reason.contains("first evaluation failed"), "{}", fb[0].reason);
+        let st = dev.stats();
+        assert_eq!((st.compiles, st.loaded), (2, 1), "the failed program was released");
+        assert_eq!(st.dispatches, 1, "the plain form's smoke dispatch");
     }
 
     #[test]

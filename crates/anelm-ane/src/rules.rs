@@ -39,6 +39,19 @@ pub fn surface_alloc_size(tensor_bytes: usize) -> Option<usize> {
         .checked_next_multiple_of(SURFACE_ALIGN_BYTES)
 }
 
+/// The one allocation size of a group of IOSurfaces (a program's inputs, or its outputs) whose
+/// tensors hold `tensor_bytes` each: [`surface_alloc_size`] of the largest
+/// ([`Rule::SurfaceEqualAlloc`]). `None` for an empty group or on overflow.
+pub fn group_alloc_size(tensor_bytes: impl IntoIterator<Item = usize>) -> Option<usize> {
+    surface_alloc_size(tensor_bytes.into_iter().max()?)
+}
+
+/// The first pair of neighbouring names out of sorted (byte) order, if any
+/// ([`Rule::IoSortedNames`]).
+pub fn unsorted_pair<'a>(names: &[&'a str]) -> Option<(&'a str, &'a str)> {
+    names.windows(2).find(|w| w[0] >= w[1]).map(|w| (w[0], w[1]))
+}
+
 /// One rule of the emulated ANE.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Rule {
@@ -81,7 +94,21 @@ pub enum Rule {
     /// output but the last comes back silently corrupted. Every verified anelm kernel returns one
     /// output. (Orion's docs/ane_constraints.md §2–3 adds that the outputs of a multi-output
     /// program need equal allocation sizes and arrive in alphabetical order of their names.)
+    ///
+    /// **Conservative** (issue 37 item 6): Orion returned 3 outputs intact once the surfaces were
+    /// bound in sorted name order, so the corruption reported for 3+ outputs may have been the
+    /// binding order ([`Rule::IoSortedNames`]). Kept until a Mac shows 3 sorted outputs work.
     OutputCount,
+    /// Runtime inputs are declared in sorted order of their names (byte order), and so are the
+    /// outputs: the framework binds a request's IOSurfaces to the program's symbols in sorted
+    /// name order, whatever order the MIL declares them in.
+    ///
+    /// Evidence: Orion docs/ane_constraints.md §3 and §13 (M4 Max): outputs arrive, and inputs
+    /// must be given, in alphabetical order of their MIL names; all 6 permutations of 3 inputs
+    /// were tried and only the sorted one computed correctly. A public MLX/ANE bridge binds the
+    /// same way (issue 37). Declaring them sorted makes declaration order, request order and the
+    /// framework's order one order; the emulator binds by sorted name too.
+    IoSortedNames,
     /// Every IOSurface an evaluation uses is at least [`MIN_SURFACE_BYTES`] (49,152) bytes.
     ///
     /// Evidence: Orion (arXiv 2603.06728; mechramc/Orion docs/ane_constraints.md §4, M4 Max):
@@ -90,6 +117,9 @@ pub enum Rule {
     /// start of a larger surface (same document, §14), so the fix is only to allocate more. This
     /// is a device rule: the Apple device allocates at least this much and refuses a smaller
     /// surface; the emulator has no IOSurfaces.
+    ///
+    /// **Conservative** (issue 37 item 6): measured on M4 Max only; maderix's M5 run evaluated
+    /// 8 KB surfaces. Allocating more costs only host memory, so the minimum stays everywhere.
     SurfaceMinBytes,
     /// On M5, every runtime input and output tensor is a multiple of 128 bytes (and every
     /// IOSurface allocation is, on every chip).
@@ -100,6 +130,16 @@ pub enum Rule {
     /// alignment"). The README's allocation helper aligns on every chip ("backward compatible
     /// with M3/M4"), so the Apple device always does.
     M5Alignment,
+    /// Every input IOSurface of one program has the same allocation size, and so has every
+    /// output (each tensor packed at the start of its surface). A device rule: the Apple device
+    /// allocates each group at its largest member's size and refuses surfaces that come back
+    /// unequal; the emulator has no IOSurfaces.
+    ///
+    /// Evidence: Orion docs/ane_constraints.md §2 (outputs) and §12 (inputs), M4 Max: unequal
+    /// allocations compile and load but fail at evaluation with status 0x1d; §14: the ANE reads
+    /// the declared tensor packed from the start of a larger surface. anelm's `linear_residual`
+    /// kernel has unequal inputs (`attn` 4096 and `xres` 2560 channels for Qwen3.5-4B).
+    SurfaceEqualAlloc,
     /// The weight files of one program total at most [`MAX_PROGRAM_WEIGHT_BYTES`] (~2 GB).
     ///
     /// Evidence: landscape.md §2 ("about 2 GB of baked-constant weights per compiled ANE program",
@@ -113,8 +153,10 @@ pub enum Rule {
     /// around via exec() restart"), ane-hardware.md §4.7 (MX budgets 100 and exec()s itself; M4,
     /// macOS 15), Orion docs/ane_constraints.md §5 (confirmed on M4 Max). Contradicted on M3 Max /
     /// macOS 26.3.1, where ane.cpp compiled Qwen3-4B's 226 kernels in one process
-    /// (ane-hardware.md §4.7): the budget is configurable. Programs loaded from the compile
-    /// cache do not count, so a new process resumes where the last one stopped.
+    /// (ane-hardware.md §4.7): the budget is configurable, and **conservative** (issue 37
+    /// item 6). Programs loaded from the compile cache do not count, so a new process resumes
+    /// where the last one stopped; the ANE backend treats a spent budget as a stop, never as a
+    /// refusal of the form (issue 37 item 1).
     CompileBudget,
     /// No more loaded constant bytes per process than the configured budget (FG: ~3.5 GB,
     /// [`FG_MAX_LOADED_BYTES`]).
@@ -137,12 +179,13 @@ pub enum Rule {
 impl Rule {
     /// Every rule: the program rules in the validator's check order, then the device rules
     /// (compile budget, load budgets, surface size).
-    pub const ALL: [Rule; 20] = [
+    pub const ALL: [Rule; 22] = [
         Rule::Dialect,
         Rule::IoFp16,
         Rule::IoShape,
         Rule::IoLanes,
         Rule::OutputCount,
+        Rule::IoSortedNames,
         Rule::M5Alignment,
         Rule::ProgramWeights,
         Rule::NoTile,
@@ -157,6 +200,7 @@ impl Rule {
         Rule::LoadBudget,
         Rule::LoadedBytes,
         Rule::SurfaceMinBytes,
+        Rule::SurfaceEqualAlloc,
         Rule::Refused,
     ];
 
@@ -177,6 +221,8 @@ impl Rule {
             Rule::KernelSize => "kernel-size",
             Rule::LoadBudget => "load-budget",
             Rule::OutputCount => "io-outputs-2",
+            Rule::IoSortedNames => "io-sorted-names",
+            Rule::SurfaceEqualAlloc => "surface-equal-alloc",
             Rule::SurfaceMinBytes => "surface-min-bytes",
             Rule::M5Alignment => "m5-align-128",
             Rule::ProgramWeights => "program-weights-2gb",
@@ -230,6 +276,14 @@ impl Rule {
                 "return at most 2 outputs (concatenate along channels and slice on the host): with 3 or more, \
                  all but the last come back corrupted without an error"
             }
+            Rule::IoSortedNames => {
+                "declare the function's inputs (and its outputs) in sorted order of their names, or rename them \
+                 so that sorted order is the intended order: the framework binds surfaces by sorted name"
+            }
+            Rule::SurfaceEqualAlloc => {
+                "allocate every input surface of a program at the size of its largest input (and every output at \
+                 the size of its largest output), each tensor packed at the start"
+            }
             Rule::SurfaceMinBytes => {
                 "allocate every IOSurface with at least 49,152 bytes (the tensor packed at its start): smaller \
                  ones fail at evaluation with status 0x1d"
@@ -279,6 +333,10 @@ impl Rule {
             }
             Rule::LoadBudget => "ane-runtime.md §2.5; ane-hardware.md §4.7, §8.6",
             Rule::OutputCount => "issue 27 desk review of the public runtimes (3+ outputs: all but the last corrupted)",
+            Rule::IoSortedNames => "Orion docs/ane_constraints.md §3, §13 (M4 Max: binding by alphabetical name)",
+            Rule::SurfaceEqualAlloc => {
+                "Orion docs/ane_constraints.md §2, §12, §14 (M4 Max: status 0x1d on unequal sizes)"
+            }
             Rule::SurfaceMinBytes => {
                 "Orion (arXiv 2603.06728) docs/ane_constraints.md §4: 49,152 bytes minimum, M4 Max"
             }

@@ -12,7 +12,7 @@ use anelm_mil::{
 use crate::emu::EmuConfig;
 use crate::error::AneError;
 use crate::exec::{Executable, Tensor, literal_tensor, round_fp16};
-use crate::rules::{MAX_PROGRAM_OUTPUTS, Rule, SURFACE_ALIGN_BYTES};
+use crate::rules::{MAX_PROGRAM_OUTPUTS, Rule, SURFACE_ALIGN_BYTES, unsorted_pair};
 
 /// Ops the emulator accepts and executes (see [`Rule::OpWhitelist`] for the evidence).
 pub const WHITELIST: [OpKind; 17] = [
@@ -205,6 +205,19 @@ fn io_limits(f: &Function, cfg: &EmuConfig) -> Result<(), AneError> {
                 f.outputs.join(", ")
             ),
         ));
+    }
+    let inputs: Vec<&str> = f.inputs.iter().map(|v| v.name.as_str()).collect();
+    let outputs: Vec<&str> = f.outputs.iter().map(String::as_str).collect();
+    for (what, names) in [("inputs", &inputs), ("outputs", &outputs)] {
+        if let Some((a, b)) = unsorted_pair(names) {
+            return Err(rule(
+                Rule::IoSortedNames,
+                format!(
+                    "the {what} are declared ({}) with `{a}` before `{b}`, not in sorted order of their names",
+                    names.join(", ")
+                ),
+            ));
+        }
     }
     if cfg.chip.aligns_io_to_128() {
         let outs = f.output_values();
@@ -497,7 +510,13 @@ fn fold(
             _ => steps.push(st.clone()),
         }
     }
-    let shapes = |vals: Vec<anelm_mil::Value>| vals.into_iter().map(|v| (v.name, v.ty.shape)).collect();
+    // Surfaces bind by sorted name, as on the hardware (Rule::IoSortedNames): the validator
+    // refuses other declaration orders, and a cache load (which skips the rules) binds the same way.
+    let shapes = |vals: Vec<anelm_mil::Value>| {
+        let mut v: Vec<(String, Vec<usize>)> = vals.into_iter().map(|v| (v.name, v.ty.shape)).collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    };
     Ok(Executable {
         inputs: shapes(f.inputs.clone()),
         outputs: shapes(f.output_values()),

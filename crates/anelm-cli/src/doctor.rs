@@ -475,6 +475,24 @@ fn one_kernel(
     let Some(h) = step(out, &format!("{label} compiled"), compiled.map_err(|e| e.to_string()))? else {
         return Ok(false);
     };
+    // From here the program is released on every path: load, evaluation or comparison failed or not.
+    let result = load_run_unload(out, dev, h, label, mode, x, want, dispatches);
+    let _ = dev.release(h);
+    result
+}
+
+/// load → evaluate and time → unload of a compiled self-test program (the caller releases it).
+#[allow(clippy::too_many_arguments)]
+fn load_run_unload(
+    out: &mut Console<impl Write>,
+    dev: &dyn AneDevice,
+    h: anelm_ane::ProgramHandle,
+    label: &str,
+    mode: WeightMode,
+    x: &[Vec<f32>],
+    want: &[Vec<f32>],
+    dispatches: usize,
+) -> Result<bool> {
     let t = Instant::now();
     let loaded = dev.load(h).map(|()| ((), ms(t.elapsed())));
     if step(out, &format!("{label} loaded"), loaded.map_err(|e| e.to_string()))?.is_none() {
@@ -740,6 +758,70 @@ mod tests {
         fn signature(&self, h: anelm_ane::ProgramHandle) -> Result<anelm_ane::Signature, anelm_ane::AneError> {
             self.0.signature(h)
         }
+    }
+
+    /// The emulator failing every load: a self-test that stops after its compile step.
+    struct NoLoad(EmuAne);
+
+    impl AneDevice for NoLoad {
+        fn name(&self) -> &str {
+            "no-load"
+        }
+        fn compile(
+            &self,
+            mil: &str,
+            w: &anelm_mil::WeightFiles,
+        ) -> Result<anelm_ane::ProgramHandle, anelm_ane::AneError> {
+            self.0.compile(mil, w)
+        }
+        fn load(&self, _: anelm_ane::ProgramHandle) -> Result<(), anelm_ane::AneError> {
+            Err(anelm_ane::AneError::Framework("load failed".into()))
+        }
+        fn evaluate(
+            &self,
+            h: anelm_ane::ProgramHandle,
+            i: &[&Surface],
+            o: &mut [Surface],
+        ) -> Result<anelm_ane::DispatchTime, anelm_ane::AneError> {
+            self.0.evaluate(h, i, o)
+        }
+        fn unload(&self, h: anelm_ane::ProgramHandle) -> Result<(), anelm_ane::AneError> {
+            self.0.unload(h)
+        }
+        fn release(&self, h: anelm_ane::ProgramHandle) -> Result<(), anelm_ane::AneError> {
+            self.0.release(h)
+        }
+        fn signature(&self, h: anelm_ane::ProgramHandle) -> Result<anelm_ane::Signature, anelm_ane::AneError> {
+            self.0.signature(h)
+        }
+    }
+
+    /// Issue 37 item 4: every self-test program is released, whichever step failed.
+    #[test]
+    fn the_self_test_releases_its_programs_on_every_path() {
+        let released = |dev: &dyn AneDevice| {
+            (1..=2).all(|h| {
+                matches!(
+                    dev.signature(anelm_ane::ProgramHandle(h)),
+                    Err(anelm_ane::AneError::UnknownHandle(_))
+                )
+            })
+        };
+        let mut buf = Console::new(Vec::new());
+        let no_load = NoLoad(EmuAne::default());
+        assert!(!self_test(&mut buf, &no_load, 2).unwrap());
+        let text = String::from_utf8(buf.out).unwrap();
+        assert!(text.contains("FAIL  64×64 fp16 loaded: load failed"), "{text}");
+        assert!(released(&no_load), "a program whose load failed is released");
+        let mut buf = Console::new(Vec::new());
+        let broken = Broken(EmuAne::default());
+        assert!(!self_test(&mut buf, &broken, 2).unwrap());
+        assert!(released(&broken), "programs that computed the wrong thing are released");
+        let mut buf = Console::new(Vec::new());
+        let emu = EmuAne::default();
+        assert!(self_test(&mut buf, &emu, 2).unwrap());
+        assert!(released(&emu), "programs that passed are released");
+        assert_eq!(emu.stats().loaded, 0);
     }
 
     #[test]

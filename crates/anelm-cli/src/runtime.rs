@@ -149,8 +149,18 @@ pub fn apple_config(_a: &AneArgs) -> AppleConfig {
     AppleConfig::from_env()
 }
 
-fn apple_backend(dev: AppleAne, a: &AneArgs) -> (Box<dyn Backend>, DeviceReport) {
+fn apple_backend(dev: AppleAne, args: &ModelArgs) -> (Box<dyn Backend>, DeviceReport) {
+    let a = &args.ane;
     let b = AneBackend::new(Arc::new(dev), ane_options(a));
+    // Count the programs before compiling (the plan knows), so a compile budget too small for
+    // the model is announced up front rather than met at program 120.
+    let programs = model_path(args)
+        .ok()
+        .and_then(|p| crate::plan::plan_model(&p, a.ane_weights.mode()).ok())
+        .map(|p| p.kernel_count());
+    if let Some(n) = programs {
+        b.expect_programs(n);
+    }
     let report = DeviceReport {
         name: "ane".into(),
         chip: None,
@@ -234,9 +244,9 @@ fn load_with<T>(
     };
     let (backend, report): (Box<dyn Backend>, DeviceReport) = match args.device {
         DeviceArg::Cpu => (Box::new(cpu()), DeviceReport::cpu()),
-        DeviceArg::Ane => apple_backend(AppleAne::open_with(&apple_config(&args.ane))?, &args.ane),
+        DeviceArg::Ane => apple_backend(AppleAne::open_with(&apple_config(&args.ane))?, args),
         DeviceArg::Auto => match AppleAne::open_with(&apple_config(&args.ane)) {
-            Ok(dev) => apple_backend(dev, &args.ane),
+            Ok(dev) => apple_backend(dev, args),
             Err(_) => (Box::new(cpu()), DeviceReport::cpu()),
         },
         DeviceArg::AneEmu => {

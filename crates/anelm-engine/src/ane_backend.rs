@@ -168,6 +168,17 @@ impl<D: AneDevice + 'static> AneBackend<D> {
         self.builder.device()
     }
 
+    /// Say how many programs the model needs (the plan's count) before compiling it; warns when
+    /// the device's per-process compile budget cannot build them all in this process (the
+    /// next run resumes from the compile cache). Returns the forecast, if the device has a budget.
+    pub fn expect_programs(&self, programs: usize) -> Option<anelm_ane::CompileForecast> {
+        let f = self.builder.expect_programs(programs)?;
+        if !f.fits() {
+            tracing::warn!(device = self.device().name(), "ANE compile budget: {f}");
+        }
+        Some(f)
+    }
+
     /// The options.
     pub fn options(&self) -> &AneOptions {
         &self.opts
@@ -275,7 +286,8 @@ impl<D: AneDevice + 'static> Backend for AneBackend<D> {
                 };
                 match b.rows(&label, m.rows, m.cols, &m.data) {
                     Ok(layout) => Ok(self.kernel(shape, layout)),
-                    Err(e @ BuildError::Fatal(_)) => Err(self.failed(e)),
+                    // A spent compile budget is not a refusal: the LM head stays on the ANE next run.
+                    Err(e @ (BuildError::Fatal(_) | BuildError::Budget(_))) => Err(self.failed(e)),
                     Err(BuildError::Refused(reason)) => {
                         drop(m);
                         // Every chunk is already released (the builder's guard).

@@ -11,15 +11,14 @@ use anelm_mil::{DType, WeightFiles, parse_program, read_blob};
 
 use super::error::AppleError;
 use super::foundation::{
-    fp16_tensor_bytes, index_array, relative_weight_path, surface_alloc_bytes, surface_property_dictionary,
-    weights_dictionary,
+    fp16_tensor_bytes, index_array, relative_weight_path, surface_property_dictionary, weights_dictionary,
 };
 use super::modeldir::{model_dir, remove_model_dir, write_model_dir_with};
 use super::objc::Id;
 use super::runtime::{QOS, Runtime, SurfaceRef};
 use crate::device::{DispatchTime, ProgramHandle, Signature};
 use crate::error::AneError;
-use crate::rules::{DEFAULT_MAX_COMPILES, MIN_SURFACE_BYTES, Rule, SURFACE_ALIGN_BYTES};
+use crate::rules::{DEFAULT_MAX_COMPILES, MIN_SURFACE_BYTES, Rule, SURFACE_ALIGN_BYTES, group_alloc_size};
 use crate::surface::Surface;
 
 /// How long to wait before the one retry of a failed load after a compile ("ANE slot
@@ -200,33 +199,35 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Input and output surface shapes `(channels, lanes)` of a MIL program, which must be fp16
-/// `[1, C, 1, W]` tensors (IOSurfaces carry nothing else).
+/// `[1, C, 1, W]` tensors (IOSurfaces carry nothing else), each group in sorted order of the
+/// names: the framework binds a request's surfaces to the program's symbols by sorted name
+/// ([`Rule::IoSortedNames`]), so the request lists them in that order whatever order the MIL
+/// declares them in.
 pub(crate) fn program_signature(mil_text: &str) -> Result<Signature, AneError> {
     let program = parse_program(mil_text)?;
     let main = program
         .main()
         .ok_or_else(|| AneError::Surfaces("the program has no `main` function".into()))?;
-    let shape = |what: &str, name: &str, ty: &anelm_mil::TensorType| match (ty.dtype, ty.shape.as_slice()) {
-        (DType::Fp16, &[1, c, 1, w]) if c > 0 && w > 0 => Ok((c, w)),
+    let shape = |what: &str, v: &anelm_mil::Value| match (v.ty.dtype, v.ty.shape.as_slice()) {
+        (DType::Fp16, &[1, c, 1, w]) if c > 0 && w > 0 => Ok((v.name.clone(), (c, w))),
         _ => Err(AneError::Surfaces(format!(
-            "{what} `{name}` is {ty:?}; Neural Engine I/O surfaces must be fp16 [1, C, 1, W]"
+            "{what} `{}` is {:?}; Neural Engine I/O surfaces must be fp16 [1, C, 1, W]",
+            v.name, v.ty
         ))),
     };
-    let inputs = main
-        .inputs
-        .iter()
-        .map(|v| shape("input", &v.name, &v.ty))
-        .collect::<Result<Vec<_>, _>>()?;
+    let sorted = |what: &str, vals: &[anelm_mil::Value]| -> Result<Vec<(usize, usize)>, AneError> {
+        let mut named = vals.iter().map(|v| shape(what, v)).collect::<Result<Vec<_>, _>>()?;
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(named.into_iter().map(|(_, s)| s).collect())
+    };
+    let inputs = sorted("input", &main.inputs)?;
     let outs = main.output_values();
     if outs.len() != main.outputs.len() || outs.is_empty() {
         return Err(AneError::Surfaces(
             "the program's outputs are missing or undefined".into(),
         ));
     }
-    let outputs = outs
-        .iter()
-        .map(|v| shape("output", &v.name, &v.ty))
-        .collect::<Result<Vec<_>, _>>()?;
+    let outputs = sorted("output", &outs)?;
     Ok(Signature { inputs, outputs })
 }
 
@@ -332,6 +333,14 @@ impl<R: Runtime> Device<R> {
             direct_eval: self.direct.load(Ordering::Relaxed),
             identifier_bytes: self.identifier_bytes.load(Ordering::Relaxed),
         }
+    }
+
+    /// The compile budget and the compiles this process has made.
+    pub(crate) fn compile_budget(&self) -> Option<crate::device::CompileBudget> {
+        self.max_compiles.map(|max| crate::device::CompileBudget {
+            max,
+            used: self.compile_attempts.load(Ordering::Relaxed),
+        })
     }
 
     fn kernel(&self, h: ProgramHandle) -> Result<Arc<Mutex<Kernel>>, AneError> {
@@ -444,14 +453,11 @@ impl<R: Runtime> Device<R> {
                 }
             }
         }
-        for (channels, lanes) in k.sig.inputs.clone() {
-            let slot = self.new_surface(channels, lanes)?;
-            k.inputs.push(slot);
-        }
-        for (channels, lanes) in k.sig.outputs.clone() {
-            let slot = self.new_surface(channels, lanes)?;
-            k.outputs.push(slot);
-        }
+        // Every input surface at one size, every output surface at one size (Rule::SurfaceEqualAlloc).
+        let inputs = k.sig.inputs.clone();
+        let outputs = k.sig.outputs.clone();
+        k.inputs = self.new_surfaces(&inputs)?;
+        k.outputs = self.new_surfaces(&outputs)?;
         let wrap = |slots: &[Slot]| -> Result<Id, AppleError> {
             let objs = slots
                 .iter()
@@ -510,12 +516,53 @@ impl<R: Runtime> Device<R> {
         }
     }
 
-    /// One IOSurface for a `[1, channels, 1, lanes]` fp16 tensor, allocated with
-    /// [`surface_alloc_bytes`] (≥ 49,152 bytes, a multiple of 128) and zeroed.
-    fn new_surface(&self, channels: usize, lanes: usize) -> Result<Slot, AppleError> {
-        let too_large = || AppleError::Signature(format!("surface [1, {channels}, 1, {lanes}] is too large"));
-        let bytes = fp16_tensor_bytes(channels, lanes).ok_or_else(too_large)?;
-        let alloc = surface_alloc_bytes(bytes).ok_or_else(too_large)?;
+    /// The surfaces of one group (a program's inputs, or its outputs), all allocated at
+    /// [`group_alloc_size`] of the group: at least 49,152 bytes, a multiple of 128, the largest
+    /// tensor's size (Orion: unequal allocations fail at evaluation with status 0x1d). Each
+    /// tensor is packed at the start of its surface. On failure the group's surfaces are freed.
+    fn new_surfaces(&self, shapes: &[(usize, usize)]) -> Result<Vec<Slot>, AppleError> {
+        let too_large = |c: usize, w: usize| AppleError::Signature(format!("surface [1, {c}, 1, {w}] is too large"));
+        let bytes = shapes
+            .iter()
+            .map(|&(c, w)| fp16_tensor_bytes(c, w).ok_or_else(|| too_large(c, w)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let Some(alloc) = group_alloc_size(bytes.iter().copied()) else {
+            return if shapes.is_empty() {
+                Ok(Vec::new())
+            } else {
+                Err(AppleError::Signature("surface group too large".into()))
+            };
+        };
+        let mut slots: Vec<Slot> = Vec::with_capacity(shapes.len());
+        let mut first_size = None;
+        for (&(channels, lanes), &b) in shapes.iter().zip(&bytes) {
+            match self.new_surface(channels, lanes, b, alloc, first_size) {
+                Ok((slot, size)) => {
+                    first_size.get_or_insert(size);
+                    slots.push(slot);
+                }
+                Err(e) => {
+                    for s in slots {
+                        self.rt.cf_release(s.surface);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(slots)
+    }
+
+    /// One IOSurface of `alloc` bytes for a `[1, channels, 1, lanes]` fp16 tensor of `bytes`,
+    /// zeroed; `group_size` is the size the group's first surface got (all must be equal).
+    /// Returns the slot and the size `IOSurfaceCreate` gave.
+    fn new_surface(
+        &self,
+        channels: usize,
+        lanes: usize,
+        bytes: usize,
+        alloc: usize,
+        group_size: Option<usize>,
+    ) -> Result<(Slot, usize), AppleError> {
         let props = surface_property_dictionary(&self.rt, alloc)?;
         let surface = self.rt.create_surface(props)?;
         let slot = Slot {
@@ -533,6 +580,15 @@ impl<R: Runtime> Device<R> {
                      {MIN_SURFACE_BYTES}, a multiple of {SURFACE_ALIGN_BYTES})"
                 ),
             })
+        } else if group_size.is_some_and(|g| g != size) {
+            Err(AppleError::Rule {
+                rule: Rule::SurfaceEqualAlloc,
+                detail: format!(
+                    "IOSurfaceCreate gave {size} bytes where the program's other surfaces of the same group got {} \
+                     ({alloc} were asked for each)",
+                    group_size.unwrap_or_default()
+                ),
+            })
         } else {
             // Zeroed once at creation, locked (ane-runtime.md §2.4).
             self.rt.write_surface(surface, &[], true, true)
@@ -541,7 +597,7 @@ impl<R: Runtime> Device<R> {
             self.rt.cf_release(surface);
             return Err(e);
         }
-        Ok(slot)
+        Ok((slot, size))
     }
 
     /// `loadWithQoS:21 options:@{} error:`, retried once after [`LOAD_RETRY_DELAY`]. A failure
@@ -585,6 +641,10 @@ impl<R: Runtime> Device<R> {
         self.loads.fetch_add(1, Ordering::Relaxed);
         if without_compile {
             self.cache_loads.fetch_add(1, Ordering::Relaxed);
+            // A model loaded from the cache keeps its descriptor, and with it the NSData of every
+            // weight, for its whole life (only the compile path's saveModelFiles lets go of it):
+            // drop it, where this macOS's model class can.
+            self.rt.release_descriptor(k.model);
         }
         Ok(())
     }
@@ -654,7 +714,7 @@ impl<R: Runtime> Device<R> {
         self.rt
             .evaluate(k.model, QOS, self.options, k.request)
             .map_err(|description| AppleError::Call {
-                call: "-[_ANEInMemoryModel evaluateWithQoS:options:request:error:] (path=daemon)",
+                call: "-[_ANEInMemoryModel evaluateWithQoS:options:request:error:] (path=in-process)",
                 kernel: k.label.clone(),
                 description,
             })

@@ -1,13 +1,35 @@
-//! A fake [`Runtime`] for tests: objects live in a table (an `Id` is its index + 1), every call
-//! is recorded, reference counts are tracked, and failures can be injected.
+//! A fake [`Runtime`] for tests, as strict as the real framework where the device depends on it
+//! (issue 37 item 5): objects live in a table (an `Id` is its index + 1), every call is recorded,
+//! reference counts are tracked, and failures can be injected.
+//!
+//! What it enforces like AppleNeuralEngine.framework does:
+//! * `hexStringIdentifier` is computed from the descriptor ([`identifier`]), not a constant;
+//! * `compileWithQoS:` needs `<tmp>/<id>/model.mil` with the descriptor's MIL text and every
+//!   `BLOBFILE` the MIL names under `<tmp>/<id>/` with the weights dictionary's bytes; it drops
+//!   the model's descriptor afterwards (as `saveModelFiles` does);
+//! * the "ANE service" ([`Service`]) keeps compiled programs by identifier across processes;
+//!   `loadWithQoS:` succeeds only for a program it holds;
+//! * `unloadWithQoS:` removes the model directory;
+//! * evaluation binds the request's surfaces to the program's inputs and outputs in sorted order
+//!   of their names and runs the program (on the emulator), and refuses unequal input (or output)
+//!   allocations with status 0x1d unless [`Script::unequal_sizes_ok`];
+//! * a compile budget of its own ([`Script::compile_budget`]), the compiler's per-process leak.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use anelm_mil::{WeightFiles, parse_program};
+use sha2::{Digest, Sha256};
+
 use super::error::AppleError;
+use super::foundation::relative_weight_path;
+use super::modeldir::MODEL_MIL;
 use super::objc::Id;
 use super::runtime::{Runtime, SurfaceKey, SurfaceRef};
+use crate::device::AneDevice;
+use crate::emu::EmuAne;
+use crate::surface::Surface;
 
 /// An object of the fake runtime.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,8 +44,11 @@ pub(crate) enum Obj {
         mil: Id,
         weights: Id,
     },
+    /// `desc` becomes nil after a compile (`saveModelFiles`) or `setDescriptor:nil`; `hex` is the
+    /// identifier computed from the descriptor at creation.
     Model {
         desc: Id,
+        hex: String,
     },
     SurfaceObject(SurfaceRef),
     Request {
@@ -37,19 +62,57 @@ pub(crate) enum Obj {
     Client,
 }
 
+/// The framework's `hexStringIdentifier` of a descriptor, as the issue-37 review of the
+/// decompiled framework describes it: the uppercase SHA-256 of the MIL text, of the weight blobs
+/// in sorted key order after four zero bytes, and of the (absent) options, i.e. of the empty
+/// string, joined by `_` (194 characters).
+pub(crate) fn identifier(mil_text: &[u8], weights: &WeightFiles) -> String {
+    let hex = |d: &[u8]| d.iter().map(|b| format!("{b:02X}")).collect::<String>();
+    let mut w = Sha256::new();
+    w.update([0u8; 4]);
+    let mut blobs: Vec<(&str, &[u8])> = weights.iter().collect();
+    blobs.sort_by(|a, b| a.0.cmp(b.0));
+    for (_, bytes) in blobs {
+        w.update(bytes);
+    }
+    format!(
+        "{}_{}_{}",
+        hex(&Sha256::digest(mil_text)),
+        hex(&w.finalize()),
+        hex(&Sha256::digest(b""))
+    )
+}
+
+/// What the compiler saw for one identifier.
+#[derive(Debug, Clone)]
+pub(crate) struct Compiled {
+    mil: String,
+    weights: WeightFiles,
+}
+
+/// The OS ANE service: compiled programs by identifier (`None`: an identifier put there by
+/// [`Script::os_cache`] without a program). It outlives a process: [`Fake::next_process`] shares it.
+pub(crate) type Service = Arc<Mutex<HashMap<String, Option<Compiled>>>>;
+
 /// Injected behaviour.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Script {
-    /// What `hexStringIdentifier` returns (default: `"feedc0de"`).
+    /// What `hexStringIdentifier` returns instead of the computed identifier.
     pub hex: Option<Option<String>>,
     /// `compileWithQoS:` fails with this description.
     pub compile_error: Option<String>,
+    /// The compiler fails every compile after this many in the process (its resource leak).
+    pub compile_budget: Option<usize>,
     /// The next this-many `loadWithQoS:` calls fail.
     pub load_failures: usize,
     /// `loadWithQoS:` fails whenever this many models are loaded already.
     pub budget: Option<usize>,
     /// `evaluateWithQoS:` fails with this description.
     pub eval_error: Option<String>,
+    /// Evaluation of a program whose MIL text contains this fails with status 0x1d.
+    pub eval_error_when: Option<String>,
+    /// Unequal input (or output) allocations evaluate (the default refuses them, as Orion saw).
+    pub unequal_sizes_ok: bool,
     /// `doEvaluateDirectWithModel:` fails with this description.
     pub direct_error: Option<String>,
     /// `_ANEClient` exists.
@@ -60,7 +123,9 @@ pub(crate) struct Script {
     pub local_root: Option<PathBuf>,
     /// The model lacks `compiledModelExists`.
     pub no_compiled_model_exists: bool,
-    /// Identifiers the ANE service holds compiled programs for at start (an earlier process).
+    /// The model lacks `setDescriptor:`.
+    pub no_set_descriptor: bool,
+    /// Identifiers the ANE service holds (without a program) at start.
     pub os_cache: Vec<String>,
     /// `IOSurfaceCreate` gives 4096-byte surfaces whatever was asked.
     pub small_surfaces: bool,
@@ -78,8 +143,8 @@ struct State {
     pools: Vec<usize>,
     next_pool: usize,
     released_surfaces: Vec<SurfaceRef>,
-    /// Identifiers of compiled programs the "ANE service" holds.
-    os_cache: HashSet<String>,
+    /// `compileWithQoS:` calls in this process.
+    compiles: usize,
     /// Files written through `write_file`.
     writes: Vec<PathBuf>,
     script: Script,
@@ -90,6 +155,7 @@ struct State {
 #[derive(Debug, Clone)]
 pub(crate) struct Fake {
     state: Arc<Mutex<State>>,
+    service: Service,
     keys: [Id; 6],
     temp: PathBuf,
 }
@@ -99,9 +165,24 @@ impl Fake {
         Fake::with(Script::default(), super::modeldir::test_dir("fake-tmp"))
     }
 
+    /// A fresh "process" with a fresh ANE service.
     pub(crate) fn with(script: Script, temp: PathBuf) -> Fake {
+        Fake::with_service(script, temp, Service::default())
+    }
+
+    /// A new "process" over the same ANE service (and temporary directory) as `self`.
+    pub(crate) fn next_process(&self, script: Script) -> Fake {
+        Fake::with_service(script, self.temp.clone(), Arc::clone(&self.service))
+    }
+
+    fn with_service(script: Script, temp: PathBuf, service: Service) -> Fake {
+        {
+            let mut svc = service.lock().unwrap_or_else(|p| p.into_inner());
+            for id in &script.os_cache {
+                svc.entry(id.clone()).or_insert(None);
+            }
+        }
         let mut st = State {
-            os_cache: script.os_cache.iter().cloned().collect(),
             script,
             ..State::default()
         };
@@ -112,6 +193,7 @@ impl Fake {
         }
         Fake {
             state: Arc::new(Mutex::new(st)),
+            service,
             keys,
             temp,
         }
@@ -119,6 +201,10 @@ impl Fake {
 
     fn st(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn svc(&self) -> MutexGuard<'_, HashMap<String, Option<Compiled>>> {
+        self.service.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn add(&self, o: Obj) -> Id {
@@ -149,6 +235,13 @@ impl Fake {
         match self.obj(id) {
             Obj::Dict(d) => d,
             o => panic!("not a dictionary: {o:?}"),
+        }
+    }
+
+    fn data(&self, id: Id) -> Vec<u8> {
+        match self.obj(id) {
+            Obj::Data(d) => d,
+            o => panic!("not NSData: {o:?}"),
         }
     }
 
@@ -194,15 +287,97 @@ impl Fake {
 
     /// Models still holding a reference the device took (retained and not released).
     pub(crate) fn live_models(&self) -> usize {
+        self.held_models().len()
+    }
+
+    fn held_models(&self) -> Vec<Obj> {
         let st = self.st();
         st.refs
             .iter()
-            .filter(|(id, n)| **n > 0 && matches!(st.objects[id.0 as usize - 1], Obj::Model { .. }))
-            .count()
+            .filter(|(_, n)| **n > 0)
+            .map(|(id, _)| st.objects[id.0 as usize - 1].clone())
+            .filter(|o| matches!(o, Obj::Model { .. }))
+            .collect()
     }
 
-    fn hex(&self) -> Option<String> {
-        self.st().script.hex.clone().unwrap_or(Some("feedc0de".into()))
+    /// Bytes of MIL text and weights that the descriptors of the models the device holds keep
+    /// alive (the second copy of the weights issue 37 item 4 is about).
+    pub(crate) fn retained_descriptor_bytes(&self) -> usize {
+        let mut total = 0;
+        for m in self.held_models() {
+            let Obj::Model { desc, .. } = m else { continue };
+            if desc.is_nil() {
+                continue;
+            }
+            let Obj::Descriptor { mil, weights } = self.obj(desc) else {
+                continue;
+            };
+            total += self.data(mil).len();
+            total += self.weight_files(weights).total_bytes();
+        }
+        total
+    }
+
+    /// Identifiers the ANE service holds.
+    pub(crate) fn service_ids(&self) -> HashSet<String> {
+        self.svc().keys().cloned().collect()
+    }
+
+    /// The model's identifier (the script's override, else the computed one), and its descriptor.
+    fn model(&self, model: Id) -> (Option<String>, Id) {
+        let Obj::Model { desc, hex } = self.obj(model) else {
+            panic!("not a model")
+        };
+        let id = match self.st().script.hex.clone() {
+            Some(over) => over,
+            None => Some(hex),
+        };
+        (id, desc)
+    }
+
+    /// The weights dictionary as files.
+    fn weight_files(&self, dict: Id) -> WeightFiles {
+        let mut w = WeightFiles::new();
+        for (k, v) in self.dict(dict) {
+            let data = self
+                .dict(v)
+                .into_iter()
+                .find(|(ik, _)| self.str(*ik) == "data")
+                .map(|(_, d)| self.data(d))
+                .expect("a weights entry without data");
+            w.insert(self.str(k), data);
+        }
+        w
+    }
+
+    /// Where the framework reads the model directory: `localModelPath`'s root, else the temp dir.
+    fn dir_of(&self, id: &str) -> PathBuf {
+        let root = self.st().script.local_root.clone().unwrap_or_else(|| self.temp.clone());
+        root.join(id)
+    }
+
+    /// What `compileWithQoS:` checks on disk: `model.mil` with the MIL text and every BLOBFILE of
+    /// the MIL with the weights dictionary's bytes.
+    fn check_model_dir(dir: &Path, c: &Compiled) -> Result<(), String> {
+        let fail = |what: String| Err(format!("ANECCompile() FAILED: {what}"));
+        match std::fs::read(dir.join(MODEL_MIL)) {
+            Ok(b) if b == c.mil.as_bytes() => {}
+            Ok(_) => return fail(format!("{}/model.mil is not the descriptor's MIL text", dir.display())),
+            Err(e) => return fail(format!("cannot read {}/model.mil: {e}", dir.display())),
+        }
+        let program = parse_program(&c.mil).map_err(|e| format!("ANECCompile() FAILED: MIL parse error {e}"))?;
+        for r in program.blob_refs() {
+            let Some(want) = c.weights.get(r.path) else {
+                return fail(format!("BLOBFILE {} is not in the weights dictionary", r.path));
+            };
+            let rel = relative_weight_path(r.path).map_err(|e| e.to_string())?;
+            match std::fs::read(dir.join(rel)) {
+                Ok(b) if b == want => {}
+                Ok(_) => return fail(format!("{rel} differs from the weights dictionary's data")),
+                Err(e) => return fail(format!("cannot read {rel}: {e}")),
+            }
+        }
+        Ok(())
     }
 
     fn surface_bytes(&self, s: SurfaceRef) -> Vec<u8> {
@@ -217,7 +392,7 @@ impl Fake {
         st.objects[s.0.0 as usize - 1] = Obj::Surface(bytes);
     }
 
-    fn model_of_request(&self, request: Id) -> (Vec<SurfaceRef>, Vec<SurfaceRef>) {
+    fn surfaces_of_request(&self, request: Id) -> (Vec<SurfaceRef>, Vec<SurfaceRef>) {
         let Obj::Request { inputs, outputs, .. } = self.obj(request) else {
             panic!("not a request")
         };
@@ -236,15 +411,71 @@ impl Fake {
         (surfaces(inputs), surfaces(outputs))
     }
 
-    /// What the fake "ANE" computes: output j = input j's bytes (identity), zero-padded or cut.
-    fn run(&self, request: Id) {
-        let (ins, outs) = self.model_of_request(request);
-        for (j, o) in outs.iter().enumerate() {
-            let len = self.surface_bytes(*o).len();
-            let mut b = ins.get(j).map(|i| self.surface_bytes(*i)).unwrap_or_default();
-            b.resize(len, 0);
-            self.set_surface(*o, b);
+    /// What the fake "ANE" does for one evaluation: find the program the service holds for the
+    /// model, refuse unequal allocations, bind the request's surfaces to the program's inputs and
+    /// outputs in sorted name order, and compute it (on the emulator).
+    fn run(&self, model: Id, request: Id) -> Result<(), String> {
+        let (id, _) = self.model(model);
+        let compiled = id.and_then(|id| self.svc().get(&id).cloned().flatten());
+        let Some(c) = compiled else {
+            return Err("Program Inference error: the ANE service holds no program for this model".into());
+        };
+        let script = self.st().script.clone();
+        if script
+            .eval_error_when
+            .as_ref()
+            .is_some_and(|w| c.mil.contains(w.as_str()))
+        {
+            return Err("Program Inference error status=0x1d".into());
         }
+        let (ins, outs) = self.surfaces_of_request(request);
+        if !script.unequal_sizes_ok {
+            for (what, group) in [("input", &ins), ("output", &outs)] {
+                let sizes: Vec<usize> = group.iter().map(|s| self.surface_bytes(*s).len()).collect();
+                if sizes.windows(2).any(|w| w[0] != w[1]) {
+                    return Err(format!(
+                        "Program Inference error status=0x1d (unequal {what} allocations {sizes:?})"
+                    ));
+                }
+            }
+        }
+        // The emulator binds surfaces by sorted name, as the hardware does.
+        let emu = EmuAne::default();
+        let h = emu
+            .load_without_compile(&c.mil, &c.weights)
+            .map_err(|e| format!("the fake cannot run the program: {e}"))?;
+        let sig = emu.signature(h).map_err(|e| e.to_string())?;
+        if sig.inputs.len() != ins.len() || sig.outputs.len() != outs.len() {
+            return Err(format!(
+                "Program Inference error: the request has {} inputs and {} outputs, the program {} and {}",
+                ins.len(),
+                outs.len(),
+                sig.inputs.len(),
+                sig.outputs.len()
+            ));
+        }
+        let mut inputs = Vec::with_capacity(ins.len());
+        for (&(c, w), s) in sig.inputs.iter().zip(&ins) {
+            let bytes = self.surface_bytes(*s);
+            let n = c * w * 2;
+            let t = bytes
+                .get(..n)
+                .ok_or_else(|| format!("a {}-byte surface for a {n}-byte input", bytes.len()))?;
+            inputs.push(Surface::from_bytes(c, w, t).map_err(|e| e.to_string())?);
+        }
+        let refs: Vec<&Surface> = inputs.iter().collect();
+        let mut results = sig.output_surfaces();
+        emu.evaluate(h, &refs, &mut results).map_err(|e| e.to_string())?;
+        for (r, s) in results.iter().zip(&outs) {
+            let mut b = self.surface_bytes(*s);
+            let packed: Vec<u8> = r.halves().iter().flat_map(|h| h.to_le_bytes()).collect();
+            if packed.len() > b.len() {
+                return Err("an output surface smaller than its tensor".into());
+            }
+            b[..packed.len()].copy_from_slice(&packed);
+            self.set_surface(*s, b);
+        }
+        Ok(())
     }
 }
 
@@ -317,44 +548,91 @@ impl Runtime for Fake {
         Ok(self.add(Obj::Descriptor { mil, weights }))
     }
     fn in_memory_model(&self, desc: Id) -> Result<Id, AppleError> {
-        Ok(self.add(Obj::Model { desc }))
+        let Obj::Descriptor { mil, weights } = self.obj(desc) else {
+            panic!("not a descriptor")
+        };
+        let hex = identifier(&self.data(mil), &self.weight_files(weights));
+        Ok(self.add(Obj::Model { desc, hex }))
     }
-    fn hex_string_identifier(&self, _model: Id) -> Option<String> {
-        self.hex()
+    fn hex_string_identifier(&self, model: Id) -> Option<String> {
+        self.model(model).0
     }
-    fn local_model_path(&self, _model: Id) -> Option<PathBuf> {
+    fn local_model_path(&self, model: Id) -> Option<PathBuf> {
         let root = self.st().script.local_root.clone()?;
-        Some(root.join(self.hex()?))
+        Some(root.join(self.model(model).0?))
     }
-    fn compiled_model_exists(&self, _model: Id) -> Option<bool> {
+    fn compiled_model_exists(&self, model: Id) -> Option<bool> {
         self.call("compiledModelExists");
         if self.st().script.no_compiled_model_exists {
             return None;
         }
-        let hex = self.hex()?;
-        Some(self.st().os_cache.contains(&hex))
+        let id = self.model(model).0?;
+        Some(self.svc().contains_key(&id))
     }
-    fn compile(&self, _model: Id, qos: u32, options: Id) -> Result<(), String> {
+    fn release_descriptor(&self, model: Id) -> bool {
+        if self.st().script.no_set_descriptor {
+            return false;
+        }
+        self.call("setDescriptor:nil");
+        let mut st = self.st();
+        if let Obj::Model { desc, .. } = &mut st.objects[model.0 as usize - 1] {
+            *desc = Id::NIL;
+        }
+        true
+    }
+    fn compile(&self, model: Id, qos: u32, options: Id) -> Result<(), String> {
         self.call(format!("compile qos={qos}"));
         assert_eq!(self.obj(options), Obj::Dict(vec![]), "options must be @{{}}");
-        let error = self.st().script.compile_error.clone();
-        match error {
-            Some(e) => Err(e),
-            None => {
-                if let Some(hex) = self.hex() {
-                    self.st().os_cache.insert(hex);
-                }
-                Ok(())
-            }
+        let script = self.st().script.clone();
+        if let Some(e) = script.compile_error {
+            return Err(e);
         }
+        let n = {
+            let mut st = self.st();
+            st.compiles += 1;
+            st.compiles
+        };
+        if script.compile_budget.is_some_and(|b| n > b) {
+            return Err(format!(
+                "Error Domain=com.apple.appleneuralengine.compiler Code=1 \"ANECCompile() FAILED\" (compile {n} of a \
+                 process whose compiler has leaked its resources)"
+            ));
+        }
+        let (id, desc) = self.model(model);
+        let id = id.ok_or("the model has no identifier")?;
+        if desc.is_nil() {
+            return Err("the model has no descriptor to compile".into());
+        }
+        let Obj::Descriptor { mil, weights } = self.obj(desc) else {
+            panic!("not a descriptor")
+        };
+        let c = Compiled {
+            mil: String::from_utf8(self.data(mil)).map_err(|_| "MIL text is not UTF-8")?,
+            weights: self.weight_files(weights),
+        };
+        Fake::check_model_dir(&self.dir_of(&id), &c)?;
+        self.svc().insert(id, Some(c));
+        // saveModelFiles: a compiled model lets go of its descriptor.
+        let mut st = self.st();
+        if let Obj::Model { desc, .. } = &mut st.objects[model.0 as usize - 1] {
+            *desc = Id::NIL;
+        }
+        Ok(())
     }
     fn load(&self, model: Id, qos: u32, options: Id) -> Result<(), String> {
         self.call(format!("load qos={qos}"));
         assert_eq!(self.obj(options), Obj::Dict(vec![]), "options must be @{{}}");
+        let id = self.model(model).0;
+        let held = id.as_ref().is_some_and(|id| self.svc().contains_key(id));
         let mut st = self.st();
         if st.script.load_failures > 0 {
             st.script.load_failures -= 1;
             return Err("Error Domain=com.apple.appleneuralengine Code=-1 \"load failed\"".into());
+        }
+        if !held {
+            return Err(
+                "Error Domain=com.apple.appleneuralengine Code=-4 \"no compiled program for this model\"".into(),
+            );
         }
         if st.script.budget.is_some_and(|b| st.loaded.len() >= b) {
             return Err("Error Domain=com.apple.appleneuralengine Code=5 \"out of program slots\"".into());
@@ -362,18 +640,24 @@ impl Runtime for Fake {
         st.loaded.push(model);
         Ok(())
     }
-    fn evaluate(&self, _model: Id, qos: u32, options: Id, request: Id) -> Result<(), String> {
+    fn evaluate(&self, model: Id, qos: u32, options: Id, request: Id) -> Result<(), String> {
         self.call(format!("evaluate qos={qos}"));
         assert_eq!(self.obj(options), Obj::Dict(vec![]));
         if let Some(e) = self.st().script.eval_error.clone() {
             return Err(e);
         }
-        self.run(request);
-        Ok(())
+        if !self.st().loaded.contains(&model) {
+            return Err("Program Inference error: the model is not loaded".into());
+        }
+        self.run(model, request)
     }
     fn unload(&self, model: Id, qos: u32) -> Result<(), String> {
         self.call(format!("unload qos={qos}"));
         self.st().loaded.retain(|&m| m != model);
+        // The framework removes the model directory on unload.
+        if let Some(id) = self.model(model).0 {
+            let _ = std::fs::remove_dir_all(self.dir_of(&id));
+        }
         Ok(())
     }
     fn surface_object(&self, surface: SurfaceRef) -> Result<Id, AppleError> {
@@ -410,13 +694,12 @@ impl Runtime for Fake {
         self.retain(c);
         Some(c)
     }
-    fn evaluate_direct(&self, _client: Id, _model: Id, _options: Id, request: Id, qos: u32) -> Result<(), String> {
+    fn evaluate_direct(&self, _client: Id, model: Id, _options: Id, request: Id, qos: u32) -> Result<(), String> {
         self.call(format!("direct qos={qos}"));
         if let Some(e) = self.st().script.direct_error.clone() {
             return Err(e);
         }
-        self.run(request);
-        Ok(())
+        self.run(model, request)
     }
     fn surface_key(&self, key: SurfaceKey) -> Id {
         let i = SurfaceKey::ALL.iter().position(|&k| k == key).unwrap_or(0);

@@ -6,9 +6,10 @@ use std::path::PathBuf;
 
 use super::error::{AppleError, ns_error_text};
 use super::objc::{
-    ANE_FRAMEWORK, COREFOUNDATION, FOUNDATION, IOSURFACE, Id, Lib, MsgBool, MsgBoolDirect, MsgBoolId, MsgBoolQosErr,
-    MsgBoolQosOptsErr, MsgBoolQosOptsReqErr, MsgBoolSel, MsgCStr, MsgId, MsgIdBool, MsgIdBytes, MsgIdCStr, MsgIdDict,
-    MsgIdI32, MsgIdId, MsgIdId3, MsgIdId7, MsgIdU64, MsgIdUsize, MsgVoid, MsgVoidId, Objc, Sel, YES, c_string,
+    ANE_FRAMEWORK, COREFOUNDATION, FOUNDATION, IOSURFACE, Id, Lib, MsgArity, MsgBool, MsgBoolDirect, MsgBoolId,
+    MsgBoolQosErr, MsgBoolQosOptsErr, MsgBoolQosOptsReqErr, MsgBoolSel, MsgCStr, MsgId, MsgIdBool, MsgIdBytes,
+    MsgIdCStr, MsgIdDict, MsgIdI32, MsgIdId, MsgIdId3, MsgIdId7, MsgIdU64, MsgIdUsize, MsgVoid, MsgVoidId,
+    MsgVoidSetId, Objc, Typed, YES, c_string,
 };
 use super::runtime::{Runtime, SurfaceKey, SurfaceRef};
 
@@ -49,8 +50,10 @@ pub const REQUIRED_METHODS: [(&str, &CStr, bool); 8] = [
 ];
 
 /// Optional `_ANEInMemoryModel` methods, used only when the class implements them (checked at
-/// open): `localModelPath` (the model directory) and `compiledModelExists` (the cache probe).
-pub const OPTIONAL_MODEL_METHODS: [&CStr; 2] = [c"localModelPath", c"compiledModelExists"];
+/// open): `localModelPath` (the model directory), `compiledModelExists` (the cache probe) and
+/// `setDescriptor:` (sent with nil after a cache-hit load, so the model stops holding a second
+/// copy of the weights).
+pub const OPTIONAL_MODEL_METHODS: [&CStr; 3] = [c"localModelPath", c"compiledModelExists", c"setDescriptor:"];
 
 /// `+[_ANEIOSurfaceObject objectWithIOSurface:]`, checked like [`REQUIRED_METHODS`].
 const SURFACE_OBJECT_METHOD: (&str, &CStr, bool) = ("_ANEIOSurfaceObject", c"objectWithIOSurface:", true);
@@ -112,71 +115,59 @@ struct Classes {
     client: Option<Id>,
 }
 
-struct Sels {
-    alloc: Sel,
-    retain: Sel,
-    release: Sel,
-    description: Sel,
-    utf8_string: Sel,
-    is_kind_of_class: Sel,
-    instances_respond: Sel,
-    string_with_utf8: Sel,
-    data_with_bytes: Sel,
-    number_with_int: Sel,
-    number_with_ulong: Sel,
-    dictionary_with: Sel,
-    dictionary: Sel,
-    array_with_capacity: Sel,
-    add_object: Sel,
-    model_with_mil: Sel,
-    in_memory_model: Sel,
-    hex_id: Sel,
-    local_model_path: Sel,
-    compiled_model_exists: Sel,
-    compile: Sel,
-    load: Sel,
-    evaluate: Sel,
-    unload: Sel,
-    object_with_surface: Sel,
-    request_with: Sel,
-    init_restricted: Sel,
-    direct_eval: Sel,
+/// Declares every selector the runtime sends with the message type it is sent with: the `Sels`
+/// fields (typed, so a call site gets `objc_msgSend` as exactly that type) and
+/// [`SELECTOR_ARITIES`], which the table test checks (colon count = argument count).
+macro_rules! selectors {
+    ($($field:ident: $msg:ty = $name:expr;)*) => {
+        struct Sels {
+            $($field: Typed<$msg>,)*
+        }
+
+        impl Sels {
+            fn register(o: &Objc) -> Sels {
+                Sels {
+                    $($field: o.typed($name),)*
+                }
+            }
+        }
+
+        /// Every selector the runtime sends through `Sels`, with the argument count of the
+        /// message type it is sent with.
+        pub const SELECTOR_ARITIES: &[(&CStr, usize)] = &[$(($name, <$msg as MsgArity>::ARGS),)*];
+    };
 }
 
-impl Sels {
-    fn register(o: &Objc) -> Sels {
-        Sels {
-            alloc: o.sel(c"alloc"),
-            retain: o.sel(c"retain"),
-            release: o.sel(c"release"),
-            description: o.sel(c"description"),
-            utf8_string: o.sel(c"UTF8String"),
-            is_kind_of_class: o.sel(c"isKindOfClass:"),
-            instances_respond: o.sel(c"instancesRespondToSelector:"),
-            string_with_utf8: o.sel(c"stringWithUTF8String:"),
-            data_with_bytes: o.sel(c"dataWithBytes:length:"),
-            number_with_int: o.sel(c"numberWithInt:"),
-            number_with_ulong: o.sel(c"numberWithUnsignedLong:"),
-            dictionary_with: o.sel(c"dictionaryWithObjects:forKeys:count:"),
-            dictionary: o.sel(c"dictionary"),
-            array_with_capacity: o.sel(c"arrayWithCapacity:"),
-            add_object: o.sel(c"addObject:"),
-            model_with_mil: o.sel(c"modelWithMILText:weights:optionsPlist:"),
-            in_memory_model: o.sel(c"inMemoryModelWithDescriptor:"),
-            hex_id: o.sel(c"hexStringIdentifier"),
-            local_model_path: o.sel(OPTIONAL_MODEL_METHODS[0]),
-            compiled_model_exists: o.sel(OPTIONAL_MODEL_METHODS[1]),
-            compile: o.sel(c"compileWithQoS:options:error:"),
-            load: o.sel(c"loadWithQoS:options:error:"),
-            evaluate: o.sel(c"evaluateWithQoS:options:request:error:"),
-            unload: o.sel(c"unloadWithQoS:error:"),
-            object_with_surface: o.sel(c"objectWithIOSurface:"),
-            request_with: o
-                .sel(c"requestWithInputs:inputIndices:outputs:outputIndices:weightsBuffer:perfStats:procedureIndex:"),
-            init_restricted: o.sel(c"initWithRestrictedAccessAllowed:"),
-            direct_eval: o.sel(DIRECT_EVAL_SELECTOR),
-        }
-    }
+selectors! {
+    alloc: MsgId = c"alloc";
+    retain: MsgId = c"retain";
+    release: MsgVoid = c"release";
+    description: MsgId = c"description";
+    utf8_string: MsgCStr = c"UTF8String";
+    is_kind_of_class: MsgBoolId = c"isKindOfClass:";
+    instances_respond: MsgBoolSel = c"instancesRespondToSelector:";
+    string_with_utf8: MsgIdCStr = c"stringWithUTF8String:";
+    data_with_bytes: MsgIdBytes = c"dataWithBytes:length:";
+    number_with_int: MsgIdI32 = c"numberWithInt:";
+    number_with_ulong: MsgIdU64 = c"numberWithUnsignedLong:";
+    dictionary_with: MsgIdDict = c"dictionaryWithObjects:forKeys:count:";
+    dictionary: MsgId = c"dictionary";
+    array_with_capacity: MsgIdUsize = c"arrayWithCapacity:";
+    add_object: MsgVoidId = c"addObject:";
+    model_with_mil: MsgIdId3 = c"modelWithMILText:weights:optionsPlist:";
+    in_memory_model: MsgIdId = c"inMemoryModelWithDescriptor:";
+    hex_id: MsgId = c"hexStringIdentifier";
+    local_model_path: MsgId = OPTIONAL_MODEL_METHODS[0];
+    compiled_model_exists: MsgBool = OPTIONAL_MODEL_METHODS[1];
+    set_descriptor: MsgVoidSetId = OPTIONAL_MODEL_METHODS[2];
+    compile: MsgBoolQosOptsErr = c"compileWithQoS:options:error:";
+    load: MsgBoolQosOptsErr = c"loadWithQoS:options:error:";
+    evaluate: MsgBoolQosOptsReqErr = c"evaluateWithQoS:options:request:error:";
+    unload: MsgBoolQosErr = c"unloadWithQoS:error:";
+    object_with_surface: MsgIdId = c"objectWithIOSurface:";
+    request_with: MsgIdId7 = c"requestWithInputs:inputIndices:outputs:outputIndices:weightsBuffer:perfStats:procedureIndex:";
+    init_restricted: MsgIdBool = c"initWithRestrictedAccessAllowed:";
+    direct_eval: MsgBoolDirect = DIRECT_EVAL_SELECTOR;
 }
 
 /// One step of opening the device, for `anelm doctor`.
@@ -198,6 +189,8 @@ pub(crate) struct Framework {
     has_local_model_path: bool,
     /// `_ANEInMemoryModel` implements `compiledModelExists`.
     has_compiled_model_exists: bool,
+    /// `_ANEInMemoryModel` implements `setDescriptor:`.
+    has_set_descriptor: bool,
     surface_create: IoSurfaceCreateFn,
     surface_base: IoSurfaceBaseFn,
     surface_size: IoSurfaceSizeFn,
@@ -236,7 +229,7 @@ impl Framework {
             )));
         }
         let sel = Sels::register(&objc);
-        let [has_local_model_path, has_compiled_model_exists] =
+        let [has_local_model_path, has_compiled_model_exists, has_set_descriptor] =
             OPTIONAL_MODEL_METHODS.map(|m| instances_respond(&objc, cls.model, m));
         let mut keys = [Id::NIL; 6];
         for (slot, k) in keys.iter_mut().zip(SurfaceKey::ALL) {
@@ -274,6 +267,7 @@ impl Framework {
                 keys,
                 has_local_model_path,
                 has_compiled_model_exists,
+                has_set_descriptor,
                 _libs: vec![foundation, cf, io, ane],
             }
         };
@@ -370,13 +364,15 @@ impl Framework {
             return None;
         }
         // SAFETY: `-[NSObject isKindOfClass:(Class)]` returns BOOL; `s` is a live object.
-        let is_string = unsafe { self.objc.msg::<MsgBoolId>()(s, self.sel.is_kind_of_class, self.cls.ns_string) };
+        let is_string = unsafe {
+            self.objc.msg_of(self.sel.is_kind_of_class)(s, self.sel.is_kind_of_class.sel, self.cls.ns_string)
+        };
         if is_string == 0 {
             return None;
         }
         // SAFETY: `-[NSString UTF8String]` returns a NUL-terminated buffer that lives as long as
         // the string (inside the caller's autorelease pool); it is copied at once.
-        unsafe { c_string(self.objc.msg::<MsgCStr>()(s, self.sel.utf8_string)) }
+        unsafe { c_string(self.objc.msg_of(self.sel.utf8_string)(s, self.sel.utf8_string.sel)) }
     }
 
     /// The `description` of an NSError out-parameter (nil → a note that there was none).
@@ -385,7 +381,7 @@ impl Framework {
             return ns_error_text(None);
         }
         // SAFETY: `-[NSObject description]` returns an NSString.
-        let d = unsafe { self.objc.msg::<MsgId>()(err, self.sel.description) };
+        let d = unsafe { self.objc.msg_of(self.sel.description)(err, self.sel.description.sel) };
         ns_error_text(self.ns_string_text(d))
     }
 
@@ -442,9 +438,9 @@ impl Runtime for Framework {
     fn data(&self, bytes: &[u8]) -> Result<Id, AppleError> {
         // SAFETY: `+[NSData dataWithBytes:(const void *)length:(NSUInteger)]` copies `bytes`.
         let d = unsafe {
-            self.objc.msg::<MsgIdBytes>()(
+            self.objc.msg_of(self.sel.data_with_bytes)(
                 self.cls.ns_data,
-                self.sel.data_with_bytes,
+                self.sel.data_with_bytes.sel,
                 bytes.as_ptr().cast(),
                 bytes.len(),
             )
@@ -456,9 +452,9 @@ impl Runtime for Framework {
         let c = std::ffi::CString::new(s).map_err(|_| AppleError::Nul { what: "an NSString" })?;
         // SAFETY: `+[NSString stringWithUTF8String:(const char *)]` copies the NUL-terminated text.
         let o = unsafe {
-            self.objc.msg::<MsgIdCStr>()(
+            self.objc.msg_of(self.sel.string_with_utf8)(
                 self.cls.ns_string,
-                self.sel.string_with_utf8,
+                self.sel.string_with_utf8.sel,
                 c.as_ptr() as *const c_char,
             )
         };
@@ -467,13 +463,16 @@ impl Runtime for Framework {
 
     fn number_int(&self, v: i32) -> Result<Id, AppleError> {
         // SAFETY: `+[NSNumber numberWithInt:(int)]`.
-        let o = unsafe { self.objc.msg::<MsgIdI32>()(self.cls.ns_number, self.sel.number_with_int, v) };
+        let o =
+            unsafe { self.objc.msg_of(self.sel.number_with_int)(self.cls.ns_number, self.sel.number_with_int.sel, v) };
         Self::non_nil("+[NSNumber numberWithInt:]", o)
     }
 
     fn number_ulong(&self, v: u64) -> Result<Id, AppleError> {
         // SAFETY: `+[NSNumber numberWithUnsignedLong:(unsigned long)]`, 64-bit on arm64.
-        let o = unsafe { self.objc.msg::<MsgIdU64>()(self.cls.ns_number, self.sel.number_with_ulong, v) };
+        let o = unsafe {
+            self.objc.msg_of(self.sel.number_with_ulong)(self.cls.ns_number, self.sel.number_with_ulong.sel, v)
+        };
         Self::non_nil("+[NSNumber numberWithUnsignedLong:]", o)
     }
 
@@ -488,9 +487,9 @@ impl Runtime for Framework {
         // SAFETY: `+[NSDictionary dictionaryWithObjects:(const id *)forKeys:(const id *)count:(NSUInteger)]`
         // reads `count` objects and keys (objects first); both slices hold that many live objects.
         let d = unsafe {
-            self.objc.msg::<MsgIdDict>()(
+            self.objc.msg_of(self.sel.dictionary_with)(
                 self.cls.ns_dictionary,
-                self.sel.dictionary_with,
+                self.sel.dictionary_with.sel,
                 values.as_ptr(),
                 keys.as_ptr(),
                 keys.len(),
@@ -501,19 +500,23 @@ impl Runtime for Framework {
 
     fn empty_dictionary(&self) -> Result<Id, AppleError> {
         // SAFETY: `+[NSDictionary dictionary]` returns an empty dictionary.
-        let d = unsafe { self.objc.msg::<MsgId>()(self.cls.ns_dictionary, self.sel.dictionary) };
+        let d = unsafe { self.objc.msg_of(self.sel.dictionary)(self.cls.ns_dictionary, self.sel.dictionary.sel) };
         Self::non_nil("+[NSDictionary dictionary]", d)
     }
 
     fn array(&self, items: &[Id]) -> Result<Id, AppleError> {
         // SAFETY: `+[NSMutableArray arrayWithCapacity:(NSUInteger)]`.
         let a = unsafe {
-            self.objc.msg::<MsgIdUsize>()(self.cls.ns_mutable_array, self.sel.array_with_capacity, items.len())
+            self.objc.msg_of(self.sel.array_with_capacity)(
+                self.cls.ns_mutable_array,
+                self.sel.array_with_capacity.sel,
+                items.len(),
+            )
         };
         let a = Self::non_nil("+[NSMutableArray arrayWithCapacity:]", a)?;
         for &i in items {
             // SAFETY: `-[NSMutableArray addObject:(id)]` with a live, non-nil object.
-            unsafe { self.objc.msg::<MsgVoidId>()(a, self.sel.add_object, i) };
+            unsafe { self.objc.msg_of(self.sel.add_object)(a, self.sel.add_object.sel, i) };
         }
         Ok(a)
     }
@@ -523,14 +526,14 @@ impl Runtime for Framework {
             return o;
         }
         // SAFETY: `-[NSObject retain]` returns the receiver.
-        unsafe { self.objc.msg::<MsgId>()(o, self.sel.retain) }
+        unsafe { self.objc.msg_of(self.sel.retain)(o, self.sel.retain.sel) }
     }
 
     fn release(&self, o: Id) {
         if !o.is_nil() {
             // SAFETY: `-[NSObject release]` (oneway void) balances a retain or +1 reference held
             // by the caller.
-            unsafe { self.objc.msg::<MsgVoid>()(o, self.sel.release) }
+            unsafe { self.objc.msg_of(self.sel.release)(o, self.sel.release.sel) }
         }
     }
 
@@ -556,8 +559,15 @@ impl Runtime for Framework {
     fn descriptor(&self, mil: Id, weights: Id) -> Result<Id, AppleError> {
         // SAFETY: `+[_ANEInMemoryModelDescriptor modelWithMILText:(NSData *)weights:(NSDictionary *)optionsPlist:(id)]`
         // with two live objects and nil (ane-hardware.md §1.2).
-        let d =
-            unsafe { self.objc.msg::<MsgIdId3>()(self.cls.descriptor, self.sel.model_with_mil, mil, weights, Id::NIL) };
+        let d = unsafe {
+            self.objc.msg_of(self.sel.model_with_mil)(
+                self.cls.descriptor,
+                self.sel.model_with_mil.sel,
+                mil,
+                weights,
+                Id::NIL,
+            )
+        };
         if d.is_nil() {
             return Err(AppleError::Nil {
                 call: "+[_ANEInMemoryModelDescriptor modelWithMILText:weights:optionsPlist:]",
@@ -571,13 +581,14 @@ impl Runtime for Framework {
 
     fn in_memory_model(&self, desc: Id) -> Result<Id, AppleError> {
         // SAFETY: `+[_ANEInMemoryModel inMemoryModelWithDescriptor:(id)]`.
-        let m = unsafe { self.objc.msg::<MsgIdId>()(self.cls.model, self.sel.in_memory_model, desc) };
+        let m =
+            unsafe { self.objc.msg_of(self.sel.in_memory_model)(self.cls.model, self.sel.in_memory_model.sel, desc) };
         Self::non_nil("+[_ANEInMemoryModel inMemoryModelWithDescriptor:]", m)
     }
 
     fn hex_string_identifier(&self, model: Id) -> Option<String> {
         // SAFETY: `-[_ANEInMemoryModel hexStringIdentifier]` returns an NSString (checked).
-        let s = unsafe { self.objc.msg::<MsgId>()(model, self.sel.hex_id) };
+        let s = unsafe { self.objc.msg_of(self.sel.hex_id)(model, self.sel.hex_id.sel) };
         self.ns_string_text(s).filter(|s| !s.is_empty())
     }
 
@@ -587,7 +598,7 @@ impl Runtime for Framework {
         }
         // SAFETY: `-[_ANEInMemoryModel localModelPath]` (implemented: checked at open) returns an
         // NSString (checked by `ns_string_text`).
-        let s = unsafe { self.objc.msg::<MsgId>()(model, self.sel.local_model_path) };
+        let s = unsafe { self.objc.msg_of(self.sel.local_model_path)(model, self.sel.local_model_path.sel) };
         self.ns_string_text(s).filter(|s| !s.is_empty()).map(PathBuf::from)
     }
 
@@ -597,40 +608,60 @@ impl Runtime for Framework {
         }
         // SAFETY: `-[_ANEInMemoryModel compiledModelExists]` (implemented: checked at open) takes
         // no arguments and returns BOOL.
-        Some(unsafe { self.objc.msg::<MsgBool>()(model, self.sel.compiled_model_exists) } != 0)
+        Some(
+            unsafe { self.objc.msg_of(self.sel.compiled_model_exists)(model, self.sel.compiled_model_exists.sel) } != 0,
+        )
+    }
+
+    fn release_descriptor(&self, model: Id) -> bool {
+        if !self.has_set_descriptor {
+            return false;
+        }
+        // SAFETY: `-[_ANEInMemoryModel setDescriptor:(id)]` (implemented: checked at open) takes one
+        // object, here nil; `model` is a live, retained model.
+        unsafe {
+            self.objc.msg_of(self.sel.set_descriptor)(model, self.sel.set_descriptor.sel, Id::NIL);
+        }
+        true
     }
 
     fn compile(&self, model: Id, qos: u32, options: Id) -> Result<(), String> {
         self.bool_call(|err| {
             // SAFETY: `-[_ANEInMemoryModel compileWithQoS:(unsigned int)options:(NSDictionary *)error:(NSError **)]`.
-            unsafe { self.objc.msg::<MsgBoolQosOptsErr>()(model, self.sel.compile, qos, options, err) }
+            unsafe { self.objc.msg_of(self.sel.compile)(model, self.sel.compile.sel, qos, options, err) }
         })
     }
 
     fn load(&self, model: Id, qos: u32, options: Id) -> Result<(), String> {
         self.bool_call(|err| {
             // SAFETY: `-[_ANEInMemoryModel loadWithQoS:(unsigned int)options:(NSDictionary *)error:(NSError **)]`.
-            unsafe { self.objc.msg::<MsgBoolQosOptsErr>()(model, self.sel.load, qos, options, err) }
+            unsafe { self.objc.msg_of(self.sel.load)(model, self.sel.load.sel, qos, options, err) }
         })
     }
 
     fn evaluate(&self, model: Id, qos: u32, options: Id, request: Id) -> Result<(), String> {
         self.bool_call(|err| {
             // SAFETY: `-[_ANEInMemoryModel evaluateWithQoS:(unsigned int)options:(NSDictionary *)request:(id)error:(NSError **)]`.
-            unsafe { self.objc.msg::<MsgBoolQosOptsReqErr>()(model, self.sel.evaluate, qos, options, request, err) }
+            unsafe { self.objc.msg_of(self.sel.evaluate)(model, self.sel.evaluate.sel, qos, options, request, err) }
         })
     }
 
     fn unload(&self, model: Id, qos: u32) -> Result<(), String> {
         self.bool_call(|err| {
             // SAFETY: `-[_ANEInMemoryModel unloadWithQoS:(unsigned int)error:(NSError **)]`.
-            unsafe { self.objc.msg::<MsgBoolQosErr>()(model, self.sel.unload, qos, err) }
+            unsafe { self.objc.msg_of(self.sel.unload)(model, self.sel.unload.sel, qos, err) }
         })
     }
 
     fn surface_object(&self, surface: SurfaceRef) -> Result<Id, AppleError> {
         // SAFETY: `+[_ANEIOSurfaceObject objectWithIOSurface:(IOSurfaceRef)]` with a live surface.
-        let o = unsafe { self.objc.msg::<MsgIdId>()(self.cls.surface_object, self.sel.object_with_surface, surface.0) };
+        let o = unsafe {
+            self.objc.msg_of(self.sel.object_with_surface)(
+                self.cls.surface_object,
+                self.sel.object_with_surface.sel,
+                surface.0,
+            )
+        };
         Self::non_nil("+[_ANEIOSurfaceObject objectWithIOSurface:]", o)
     }
 
@@ -645,9 +676,9 @@ impl Runtime for Framework {
         // SAFETY: `+[_ANERequest requestWithInputs:inputIndices:outputs:outputIndices:weightsBuffer:perfStats:procedureIndex:]`
         // takes seven objects; weightsBuffer and perfStats are nil (ane-hardware.md §1.5).
         let r = unsafe {
-            self.objc.msg::<MsgIdId7>()(
+            self.objc.msg_of(self.sel.request_with)(
                 self.cls.request,
-                self.sel.request_with,
+                self.sel.request_with.sel,
                 inputs,
                 input_indices,
                 outputs,
@@ -666,18 +697,20 @@ impl Runtime for Framework {
     fn direct_client(&self) -> Option<Id> {
         let cls = self.cls.client?;
         // SAFETY: `+[NSObject instancesRespondToSelector:(SEL)]` returns BOOL.
-        let responds = unsafe { self.objc.msg::<MsgBoolSel>()(cls, self.sel.instances_respond, self.sel.direct_eval) };
+        let responds = unsafe {
+            self.objc.msg_of(self.sel.instances_respond)(cls, self.sel.instances_respond.sel, self.sel.direct_eval.sel)
+        };
         if responds == 0 {
             return None;
         }
         // SAFETY: `+alloc` then `-[_ANEClient initWithRestrictedAccessAllowed:(BOOL)]`; the result
         // is a +1 reference (or nil), released by the device.
         let c = unsafe {
-            let a = self.objc.msg::<MsgId>()(cls, self.sel.alloc);
+            let a = self.objc.msg_of(self.sel.alloc)(cls, self.sel.alloc.sel);
             if a.is_nil() {
                 return None;
             }
-            self.objc.msg::<MsgIdBool>()(a, self.sel.init_restricted, YES)
+            self.objc.msg_of(self.sel.init_restricted)(a, self.sel.init_restricted.sel, YES)
         };
         (!c.is_nil()).then_some(c)
     }
@@ -685,7 +718,17 @@ impl Runtime for Framework {
     fn evaluate_direct(&self, client: Id, model: Id, options: Id, request: Id, qos: u32) -> Result<(), String> {
         self.bool_call(|err| {
             // SAFETY: `-[_ANEClient doEvaluateDirectWithModel:(id)options:(NSDictionary *)request:(id)qos:(unsigned int)error:(NSError **)]`.
-            unsafe { self.objc.msg::<MsgBoolDirect>()(client, self.sel.direct_eval, model, options, request, qos, err) }
+            unsafe {
+                self.objc.msg_of(self.sel.direct_eval)(
+                    client,
+                    self.sel.direct_eval.sel,
+                    model,
+                    options,
+                    request,
+                    qos,
+                    err,
+                )
+            }
         })
     }
 

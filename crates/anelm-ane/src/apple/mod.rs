@@ -42,6 +42,7 @@ pub use foundation::{
 };
 pub use framework::{
     CLIENT_CLASS, DIRECT_EVAL_SELECTOR, OPTIONAL_MODEL_METHODS, ProbeStep, REQUIRED_CLASSES, REQUIRED_METHODS,
+    SELECTOR_ARITIES,
 };
 pub use modeldir::{
     MAX_IDENTIFIER_BYTES, MODEL_MIL, model_dir, model_dir_files, remove_model_dir, usable_identifier, write_model_dir,
@@ -49,7 +50,7 @@ pub use modeldir::{
 pub use objc::{ANE_FRAMEWORK, COREFOUNDATION, FOUNDATION, IOSURFACE, LIBOBJC};
 pub use runtime::{QOS, SurfaceKey};
 
-use crate::device::{AneDevice, DispatchTime, ProgramHandle, Signature};
+use crate::device::{AneDevice, CompileBudget, DispatchTime, ProgramHandle, Signature};
 use crate::error::AneError;
 use crate::surface::Surface;
 
@@ -149,6 +150,10 @@ impl<R: runtime::Runtime> AneDevice for device::Device<R> {
         device::Device::load_without_compile(self, mil_text, weights)
     }
 
+    fn compile_budget(&self) -> Option<CompileBudget> {
+        device::Device::compile_budget(self)
+    }
+
     fn load(&self, program: ProgramHandle) -> Result<(), AneError> {
         device::Device::load(self, program)
     }
@@ -190,6 +195,10 @@ impl AneDevice for AppleAne {
 
     fn cache_salt(&self) -> String {
         self.salt.clone()
+    }
+
+    fn compile_budget(&self) -> Option<CompileBudget> {
+        self.dev.compile_budget()
     }
 
     fn load(&self, program: ProgramHandle) -> Result<(), AneError> {

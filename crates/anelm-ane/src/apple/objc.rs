@@ -111,6 +111,50 @@ pub type MsgBoolDirect = unsafe extern "C" fn(Id, Sel, Id, Id, Id, u32, *mut Id)
 /// `- (BOOL)compiledModelExists` on `_ANEInMemoryModel`.
 pub type MsgBool = unsafe extern "C" fn(Id, Sel) -> ObjcBool;
 
+/// `- (void)setDescriptor:(id)d` on `_ANEInMemoryModel` (sent with nil).
+pub type MsgVoidSetId = MsgVoidId;
+
+/// The number of arguments (after receiver and selector) of a typed `objc_msgSend`: what the
+/// selector's colon count must equal.
+pub(crate) trait MsgArity {
+    /// Arguments after `(id self, SEL _cmd)`.
+    const ARGS: usize;
+}
+
+macro_rules! arity {
+    ($n:expr; $($a:ident),*) => {
+        impl<R, $($a),*> MsgArity for unsafe extern "C" fn(Id, Sel $(, $a)*) -> R {
+            const ARGS: usize = $n;
+        }
+    };
+}
+arity!(0;);
+arity!(1; A);
+arity!(2; A, B);
+arity!(3; A, B, C);
+arity!(4; A, B, C, D);
+arity!(5; A, B, C, D, E);
+arity!(6; A, B, C, D, E, F);
+arity!(7; A, B, C, D, E, F, G);
+
+/// A selector bound to the C type `F` of the message it is sent with (one of the `Msg*`
+/// aliases): [`Objc::msg_of`] gives `objc_msgSend` as exactly that type, so a call site cannot
+/// pair a selector with another signature, and the table test checks each selector's colon
+/// count against `F`'s argument count.
+pub(crate) struct Typed<F> {
+    /// The registered selector.
+    pub(crate) sel: Sel,
+    _f: std::marker::PhantomData<F>,
+}
+
+impl<F> Clone for Typed<F> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<F> Copy for Typed<F> {}
+
 type GetClassFn = unsafe extern "C" fn(*const c_char) -> Id;
 type RegisterSelFn = unsafe extern "C" fn(*const c_char) -> Sel;
 type PoolPushFn = unsafe extern "C" fn() -> *mut c_void;
@@ -228,6 +272,24 @@ impl Objc {
     pub(crate) fn sel(&self, name: &CStr) -> Sel {
         // SAFETY: `sel_registerName` takes a NUL-terminated name and always returns a selector.
         unsafe { (self.register_sel)(name.as_ptr()) }
+    }
+
+    /// `sel_registerName(name)`, bound to the message type `F`.
+    pub(crate) fn typed<F>(&self, name: &CStr) -> Typed<F> {
+        Typed {
+            sel: self.sel(name),
+            _f: std::marker::PhantomData,
+        }
+    }
+
+    /// `objc_msgSend` as the message type `F` of a typed selector.
+    ///
+    /// # Safety
+    /// As [`Objc::msg`]: `F` must be the C signature of the method the selector names (the
+    /// selector table of `framework.rs` pairs them, and its test checks the arity).
+    pub(crate) unsafe fn msg_of<F: Copy>(&self, _sel: Typed<F>) -> F {
+        // SAFETY: guaranteed by the caller.
+        unsafe { self.msg::<F>() }
     }
 
     /// `objc_msgSend` as the function type `F`.

@@ -108,6 +108,10 @@ pub(crate) trait Runtime: Send + Sync {
     /// `[model compiledModelExists]` (asks the ANE service whether it holds a compiled program for
     /// the model's identifier); `None` when the model does not implement it.
     fn compiled_model_exists(&self, model: Id) -> Option<bool>;
+    /// `[model setDescriptor:nil]` when `_ANEInMemoryModel` implements `setDescriptor:`: the model
+    /// stops holding its descriptor (the MIL text and the `NSData` of every weight). Returns whether
+    /// it was sent.
+    fn release_descriptor(&self, model: Id) -> bool;
     /// `[model compileWithQoS:qos options:options error:&e]`; `Err` carries the NSError text.
     fn compile(&self, model: Id, qos: u32, options: Id) -> Result<(), String>;
     /// `[model loadWithQoS:qos options:options error:&e]`.

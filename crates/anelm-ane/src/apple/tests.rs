@@ -8,10 +8,11 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use super::device::{AppleConfig, Device, parse_max_compiles, program_signature};
-use super::fake::{Fake, Obj, Script};
+use super::fake::{Fake, Obj, Script, identifier};
 use super::modeldir::test_dir;
 use crate::cache::{CacheOutcome, CompileCache, compile_or_load};
 use crate::device::{AneDevice, ProgramHandle, Releasing, compile_and_load};
+use crate::emu::EmuAne;
 use crate::error::AneError;
 use crate::kernel::{AneKernel, WeightMode};
 use crate::lower::{Lowered, lower};
@@ -21,6 +22,23 @@ use crate::surface::Surface;
 fn linear(rows: usize, cols: usize, mode: WeightMode) -> Lowered {
     let w: Vec<f32> = (0..rows * cols).map(|i| ((i % 7) as f32 - 3.0) / 8.0).collect();
     lower(&AneKernel::Linear { rows, cols }, &[&w], mode).unwrap()
+}
+
+/// The framework's identifier of a lowered kernel (what the fake computes).
+fn id_of(k: &Lowered) -> String {
+    identifier(k.mil_text().as_bytes(), &k.weights)
+}
+
+/// What the kernel computes for one lane `x` (on the emulator, which the fake runs programs on).
+fn expected(k: &Lowered, x: &[f32]) -> Vec<f32> {
+    let emu = EmuAne::default();
+    let h = emu.compile(&k.mil_text(), &k.weights).unwrap();
+    emu.load(h).unwrap();
+    let sig = emu.signature(h).unwrap();
+    let input = Surface::pack(sig.inputs[0].0, &[x]).unwrap();
+    let mut out = sig.output_surfaces();
+    emu.evaluate(h, &[&input], &mut out).unwrap();
+    out[0].read_lane(0).unwrap()
 }
 
 struct Setup {
@@ -55,6 +73,11 @@ impl Setup {
 
     fn device_cfg(&self, script: Script, cfg: AppleConfig) -> Device<Fake> {
         Device::new(Fake::with(script, self.temp.clone()), cfg.direct_eval, &cfg).unwrap()
+    }
+
+    /// The device of the next process: the same ANE service (which outlives a process).
+    fn next_device(&self, prev: &Device<Fake>, script: Script, cfg: AppleConfig) -> Device<Fake> {
+        Device::new(prev.runtime().next_process(script), cfg.direct_eval, &cfg).unwrap()
     }
 }
 
@@ -92,9 +115,10 @@ fn first_run_compiles_and_marks_then_a_second_process_loads_without_compiling() 
     let s = Setup::new("marker");
     let cache = CompileCache::new(&s.markers);
     let k = linear(64, 64, WeightMode::Fp16);
+    let first = s.device(Script::default());
     {
-        let dev = s.device(Script::default());
-        let (_, outcome) = through_cache(&dev, &cache, &k);
+        let dev = &first;
+        let (_, outcome) = through_cache(dev, &cache, &k);
         assert_eq!(outcome, CacheOutcome::Compiled);
         assert_eq!(dev.runtime().count("compile qos=21"), 1);
         assert_eq!(dev.runtime().count("load qos=21"), 1);
@@ -104,10 +128,8 @@ fn first_run_compiles_and_marks_then_a_second_process_loads_without_compiling() 
     }
     // "Next process": the marker is there and the ANE service holds the program, so it loads
     // without a compile, with nothing written to disk, and the kernel works.
-    let dev = s.device(Script {
-        os_cache: vec!["feedc0de".into()],
-        ..Script::default()
-    });
+    let dev = s.next_device(&first, Script::default(), AppleConfig::default());
+    drop(first);
     let (h, outcome) = through_cache(&dev, &cache, &k);
     assert_eq!(outcome, CacheOutcome::Loaded);
     assert_eq!(dev.runtime().count("compile qos"), 0, "{:?}", dev.runtime().calls());
@@ -118,10 +140,10 @@ fn first_run_compiles_and_marks_then_a_second_process_loads_without_compiling() 
         Vec::<PathBuf>::new(),
         "a cache hit writes nothing"
     );
-    assert!(!s.temp.join("feedc0de").exists());
+    assert!(!s.temp.join(id_of(&k)).exists());
     assert_eq!(dev.stats().cache_loads, 1);
     let x = vec![1.5f32; 64];
-    assert_eq!(run(&dev, h, &x), x);
+    assert_eq!(run(&dev, h, &x), expected(&k, &x));
 }
 
 #[test]
@@ -130,7 +152,7 @@ fn the_compile_path_writes_the_directory_and_removes_it_once_loaded() {
     let dev = s.device(Script::default());
     let k = linear(64, 64, WeightMode::Int8 { block: None });
     let h = dev.compile(&k.mil_text(), &k.weights).unwrap();
-    let dir = s.temp.join("feedc0de");
+    let dir = s.temp.join(id_of(&k));
     let mut want = vec![dir.join("model.mil")];
     want.extend(
         k.weights
@@ -187,12 +209,12 @@ fn a_failed_cache_load_is_not_retried_and_nothing_sleeps() {
     cache.write_marker("prog1").unwrap();
     // The service says it holds the program but the load fails once: no 100 ms retry on the
     // probe, straight to the compile (whose load succeeds).
+    let k = linear(64, 64, WeightMode::Fp16);
     let dev = s.device(Script {
-        os_cache: vec!["feedc0de".into()],
+        os_cache: vec![id_of(&k)],
         load_failures: 1,
         ..Script::default()
     });
-    let k = linear(64, 64, WeightMode::Fp16);
     let start = Instant::now();
     let (_, outcome) = through_cache(&dev, &cache, &k);
     assert!(start.elapsed() < Duration::from_millis(100), "{:?}", start.elapsed());
@@ -208,12 +230,12 @@ fn a_failed_cache_load_is_not_retried_and_nothing_sleeps() {
 #[test]
 fn without_compiled_model_exists_the_cache_path_declines_without_loading() {
     let s = Setup::new("noprobe");
+    let k = linear(64, 64, WeightMode::Fp16);
     let dev = s.device(Script {
-        os_cache: vec!["feedc0de".into()],
+        os_cache: vec![id_of(&k)],
         no_compiled_model_exists: true,
         ..Script::default()
     });
-    let k = linear(64, 64, WeightMode::Fp16);
     let e = dev.load_without_compile(&k.mil_text(), &k.weights).unwrap_err();
     assert!(e.to_string().contains("compiledModelExists"), "{e}");
     assert_eq!(dev.runtime().count("load"), 0);
@@ -229,7 +251,7 @@ fn model_directory_holds_the_mil_and_every_weight_file() {
     let k = linear(64, 64, WeightMode::Int8 { block: None });
     let mil = k.mil_text();
     dev.compile(&mil, &k.weights).unwrap();
-    let dir = s.temp.join("feedc0de");
+    let dir = s.temp.join(id_of(&k));
     assert_eq!(fs::read_to_string(dir.join("model.mil")).unwrap(), mil);
     assert!(k.weights.len() >= 2, "int8 has data and scales");
     for (key, bytes) in k.weights.iter() {
@@ -262,8 +284,8 @@ fn compile_failure_carries_the_ns_error_and_cleans_up() {
     assert!(matches!(e, AneError::Framework(_)), "{e:?}");
     assert!(msg.contains("ANECCompile() FAILED"), "{msg}");
     assert!(msg.contains("compileWithQoS:options:error:"), "{msg}");
-    assert!(msg.contains("kernel feedc0de"), "{msg}");
-    assert!(!s.temp.join("feedc0de").exists(), "model directory removed");
+    assert!(msg.contains(&format!("kernel {}", &id_of(&k)[..12])), "{msg}");
+    assert!(!s.temp.join(id_of(&k)).exists(), "model directory removed");
     assert_eq!(
         dev.runtime().leaks().len(),
         1,
@@ -304,7 +326,7 @@ fn the_frameworks_194_character_identifier_names_the_directory() {
     assert!(dir.join("weights/weight.bin").is_file());
     dev.load(h).unwrap();
     let x = vec![0.25f32; 64];
-    assert_eq!(run(&dev, h, &x), x);
+    assert_eq!(run(&dev, h, &x), expected(&k, &x));
     assert!(!dir.exists(), "removed once loaded");
 }
 
@@ -318,8 +340,8 @@ fn the_models_own_local_model_path_is_preferred() {
     });
     let k = linear(64, 64, WeightMode::Fp16);
     dev.compile(&k.mil_text(), &k.weights).unwrap();
-    assert!(own.join("feedc0de/model.mil").is_file());
-    assert!(!s.temp.join("feedc0de").exists());
+    assert!(own.join(id_of(&k)).join("model.mil").is_file());
+    assert!(!s.temp.join(id_of(&k)).exists());
 }
 
 #[test]
@@ -361,7 +383,10 @@ fn load_failure_names_the_kernel_and_how_many_are_loaded() {
     let e = dev.load(hs[2]).unwrap_err();
     let msg = e.to_string();
     assert!(
-        msg.contains("kernel feedc0de ([1,64,1,32] → [1,64,1,32], weights "),
+        msg.contains(&format!(
+            "kernel {} ([1,64,1,32] → [1,64,1,32], weights ",
+            &id_of(&k)[..12]
+        )),
         "{msg}"
     );
     assert!(msg.contains("2 kernel(s) (0 MB of weights) already loaded"), "{msg}");
@@ -390,8 +415,8 @@ fn evaluate_moves_bytes_through_surfaces_and_reuses_one_request() {
     dev.load(h).unwrap();
     let x: Vec<f32> = (0..64).map(|i| i as f32 * 0.25 - 8.0).collect();
     for _ in 0..3 {
-        // The fake ANE is the identity on bytes: what was written comes back.
-        assert_eq!(run(&dev, h, &x), x);
+        // The fake ANE runs the program: what the emulator computes comes back.
+        assert_eq!(run(&dev, h, &x), expected(&k, &x));
     }
     assert_eq!(dev.runtime().count("request"), 1, "request built once per kernel");
     assert_eq!(dev.runtime().count("evaluate qos=21"), 3);
@@ -436,7 +461,10 @@ fn evaluation_errors_carry_the_description() {
         .evaluate(h, &[&Surface::new(64)], &mut [Surface::new(64)])
         .unwrap_err()
         .to_string();
-    assert!(msg.contains("status=0x1d") && msg.contains("path=daemon"), "{msg}");
+    assert!(
+        msg.contains("status=0x1d") && msg.contains("(path=in-process)"),
+        "{msg}"
+    );
     assert!(msg.contains("restart the process"), "{msg}");
 }
 
@@ -445,6 +473,7 @@ fn direct_evaluation_is_used_when_asked_and_falls_back_to_the_daemon() {
     let s = Setup::new("direct");
     let k = linear(64, 64, WeightMode::Fp16);
     let x = vec![0.5f32; 64];
+    let y = expected(&k, &x);
     // Asked for and available.
     let dev = s.device_with(
         Script {
@@ -456,14 +485,14 @@ fn direct_evaluation_is_used_when_asked_and_falls_back_to_the_daemon() {
     let h = dev.compile(&k.mil_text(), &k.weights).unwrap();
     dev.load(h).unwrap();
     assert!(dev.stats().direct_eval);
-    assert_eq!(run(&dev, h, &x), x);
+    assert_eq!(run(&dev, h, &x), y);
     assert_eq!(dev.runtime().count("direct qos=21"), 1);
     assert_eq!(dev.runtime().count("evaluate"), 0);
     // A failing direct call turns it off and the daemon path answers.
     dev.runtime().script(|sc| sc.direct_error = Some("denied".into()));
-    assert_eq!(run(&dev, h, &x), x);
+    assert_eq!(run(&dev, h, &x), y);
     assert!(!dev.stats().direct_eval);
-    assert_eq!(run(&dev, h, &x), x);
+    assert_eq!(run(&dev, h, &x), y);
     assert_eq!(dev.runtime().count("direct"), 2);
     assert_eq!(dev.runtime().count("evaluate qos=21"), 2);
     drop(dev);
@@ -488,7 +517,7 @@ fn drop_unloads_then_releases_request_surfaces_and_model_and_leaks_nothing() {
         ["unload qos=21", "release", "CFRelease", "CFRelease", "release"],
         "unload → request → surfaces → model"
     );
-    assert!(!s.temp.join("feedc0de").exists(), "model directory removed");
+    assert!(!s.temp.join(id_of(&k)).exists(), "model directory removed");
     assert!(matches!(dev.load(h), Err(AneError::UnknownHandle(_))));
     assert_eq!(dev.stats().loaded, 0);
     drop(dev);
@@ -532,9 +561,9 @@ fn releasing_a_compiled_kernel_removes_its_directory() {
     let dev = s.device(Script::default());
     let k = linear(64, 64, WeightMode::Fp16);
     let h = dev.compile(&k.mil_text(), &k.weights).unwrap();
-    assert!(s.temp.join("feedc0de/model.mil").is_file());
+    assert!(s.temp.join(id_of(&k)).join("model.mil").is_file());
     dev.release(h).unwrap();
-    assert!(!s.temp.join("feedc0de").exists());
+    assert!(!s.temp.join(id_of(&k)).exists());
 }
 
 /// Nothing the device took is held any more: no model or request retained, no surface, no
@@ -591,7 +620,7 @@ fn every_error_path_releases_what_it_made() {
 
     // A cache probe whose load fails.
     let dev = s.device(Script {
-        os_cache: vec!["feedc0de".into()],
+        os_cache: vec![id_of(&k)],
         load_failures: 1,
         ..Script::default()
     });
@@ -739,4 +768,372 @@ fn the_dispatch_sweep_runs_on_the_device_and_records_the_identifier_length() {
     // One warm-up and three timed dispatches per size; nothing left loaded.
     assert_eq!(st.dispatches, 8);
     assert_eq!(st.loaded, 0);
+}
+
+// ---- Issue 37: a fake framework as strict as the real one, and the defects it catches ----
+
+/// `a − b` over two `[1, 64, 1, 32]` inputs declared in the order `first`, `second`.
+fn difference(first: &str, second: &str) -> String {
+    let head = "program(1.0)\n[buildInfo = dict<tensor<string, []>, tensor<string, []>>({{\"coremlc-version\", \
+                \"3505.4.1\"}})]\n{\n";
+    format!(
+        "{head}    func main<ios16>(tensor<fp16, [1, 64, 1, 32]> {first}, tensor<fp16, [1, 64, 1, 32]> {second}) {{\n        \
+         tensor<fp16, [1, 64, 1, 32]> y = sub(x = a, y = b)[name = tensor<string, []>(\"y\")];\n    }} -> (y);\n}}\n"
+    )
+}
+
+/// Item 5: the identifier is the framework's (three uppercase SHA-256 digests: MIL, weights,
+/// options), equal for equal programs across processes and different when the weights differ.
+#[test]
+fn the_identifier_is_computed_as_the_framework_does() {
+    let s = Setup::new("ident");
+    let k = linear(64, 64, WeightMode::Fp16);
+    let id = id_of(&k);
+    let parts: Vec<&str> = id.split('_').collect();
+    assert_eq!(parts.len(), 3, "{id}");
+    assert!(
+        parts
+            .iter()
+            .all(|p| p.len() == 64 && p.chars().all(|c| c.is_ascii_digit() || c.is_ascii_uppercase())),
+        "{id}"
+    );
+    assert_eq!(id.len(), 194);
+    assert_eq!(
+        parts[2], "E3B0C44298FC1C149AFBF4C8996FB92427AE41E4649B934CA495991B7852B855",
+        "no options: the digest of the empty string"
+    );
+    // Same MIL, other weights: only the weights digest changes.
+    let other = lower(
+        &AneKernel::Linear { rows: 64, cols: 64 },
+        &[&vec![0.5; 64 * 64]],
+        WeightMode::Fp16,
+    )
+    .unwrap();
+    assert_eq!(other.mil_text(), k.mil_text());
+    let id2 = id_of(&other);
+    assert_eq!(id2.split('_').next(), Some(parts[0]));
+    assert_ne!(id2.split('_').nth(1), Some(parts[1]));
+    // The device names the directory with it, and the fake's compile found every file there.
+    let dev = s.device(Script::default());
+    let h = dev.compile(&k.mil_text(), &k.weights).unwrap();
+    assert_eq!(dev.stats().identifier_bytes, 194);
+    assert!(s.temp.join(&id).join("model.mil").is_file());
+    assert!(dev.runtime().service_ids().contains(&id));
+    dev.load(h).unwrap();
+}
+
+/// Item 5: compile needs `model.mil` and every BLOBFILE with the dictionary's bytes under
+/// `<tmp>/<id>`; load needs a compiled (or cached) program; unload removes the directory.
+#[test]
+fn the_fake_compiles_only_what_is_on_disk_and_loads_only_what_was_compiled() {
+    use super::runtime::Runtime;
+    let s = Setup::new("strict");
+    let rt = Fake::with(Script::default(), s.temp.clone());
+    let k = linear(64, 64, WeightMode::Int8 { block: None });
+    let mil = k.mil_text();
+    let dir = s.temp.join(id_of(&k));
+    let model = {
+        let m = rt.data(mil.as_bytes()).unwrap();
+        let w = super::foundation::weights_dictionary(&rt, &k.weights).unwrap();
+        let d = rt.descriptor(m, w).unwrap();
+        rt.in_memory_model(d).unwrap()
+    };
+    let options = rt.empty_dictionary().unwrap();
+    assert_eq!(rt.hex_string_identifier(model), Some(id_of(&k)));
+    // Nothing on disk, then only model.mil, then a weight file with other bytes.
+    let e = rt.compile(model, 21, options).unwrap_err();
+    assert!(e.contains("model.mil"), "{e}");
+    fs::create_dir_all(dir.join("weights")).unwrap();
+    fs::write(dir.join("model.mil"), &mil).unwrap();
+    let e = rt.compile(model, 21, options).unwrap_err();
+    assert!(e.contains("weights/"), "{e}");
+    for (key, bytes) in k.weights.iter() {
+        let mut b = bytes.to_vec();
+        b[200] ^= 1;
+        fs::write(dir.join(key.strip_prefix("@model_path/").unwrap()), b).unwrap();
+    }
+    let e = rt.compile(model, 21, options).unwrap_err();
+    assert!(e.contains("differs"), "{e}");
+    // Not compiled: no load.
+    let e = rt.load(model, 21, options).unwrap_err();
+    assert!(e.contains("no compiled program"), "{e}");
+    super::modeldir::write_model_dir(&dir, &mil, &k.weights).unwrap();
+    rt.compile(model, 21, options).unwrap();
+    rt.load(model, 21, options).unwrap();
+    assert!(dir.exists());
+    rt.unload(model, 21).unwrap();
+    assert!(!dir.exists(), "unload removes the model directory");
+    // The service still holds the program: it loads again without the directory.
+    rt.load(model, 21, options).unwrap();
+}
+
+/// Items 3 and 5: the framework binds surfaces by sorted name; the device lists them in that
+/// order whatever the MIL declares, so `a − b` comes out right even when `b` is declared first.
+#[test]
+fn surfaces_bind_by_sorted_name_on_the_fake() {
+    let s = Setup::new("sorted");
+    let dev = s.device(Script::default());
+    let a = Surface::pack(64, &[&[3.0; 64]]).unwrap();
+    let b = Surface::pack(64, &[&[1.0; 64]]).unwrap();
+    for mil in [difference("a", "b"), difference("b", "a")] {
+        let h = compile_and_load(&dev, &mil, &anelm_mil::WeightFiles::new()).unwrap();
+        let mut y = [Surface::new(64)];
+        dev.evaluate(h, &[&a, &b], &mut y).unwrap();
+        assert_eq!(y[0].read_lane(0).unwrap(), vec![2.0; 64], "{mil}");
+        dev.release(h).unwrap();
+    }
+}
+
+/// Items 2 and 5: `linear_residual`'s inputs differ in size (`attn` 1024 channels, `xres` 64):
+/// allocated separately they would be 65,536 and 49,152 bytes, which the strict fake refuses
+/// with status 0x1d as Orion saw; the device allocates both at 65,536 and the kernel runs.
+#[test]
+fn inputs_of_unequal_size_share_one_allocation_size() {
+    let s = Setup::new("equal");
+    let k = lower(
+        &AneKernel::LinearResidual { rows: 64, cols: 1024 },
+        &[&vec![0.01; 64 * 1024]],
+        WeightMode::Fp16,
+    )
+    .unwrap();
+    let dev = s.device(Script::default());
+    let h = compile_and_load(&dev, &k.mil_text(), &k.weights).unwrap();
+    assert_eq!(
+        dev.runtime().count("IOSurfaceCreate 65536"),
+        2,
+        "both inputs at the larger size"
+    );
+    assert_eq!(dev.runtime().count("IOSurfaceCreate 49152"), 1, "the one output");
+    let x = Surface::pack(1024, &[&vec![1.0; 1024]]).unwrap();
+    let r = Surface::pack(64, &[&vec![0.5; 64]]).unwrap();
+    let mut y = [Surface::new(64)];
+    dev.evaluate(h, &[&x, &r], &mut y).unwrap();
+    let got = y[0].read_lane(0).unwrap();
+    assert!(got.iter().all(|v| (v - 10.74).abs() < 0.05), "{:?}", &got[..4]);
+}
+
+/// Item 5: the strict fake refuses unequal allocations, and the switch lets them through.
+#[test]
+fn the_fake_refuses_unequal_allocations_unless_told_otherwise() {
+    use super::runtime::Runtime;
+    for lenient in [false, true] {
+        let s = Setup::new("unequal");
+        let rt = Fake::with(
+            Script {
+                unequal_sizes_ok: lenient,
+                ..Script::default()
+            },
+            s.temp.clone(),
+        );
+        let mil = difference("a", "b");
+        let no_weights = anelm_mil::WeightFiles::new();
+        let dir = s.temp.join(identifier(mil.as_bytes(), &no_weights));
+        super::modeldir::write_model_dir(&dir, &mil, &no_weights).unwrap();
+        let options = rt.empty_dictionary().unwrap();
+        let m = rt.data(mil.as_bytes()).unwrap();
+        let w = rt.empty_dictionary().unwrap();
+        let model = rt.in_memory_model(rt.descriptor(m, w).unwrap()).unwrap();
+        rt.compile(model, 21, options).unwrap();
+        rt.load(model, 21, options).unwrap();
+        let surface = |bytes: usize| {
+            let props = super::foundation::surface_property_dictionary(&rt, bytes).unwrap();
+            let s = rt.create_surface(props).unwrap();
+            rt.surface_object(s).unwrap()
+        };
+        let ins = rt.array(&[surface(49_152), surface(65_536)]).unwrap();
+        let outs = rt.array(&[surface(49_152)]).unwrap();
+        let idx2 = super::foundation::index_array(&rt, 2).unwrap();
+        let idx1 = super::foundation::index_array(&rt, 1).unwrap();
+        let proc0 = rt.number_int(0).unwrap();
+        let req = rt.request(ins, idx2, outs, idx1, proc0).unwrap();
+        let r = rt.evaluate(model, 21, options, req);
+        if lenient {
+            r.unwrap();
+        } else {
+            let e = r.unwrap_err();
+            assert!(e.contains("0x1d") && e.contains("unequal input"), "{e}");
+        }
+    }
+}
+
+/// Item 5: the fake's compiler has a budget of its own (its per-process leak); the device's
+/// budget stops before it.
+#[test]
+fn the_fakes_compiler_leaks_and_the_devices_budget_stops_first() {
+    let s = Setup::new("leak");
+    let k = linear(64, 64, WeightMode::Fp16);
+    let (mil, w) = (k.mil_text(), &k.weights);
+    let leaky = Script {
+        compile_budget: Some(2),
+        ..Script::default()
+    };
+    let off = AppleConfig {
+        max_compiles: None,
+        ..AppleConfig::default()
+    };
+    let dev = s.device_cfg(leaky.clone(), off);
+    dev.compile(&mil, w).unwrap();
+    dev.compile(&mil, w).unwrap();
+    let e = dev.compile(&mil, w).unwrap_err();
+    assert!(
+        matches!(&e, AneError::Framework(m) if m.contains("ANECCompile() FAILED")),
+        "{e}"
+    );
+    let budget = AppleConfig {
+        max_compiles: Some(2),
+        ..AppleConfig::default()
+    };
+    let dev = s.device_cfg(leaky, budget);
+    dev.compile(&mil, w).unwrap();
+    dev.compile(&mil, w).unwrap();
+    assert_eq!(dev.compile(&mil, w).unwrap_err().rule(), Some(Rule::CompileBudget));
+    assert_eq!(dev.runtime().count("compile qos"), 2);
+}
+
+/// Item 5: every selector the runtime sends has as many colons as the message type it is sent
+/// with has arguments, and every method checked at open is among them.
+#[test]
+fn each_selectors_colon_count_is_its_message_types_argument_count() {
+    use super::framework::{DIRECT_EVAL_SELECTOR, OPTIONAL_MODEL_METHODS, REQUIRED_METHODS, SELECTOR_ARITIES};
+    assert!(SELECTOR_ARITIES.len() >= 29, "{}", SELECTOR_ARITIES.len());
+    for (sel, args) in SELECTOR_ARITIES {
+        let name = sel.to_str().unwrap();
+        assert_eq!(name.matches(':').count(), *args, "{name}");
+    }
+    let sent: Vec<&std::ffi::CStr> = SELECTOR_ARITIES.iter().map(|(s, _)| *s).collect();
+    for sel in REQUIRED_METHODS
+        .iter()
+        .map(|(_, s, _)| *s)
+        .chain(OPTIONAL_MODEL_METHODS)
+        .chain([DIRECT_EVAL_SELECTOR])
+    {
+        assert!(sent.contains(&sel), "{sel:?} is not in the typed selector table");
+    }
+}
+
+/// Items 1 and 5: a spent compile budget stops the build without a refusal (no fallback, no form
+/// marked refused, the LM head not moved to the CPU), says how many programs the model needs,
+/// and the next process resumes from the compile cache.
+#[test]
+fn a_spent_compile_budget_is_not_a_refusal_and_the_next_process_resumes() {
+    use crate::program_build::{BuildError, FfnWeights, ProgramBuilder};
+    use std::sync::Arc;
+    let s = Setup::new("resume");
+    let cache = CompileCache::new(&s.markers);
+    let cfg = AppleConfig {
+        max_compiles: Some(2),
+        ..AppleConfig::default()
+    };
+    let weights = |n: usize| -> Vec<f32> { (0..n).map(|i| ((i * 7 % 13) as f32 - 6.0) / 16.0).collect() };
+    let mats: Vec<(usize, Vec<f32>)> = [64, 96, 128].iter().map(|&r| (r, weights(r * 64))).collect();
+    let build = |b: &ProgramBuilder<Device<Fake>>| -> Vec<Result<(), BuildError>> {
+        mats.iter()
+            .map(|(rows, m)| b.linear(&format!("proj {rows}"), *rows, 64, m).map(|_| ()))
+            .collect()
+    };
+    let first = Arc::new(s.device_cfg(Script::default(), cfg.clone()));
+    let b = ProgramBuilder::new(Arc::clone(&first), WeightMode::Fp16, Some(cache.clone()));
+    let forecast = b.expect_programs(3).expect("the device has a budget");
+    assert!(!forecast.fits());
+    assert_eq!(forecast.runs(), Some(2));
+    assert!(forecast.to_string().contains("3 ANE programs"), "{forecast}");
+    let results = build(&b);
+    assert!(results[0].is_ok() && results[1].is_ok(), "{results:?}");
+    let Err(BuildError::Budget(msg)) = &results[2] else {
+        panic!("expected a budget error, got {:?}", results[2]);
+    };
+    assert!(msg.contains("of the 3 this model needs"), "{msg}");
+    assert!(msg.contains("run the same command again"), "{msg}");
+    // No fallback ran: not the FFN chain, not the LM head's move to the CPU.
+    let (g, u, d) = (weights(128 * 64), weights(128 * 64), weights(64 * 128));
+    let ffn = FfnWeights {
+        gate: &g,
+        up: &u,
+        down: &d,
+        hidden: 64,
+        inter: 128,
+    };
+    assert!(matches!(b.ffn("ffn", &ffn), Err(BuildError::Budget(_))));
+    // An LM head the budget stops is a budget error too (a refusal would move it to the CPU).
+    assert!(matches!(
+        b.rows("lm_head", 32, 64, &weights(32 * 64)),
+        Err(BuildError::Budget(_))
+    ));
+    assert!(b.counters().fallbacks().is_empty(), "{:?}", b.counters().fallbacks());
+    assert_eq!(first.stats().compile_attempts, 2, "no compile was spent on a fallback");
+    // The next process loads the two compiled programs from the cache and compiles the third.
+    let next = Arc::new(s.next_device(&first, Script::default(), cfg));
+    let b2 = ProgramBuilder::new(Arc::clone(&next), WeightMode::Fp16, Some(cache));
+    assert!(build(&b2).iter().all(Result::is_ok));
+    let st = b2.counters().stats();
+    assert_eq!((st.programs, st.compiled, st.cache_loads), (3, 1, 2));
+}
+
+/// Item 2 on the fake: a program that compiles and loads but fails its first evaluation is
+/// refused by the smoke dispatch and released; the FFN falls back to the next form.
+#[test]
+fn the_smoke_dispatch_turns_an_evaluation_failure_into_a_fallback() {
+    use crate::program_build::{FfnWeights, ProgramBuilder};
+    use std::sync::Arc;
+    let s = Setup::new("smoke");
+    let dev = Arc::new(s.device(Script {
+        eval_error_when: Some("xnorm".into()),
+        ..Script::default()
+    }));
+    let b = ProgramBuilder::new(Arc::clone(&dev), WeightMode::Fp16, None);
+    let w = |n: usize| -> Vec<f32> { (0..n).map(|i| ((i % 5) as f32 - 2.0) / 8.0).collect() };
+    let (g, u, d) = (w(128 * 64), w(128 * 64), w(64 * 128));
+    let ffn = FfnWeights {
+        gate: &g,
+        up: &u,
+        down: &d,
+        hidden: 64,
+        inter: 128,
+    };
+    let layout = b.ffn("ffn layer0", &ffn).expect("the plain form");
+    assert!(matches!(layout, crate::ProgramLayout::AddOnHost(_)), "{layout:?}");
+    let fb = b.counters().fallbacks();
+    assert_eq!(fb.len(), 1, "{fb:?}");
+    assert!(fb[0].reason.contains("status=0x1d"), "{}", fb[0].reason);
+    assert_eq!(dev.stats().loaded, 1);
+    assert_eq!(dev.runtime().live_models(), 1, "the refused program was released");
+}
+
+/// Item 4: after a cache-hit load the model no longer holds its descriptor (the second copy of
+/// the weights); the kernel still runs, unloads and reloads.
+#[test]
+fn no_descriptor_bytes_are_held_after_a_cache_hit_load() {
+    let s = Setup::new("desc");
+    let cache = CompileCache::new(&s.markers);
+    let k = linear(64, 64, WeightMode::Fp16);
+    let first = s.device(Script::default());
+    through_cache(&first, &cache, &k);
+    assert_eq!(
+        first.runtime().retained_descriptor_bytes(),
+        0,
+        "the compile path let go of it"
+    );
+    // Where the class lacks setDescriptor:, the bytes stay (the fake sees them).
+    let old = s.next_device(
+        &first,
+        Script {
+            no_set_descriptor: true,
+            ..Script::default()
+        },
+        AppleConfig::default(),
+    );
+    let (_, outcome) = through_cache(&old, &cache, &k);
+    assert_eq!(outcome, CacheOutcome::Loaded);
+    assert!(old.runtime().retained_descriptor_bytes() >= k.weights.total_bytes());
+    drop(old);
+    let dev = s.next_device(&first, Script::default(), AppleConfig::default());
+    let (h, outcome) = through_cache(&dev, &cache, &k);
+    assert_eq!(outcome, CacheOutcome::Loaded);
+    assert_eq!(dev.runtime().count("setDescriptor:nil"), 1);
+    assert_eq!(dev.runtime().retained_descriptor_bytes(), 0);
+    let x = vec![0.75f32; 64];
+    assert_eq!(run(&dev, h, &x), expected(&k, &x));
+    dev.unload(h).unwrap();
+    dev.load(h).unwrap();
+    assert_eq!(run(&dev, h, &x), expected(&k, &x));
 }
