@@ -68,14 +68,65 @@ pub enum BatchCommand {
         /// The batch id.
         id: String,
     },
+    /// Start a server for one job: serve MODEL, run FILE as a batch, write its results, stop.
+    /// If this command is stopped, the batch stays in the data directory and resumes the next
+    /// time a server opens it (`anelm serve --data-dir DIR`; `anelm batch results ID` then).
+    Run {
+        /// One request per line: {"custom_id", "method": "POST", "url", "body"}.
+        file: PathBuf,
+        /// The model to serve (as `anelm serve --model`).
+        #[arg(long, short = 'm')]
+        model: PathBuf,
+        /// Where the output lines go.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Where the error lines go (default: OUTPUT with `.errors` before its extension).
+        #[arg(long)]
+        errors: Option<PathBuf>,
+        /// The endpoint (default: the `url` of the file's first line).
+        #[arg(long)]
+        endpoint: Option<String>,
+        /// The server's data directory (default: `anelm serve`'s).
+        #[arg(long, value_name = "DIR")]
+        data_dir: Option<PathBuf>,
+        /// Concurrent sessions of the server.
+        #[arg(long, default_value_t = 4)]
+        sessions: usize,
+        /// Further `anelm serve` flags, after `--`.
+        #[arg(last = true)]
+        serve_args: Vec<String>,
+    },
 }
 
 const FINAL: &[&str] = &["completed", "failed", "expired", "cancelled"];
 
 /// Run `anelm batch`.
 pub fn run(a: BatchArgs) -> Result<()> {
+    if let BatchCommand::Run {
+        file,
+        model,
+        output,
+        errors,
+        endpoint,
+        data_dir,
+        sessions,
+        serve_args,
+    } = a.command
+    {
+        return run_with_server(RunJob {
+            file,
+            model,
+            output,
+            errors,
+            endpoint,
+            data_dir,
+            sessions,
+            serve_args,
+        });
+    }
     let server = Server::parse(&a.url, a.api_key.clone())?;
     match a.command {
+        BatchCommand::Run { .. } => unreachable!("handled above"),
         BatchCommand::Submit {
             file,
             endpoint,
@@ -201,6 +252,113 @@ pub fn run(a: BatchArgs) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// `anelm batch run`'s arguments.
+struct RunJob {
+    file: PathBuf,
+    model: PathBuf,
+    output: PathBuf,
+    errors: Option<PathBuf>,
+    endpoint: Option<String>,
+    data_dir: Option<PathBuf>,
+    sessions: usize,
+    serve_args: Vec<String>,
+}
+
+/// Stops the job's server when the command ends (SIGTERM: its lines in flight finish or stay
+/// pending for the next start).
+struct Child(std::process::Child);
+impl Drop for Child {
+    fn drop(&mut self) {
+        #[cfg(unix)]
+        // SAFETY: kill(2) on the pid of our own child, not yet reaped.
+        unsafe {
+            libc::kill(self.0.id() as i32, libc::SIGTERM);
+        }
+        #[cfg(not(unix))]
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn run_with_server(job: RunJob) -> Result<()> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .context("no free port for the job's server")?;
+    let exe = std::env::current_exe().context("cannot find the anelm executable")?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args([
+        "serve",
+        "--port",
+        &port.to_string(),
+        "--sessions",
+        &job.sessions.to_string(),
+    ])
+    .arg("--model")
+    .arg(&job.model);
+    if let Some(d) = &job.data_dir {
+        cmd.arg("--data-dir").arg(d);
+    }
+    cmd.args(&job.serve_args).stdout(std::process::Stdio::null());
+    let mut child = Child(cmd.spawn().context("could not start `anelm serve` for the job")?);
+    let server = Server::parse(&format!("http://127.0.0.1:{port}/v1"), None)?;
+    let root = Server {
+        base: String::new(),
+        ..server.clone()
+    };
+    let t = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.0.try_wait()? {
+            bail!("the job's server exited ({status}) before it was ready: see its messages above");
+        }
+        if root.send("GET", "/health", None, &[]).is_ok_and(|r| r.status == 200) {
+            break;
+        }
+        if t.elapsed() > Duration::from_secs(600) {
+            bail!("the job's server was not ready after 600 s");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let content = std::fs::read(&job.file).with_context(|| format!("could not read {}", job.file.display()))?;
+    let endpoint = match job.endpoint {
+        Some(e) => e,
+        None => first_url(&content)
+            .with_context(|| format!("{}: no `url` on its first line; pass --endpoint", job.file.display()))?,
+    };
+    let name = job
+        .file
+        .file_name()
+        .map_or("batch.jsonl".into(), |n| n.to_string_lossy().into_owned());
+    let uploaded = server.upload("/files", &[("purpose", "batch")], &name, &content)?;
+    let file_id = uploaded["id"].as_str().context("the upload answered without an id")?;
+    let batch = server.post_json(
+        "/batches",
+        &json!({"input_file_id": file_id, "endpoint": endpoint, "completion_window": "168h"}),
+    )?;
+    let id = batch["id"]
+        .as_str()
+        .context("the server answered without a batch id")?
+        .to_string();
+    eprintln!(
+        "batch {id}: {} requests to {endpoint}",
+        batch["request_counts"]["total"]
+    );
+    follow(&server, &id)?;
+    let b = server.get_json(&format!("/batches/{id}"))?;
+    let errors = job.errors.unwrap_or_else(|| job.output.with_extension("errors.jsonl"));
+    for (key, path) in [("output_file_id", &job.output), ("error_file_id", &errors)] {
+        let Some(fid) = b[key].as_str() else { continue };
+        let r = server.send("GET", &format!("/files/{fid}/content"), None, &[])?;
+        if r.status != 200 {
+            r.json()?;
+        }
+        std::fs::write(path, &r.body).with_context(|| format!("could not write {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    drop(child);
+    Ok(())
 }
 
 /// The `url` of the first request line.

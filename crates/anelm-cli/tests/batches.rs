@@ -275,3 +275,148 @@ fn an_interactive_request_goes_first_during_a_full_batch() {
     let b = wait_final(port, &id, Duration::from_secs(300));
     assert_eq!(b["request_counts"]["completed"], 4, "{b}");
 }
+
+/// A batch created as private (`X-Anelm-Privacy: local`) never forwards: its lines naming an
+/// upstream fail with the privacy refusal, while the same lines in an ordinary batch are sent
+/// on (here to an upstream that cannot be reached: 502).
+#[test]
+fn a_private_batch_never_forwards() {
+    let dir = TempDir::new("batches-private");
+    let server = start_with(
+        2,
+        16,
+        &["--data-dir", dir.arg(), "--upstream", "big=http://127.0.0.1:9/v1"],
+    );
+    let port = server.port;
+    let lines: Vec<Value> = (0..2)
+        .map(|i| {
+            let mut l = line(i, 4);
+            l["body"]["model"] = json!("big");
+            l
+        })
+        .collect();
+    let upload = |lines: &[Value]| {
+        let content: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        let boundary = "b0undary";
+        let body = format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"p.jsonl\"\r\n\r\n{content}\r\n--{boundary}--\r\n"
+        );
+        let ct = format!("multipart/form-data; boundary={boundary}");
+        let r = http_with(
+            port,
+            "POST",
+            "/v1/files",
+            body.as_bytes(),
+            Some(KEY),
+            &[("Content-Type", &ct)],
+        )
+        .expect("upload");
+        assert_eq!(r.status, 200, "{}", r.body);
+        json_of(&r)["id"].as_str().expect("id").to_string()
+    };
+    let create = |file: &str, private: bool| {
+        let req = json!({"input_file_id": file, "endpoint": "/v1/chat/completions", "completion_window": "24h"});
+        let headers: &[(&str, &str)] = if private { &[("X-Anelm-Privacy", "local")] } else { &[] };
+        let r = http_with(
+            port,
+            "POST",
+            "/v1/batches",
+            req.to_string().as_bytes(),
+            Some(KEY),
+            headers,
+        )
+        .expect("create");
+        assert_eq!(r.status, 200, "{}", r.body);
+        json_of(&r)["id"].as_str().expect("id").to_string()
+    };
+    let file = upload(&lines);
+    for (private, want) in [(true, 403), (false, 502)] {
+        let id = create(&file, private);
+        let b = wait_final(port, &id, Duration::from_secs(120));
+        assert_eq!(b["request_counts"]["failed"], 2, "{b}");
+        for l in file_lines(port, &b["error_file_id"]) {
+            assert_eq!(l["response"]["status_code"], want, "private={private}: {l}");
+        }
+    }
+}
+
+/// A batch submitted while the model sleeps (`--idle-unload`) wakes it and completes.
+#[test]
+fn a_batch_wakes_a_sleeping_model() {
+    let dir = TempDir::new("batches-idle");
+    let server = start_with(2, 16, &["--data-dir", dir.arg(), "--idle-unload", "1"]);
+    let port = server.port;
+    // The idle time counts from the last request.
+    let body = json!({"prompt": "Hello", "max_tokens": 2});
+    let r = http(port, "POST", "/v1/completions", body.to_string().as_bytes(), Some(KEY)).expect("request");
+    assert_eq!(r.status, 200, "{}", r.body);
+    let t = Instant::now();
+    while metric(port, "sleeping") < 1.0 {
+        assert!(t.elapsed() < Duration::from_secs(30), "the model never slept");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let id = submit(port, &[line(0, 8), line(1, 8)]);
+    let b = wait_final(port, &id, Duration::from_secs(120));
+    assert_eq!(b["request_counts"]["completed"], 2, "{b}");
+    assert!(metric(port, "reloads_total") >= 1.0);
+}
+
+/// `anelm batch submit --wait`, `status --json`, `results` and `cancel` against a running server.
+#[test]
+fn the_batch_command_submits_follows_and_fetches() {
+    let dir = TempDir::new("batches-cli");
+    let server = start_with(2, 16, &["--data-dir", dir.arg()]);
+    let input = dir.0.join("in.jsonl");
+    let content: String = (0..3).map(|i| format!("{}\n", line(i, 4))).collect();
+    std::fs::write(&input, content).expect("write input");
+    let anelm = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_anelm"))
+            .arg("batch")
+            .args(args)
+            .args([
+                "--url",
+                &format!("http://127.0.0.1:{}/v1", server.port),
+                "--api-key",
+                KEY,
+            ])
+            .output()
+            .expect("run anelm batch");
+        assert!(
+            out.status.success(),
+            "anelm batch {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let id = anelm(&[
+        "submit",
+        input.to_str().expect("utf-8"),
+        "--wait",
+        "--metadata",
+        "job=notes",
+    ]);
+    assert!(id.starts_with("batch_"), "{id}");
+    let status: Value = serde_json::from_str(&anelm(&["status", &id, "--json"])).expect("status JSON");
+    assert_eq!(status["status"], "completed");
+    assert_eq!(status["metadata"]["job"], "notes");
+    let out = dir.0.join("out.jsonl");
+    anelm(&["results", &id, "-o", out.to_str().expect("utf-8")]);
+    let got = std::fs::read_to_string(&out).expect("results written");
+    assert_eq!(got.lines().count(), 3, "{got}");
+    assert!(anelm(&["status"]).contains(&id));
+    // A finished batch cannot be cancelled: the command fails with the server's reason.
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_anelm"))
+        .args([
+            "batch",
+            "cancel",
+            &id,
+            "--url",
+            &format!("http://127.0.0.1:{}/v1", server.port),
+            "--api-key",
+            KEY,
+        ])
+        .output()
+        .expect("run");
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("can no longer be cancelled"));
+}
