@@ -124,7 +124,11 @@ def wait_batch(server, batch_id):
 def client_side(server):
     t = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(args.sessions) as ex:
-        list(ex.map(lambda i: server.client.chat.completions.create(model="m", **line_body(i)), range(args.lines)))
+        def one(i):
+            body = line_body(i)
+            body.pop("ignore_eos")
+            return server.client.chat.completions.create(model="m", **body, extra_body={"ignore_eos": True})
+        list(ex.map(one, range(args.lines)))
     return time.perf_counter() - t
 
 

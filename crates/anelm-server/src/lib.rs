@@ -10,6 +10,7 @@ pub mod data_dir;
 pub mod embeddings;
 pub mod files_api;
 pub mod idle;
+pub mod internal;
 pub mod job_store;
 pub mod logprobs;
 pub mod openai;
