@@ -142,18 +142,26 @@ def fmt(s, unit="s"):
 
 results = {"model": os.path.basename(args.model), "sessions": args.sessions, "lines": args.lines,
            "tokens": args.tokens, "threads": args.threads}
-short = [{"role": "user", "content": "Say hello."}]
+ASK = [0]
+
+
+def short():
+    """An interactive question of ~60 tokens, new each time (no cache holds it)."""
+    ASK[0] += 1
+    return [{"role": "user", "content": f"Question {ASK[0]}: I keep my notes in folders by topic, one per "
+             "project, and a journal. Which folder should a note about a dentist appointment on "
+             f"day {ASK[0]} of the month go in? Answer in one word."}]
 
 # --- 1 and 2: priority and throughput ----------------------------------------------------------
 work = tempfile.mkdtemp(prefix="anelm-bench-batch-")
 try:
     srv = Server(os.path.join(work, "d"), ["--no-prompt-cache"])
-    ttft(srv.client, short)  # warm-up
+    ttft(srv.client, short())  # warm-up
     idle, busy, batch_s, client_s = [], [], [], []
     for r in range(args.rounds):
         print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
         for _ in range(3):
-            idle.append(ttft(srv.client, short))
+            idle.append(ttft(srv.client, short()))
         order = ["batch", "client"] if r % 2 == 0 else ["client", "batch"]
         for what in order:
             if what == "client":
@@ -163,7 +171,7 @@ try:
             while srv.metric("busy_sessions") < args.sessions:
                 time.sleep(0.01)
             for _ in range(3):
-                busy.append(ttft(srv.client, short))
+                busy.append(ttft(srv.client, short()))
                 time.sleep(0.2)
             t1 = wait_batch(srv, bid)
             # The interactive requests above took some of the batch's time; count it as batch time.

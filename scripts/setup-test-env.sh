@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
-# Python side of the test suite: a virtualenv with the official `openai` client and `jsonschema`
-# (pinned), used by crates/anelm-cli/tests/server.rs to drive `anelm serve` and validate its
-# structured outputs. Idempotent; prints the python path.
+# Python side of the test suite: a virtualenv with the official API clients the server tests
+# drive `anelm serve` with (pinned): `openai` and `jsonschema` (structured outputs), the
+# `openai-agents` SDK (an agent over the Responses API). Idempotent; prints the python path.
 set -euo pipefail
 VENV="${ANELM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/anelm}/venv-openai"
-OPENAI_VERSION=1.109.1
-JSONSCHEMA_VERSION=4.25.1
+PACKAGES=(
+  "openai==1.109.1"
+  "jsonschema==4.25.1"
+  "openai-agents==0.3.3"
+)
 PY="$VENV/bin/python"
-if [[ -x "$PY" ]] && "$PY" - "$OPENAI_VERSION" "$JSONSCHEMA_VERSION" 2>/dev/null <<'PYEOF'
+if [[ -x "$PY" ]] && "$PY" - "${PACKAGES[@]}" 2>/dev/null <<'PYEOF'
 import sys
 from importlib.metadata import version
-sys.exit(version("openai") != sys.argv[1] or version("jsonschema") != sys.argv[2])
+sys.exit(any(version(n) != v for n, v in (p.split("==") for p in sys.argv[1:])))
 PYEOF
 then
   echo "$PY"; exit 0
 fi
-echo "setting up $VENV with openai==$OPENAI_VERSION jsonschema==$JSONSCHEMA_VERSION" >&2
+echo "setting up $VENV with ${PACKAGES[*]}" >&2
 [[ -x "$PY" ]] || python3 -m venv "$VENV"
-"$PY" -m pip install --quiet --disable-pip-version-check "openai==$OPENAI_VERSION" "jsonschema==$JSONSCHEMA_VERSION" >&2
+"$PY" -m pip install --quiet --disable-pip-version-check "${PACKAGES[@]}" >&2
 echo "$PY"

@@ -277,6 +277,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         }
         if let Some((_, jobs)) = &data {
             let _ = state.jobs.set(jobs.clone());
+            state.responses.use_db(jobs.store.clone());
             jobs.start(state.clone(), std::time::Duration::from_secs(a.shutdown_grace));
         }
         let loader_state = state.clone();

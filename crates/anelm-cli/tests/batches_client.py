@@ -107,6 +107,20 @@ for line in lines_of(eb.output_file_id):
     want = direct.data[i].embedding
     assert max(abs(a - b) for a, b in zip(got, want)) < 1e-5, line["custom_id"]
 
+# --- A Responses batch ---------------------------------------------------------------------
+resp_lines = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/responses",
+               "body": {"model": chat_model, "input": f"Name a colour. ({i})", "max_output_tokens": 8,
+                        "temperature": 0, "store": False}} for i in range(2)]
+rf = client.files.create(file=("resp.jsonl", jsonl(resp_lines)), purpose="batch")
+rb = wait(client.batches.create(input_file_id=rf.id, endpoint="/v1/responses", completion_window="24h").id)
+assert rb.status == "completed" and rb.request_counts.completed == 2, rb
+for line in lines_of(rb.output_file_id):
+    body = line["response"]["body"]
+    assert body["object"] == "response" and body["output"][0]["type"] == "message", body
+    i = int(line["custom_id"][1:])
+    direct = client.responses.create(**resp_lines[i]["body"])
+    assert body["output"][0]["content"][0]["text"] == direct.output_text
+
 # --- Cancel ------------------------------------------------------------------------------------
 many = [chat_line(100 + i, max_tokens=64, ignore_eos=True) for i in range(12)]
 cf = client.files.create(file=("many.jsonl", jsonl(many)), purpose="batch")
@@ -126,8 +140,8 @@ page = client.batches.list(limit=1)
 assert len(page.data) == 1 and page.has_more, page
 assert page.data[0].id == cb.id  # newest first
 page2 = client.batches.list(limit=10, after=page.data[0].id)
-assert [x.id for x in page2.data][:2] == [eb.id, b.id], page2
-assert sum(1 for _ in client.batches.list(limit=1)) == 3  # the SDK follows the pages
+assert [x.id for x in page2.data][:3] == [rb.id, eb.id, b.id], page2
+assert sum(1 for _ in client.batches.list(limit=1)) == 4  # the SDK follows the pages
 
 # --- Bad input -------------------------------------------------------------------------------
 expect_error(openai.BadRequestError,
@@ -160,7 +174,7 @@ e = expect_error(openai.APIStatusError, lambda: client.files.create(file=("big.j
                  "--max-file-bytes")
 assert e.status_code == 413, e
 n_batches = sum(1 for _ in client.batches.list())
-assert n_batches == 3, f"a refused batch was stored: {n_batches}"
+assert n_batches == 4, f"a refused batch was stored: {n_batches}"
 
 # --- Delete ----------------------------------------------------------------------------------
 d = client.files.delete(dup.id)

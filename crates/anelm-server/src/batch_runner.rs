@@ -23,7 +23,12 @@ use crate::priority::PRIORITY_HEADER;
 use crate::upstream::PRIVACY_HEADER;
 
 /// The endpoints a batch may target.
-pub const BATCH_ENDPOINTS: &[&str] = &["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
+pub const BATCH_ENDPOINTS: &[&str] = &[
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/responses",
+];
 
 /// The Files and Batch APIs' state: the store, and the runner working through it.
 pub struct Jobs {
@@ -94,6 +99,7 @@ fn transient(status: StatusCode, body: &Value) -> bool {
     body.get("choices")
         .and_then(Value::as_array)
         .is_some_and(|cs| cs.iter().any(|c| c["finish_reason"] == "cancelled"))
+        || body["status"] == "cancelled"
 }
 
 /// Run one line through its endpoint's handler, as a background request.
@@ -128,6 +134,7 @@ async fn execute(st: Arc<AppState>, endpoint: &str, private: bool, body: &str) -
     let resp = match endpoint {
         "/v1/chat/completions" => crate::handle(st, headers, Ok(bytes), true).await,
         "/v1/completions" => crate::handle(st, headers, Ok(bytes), false).await,
+        "/v1/responses" => crate::responses::create(State(st), headers, Ok(bytes)).await,
         _ => crate::embeddings::create(State(st), headers, Ok(bytes)).await,
     };
     let resp = resp.unwrap_or_else(|e| e.into_response());

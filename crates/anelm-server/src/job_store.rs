@@ -181,6 +181,8 @@ CREATE TABLE IF NOT EXISTS batch_lines (
     body TEXT NOT NULL, state TEXT NOT NULL DEFAULT 'pending', status INTEGER, result TEXT,
     PRIMARY KEY (batch_id, line_no)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS batch_lines_state ON batch_lines (batch_id, state);
+CREATE TABLE IF NOT EXISTS responses (
+    id TEXT PRIMARY KEY, created_at INTEGER NOT NULL, response TEXT NOT NULL, messages TEXT NOT NULL);
 ";
 
 const BATCH_COLUMNS: &str = "id, endpoint, input_file_id, completion_window, status, metadata, private, \
@@ -605,6 +607,40 @@ impl JobStore {
             tx.commit()
         })?;
         self.batch(batch_id)
+    }
+
+    /// Keep a stored response (Responses API, `store: true`): the response object and the
+    /// conversation up to and including its answer (chat messages), which a later request
+    /// continues with `previous_response_id`.
+    pub fn put_response(&self, id: &str, response: &Value, messages: &Value) -> Result<()> {
+        self.with(|c| {
+            c.execute(
+                "INSERT OR REPLACE INTO responses (id, created_at, response, messages) VALUES (?1, ?2, ?3, ?4)",
+                params![id, now() as i64, response.to_string(), messages.to_string()],
+            )
+        })?;
+        Ok(())
+    }
+
+    /// A stored response and its conversation.
+    pub fn response(&self, id: &str) -> Result<Option<(Value, Value)>> {
+        let row: Option<(String, String)> = self.with(|c| {
+            c.query_row("SELECT response, messages FROM responses WHERE id = ?1", [id], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()
+        })?;
+        Ok(row.map(|(r, m)| {
+            (
+                serde_json::from_str(&r).unwrap_or(Value::Null),
+                serde_json::from_str(&m).unwrap_or(Value::Null),
+            )
+        }))
+    }
+
+    /// Delete a stored response; false when there was none.
+    pub fn delete_response(&self, id: &str) -> Result<bool> {
+        self.with(|c| Ok(c.execute("DELETE FROM responses WHERE id = ?1", [id])? > 0))
     }
 
     /// Mark a batch as writing its results (`finalizing`).

@@ -16,6 +16,8 @@ pub mod logprobs;
 pub mod openai;
 pub mod priority;
 pub mod respond;
+pub mod response_store;
+pub mod responses;
 pub mod upstream;
 
 use std::sync::atomic::Ordering;
@@ -79,6 +81,8 @@ pub struct AppState {
     pub embeddings: OnceLock<embeddings::Embeddings>,
     /// The Files and Batch APIs' store and runner, when the server has a data directory.
     pub jobs: OnceLock<Arc<Jobs>>,
+    /// Stored responses of the Responses API.
+    pub responses: response_store::ResponseStore,
 }
 
 impl AppState {
@@ -97,6 +101,7 @@ impl AppState {
             upstreams,
             embeddings: OnceLock::new(),
             jobs: OnceLock::new(),
+            responses: response_store::ResponseStore::default(),
         })
     }
 
@@ -234,6 +239,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/batches", post(batches_api::create).get(batches_api::list))
         .route("/v1/batches/{id}", get(batches_api::get))
         .route("/v1/batches/{id}/cancel", post(batches_api::cancel))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/{id}", get(responses::get).delete(responses::delete))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
@@ -249,7 +256,7 @@ async fn not_found() -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         "invalid_request_error",
-        "no such endpoint: see /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/files, /v1/batches, /v1/models, /health, /metrics",
+        "no such endpoint: see /v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings, /v1/files, /v1/batches, /v1/models, /health, /metrics",
     )
 }
 
