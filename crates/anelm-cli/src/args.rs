@@ -189,6 +189,7 @@ impl SamplingArgs {
             frequency_penalty: self.frequency_penalty,
             penalty_last_n: self.penalty_last_n,
             seed: self.seed,
+            logit_bias: Vec::new(),
         }
     }
 }

@@ -49,6 +49,9 @@ pub struct SamplerParams {
     pub penalty_last_n: usize,
     /// Seed of the stream's RNG; the same seed and inputs give the same tokens.
     pub seed: u64,
+    /// Added to a token's logit before anything else (OpenAI's `logit_bias`): `(token, bias)`
+    /// with bias in [-100, 100]; -100 bans the token. Empty = off.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplerParams {
@@ -63,6 +66,7 @@ impl Default for SamplerParams {
             frequency_penalty: 0.0,
             penalty_last_n: 64,
             seed: DEFAULT_SEED,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -117,6 +121,9 @@ impl SamplerParams {
                 self.frequency_penalty,
                 "a finite number (0 = off)",
             ));
+        }
+        if let Some(&(_, b)) = self.logit_bias.iter().find(|(_, b)| !(-100.0..=100.0).contains(b)) {
+            return Err(bad("logit_bias", b, "[-100, 100] per token"));
         }
         Ok(())
     }
@@ -263,6 +270,7 @@ impl Sampler {
     /// its last `penalty_last_n` tokens (ids outside the row are ignored). The exact chain:
     ///
     /// 1. NaN and ±∞ logits are excluded (treated as −∞); none finite → `NoFiniteLogits`.
+    ///    `logit_bias` is added (a bias of -100 bans the token).
     /// 2. Penalties, per distinct token in the window seen `count` times: repeat penalty
     ///    (`l > 0 → l / r`, else `l · r`), then `l -= count · frequency + presence`.
     ///    Results are clamped to the finite `f32` range.
@@ -282,7 +290,7 @@ impl Sampler {
         }
         let params = &self.params;
         let penalise = params.penalties_active() && !history.is_empty();
-        if params.is_greedy() && !penalise {
+        if params.is_greedy() && !penalise && params.logit_bias.is_empty() {
             return greedy_id(argmax(logits));
         }
 
@@ -293,6 +301,17 @@ impl Sampler {
             id,
             value: if x.is_finite() { x } else { f32::NEG_INFINITY },
         }));
+        for &(token, bias) in &params.logit_bias {
+            if let Some(c) = cands.get_mut(token as usize) {
+                c.value = if bias <= -100.0 {
+                    f32::NEG_INFINITY
+                } else if c.value.is_finite() {
+                    (c.value + bias).clamp(f32::MIN, f32::MAX)
+                } else {
+                    c.value // a masked (or non-finite) logit stays out
+                };
+            }
+        }
         if penalise {
             let start = history.len().saturating_sub(params.penalty_last_n);
             let window = &mut self.window;
@@ -413,6 +432,40 @@ fn penalised(logit: f32, count: usize, params: &SamplerParams) -> f32 {
         f32::NEG_INFINITY
     } else {
         l.clamp(f32::MIN, f32::MAX)
+    }
+}
+
+#[cfg(test)]
+mod logit_bias_tests {
+    use super::*;
+
+    #[test]
+    fn a_bias_moves_the_choice_and_minus_100_bans() {
+        let logits = [1.0f32, 3.0, 2.0, f32::NEG_INFINITY];
+        let mut greedy = SamplerParams::greedy();
+        assert_eq!(Sampler::new(greedy.clone()).unwrap().sample(&logits, &[]).unwrap(), 1);
+        greedy.logit_bias = vec![(2, 1.5)];
+        assert_eq!(Sampler::new(greedy.clone()).unwrap().sample(&logits, &[]).unwrap(), 2);
+        greedy.logit_bias = vec![(1, -100.0), (2, -100.0)];
+        assert_eq!(Sampler::new(greedy.clone()).unwrap().sample(&logits, &[]).unwrap(), 0);
+        // A masked token stays masked whatever its bias.
+        greedy.logit_bias = vec![(3, 100.0)];
+        assert_eq!(Sampler::new(greedy.clone()).unwrap().sample(&logits, &[]).unwrap(), 1);
+        // Sampling never draws a banned token.
+        let mut p = SamplerParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            ..SamplerParams::default()
+        };
+        p.logit_bias = vec![(1, -100.0)];
+        let mut s = Sampler::new(p.clone()).unwrap();
+        for _ in 0..200 {
+            assert_ne!(s.sample(&logits, &[]).unwrap(), 1);
+        }
+        p.logit_bias = vec![(0, 101.0)];
+        assert!(p.validate().is_err());
     }
 }
 

@@ -308,6 +308,18 @@ impl Scheduler {
                 self.vocab
             )));
         }
+        if let Some(&(bad, _)) = req
+            .stream
+            .sampler
+            .logit_bias
+            .iter()
+            .find(|(t, _)| *t as usize >= self.vocab)
+        {
+            return Err(SubmitError::Invalid(format!(
+                "logit_bias names token {bad}, outside the vocabulary of {}",
+                self.vocab
+            )));
+        }
         if req.stream.max_tokens == 0 {
             return Err(SubmitError::Invalid("max_tokens must be at least 1".into()));
         }

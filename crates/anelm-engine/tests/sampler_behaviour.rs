@@ -14,6 +14,7 @@ fn plain(t: f32) -> SamplerParams {
         frequency_penalty: 0.0,
         penalty_last_n: 64,
         seed: 1,
+        logit_bias: Vec::new(),
     }
 }
 

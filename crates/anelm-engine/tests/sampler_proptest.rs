@@ -51,6 +51,7 @@ fn params() -> impl Strategy<Value = SamplerParams> {
                 frequency_penalty: frequency,
                 penalty_last_n: last_n,
                 seed,
+                logit_bias: Vec::new(),
             },
         )
 }

@@ -694,6 +694,7 @@ pub(crate) async fn handle(
         thinking_prompt: (chat && reasoning::template_thinks(lm.template.source()))
             .then(|| Arc::from(prompt_text.as_str())),
         choices: parsed.n,
+        legacy_functions: parsed.legacy_functions,
     };
     if parsed.stream {
         Ok(respond::stream(rx, guard, reply, parsed.include_usage).into_response())

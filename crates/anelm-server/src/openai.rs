@@ -3,7 +3,7 @@
 
 use anelm_engine::{Constraint, ForcedCall, Grammar, Request, SamplerParams, StreamOptions, ToolSpec};
 use anelm_model::chat_template::ChatMessage;
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 
 use crate::api_error::ApiError;
 
@@ -50,6 +50,8 @@ pub struct Parsed {
     pub n: usize,
     /// The priority `service_tier` asked for (`flex`: background), if it said.
     pub priority: Option<anelm_engine::Priority>,
+    /// The request used the legacy `functions`/`function_call` (the answer uses them too).
+    pub legacy_functions: bool,
 }
 
 /// The prompt part of a request.
@@ -134,6 +136,8 @@ const COMMON_FIELDS: &[&str] = &[
     "logprobs",
     "grammar",
     "service_tier",
+    "logit_bias",
+    "repetition_penalty",
 ];
 /// Fields only `/v1/chat/completions` implements.
 const CHAT_FIELDS: &[&str] = &[
@@ -145,6 +149,10 @@ const CHAT_FIELDS: &[&str] = &[
     "tool_choice",
     "parallel_tool_calls",
     "top_logprobs",
+    "reasoning_effort",
+    "modalities",
+    "functions",
+    "function_call",
 ];
 /// Fields only `/v1/completions` implements.
 const COMPLETION_FIELDS: &[&str] = &["prompt", "echo", "best_of", "suffix"];
@@ -416,6 +424,92 @@ fn tools(obj: &Map<String, Value>) -> Result<(Vec<ToolSpec>, ToolChoice, bool), 
     Ok((specs, choice, parallel))
 }
 
+/// `logit_bias`: `{"token id": bias}` with bias in [-100, 100] (ids are checked against the
+/// vocabulary when the request is submitted).
+fn logit_bias(obj: &Map<String, Value>) -> Result<Vec<(u32, f32)>, ApiError> {
+    let Some(v) = obj.get("logit_bias") else {
+        return Ok(Vec::new());
+    };
+    let Value::Object(m) = v else {
+        return Err(bad("logit_bias", "must be an object mapping token ids to biases"));
+    };
+    if m.len() > 1024 {
+        return Err(bad("logit_bias", "may name at most 1024 tokens"));
+    }
+    let mut out = Vec::with_capacity(m.len());
+    for (k, b) in m {
+        let id: u32 = k.parse().map_err(|_| {
+            bad(
+                "logit_bias",
+                &format!("key '{k}' is not a token id (a non-negative integer)"),
+            )
+        })?;
+        let b = b.as_f64().filter(|b| (-100.0..=100.0).contains(b)).ok_or_else(|| {
+            bad(
+                "logit_bias",
+                &format!("the bias of token {k} must be a number from -100 to 100"),
+            )
+        })?;
+        out.push((id, b as f32));
+    }
+    out.sort_by_key(|(id, _)| *id);
+    Ok(out)
+}
+
+/// The legacy `functions`/`function_call` request (and history: assistant `function_call`,
+/// `function` messages) rewritten as `tools`/`tool_choice`/`tool_calls`/`tool` messages. Returns
+/// whether the request used them.
+fn legacy_functions(obj: &mut Map<String, Value>) -> Result<bool, ApiError> {
+    let legacy = obj.contains_key("functions") || obj.contains_key("function_call");
+    if legacy && (obj.contains_key("tools") || obj.contains_key("tool_choice")) {
+        return Err(bad(
+            "functions",
+            "give tools/tool_choice or the legacy functions/function_call, not both",
+        ));
+    }
+    if let Some(fs) = obj.remove("functions") {
+        let Value::Array(fs) = fs else {
+            return Err(bad("functions", "must be an array"));
+        };
+        let tools: Vec<Value> = fs
+            .into_iter()
+            .map(|f| json!({"type": "function", "function": f}))
+            .collect();
+        obj.insert("tools".into(), Value::Array(tools));
+        obj.insert("parallel_tool_calls".into(), Value::Bool(false));
+    }
+    if let Some(fc) = obj.remove("function_call") {
+        let choice = match &fc {
+            Value::String(s) if s == "none" || s == "auto" => fc.clone(),
+            Value::Object(o) if o.get("name").is_some_and(Value::is_string) => {
+                json!({"type": "function", "function": {"name": o["name"]}})
+            }
+            _ => return Err(bad("function_call", "must be \"none\", \"auto\" or {\"name\": ...}")),
+        };
+        obj.insert("tool_choice".into(), choice);
+    }
+    // History written with the legacy fields.
+    if let Some(Value::Array(msgs)) = obj.get_mut("messages") {
+        let mut last_call = 0usize;
+        for m in msgs.iter_mut() {
+            let Some(o) = m.as_object_mut() else { continue };
+            if let Some(call) = o.remove("function_call") {
+                last_call += 1;
+                o.insert(
+                    "tool_calls".into(),
+                    json!([{"id": format!("call_legacy_{last_call}"), "type": "function", "function": call}]),
+                );
+            }
+            if o.get("role").and_then(Value::as_str) == Some("function") {
+                o.insert("role".into(), json!("tool"));
+                o.remove("name");
+                o.insert("tool_call_id".into(), json!(format!("call_legacy_{last_call}")));
+            }
+        }
+    }
+    Ok(legacy)
+}
+
 /// Parse a request body for `chat` (messages) or completions (prompt).
 pub fn parse(body: &[u8], chat: bool, max_context: usize) -> Result<Parsed, ApiError> {
     let v: Value = serde_json::from_slice(body)
@@ -423,7 +517,10 @@ pub fn parse(body: &[u8], chat: bool, max_context: usize) -> Result<Parsed, ApiE
     let Value::Object(obj) = v else {
         return Err(ApiError::bad_request("the body must be a JSON object", None));
     };
+    // `null` for an optional field means the same as leaving it out.
+    let mut obj: Map<String, Value> = obj.into_iter().filter(|(_, v)| !v.is_null()).collect();
     refuse_unsupported(&obj, chat)?;
+    let legacy_functions = chat && legacy_functions(&mut obj)?;
     let input = if chat {
         let Some(Value::Array(msgs)) = obj.get("messages") else {
             return Err(bad("messages", "is required and must be an array"));
@@ -511,7 +608,16 @@ pub fn parse(body: &[u8], chat: bool, max_context: usize) -> Result<Parsed, ApiE
     if let Some(p) = number(&obj, "frequency_penalty")? {
         sampler.frequency_penalty = p as f32;
     }
-    if let Some(p) = number(&obj, "repeat_penalty")? {
+    let repetition = number(&obj, "repetition_penalty")?;
+    if let (Some(a), Some(b)) = (number(&obj, "repeat_penalty")?, repetition)
+        && a != b
+    {
+        return Err(bad(
+            "repetition_penalty",
+            "differs from repeat_penalty: give one of the two (they are the same setting)",
+        ));
+    }
+    if let Some(p) = number(&obj, "repeat_penalty")?.or(repetition) {
         sampler.repeat_penalty = p as f32;
     }
     if let Some(s) = count(&obj, "seed")? {
@@ -545,6 +651,15 @@ pub fn parse(body: &[u8], chat: bool, max_context: usize) -> Result<Parsed, ApiE
     let logprobs = logprobs(&obj, chat)?;
     let grammar = grammar(&obj)?;
     let (tools, tool_choice, parallel_tool_calls) = tools(&obj)?;
+    let logit_bias = logit_bias(&obj)?;
+    if let Some(m) = obj.get("modalities") {
+        let text_only = m
+            .as_array()
+            .is_some_and(|a| !a.is_empty() && a.iter().all(|x| x == "text"));
+        if !text_only {
+            return Err(bad("modalities", "only [\"text\"] is supported (anelm generates text)"));
+        }
+    }
     if grammar.is_some() && matches!(tool_choice, ToolChoice::Forced(_)) {
         return Err(bad(
             "tool_choice",
@@ -568,7 +683,19 @@ pub fn parse(body: &[u8], chat: bool, max_context: usize) -> Result<Parsed, ApiE
         Some(_) => return Err(bad("n", "must be an integer from 1 to 16")),
     };
     let priority = crate::priority::of_service_tier(obj.get("service_tier"))?;
+    sampler.logit_bias = logit_bias;
+    let mut template_kwargs = template_kwargs;
+    if let Some(effort) = obj.get("reasoning_effort") {
+        let think = match effort.as_str() {
+            Some("none" | "minimal") => false,
+            Some("low" | "medium" | "high") => true,
+            _ => return Err(bad("reasoning_effort", "must be none, minimal, low, medium or high")),
+        };
+        // An explicit chat_template_kwargs.enable_thinking wins.
+        template_kwargs.entry("enable_thinking").or_insert(Value::Bool(think));
+    }
     Ok(Parsed {
+        legacy_functions,
         priority,
         n,
         tools,
@@ -604,6 +731,48 @@ impl Parsed {
                 constraint,
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod new_field_tests {
+    use super::*;
+
+    #[test]
+    fn the_newer_chat_fields_are_implemented() {
+        let p = parse(
+            br#"{"messages":[{"role":"user","content":"x"}],"logit_bias":{"7":2.5,"3":-100},"repetition_penalty":1.3,"reasoning_effort":"none"}"#,
+            true,
+            100,
+        )
+        .unwrap();
+        assert_eq!(p.sampler.logit_bias, vec![(3, -100.0), (7, 2.5)]);
+        assert_eq!(p.sampler.repeat_penalty, 1.3);
+        assert_eq!(p.template_kwargs["enable_thinking"], false);
+        let p = parse(
+            br#"{"messages":[{"role":"user","content":"x"}],"reasoning_effort":"high","chat_template_kwargs":{"enable_thinking":false}}"#,
+            true,
+            100,
+        )
+        .unwrap();
+        assert_eq!(p.template_kwargs["enable_thinking"], false, "explicit kwargs win");
+    }
+
+    #[test]
+    fn legacy_functions_become_tools_and_their_history_tool_turns() {
+        let p = parse(
+            br#"{"messages":[{"role":"user","content":"x"},{"role":"assistant","content":null,"function_call":{"name":"f","arguments":"{}"}},{"role":"function","name":"f","content":"42"}],"functions":[{"name":"f","parameters":{"type":"object"}}],"function_call":{"name":"f"}}"#,
+            true,
+            100,
+        )
+        .unwrap();
+        assert!(p.legacy_functions);
+        assert_eq!(p.tools.len(), 1);
+        assert_eq!(p.tool_choice, ToolChoice::Forced(ForcedCall::Named("f".into())));
+        let Input::Chat(m) = &p.input else { unreachable!() };
+        assert_eq!(m[2].role, "tool");
+        assert_eq!(m[2].tool_call_id.as_deref(), Some("call_legacy_1"));
+        assert!(m[1].tool_calls.is_some());
     }
 }
 
@@ -646,7 +815,13 @@ mod tests {
         // Nothing is silently ignored: unknown fields and unbuilt values are named.
         for (body, chat, param) in [
             (&br#"{"messages":[{"role":"user","content":"x"}],"frobnicate":1}"#[..], true, "frobnicate"),
-            (br#"{"messages":[{"role":"user","content":"x"}],"logit_bias":{"1":5}}"#, true, "logit_bias"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"logit_bias":{"a":5}}"#, true, "logit_bias"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"logit_bias":{"1":101}}"#, true, "logit_bias"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"modalities":["audio"]}"#, true, "modalities"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"reasoning_effort":"max"}"#, true, "reasoning_effort"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"repeat_penalty":1.1,"repetition_penalty":1.2}"#, true, "repetition_penalty"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"functions":[],"tools":[]}"#, true, "functions"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"function_call":"maybe"}"#, true, "function_call"),
             (br#"{"messages":[{"role":"user","content":"x"}],"n":17}"#, true, "n"),
             (br#"{"messages":[{"role":"user","content":"x"}],"n":0}"#, true, "n"),
             (br#"{"messages":[{"role":"user","content":"x"}],"logprobs":1}"#, true, "logprobs"),
@@ -710,6 +885,8 @@ mod tests {
         for body in [
             &br#"{"messages":[{"role":"user","content":"x","name":"a"}],"n":1,"logprobs":false,"user":"u","store":false,"metadata":{"a":"b"}}"#[..],
             br#"{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"text"},"tools":[],"tool_choice":"none"}"#,
+            br#"{"messages":[{"role":"user","content":"x"}],"max_tokens":null,"temperature":null,"stop":null,"tools":null,"seed":null}"#,
+            br#"{"messages":[{"role":"user","content":"x"}],"modalities":["text"],"repetition_penalty":1.1,"logit_bias":{"5":-100}}"#,
         ] {
             parse(body, true, 100).expect("accepted");
         }

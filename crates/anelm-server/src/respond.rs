@@ -68,6 +68,9 @@ pub struct Reply {
     pub thinking_prompt: Option<Arc<str>>,
     /// Choices (`n`).
     pub choices: usize,
+    /// The request used the legacy `functions`: a call is answered as `function_call` with
+    /// `finish_reason` `function_call`.
+    pub legacy_functions: bool,
 }
 
 /// An answer read for tool calls: the text outside them and the calls in OpenAI's form.
@@ -109,10 +112,15 @@ impl Reply {
         }
     }
 
-    /// `finish_reason` for a finished answer: `tool_calls` when it made calls.
+    /// `finish_reason` for a finished answer: `tool_calls` (legacy: `function_call`) when it
+    /// made calls.
     fn finish(&self, answer: &Answer, f: FinishReason) -> &'static str {
         if !answer.tool_calls.is_empty() && f == FinishReason::Stop {
-            "tool_calls"
+            if self.legacy_functions {
+                "function_call"
+            } else {
+                "tool_calls"
+            }
         } else {
             finish_reason(f)
         }
@@ -125,6 +133,18 @@ impl Reply {
         } else {
             logprobs::completions(&self.lm.tokenizer, tokens, offset)
         }
+    }
+}
+
+/// A legacy `functions` answer: the (single) call as `message.function_call`. Returns whether
+/// it wrote one.
+fn self_legacy_call(reply: &Reply, answer: &Answer, message: &mut Value) -> bool {
+    match answer.tool_calls.first() {
+        Some(call) if reply.legacy_functions => {
+            message["function_call"] = call["function"].clone();
+            true
+        }
+        _ => false,
     }
 }
 
@@ -179,7 +199,8 @@ pub async fn collect(
             if let Some(r) = reasoning {
                 message["reasoning_content"] = json!(r);
             }
-            if !answer.tool_calls.is_empty() {
+            if self_legacy_call(&reply, &answer, &mut message) {
+            } else if !answer.tool_calls.is_empty() {
                 message["tool_calls"] = Value::Array(answer.tool_calls);
             }
             json!({"index": i, "message": message, "logprobs": logprobs, "finish_reason": finish})
@@ -292,7 +313,20 @@ impl Chunker {
                 let lps = self.take_logprobs(c);
                 queue.push_back(self.chunk(index, json!({"content": content}), lps, None));
             }
-            for (i, call) in answer.tool_calls.into_iter().enumerate() {
+            if self.reply.legacy_functions
+                && let Some(call) = answer.tool_calls.first()
+            {
+                let head = json!({"function_call": {"name": call["function"]["name"], "arguments": ""}});
+                queue.push_back(self.chunk(index, head, Value::Null, None));
+                let args = json!({"function_call": {"arguments": call["function"]["arguments"]}});
+                queue.push_back(self.chunk(index, args, Value::Null, None));
+            }
+            for (i, call) in answer
+                .tool_calls
+                .into_iter()
+                .enumerate()
+                .filter(|_| !self.reply.legacy_functions)
+            {
                 // As OpenAI streams a call: id, type and name first, then the arguments.
                 let head = json!({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
                                   "function": {"name": call["function"]["name"], "arguments": ""}}]});
