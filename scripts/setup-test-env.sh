@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
-# Python side of the test suite: a virtualenv with the official `openai` client and `jsonschema`
-# (pinned), used by crates/anelm-cli/tests/server.rs to drive `anelm serve` and validate its
-# structured outputs. Idempotent; prints the python path.
+# Python side of the test suite: a virtualenv with the official `openai` client, the official
+# `anthropic` client and `jsonschema` (pinned), used by crates/anelm-cli/tests/server.rs and
+# tests/anthropic.rs to drive `anelm serve` and validate its structured outputs. Idempotent;
+# prints the python path.
 set -euo pipefail
 VENV="${ANELM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/anelm}/venv-openai"
 OPENAI_VERSION=1.109.1
 JSONSCHEMA_VERSION=4.25.1
+ANTHROPIC_VERSION=2.10.0
 PY="$VENV/bin/python"
-if [[ -x "$PY" ]] && "$PY" - "$OPENAI_VERSION" "$JSONSCHEMA_VERSION" 2>/dev/null <<'PYEOF'
+if [[ -x "$PY" ]] && "$PY" - "$OPENAI_VERSION" "$JSONSCHEMA_VERSION" "$ANTHROPIC_VERSION" 2>/dev/null <<'PYEOF'
 import sys
 from importlib.metadata import version
-sys.exit(version("openai") != sys.argv[1] or version("jsonschema") != sys.argv[2])
+sys.exit(version("openai") != sys.argv[1] or version("jsonschema") != sys.argv[2]
+         or version("anthropic") != sys.argv[3])
 PYEOF
 then
   echo "$PY"; exit 0
 fi
-echo "setting up $VENV with openai==$OPENAI_VERSION jsonschema==$JSONSCHEMA_VERSION" >&2
+echo "setting up $VENV with openai==$OPENAI_VERSION jsonschema==$JSONSCHEMA_VERSION anthropic==$ANTHROPIC_VERSION" >&2
 [[ -x "$PY" ]] || python3 -m venv "$VENV"
-"$PY" -m pip install --quiet --disable-pip-version-check "openai==$OPENAI_VERSION" "jsonschema==$JSONSCHEMA_VERSION" >&2
+"$PY" -m pip install --quiet --disable-pip-version-check "openai==$OPENAI_VERSION" "jsonschema==$JSONSCHEMA_VERSION" \
+  "anthropic==$ANTHROPIC_VERSION" >&2
 echo "$PY"

@@ -43,7 +43,15 @@ const COUNT_FIELDS: &[&str] = &["model", "messages", "system", "tools", "tool_ch
 /// Fields accepted and ignored because they change nothing about the answer: bookkeeping
 /// (`metadata`), routing and speed hints of Anthropic's platform, and prompt-caching hints (anelm
 /// reuses prompt prefixes by itself).
-const IGNORED_FIELDS: &[&str] = &["metadata", "service_tier", "cache_control", "inference_geo", "speed"];
+const IGNORED_FIELDS: &[&str] = &[
+    "metadata",
+    "service_tier",
+    "cache_control",
+    "inference_geo",
+    "speed",
+    "user_profile_id",
+    "workspace_id",
+];
 
 /// Anthropic's error type for an HTTP status.
 pub fn error_type(status: StatusCode) -> &'static str {
