@@ -130,8 +130,11 @@ fn text_block(b: &Map<String, Value>, at: &str) -> Result<String, ApiError> {
     }
 }
 
+/// A content block: its `type`, its fields and where it is (`messages[i].content[j]`).
+type BlockAt<'a> = (&'a str, &'a Map<String, Value>, String);
+
 /// The blocks of a content array at `at`, each with its `type`.
-fn blocks<'a>(v: &'a [Value], at: &str) -> Result<Vec<(&'a str, &'a Map<String, Value>, String)>, ApiError> {
+fn blocks<'a>(v: &'a [Value], at: &str) -> Result<Vec<BlockAt<'a>>, ApiError> {
     let mut out = Vec::with_capacity(v.len());
     for (j, b) in v.iter().enumerate() {
         let here = format!("{at}[{j}]");
@@ -402,7 +405,7 @@ fn thinking(v: &Value) -> Result<(bool, bool), ApiError> {
     match obj.get("type").and_then(Value::as_str) {
         Some("enabled") => {
             only(obj, &["type", "budget_tokens", "display"], "thinking")?;
-            if !obj.get("budget_tokens").and_then(Value::as_u64).is_some_and(|n| n >= 1) {
+            if obj.get("budget_tokens").and_then(Value::as_u64).is_none_or(|n| n < 1) {
                 return Err(bad(
                     "thinking.budget_tokens",
                     "is required with type \"enabled\": a positive integer",
