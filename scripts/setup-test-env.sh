@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Python side of the test suite: a virtualenv with the official API clients the server tests
 # drive `anelm serve` with (pinned): `openai` and `jsonschema` (structured outputs), the
-# `openai-agents` SDK (an agent over the Responses API). Idempotent; prints the python path.
+# `openai-agents` SDK (an agent over the Responses API), `anthropic` (the Messages API).
+# Idempotent; prints the python path.
 set -euo pipefail
 VENV="${ANELM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/anelm}/venv-openai"
 PACKAGES=(
   "openai==1.109.1"
   "jsonschema==4.25.1"
   "openai-agents==0.3.3"
+  "anthropic==2.10.0"
 )
 PY="$VENV/bin/python"
 if [[ -x "$PY" ]] && "$PY" - "${PACKAGES[@]}" 2>/dev/null <<'PYEOF'

@@ -117,6 +117,8 @@ pub enum Event {
 pub struct Completion {
     /// Why it ended.
     pub finish: FinishReason,
+    /// The stop string that ended it, when one did (`finish` is then `Stop`).
+    pub stop_string: Option<String>,
     /// Prompt tokens.
     pub prompt_tokens: usize,
     /// Of those, reused from the session's cache (or another session's, or restored from the
@@ -770,6 +772,7 @@ fn finish(slot: &mut Slot<'_>, metrics: &Metrics) {
     let submitted = a.job.submitted;
     let done = Completion {
         finish: reason,
+        stop_string: a.stream.stop_string().map(str::to_string),
         prompt_tokens: a.job.req.prompt.len(),
         reused_tokens: a.reused,
         tokens: a.stream.generated().to_vec(),

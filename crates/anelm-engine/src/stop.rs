@@ -6,6 +6,8 @@
 pub struct StopMatcher {
     stops: Vec<String>,
     held: String,
+    /// The stop string that ended the text, once one has.
+    matched: Option<String>,
 }
 
 /// What to do with a piece of text.
@@ -23,6 +25,7 @@ impl StopMatcher {
         Self {
             stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
             held: String::new(),
+            matched: None,
         }
     }
 
@@ -35,7 +38,14 @@ impl StopMatcher {
                 stopped: false,
             };
         }
-        if let Some(at) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
+        // The earliest match; at the same place, the first listed.
+        if let Some((at, stop)) = self
+            .stops
+            .iter()
+            .filter_map(|s| self.held.find(s.as_str()).map(|at| (at, s)))
+            .min_by_key(|(at, _)| *at)
+        {
+            self.matched = Some(stop.clone());
             let emit = self.held[..at].to_string();
             self.held.clear();
             return StopStep { emit, stopped: true };
@@ -58,6 +68,11 @@ impl StopMatcher {
     /// Generation ended without a stop string: release what was held back.
     pub fn finish(&mut self) -> String {
         std::mem::take(&mut self.held)
+    }
+
+    /// The stop string that ended the text, if one did.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.as_deref()
     }
 }
 
@@ -87,6 +102,19 @@ mod tests {
         let c = m.push("d> trailing");
         assert!(c.stopped);
         assert_eq!(c.emit, "");
+    }
+
+    #[test]
+    fn the_matched_stop_string_is_named() {
+        let mut m = StopMatcher::new(&stops(&["zz", "b", "ab"]));
+        assert_eq!(m.matched(), None);
+        assert!(!m.push("xa").stopped);
+        assert!(m.push("b").stopped);
+        assert_eq!(m.matched(), Some("ab"), "the earliest match wins");
+        let mut m = StopMatcher::new(&stops(&["xyz"]));
+        m.push("no stop here");
+        m.finish();
+        assert_eq!(m.matched(), None);
     }
 
     #[test]

@@ -165,6 +165,11 @@ impl<'t> Stream<'t> {
         self.finished
     }
 
+    /// The stop string (of [`StreamOptions::stop`]) that ended the stream, if one did.
+    pub fn stop_string(&self) -> Option<&str> {
+        self.stop.matched()
+    }
+
     /// Take the next token from `logits` (the model's raw next-token row; end-of-generation
     /// entries are masked in place when the stream ignores them). `history` is every token of
     /// the sequence so far (prompt and generated), for the penalties; `room` says whether the

@@ -3,6 +3,7 @@
 //! `/metrics`. Every request becomes a scheduler request, so concurrent clients share batched
 //! steps; a client that disconnects frees its session at the next step.
 
+pub mod anthropic;
 pub mod api_error;
 pub mod batch_runner;
 pub mod batches_api;
@@ -198,21 +199,24 @@ impl AppState {
         })
     }
 
+    /// With `--api-key`, the request must carry it: `Authorization: Bearer <key>` or (as
+    /// Anthropic's clients send it) `x-api-key: <key>`.
     fn check_key(&self, headers: &HeaderMap) -> Result<(), ApiError> {
         let Some(key) = &self.config.api_key else {
             return Ok(());
         };
-        let given = headers
+        let bearer = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
-        if given == Some(key.as_str()) {
+        let x_api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
+        if bearer == Some(key.as_str()) || x_api_key == Some(key.as_str()) {
             Ok(())
         } else {
             Err(ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "invalid_request_error",
-                "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                "missing or wrong API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
             ))
         }
     }
@@ -245,6 +249,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/v1/embeddings", post(embeddings::create))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .fallback(not_found)

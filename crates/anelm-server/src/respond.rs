@@ -188,7 +188,7 @@ pub async fn collect(
     for (i, text) in texts.into_iter().enumerate() {
         let finish = done[i].as_ref().map_or(FinishReason::Cancelled, |c| c.finish);
         let logprobs = lps[i].as_deref().map_or(Value::Null, |l| reply.logprobs(l, 0));
-        choices.push(if reply.chat {
+        let mut choice = if reply.chat {
             let (reasoning, text) = match &reply.thinking_prompt {
                 Some(prompt) => ReasoningSplitter::split(prompt, &text),
                 None => (None, text),
@@ -206,7 +206,9 @@ pub async fn collect(
             json!({"index": i, "message": message, "logprobs": logprobs, "finish_reason": finish})
         } else {
             json!({"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(finish)})
-        });
+        };
+        name_stop_string(&mut choice, done[i].as_ref());
+        choices.push(choice);
     }
     let obj = if reply.chat {
         "chat.completion"
@@ -341,7 +343,22 @@ impl Chunker {
             let lps = self.take_logprobs(c);
             queue.push_back(self.chunk(index, json!({"content": ""}), lps, None));
         }
-        queue.push_back(self.chunk(index, json!({}), Value::Null, Some(finish)));
+        let mut last = self.chunk(index, json!({}), Value::Null, Some(finish));
+        if let Some(choice) = last.pointer_mut("/choices/0") {
+            name_stop_string(choice, Some(done));
+        }
+        queue.push_back(last);
+    }
+}
+
+/// A choice that a stop string ended names it as `stop_reason` (as vLLM does), so callers that
+/// report which one matched (the Messages API's `stop_sequence`) can.
+fn name_stop_string(choice: &mut Value, done: Option<&Completion>) {
+    if choice["finish_reason"] == "stop"
+        && let Some(s) = done.and_then(|c| c.stop_string.as_deref())
+        && let Some(o) = choice.as_object_mut()
+    {
+        o.insert("stop_reason".into(), json!(s));
     }
 }
 
