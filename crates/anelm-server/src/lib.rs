@@ -1,6 +1,6 @@
 //! anelm's OpenAI-compatible HTTP server: `/v1/chat/completions` and `/v1/completions`
 //! (streaming SSE or not), `/v1/models`, `/health` (503 until the model is ready), Prometheus
-//! `/metrics`. Every request becomes a scheduler request, so concurrent clients share batched
+//! `/metrics`, and Ollama's native API under `/api` ([`ollama`]). Every request becomes a scheduler request, so concurrent clients share batched
 //! steps; a client that disconnects frees its session at the next step.
 
 pub mod api_error;
@@ -13,6 +13,7 @@ pub mod idle;
 pub mod internal;
 pub mod job_store;
 pub mod logprobs;
+pub mod ollama;
 pub mod openai;
 pub mod priority;
 pub mod respond;
@@ -79,6 +80,8 @@ pub struct AppState {
     pub embeddings: OnceLock<embeddings::Embeddings>,
     /// The Files and Batch APIs' store and runner, when the server has a data directory.
     pub jobs: OnceLock<Arc<Jobs>>,
+    /// What Ollama's `/api/tags`, `/api/show` and `/api/ps` tell of the model, read once.
+    pub ollama_facts: OnceLock<ollama::Facts>,
 }
 
 impl AppState {
@@ -97,6 +100,7 @@ impl AppState {
             upstreams,
             embeddings: OnceLock::new(),
             jobs: OnceLock::new(),
+            ollama_facts: OnceLock::new(),
         })
     }
 
@@ -112,6 +116,7 @@ impl AppState {
         if self.loader.set(loader).is_err() {
             return;
         }
+        let _ = self.ready.idle_after.set(after);
         let st = self.clone();
         tokio::spawn(async move {
             loop {
@@ -238,6 +243,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/v1/embeddings", post(embeddings::create))
+        .merge(ollama::routes())
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .fallback(not_found)
@@ -249,7 +255,7 @@ async fn not_found() -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         "invalid_request_error",
-        "no such endpoint: see /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/files, /v1/batches, /v1/models, /health, /metrics",
+        "no such endpoint: see /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/files, /v1/batches, /v1/models, /health, /metrics, and Ollama's /api/chat, /api/generate, /api/embed, /api/tags",
     )
 }
 
