@@ -125,13 +125,15 @@ impl AppState {
                     continue;
                 }
                 let s = st.clone();
+                // An Ollama request's keep_alive may have set another idle time.
+                let limit = st.ready.idle_limit(Some(after)).unwrap_or(after);
                 if tokio::task::spawn_blocking(move || s.ready.sleep_if_idle(after))
                     .await
                     .unwrap_or(false)
                 {
                     eprintln!(
                         "anelm serve: idle for {} s, model released (the next request reloads it)",
-                        after.as_secs()
+                        limit.as_secs_f64()
                     );
                 }
             }

@@ -757,6 +757,8 @@ struct Translator {
     finish: Option<String>,
     prompt_tokens: u64,
     completion_tokens: u64,
+    /// Prefill and generation time as the engine measured them (`timings`), when it said.
+    engine_times: Option<(Duration, Duration)>,
 }
 
 impl Translator {
@@ -775,6 +777,7 @@ impl Translator {
             finish: None,
             prompt_tokens: 0,
             completion_tokens: 0,
+            engine_times: None,
         }
     }
 
@@ -866,6 +869,12 @@ impl Translator {
             self.prompt_tokens = u["prompt_tokens"].as_u64().unwrap_or(0);
             self.completion_tokens = u["completion_tokens"].as_u64().unwrap_or(0);
         }
+        if let Some(t) = chunk.get("timings") {
+            let ms = |k: &str| t[k].as_f64().filter(|v| v.is_finite() && *v >= 0.0);
+            if let (Some(p), Some(g)) = (ms("prompt_ms"), ms("predicted_ms")) {
+                self.engine_times = Some((Duration::from_secs_f64(p / 1e3), Duration::from_secs_f64(g / 1e3)));
+            }
+        }
         let Some(choice) = chunk.pointer("/choices/0") else {
             return Vec::new();
         };
@@ -933,9 +942,17 @@ impl Translator {
         line["total_duration"] = json!(nanos(end.duration_since(self.started)));
         line["load_duration"] = json!(nanos(self.load));
         line["prompt_eval_count"] = json!(self.prompt_tokens);
-        line["prompt_eval_duration"] = json!(nanos(first.saturating_duration_since(self.gen_start)));
+        // The engine's own times; else as seen from here (the first text may come late: an
+        // answer read for tool calls is held until it is complete).
+        let (prompt, eval) = self.engine_times.unwrap_or_else(|| {
+            (
+                first.saturating_duration_since(self.gen_start),
+                end.saturating_duration_since(first),
+            )
+        });
+        line["prompt_eval_duration"] = json!(nanos(prompt));
         line["eval_count"] = json!(self.completion_tokens);
-        line["eval_duration"] = json!(nanos(end.saturating_duration_since(first)));
+        line["eval_duration"] = json!(nanos(eval));
         line
     }
 }
@@ -1945,7 +1962,10 @@ mod tests {
             end[0]["message"]["tool_calls"],
             json!([{"id": "c1", "function": {"index": 0, "name": "f", "arguments": {"x": 1}}}])
         );
-        t.push(&json!({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}}));
+        t.push(
+            &json!({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13},
+                       "timings": {"prompt_ms": 2.0, "predicted_ms": 3.5}}),
+        );
         let done = t.done(false);
         assert_eq!(done["done"], true);
         assert_eq!(done["done_reason"], "stop");
