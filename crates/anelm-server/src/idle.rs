@@ -164,3 +164,26 @@ pub fn resident_bytes() -> Option<u64> {
         .ok()?;
     Some(kib * 1024)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keep_alive_replaces_the_idle_time_until_reset() {
+        let live = Live::default();
+        let after = Some(Duration::from_secs(600));
+        assert_eq!(live.idle_limit(after), after);
+        assert_eq!(live.idle_limit(None), None);
+        live.set_keep_alive(Some(Some(Duration::ZERO)));
+        assert_eq!(live.idle_limit(after), Some(Duration::ZERO));
+        live.set_keep_alive(Some(None));
+        assert_eq!(live.idle_limit(after), None);
+        assert_eq!(live.expires_in(after), None);
+        live.set_keep_alive(None);
+        live.touch();
+        assert!(live.expires_in(after).is_some_and(|d| d <= Duration::from_secs(600)));
+        // No model: nothing to release.
+        assert!(!live.sleep_if_idle(Duration::ZERO));
+    }
+}
