@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Python side of the test suite: a virtualenv with the official API clients the server tests
 # drive `anelm serve` with (pinned): `openai` and `jsonschema` (structured outputs), the
-# `openai-agents` SDK (an agent over the Responses API), `anthropic` (the Messages API).
+# `openai-agents` SDK (an agent over the Responses API), `anthropic` (the Messages API), `ollama` (Ollama's API).
 # Idempotent; prints the python path.
 set -euo pipefail
 VENV="${ANELM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/anelm}/venv-openai"
@@ -10,6 +10,7 @@ PACKAGES=(
   "jsonschema==4.25.1"
   "openai-agents==0.3.3"
   "anthropic==2.10.0"
+  "ollama==0.6.3"
 )
 PY="$VENV/bin/python"
 if [[ -x "$PY" ]] && "$PY" - "${PACKAGES[@]}" 2>/dev/null <<'PYEOF'

@@ -4,7 +4,7 @@
 //! next request loads them again (from the compile cache) while it waits.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use anelm_engine::{LoadedModel, SchedulerConfig};
@@ -29,6 +29,11 @@ pub struct Live {
     pub last_reload_ms: AtomicU64,
     /// Sleeps so far.
     pub sleeps: AtomicU64,
+    /// The idle time `--idle-unload` gave (set when it is on).
+    pub idle_after: OnceLock<Duration>,
+    /// The idle time the last Ollama request asked for (`keep_alive`) in place of
+    /// `idle_after`, until the model next sleeps: `Some(None)` keeps it loaded.
+    keep_alive: Mutex<Option<Option<Duration>>>,
 }
 
 impl Live {
@@ -70,8 +75,33 @@ impl Live {
             .unwrap_or(Duration::ZERO)
     }
 
-    /// Release the model if it has been idle for `after` with nothing running or queued;
-    /// returns whether it did. The scheduler is stopped (its thread joined) here.
+    /// Ask for the model to be released after `keep` without requests (`None`: never) instead
+    /// of the `--idle-unload` time, until it next sleeps; `None` (an Ollama request without
+    /// `keep_alive`) goes back to the server's own.
+    pub fn set_keep_alive(&self, keep: Option<Option<Duration>>) {
+        if let Ok(mut k) = self.keep_alive.lock() {
+            *k = keep;
+        }
+    }
+
+    /// How long an idle model stays loaded: the last `keep_alive`, else `after`; `None`: for
+    /// good.
+    pub fn idle_limit(&self, after: Option<Duration>) -> Option<Duration> {
+        match self.keep_alive.lock().ok().and_then(|k| *k) {
+            Some(keep) => keep,
+            None => after,
+        }
+    }
+
+    /// How long until an idle model is released (`after`: the `--idle-unload` time, if on);
+    /// `None`: never.
+    pub fn expires_in(&self, after: Option<Duration>) -> Option<Duration> {
+        self.idle_limit(after).map(|d| d.saturating_sub(self.idle_for()))
+    }
+
+    /// Release the model if it has been idle for `after` (or the last `keep_alive`) with
+    /// nothing running or queued; returns whether it did. The scheduler is stopped (its thread
+    /// joined) here.
     pub fn sleep_if_idle(&self, after: Duration) -> bool {
         let Some(r) = self.get() else { return false };
         let m = r.scheduler.metrics();
@@ -81,9 +111,11 @@ impl Live {
             self.touch();
             return false;
         }
-        if self.idle_for() < after {
-            return false;
+        match self.idle_limit(Some(after)) {
+            Some(limit) if self.idle_for() >= limit => {}
+            _ => return false,
         }
+        self.set_keep_alive(None);
         let taken = match self.slot.write() {
             Ok(mut slot) => slot.take(),
             Err(_) => return false,
@@ -131,4 +163,27 @@ pub fn resident_bytes() -> Option<u64> {
         .parse()
         .ok()?;
     Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keep_alive_replaces_the_idle_time_until_reset() {
+        let live = Live::default();
+        let after = Some(Duration::from_secs(600));
+        assert_eq!(live.idle_limit(after), after);
+        assert_eq!(live.idle_limit(None), None);
+        live.set_keep_alive(Some(Some(Duration::ZERO)));
+        assert_eq!(live.idle_limit(after), Some(Duration::ZERO));
+        live.set_keep_alive(Some(None));
+        assert_eq!(live.idle_limit(after), None);
+        assert_eq!(live.expires_in(after), None);
+        live.set_keep_alive(None);
+        live.touch();
+        assert!(live.expires_in(after).is_some_and(|d| d <= Duration::from_secs(600)));
+        // No model: nothing to release.
+        assert!(!live.sleep_if_idle(Duration::ZERO));
+    }
 }

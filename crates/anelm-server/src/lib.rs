@@ -1,6 +1,6 @@
 //! anelm's OpenAI-compatible HTTP server: `/v1/chat/completions` and `/v1/completions`
 //! (streaming SSE or not), `/v1/models`, `/health` (503 until the model is ready), Prometheus
-//! `/metrics`. Every request becomes a scheduler request, so concurrent clients share batched
+//! `/metrics`, and Ollama's native API under `/api` ([`ollama`]). Every request becomes a scheduler request, so concurrent clients share batched
 //! steps; a client that disconnects frees its session at the next step.
 
 pub mod anthropic;
@@ -14,6 +14,7 @@ pub mod idle;
 pub mod internal;
 pub mod job_store;
 pub mod logprobs;
+pub mod ollama;
 pub mod openai;
 pub mod priority;
 pub mod respond;
@@ -84,6 +85,8 @@ pub struct AppState {
     pub jobs: OnceLock<Arc<Jobs>>,
     /// Stored responses of the Responses API.
     pub responses: response_store::ResponseStore,
+    /// What Ollama's `/api/tags`, `/api/show` and `/api/ps` tell of the model, read once.
+    pub ollama_facts: OnceLock<ollama::Facts>,
 }
 
 impl AppState {
@@ -103,6 +106,7 @@ impl AppState {
             embeddings: OnceLock::new(),
             jobs: OnceLock::new(),
             responses: response_store::ResponseStore::default(),
+            ollama_facts: OnceLock::new(),
         })
     }
 
@@ -118,6 +122,7 @@ impl AppState {
         if self.loader.set(loader).is_err() {
             return;
         }
+        let _ = self.ready.idle_after.set(after);
         let st = self.clone();
         tokio::spawn(async move {
             loop {
@@ -126,13 +131,15 @@ impl AppState {
                     continue;
                 }
                 let s = st.clone();
+                // An Ollama request's keep_alive may have set another idle time.
+                let limit = st.ready.idle_limit(Some(after)).unwrap_or(after);
                 if tokio::task::spawn_blocking(move || s.ready.sleep_if_idle(after))
                     .await
                     .unwrap_or(false)
                 {
                     eprintln!(
                         "anelm serve: idle for {} s, model released (the next request reloads it)",
-                        after.as_secs()
+                        limit.as_secs_f64()
                     );
                 }
             }
@@ -251,6 +258,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/embeddings", post(embeddings::create))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .merge(ollama::routes())
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .fallback(not_found)
@@ -262,7 +270,7 @@ async fn not_found() -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         "invalid_request_error",
-        "no such endpoint: see /v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings, /v1/files, /v1/batches, /v1/models, /health, /metrics",
+        "no such endpoint: see /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, /v1/embeddings, /v1/files, /v1/batches, /v1/models, /health, /metrics, and Ollama's /api/chat, /api/generate, /api/embed, /api/tags",
     )
 }
 

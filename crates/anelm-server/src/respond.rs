@@ -47,6 +47,26 @@ fn usage(done: &[Option<Completion>]) -> Value {
     json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
 }
 
+/// How long the request's work took, in llama.cpp's non-standard `timings` shape (Ollama's
+/// `*_duration` fields are read from it): prefill (queueing excluded) and generation, the
+/// slowest choice's.
+fn timings(done: &[Option<Completion>]) -> Value {
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    let prompt = done
+        .iter()
+        .flatten()
+        .map(|c| ms(c.time_to_first_token.saturating_sub(c.queued)))
+        .fold(0.0, f64::max);
+    let predicted = done
+        .iter()
+        .flatten()
+        .map(|c| ms(c.total.saturating_sub(c.time_to_first_token)))
+        .fold(0.0, f64::max);
+    let prompt_n = done.iter().flatten().map(|c| c.prompt_tokens).max().unwrap_or(0);
+    let predicted_n: usize = done.iter().flatten().map(|c| c.tokens.len()).sum();
+    json!({"prompt_n": prompt_n, "prompt_ms": prompt, "predicted_n": predicted_n, "predicted_ms": predicted})
+}
+
 /// What every response of one request names: its id, the model, the endpoint's shape, and how
 /// its text is read.
 #[derive(Clone)]
@@ -216,7 +236,7 @@ pub async fn collect(
         "text_completion"
     };
     let body = json!({"id": reply.id, "object": obj, "created": crate::now(), "model": reply.model,
-                      "choices": choices, "usage": usage(&done)});
+                      "choices": choices, "usage": usage(&done), "timings": timings(&done)});
     Ok(Json(body).into_response())
 }
 
@@ -432,6 +452,7 @@ pub fn stream(
                                 if let Some(o) = u.as_object_mut() {
                                     o.insert("choices".into(), json!([]));
                                     o.insert("usage".into(), usage(&st.done));
+                                    o.insert("timings".into(), timings(&st.done));
                                 }
                                 st.queue.push_back(u);
                             }
