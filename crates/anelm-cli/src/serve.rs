@@ -189,6 +189,9 @@ fn open_jobs(a: &ServeArgs, concurrency: usize) -> Result<Option<(DataDir, Arc<J
     };
     let store = JobStore::open(&dir.jobs_db())
         .with_context(|| format!("could not open the job database in {}", dir.path().display()))?;
+    // Readable by the user alone (the directory is 0700 too).
+    anelm_server::data_dir::restrict(&dir.jobs_db(), 0o600)
+        .with_context(|| format!("could not restrict {}", dir.jobs_db().display()))?;
     Ok(Some((dir, Jobs::new(store, a.max_file_bytes, concurrency))))
 }
 

@@ -95,7 +95,7 @@ assert l.text_offset == sorted(l.text_offset) and l.text_offset[0] == 0, l
 # Nothing is silently ignored: fields anelm does not implement are a 400 that names them.
 for kwargs, param in [
     ({"extra_body": {"frobnicate": 1}}, "frobnicate"),
-    ({"logit_bias": {"1": 5}}, "logit_bias"),
+    ({"logit_bias": {"1": 500}}, "logit_bias"),
     ({"n": 17}, "n"),
 ]:
     try:
