@@ -52,7 +52,8 @@ pub use prompt_cache::{PromptCache, PromptCacheError, PromptCacheOptions, Prompt
 pub use reasoning::{Part, ReasoningSplitter};
 pub use sampler::{Sampler, SamplerParams};
 pub use scheduler::{
-    CancelToken, Completion, Event, Metrics, Priority, Request, Scheduler, SchedulerConfig, Sink, SubmitError,
+    CancelToken, Completion, Event, Metrics, Priority, Request, Scheduler, SchedulerConfig, Sink, Submission,
+    SubmitError,
 };
 pub use session::{RecurrentLayer, Session};
 pub use session_snapshot::SnapshotError;

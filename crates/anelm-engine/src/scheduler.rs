@@ -97,6 +97,17 @@ pub enum Priority {
     Background,
 }
 
+/// How a request is submitted besides its tokens and options.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Submission {
+    /// Interactive or background.
+    pub priority: Priority,
+    /// A prompt position worth keeping in the on-disk prompt cache, e.g. where a long system
+    /// prompt ends: later requests sharing it restore it, also after a restart (a hybrid
+    /// model's prefill ends a chunk there so its recurrent state can be saved exactly).
+    pub cache_hint: Option<usize>,
+}
+
 /// What a request produces, in order: tokens with their text, then exactly one `Done` or
 /// `Failed`.
 #[derive(Clone, Debug)]
@@ -239,6 +250,9 @@ pub struct Metrics {
 
 struct Job {
     priority: Priority,
+    /// A prompt position worth keeping in the on-disk prompt cache (the end of a long system
+    /// prompt that later requests will share).
+    cache_hint: Option<usize>,
     req: Request,
     sink: Sink,
     cancel: CancelToken,
@@ -301,6 +315,27 @@ impl Scheduler {
         sink: Sink,
         cancel: CancelToken,
     ) -> std::result::Result<(), SubmitError> {
+        self.submit_with(
+            req,
+            Submission {
+                priority,
+                cache_hint: None,
+            },
+            sink,
+            cancel,
+        )
+    }
+
+    /// Queue a request as `how` says (priority, a prompt position worth keeping on disk); its
+    /// events go to `sink`. Refused at once when the queue is full.
+    pub fn submit_with(
+        &self,
+        req: Request,
+        how: Submission,
+        sink: Sink,
+        cancel: CancelToken,
+    ) -> std::result::Result<(), SubmitError> {
+        let Submission { priority, cache_hint } = how;
         if req.prompt.is_empty() {
             return Err(SubmitError::Invalid("the prompt is empty (no tokens)".into()));
         }
@@ -340,6 +375,7 @@ impl Scheduler {
         let tx = guard.as_ref().ok_or(SubmitError::ShuttingDown)?;
         let job = Job {
             priority,
+            cache_hint: cache_hint.filter(|&h| h > 0 && h < req.prompt.len()),
             req,
             sink,
             cancel,
@@ -804,10 +840,31 @@ fn step(model: &dyn crate::model::LanguageModel, slots: &mut [Slot<'_>], cfg: &S
     if let Some(disk) = &cfg.prompt_cache {
         prompt_cache_hook::checkpoint_cuts(disk, slots, &mut cuts);
     }
+    // While an interactive request prefills, background streams sit the step out: the prompt's
+    // chunk runs alone, so its first token comes as fast as on an idle server (they resume at
+    // the next step, unchanged).
+    // (One that waits for another request's prefill of a shared prefix does not count: that
+    // request may be a background one, which must then run.)
+    let interactive_prefill = slots.iter().enumerate().any(|(i, s)| {
+        !waiting[i]
+            && s.active
+                .as_ref()
+                .is_some_and(|a| a.job.priority == Priority::Interactive && a.next.is_none() && !a.pending.is_empty())
+    });
+    let sits_out = |slot: &Slot<'_>| {
+        interactive_prefill
+            && slot
+                .active
+                .as_ref()
+                .is_some_and(|a| a.job.priority == Priority::Background)
+    };
     // Decide each slot's tokens: decoders first (one each), then prefill chunks within budget.
     let mut budget = cfg.max_step_tokens;
     let mut feed: Vec<(usize, Vec<u32>, bool)> = Vec::new(); // (slot, tokens, wants logits)
     for (i, slot) in slots.iter().enumerate() {
+        if sits_out(slot) {
+            continue;
+        }
         if let Some(a) = &slot.active
             && let Some(t) = a.next
         {
@@ -816,6 +873,9 @@ fn step(model: &dyn crate::model::LanguageModel, slots: &mut [Slot<'_>], cfg: &S
         }
     }
     for (i, slot) in slots.iter().enumerate() {
+        if sits_out(slot) {
+            continue;
+        }
         if let Some(a) = &slot.active
             && a.next.is_none()
             && !a.pending.is_empty()
@@ -913,7 +973,7 @@ fn step(model: &dyn crate::model::LanguageModel, slots: &mut [Slot<'_>], cfg: &S
                 slot.session.checkpoint();
             }
             if let Some(disk) = &cfg.prompt_cache {
-                prompt_cache_hook::after_prefill_chunk(disk, &slot.session, &a.job.req.prompt);
+                prompt_cache_hook::after_prefill_chunk(disk, &slot.session, &a.job.req.prompt, a.job.cache_hint);
             }
         }
         if !wants {

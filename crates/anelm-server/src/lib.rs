@@ -592,7 +592,12 @@ pub(crate) async fn handle(
     }
     let ready = st.live().await?;
     let lm = &ready.model;
-    let ctx = ready.scheduler.config().ctx_size;
+    // The context a session really has: the setting, capped at the model's own.
+    let ctx = ready
+        .scheduler
+        .config()
+        .ctx_size
+        .min(lm.model.info().context_length.max(1));
     let parsed: Parsed = openai::parse(&body, chat, ctx)?;
     let priority = priority::of(&headers, parsed.priority)?;
     // The tools the model sees: none with tool_choice "none".
@@ -655,6 +660,20 @@ pub(crate) async fn handle(
             })?)
         }
     };
+    // Where a long system prompt ends: the on-disk prompt cache keeps that prefix, which later
+    // requests with the same system prompt and another question restore.
+    let cache_hint = match (&parsed.input, &ready.scheduler.config().prompt_cache) {
+        (Input::Chat(msgs), Some(pc))
+            if msgs.len() > 1 && msgs[0].role == "system" && prompt.len() > pc.options().min_tokens =>
+        {
+            lm.render_chat(&msgs[..1], tools, &parsed.template_kwargs)
+                .ok()
+                .and_then(|t| lm.tokenizer.encode(&t).ok())
+                .map(|sys| sys.iter().zip(&prompt).take_while(|(a, b)| a == b).count())
+                .filter(|&n| n >= pc.options().min_tokens)
+        }
+        _ => None,
+    };
     // `n` choices: `n` streams over the same prompt (they share its prefill: the scheduler's
     // prefix sharing copies the first one's cache), choice `i` sampling with seed + i.
     let (tx, rx) = mpsc::unbounded_channel::<(usize, Event)>();
@@ -664,12 +683,11 @@ pub(crate) async fn handle(
         req.stream.sampler.seed = req.stream.sampler.seed.wrapping_add(i as u64);
         let cancel = CancelToken::new();
         let tx = tx.clone();
-        let submitted = ready.scheduler.submit_as(
-            req,
-            priority,
-            Box::new(move |e| tx.send((i, e)).is_ok()),
-            cancel.clone(),
-        );
+        let how = anelm_engine::Submission { priority, cache_hint };
+        let submitted =
+            ready
+                .scheduler
+                .submit_with(req, how, Box::new(move |e| tx.send((i, e)).is_ok()), cancel.clone());
         if let Err(e) = submitted {
             cancels.iter().for_each(CancelToken::cancel);
             if matches!(e, SubmitError::QueueFull(_))

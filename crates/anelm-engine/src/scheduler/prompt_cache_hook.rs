@@ -10,6 +10,10 @@
 //!   tokens and a new prompt part (saved at admission, after the rewind), and the length a
 //!   request copies from a concurrent one (`share_prefixes`); a hybrid model's state there is
 //!   the checkpoint the rewind or the copy used;
+//! - *the submitter's hint* ([`Submission::cache_hint`](super::Submission::cache_hint)): where
+//!   a long system prompt ends, so a later request with the same system prompt and another
+//!   question restores it — after a restart too, and on a hybrid model, whose session cannot
+//!   rewind to a shared prefix it never checkpointed;
 //! - *every prompt less its last token* (unless [`PromptCacheOptions::save_prompts`] is off), saved when its prefill reaches that point, so the same
 //!   prompt, or any continuation of it (the next turn of a chat), hits after a restart. A hybrid
 //!   model's prefill ends a chunk there ([`checkpoint_cuts`]) so the exact state exists.
@@ -53,7 +57,16 @@ pub(super) fn on_admit(
 /// After a prefill chunk of `prompt` ran in `session`: save the prompt less its last token once
 /// the session holds that state (a hybrid model only at exactly that length, where
 /// [`checkpoint_cuts`] ends a chunk; others also once the whole prompt is in).
-pub(super) fn after_prefill_chunk(disk: &PromptCache, session: &Session, prompt: &[u32]) {
+pub(super) fn after_prefill_chunk(disk: &PromptCache, session: &Session, prompt: &[u32], hint: Option<usize>) {
+    // The submitter's hint (the end of a system prompt): kept whenever the session holds it
+    // (a hybrid model exactly there, where `checkpoint_cuts` ends a chunk).
+    if let Some(h) = hint
+        && h >= disk.options().min_tokens
+        && (session.len() == h || (session.len() > h && !session.is_recurrent()))
+        && !disk.contains(&prompt[..h])
+    {
+        disk.store(session, h);
+    }
     let target = prompt.len() - 1;
     if !disk.options().save_prompts || target < disk.options().min_tokens {
         return;
@@ -74,6 +87,13 @@ pub(super) fn checkpoint_cuts(disk: &PromptCache, slots: &[Slot<'_>], cuts: &mut
             continue;
         }
         let prompt = &a.job.req.prompt;
+        if let Some(h) = a.job.cache_hint
+            && h >= disk.options().min_tokens
+            && slot.session.len() < h
+            && !disk.contains(&prompt[..h])
+        {
+            *cut = Some(cut.map_or(h, |c| c.min(h)));
+        }
         let target = prompt.len() - 1;
         if !disk.options().save_prompts
             || target < disk.options().min_tokens
