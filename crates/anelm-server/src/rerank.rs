@@ -101,7 +101,7 @@ fn parse(body: &[u8]) -> Result<Parsed, ApiError> {
                     _ => None,
                 };
                 match text {
-                    Some(s) if s.is_empty() => Err(bad("documents", format_args!("item {i} is an empty string"))),
+                    Some("") => Err(bad("documents", format_args!("item {i} is an empty string"))),
                     Some(s) => Ok(s.to_string()),
                     None => Err(bad(
                         "documents",
