@@ -194,6 +194,34 @@ impl SamplingArgs {
     }
 }
 
+/// How a decoder reranker's prompt is written.
+#[derive(Args, Clone, Debug, Default)]
+pub struct RerankPromptArgs {
+    /// Decoder rerankers: what `{instruction}` becomes in the prompt (default: Qwen3-Reranker's
+    /// "Given a web search query, retrieve relevant passages that answer the query").
+    #[arg(long, value_name = "TEXT")]
+    pub rerank_instruction: Option<String>,
+    /// Decoder rerankers: the prompt, with `{instruction}`, `{query}` and `{document}` (default:
+    /// Qwen3-Reranker's system/user/assistant prompt); the score is P(yes) against P(no) for the
+    /// next token.
+    #[arg(long, value_name = "TEMPLATE")]
+    pub rerank_template: Option<String>,
+}
+
+impl RerankPromptArgs {
+    /// The prompt these options give.
+    pub fn prompt(&self) -> anelm_engine::RerankPrompt {
+        let mut p = anelm_engine::RerankPrompt::default();
+        if let Some(i) = &self.rerank_instruction {
+            p.instruction = i.clone();
+        }
+        if let Some(t) = &self.rerank_template {
+            p.template = t.clone();
+        }
+        p
+    }
+}
+
 /// The instruction put before every input of a decoder embedder (Qwen3-Embedding's queries
 /// start "Instruct: …\nQuery: "). Default: the model's `default_prompt_name`, if its
 /// `config_sentence_transformers.json` names one.

@@ -84,10 +84,14 @@ pub struct BenchArgs {
     /// embedding GGUF, default all-MiniLM-L6-v2): texts/s and tokens/s over --texts short texts.
     #[arg(long)]
     pub embeddings: bool,
+    /// Benchmark a cross-encoder instead (--model: its directory): documents reranked per second
+    /// for one query and --texts documents (10-60 words each).
+    #[arg(long, conflicts_with = "embeddings")]
+    pub rerank: bool,
     /// Embedding benchmark: number of texts (10-60 words each).
     #[arg(long, default_value_t = 1000)]
     pub texts: usize,
-    /// Embedding benchmark: also run sentence-transformers on torch CPU with this Python (e.g.
+    /// Embedding and rerank benchmarks: also run sentence-transformers on torch CPU with this Python (e.g.
     /// the virtualenv of scripts/make-embedding-fixtures.sh), same texts and threads.
     #[arg(long, value_name = "PYTHON")]
     pub vs_sentence_transformers: Option<std::path::PathBuf>,
@@ -330,6 +334,9 @@ const MAX_PARALLEL: usize = 256;
 pub fn run(a: BenchArgs) -> Result<()> {
     if a.energy {
         return run_energy(&a);
+    }
+    if a.rerank {
+        return crate::bench_rerank::run(&a.model, a.texts, a.repetitions, a.vs_sentence_transformers.as_deref());
     }
     if a.embeddings {
         return crate::bench_embed::run(&a.model, a.texts, a.repetitions, a.vs_sentence_transformers.as_deref());

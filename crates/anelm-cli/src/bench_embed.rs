@@ -187,7 +187,7 @@ pub fn bench_texts(n: usize) -> Vec<String> {
         .collect()
 }
 
-fn median(v: &[f64]) -> f64 {
+pub fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
     let n = v.len();

@@ -5,6 +5,7 @@ mod batch;
 mod bench;
 mod bench_embed;
 mod bench_prefix;
+mod bench_rerank;
 mod bench_serve;
 mod cache_cmd;
 mod chat;

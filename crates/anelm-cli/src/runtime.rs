@@ -11,10 +11,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use anelm_ane::{AppleAne, AppleConfig, ChipProfile, CompileCache, EmuAne, EmuConfig};
 use anelm_engine::{
     AneBackend, AneMonitor, AneOptions, AneStats, Backend, CpuBackend, Embedder, KernelFallback, LanguageModel,
-    LoadedModel, load_model, load_model_weights,
+    LoadedModel, Reranker, load_model, load_model_weights,
 };
 
-use crate::args::{AneArgs, DeviceArg, EmbeddingPromptArgs, ModelArgs};
+use crate::args::{AneArgs, DeviceArg, EmbeddingPromptArgs, ModelArgs, RerankPromptArgs};
 use crate::default_model::default_model_path;
 
 /// Run `f` on a worker of a persistent pool of `threads` threads (default: the machine's cores),
@@ -230,6 +230,16 @@ pub fn load_embedder(args: &ModelArgs, prompt: &EmbeddingPromptArgs) -> Result<E
         model.set_instruction(Some(text))?;
     }
     Ok(model)
+}
+
+/// Load a reranker: a cross-encoder directory (on the CPU in f32, so scores match
+/// sentence-transformers to 1e-4), or a causal language model as a yes/no reranker with `prompt`.
+pub fn load_reranker(args: &ModelArgs, prompt: &RerankPromptArgs) -> Result<Reranker> {
+    let prompt = prompt.prompt();
+    Ok(load_with(args, CpuBackend::new, |path, backend, progress| {
+        Ok(Reranker::load(path, backend, prompt, progress)?)
+    })?
+    .0)
 }
 
 fn load_with<T>(

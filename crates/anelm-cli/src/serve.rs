@@ -2,6 +2,9 @@
 //! the model loads), then serves every request through one continuous-batching scheduler.
 //! `--embedding-model DIR` adds `/v1/embeddings` beside the chat model; a `--model` that is an
 //! embedding model (a sentence-transformers directory) serves embeddings only.
+//! `--rerank-model PATH` adds `/v1/rerank` and `/v1/classify` beside the chat model (a
+//! cross-encoder directory, or a causal LM as a yes/no reranker); a `--model` that is a
+//! cross-encoder (its config names a `…ForSequenceClassification`) serves only those.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -10,16 +13,19 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use clap::Args;
 
-use anelm_engine::{Embedder, LoadedModel, ModelIdentity, PromptCache, PromptCacheOptions, SchedulerConfig};
+use anelm_engine::{
+    CrossEncoder, Embedder, LoadedModel, ModelIdentity, PromptCache, PromptCacheOptions, SchedulerConfig,
+};
 use anelm_server::batch_runner::Jobs;
 use anelm_server::data_dir::{DataDir, DataDirError, default_data_dir};
 use anelm_server::embeddings::Embeddings;
 use anelm_server::job_store::JobStore;
+use anelm_server::rerank::Rerank;
 use anelm_server::upstream::{Upstream, Upstreams};
 use anelm_server::{AppState, ServerConfig, router, shutdown_signal};
 
-use crate::args::{EmbeddingPromptArgs, ModelArgs};
-use crate::runtime::{load, load_embedder, model_path};
+use crate::args::{EmbeddingPromptArgs, ModelArgs, RerankPromptArgs};
+use crate::runtime::{load, load_embedder, load_reranker, model_path};
 
 /// Arguments of `anelm serve`.
 #[derive(Args, Debug)]
@@ -88,6 +94,13 @@ pub struct ServeArgs {
     pub embedding_model: Option<PathBuf>,
     #[command(flatten)]
     pub embedding_prompt: EmbeddingPromptArgs,
+    /// Also serve /v1/rerank and /v1/classify with this reranker: a cross-encoder directory
+    /// (BertForSequenceClassification, as sentence-transformers' CrossEncoder saves it), or a
+    /// causal language model (directory or GGUF) scored by P(yes), as Qwen3-Reranker.
+    #[arg(long, value_name = "PATH")]
+    pub rerank_model: Option<PathBuf>,
+    #[command(flatten)]
+    pub rerank_prompt: RerankPromptArgs,
     /// Where work that outlives the process is kept: the Files and Batch APIs' job database
     /// (default: ~/Library/Application Support/anelm on macOS, $XDG_DATA_HOME/anelm or
     /// ~/.local/share/anelm elsewhere). One server per directory.
@@ -203,8 +216,18 @@ pub fn run(a: ServeArgs) -> Result<()> {
 
     let path = model_path(&a.model)?;
     let model_id = a.model_id.clone().unwrap_or_else(|| name_of(&path));
+    // What /v1/rerank serves: the --rerank-model, or --model itself when it is a cross-encoder.
+    let rerank_only = CrossEncoder::is_cross_encoder_dir(&path);
+    if rerank_only && a.rerank_model.is_some() {
+        anyhow::bail!("--model is already a cross-encoder; give --rerank-model only beside a chat model");
+    }
+    let rerank = match (&a.rerank_model, rerank_only) {
+        (Some(dir), _) => Some((dir.clone(), name_of(dir))),
+        (None, true) => Some((path.clone(), model_id.clone())),
+        (None, false) => None,
+    };
     // What /v1/embeddings serves: the --embedding-model, or --model itself when it is one.
-    let embedding_only = Embedder::is_embedding_model(&path);
+    let embedding_only = !rerank_only && Embedder::is_embedding_model(&path);
     if embedding_only && a.embedding_model.is_some() {
         anyhow::bail!("--model is already an embedding model; give --embedding-model only beside a chat model");
     }
@@ -286,7 +309,31 @@ pub fn run(a: ServeArgs) -> Result<()> {
         let loader_state = state.clone();
         let model_args = a.model.clone();
         let prompt_args = a.embedding_prompt.clone();
+        let rerank_args = a.rerank_prompt.clone();
         std::thread::spawn(move || {
+            if let Some((dir, id)) = rerank {
+                let mut args = model_args.clone();
+                args.model = Some(dir);
+                match load_reranker(&args, &rerank_args) {
+                    Ok(model) => {
+                        eprintln!("anelm serve: reranker ready ({})", model.kind());
+                        let _ = loader_state.rerank.set(Rerank {
+                            model: Arc::new(model),
+                            id,
+                            only: rerank_only,
+                        });
+                    }
+                    Err(e) => {
+                        let msg = format!("{e:#}").replace('\n', " ");
+                        eprintln!("error: {msg}");
+                        let _ = loader_state.load_error.set(msg);
+                        return;
+                    }
+                }
+                if rerank_only {
+                    return;
+                }
+            }
             if let Some((dir, id)) = embedding {
                 let mut emb_args = model_args.clone();
                 emb_args.model = Some(dir);

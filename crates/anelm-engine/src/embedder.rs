@@ -379,7 +379,7 @@ fn check_vocab(tokenizer: usize, model: usize) -> Result<()> {
 
 /// `model_max_length` of the directory's `tokenizer_config.json`, when it is a plausible length
 /// (transformers writes a huge sentinel when there is none).
-fn tokenizer_max_length(dir: &Path) -> Option<usize> {
+pub(crate) fn tokenizer_max_length(dir: &Path) -> Option<usize> {
     let text = std::fs::read_to_string(dir.join("tokenizer_config.json")).ok()?;
     let v: serde_json::Value = serde_json::from_str(&text).ok()?;
     let n = v.get("model_max_length")?.as_u64()?;

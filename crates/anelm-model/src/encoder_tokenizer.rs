@@ -85,4 +85,40 @@ impl EncoderTokenizer {
             .map_err(|e| TokenizerError::Backend(e.to_string()))?;
         Ok(encodings.into_iter().map(|e| e.get_ids().to_vec()).collect())
     }
+
+    /// Token ids and type ids of each text pair (a cross-encoder's query and document), laid
+    /// out by the tokenizer's post-processor (`[CLS] a [SEP] b [SEP]`, types 0 then 1 for
+    /// BERT), truncated to [`Self::max_len`] longest-first (the longer text loses tokens
+    /// first), as Hugging Face tokenizers does when a CrossEncoder calls it. Texts are used as
+    /// given (sentence-transformers' CrossEncoder does not strip them).
+    pub fn encode_pairs(&self, pairs: &[(&str, &str)]) -> Result<Vec<PairEncoding>, TokenizerError> {
+        let case = |t: &str| {
+            if self.lower_case {
+                t.to_lowercase()
+            } else {
+                t.to_string()
+            }
+        };
+        let inputs: Vec<tokenizers::EncodeInput> = pairs.iter().map(|(a, b)| (case(a), case(b)).into()).collect();
+        let encodings = self
+            .inner
+            .encode_batch_fast(inputs, true)
+            .map_err(|e| TokenizerError::Backend(e.to_string()))?;
+        Ok(encodings
+            .into_iter()
+            .map(|e| PairEncoding {
+                ids: e.get_ids().to_vec(),
+                type_ids: e.get_type_ids().to_vec(),
+            })
+            .collect())
+    }
+}
+
+/// One encoded text pair.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PairEncoding {
+    /// Token ids, special tokens included.
+    pub ids: Vec<u32>,
+    /// The segment of each token (0: first text, 1: second).
+    pub type_ids: Vec<u32>,
 }

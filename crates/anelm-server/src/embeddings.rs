@@ -252,6 +252,9 @@ pub async fn create(
         return forwarded;
     }
     let Some(emb) = st.embeddings.get() else {
+        if let Some(e) = crate::rerank::refusal(&st, "embed texts") {
+            return Err(e);
+        }
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "invalid_request_error",

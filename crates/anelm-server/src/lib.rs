@@ -7,6 +7,7 @@ pub mod anthropic;
 pub mod api_error;
 pub mod batch_runner;
 pub mod batches_api;
+pub mod classify;
 pub mod data_dir;
 pub mod embeddings;
 pub mod files_api;
@@ -17,6 +18,7 @@ pub mod logprobs;
 pub mod ollama;
 pub mod openai;
 pub mod priority;
+pub mod rerank;
 pub mod respond;
 pub mod response_store;
 pub mod responses;
@@ -81,6 +83,8 @@ pub struct AppState {
     pub upstreams: Upstreams,
     /// The embedding model, when the server has one (`/v1/embeddings`).
     pub embeddings: OnceLock<embeddings::Embeddings>,
+    /// The reranker, when the server has one (`/v1/rerank`, `/v1/classify`).
+    pub rerank: OnceLock<rerank::Rerank>,
     /// The Files and Batch APIs' store and runner, when the server has a data directory.
     pub jobs: OnceLock<Arc<Jobs>>,
     /// Stored responses of the Responses API.
@@ -104,6 +108,7 @@ impl AppState {
             load_error: OnceLock::new(),
             upstreams,
             embeddings: OnceLock::new(),
+            rerank: OnceLock::new(),
             jobs: OnceLock::new(),
             responses: response_store::ResponseStore::default(),
             ollama_facts: OnceLock::new(),
@@ -149,6 +154,9 @@ impl AppState {
     /// The live model, reloading it first if it sleeps.
     async fn live(&self) -> Result<Arc<Ready>, ApiError> {
         if let Some(e) = embeddings::text_refusal(self) {
+            return Err(e);
+        }
+        if let Some(e) = rerank::refusal(self, "generate text") {
             return Err(e);
         }
         if let Some(r) = self.ready.get() {
@@ -256,6 +264,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/v1/embeddings", post(embeddings::create))
+        .route("/v1/rerank", post(rerank::create))
+        .route("/v1/reranking", post(rerank::create))
+        .route("/rerank", post(rerank::create))
+        .route("/reranking", post(rerank::create))
+        .route("/v1/classify", post(classify::create))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .merge(ollama::routes())
@@ -270,7 +283,7 @@ async fn not_found() -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         "invalid_request_error",
-        "no such endpoint: see /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, /v1/embeddings, /v1/files, /v1/batches, /v1/models, /health, /metrics, and Ollama's /api/chat, /api/generate, /api/embed, /api/tags",
+        "no such endpoint: see /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, /v1/embeddings, /v1/rerank, /v1/classify, /v1/files, /v1/batches, /v1/models, /health, /metrics, and Ollama's /api/chat, /api/generate, /api/embed, /api/tags",
     )
 }
 
@@ -279,7 +292,9 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
         return (StatusCode::OK, Json(json!({"status": "sleeping"}))).into_response();
     }
     let embedding_only = st.embeddings.get().is_some_and(|e| e.only);
+    let rerank_only = st.rerank.get().is_some_and(|r| r.only);
     match (st.ready.get(), st.load_error.get()) {
+        (None, None) if rerank_only => (StatusCode::OK, Json(json!({"status": "ok"}))).into_response(),
         (Some(_), _) | (None, None) if embedding_only => {
             (StatusCode::OK, Json(json!({"status": "ok"}))).into_response()
         }
@@ -301,6 +316,11 @@ async fn models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Result<J
         Some(e) => vec![entry(&st.config.model_id), entry(&e.id)],
         None => vec![entry(&st.config.model_id)],
     };
+    match st.rerank.get() {
+        Some(r) if r.only => data = vec![entry(&r.id)],
+        Some(r) => data.push(entry(&r.id)),
+        None => {}
+    }
     // Each upstream's own models as NAME/ID (its list cached), or the upstream alone with why
     // it cannot be listed.
     for up in &st.upstreams.list {

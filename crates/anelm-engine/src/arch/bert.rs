@@ -217,8 +217,9 @@ pub struct Bert {
     cfg: BertConfig,
     word: StoredMatrix,
     positions: Vec<f32>,
-    /// Row 0 of the token-type table (every token is segment A).
-    token_type: Vec<f32>,
+    /// The token-type (segment) table, `type_vocab_size` rows: row 0 for single texts and the
+    /// first text of a pair, row 1 for the second.
+    token_types: Vec<f32>,
     embed_norm: Norm,
     layers: Vec<Layer>,
     max_lanes: usize,
@@ -233,12 +234,7 @@ impl Bert {
         backend: &dyn Backend,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
-        // BertForMaskedLM-style checkpoints put the encoder under `bert.`.
-        let prefix = if store.contains(&BertTensor::WordEmbeddings.hf_name("bert.")) {
-            "bert."
-        } else {
-            ""
-        };
+        let prefix = tensor_prefix(store.as_ref());
         let name = |t: BertTensor| t.hf_name(prefix);
         let (h, ffn) = (cfg.hidden_size, cfg.intermediate_size);
         let matrix = |t: BertTensor, rows: usize, cols: usize| -> Result<StoredMatrix> {
@@ -255,8 +251,7 @@ impl Bert {
         };
         let word = matrix(BertTensor::WordEmbeddings, cfg.vocab_size, h)?;
         let positions = matrix(BertTensor::PositionEmbeddings, cfg.max_positions, h)?.to_f32()?;
-        let types = matrix(BertTensor::TokenTypeEmbeddings, cfg.type_vocab_size, h)?.to_f32()?;
-        let token_type = types[..h].to_vec();
+        let token_types = matrix(BertTensor::TokenTypeEmbeddings, cfg.type_vocab_size, h)?.to_f32()?;
         let embed_norm = norm(BertTensor::EmbeddingNormWeight, BertTensor::EmbeddingNormBias)?;
         let mut layers = Vec::with_capacity(cfg.n_layers);
         let list = cfg.kernel_specs(prefix);
@@ -284,7 +279,7 @@ impl Bert {
         Ok(Self {
             word,
             positions,
-            token_type,
+            token_types,
             embed_norm,
             layers,
             max_lanes: backend.max_lanes().max(1),
@@ -304,10 +299,34 @@ impl Bert {
 
     /// Final hidden states of every token of `seqs`, packed: sequence `s` owns the lanes
     /// `spans(seqs)[s]`. Each sequence must be non-empty, at most `max_positions` long, with
-    /// every id inside the vocabulary.
+    /// every id inside the vocabulary. Every token is of type 0 (segment A).
     pub fn encode(&self, seqs: &[&[u32]]) -> Result<Batch> {
+        self.encode_typed(seqs, &[])
+    }
+
+    /// [`Bert::encode`] with each token's type (segment) id: `types[s]` has one id per token
+    /// of `seqs[s]` (a text pair's second text is type 1). `types` empty: all type 0.
+    pub fn encode_typed(&self, seqs: &[&[u32]], types: &[&[u32]]) -> Result<Batch> {
         let cfg = &self.cfg;
         let h = cfg.hidden_size;
+        if !types.is_empty() {
+            let fits = types.len() == seqs.len() && types.iter().zip(seqs).all(|(t, s)| t.len() == s.len());
+            if !fits {
+                return Err(EngineError::InvalidRequest(
+                    "token type ids must give one type per token of every input".into(),
+                ));
+            }
+            if let Some(&t) = types
+                .iter()
+                .flat_map(|t| t.iter())
+                .find(|&&t| t as usize >= cfg.type_vocab_size)
+            {
+                return Err(EngineError::InvalidRequest(format!(
+                    "token type {t} is outside the model's {} token types",
+                    cfg.type_vocab_size
+                )));
+            }
+        }
         for s in seqs {
             if s.is_empty() {
                 return Err(EngineError::InvalidRequest("an input has no tokens".into()));
@@ -328,7 +347,7 @@ impl Bert {
         }
         let spans = spans(seqs);
         let n = spans.last().map_or(0, |r| r.end);
-        let mut x = self.embed(seqs, n)?;
+        let mut x = self.embed(seqs, types, n)?;
         if n == 0 {
             return Ok(x);
         }
@@ -358,19 +377,22 @@ impl Bert {
         Ok(x)
     }
 
-    /// LayerNorm(word + position + token type) of every token.
-    fn embed(&self, seqs: &[&[u32]], n: usize) -> Result<Batch> {
+    /// LayerNorm(word + position + token type) of every token (`types` checked by the caller:
+    /// empty, or one type per token).
+    fn embed(&self, seqs: &[&[u32]], types: &[&[u32]], n: usize) -> Result<Batch> {
         let h = self.cfg.hidden_size;
         let mut x = Batch::zeros(n, h);
         let mut sum = vec![0f32; h];
         let mut buf = Vec::new();
         let mut lane = 0;
-        for s in seqs {
+        for (i, s) in seqs.iter().enumerate() {
             for (pos, &tok) in s.iter().enumerate() {
                 let row = self.word.read_row(tok as usize, &mut buf).unwrap_or(&[]);
                 anelm_kernels::dequantize_row(self.word.format, row, &mut sum)?;
                 let p = &self.positions[pos * h..(pos + 1) * h];
-                for ((v, &p), &t) in sum.iter_mut().zip(p).zip(&self.token_type) {
+                let ty = types.get(i).and_then(|t| t.get(pos)).map_or(0, |&t| t as usize);
+                let t = &self.token_types[ty * h..(ty + 1) * h];
+                for ((v, &p), &t) in sum.iter_mut().zip(p).zip(t) {
                     *v = *v + t + p;
                 }
                 let norm = &self.embed_norm;
@@ -406,6 +428,16 @@ impl Bert {
             out.as_mut_slice()[start * oc..end * oc].copy_from_slice(piece_out.as_slice());
         }
         Ok(())
+    }
+}
+
+/// Where the encoder's tensors are in `store`: `"bert."` for task checkpoints
+/// (`BertForMaskedLM`, `BertForSequenceClassification`), `""` for a bare `BertModel`.
+pub fn tensor_prefix(store: &dyn TensorStore) -> &'static str {
+    if store.contains(&BertTensor::WordEmbeddings.hf_name("bert.")) {
+        "bert."
+    } else {
+        ""
     }
 }
 

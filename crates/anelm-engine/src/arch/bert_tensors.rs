@@ -47,6 +47,10 @@ pub enum BertTensor {
     FfnNormWeight(usize),
     /// LayerNorm after FFN + residual: bias.
     FfnNormBias(usize),
+    /// The pooler's dense layer over `[CLS]` (sequence classifiers): weight [hidden, hidden].
+    PoolerWeight,
+    /// The pooler's dense layer: bias.
+    PoolerBias,
 }
 
 impl BertTensor {
@@ -76,6 +80,8 @@ impl BertTensor {
             FfnDownBias(i) => layer(i, "output.dense.bias"),
             FfnNormWeight(i) => layer(i, "output.LayerNorm.weight"),
             FfnNormBias(i) => layer(i, "output.LayerNorm.bias"),
+            PoolerWeight => format!("{prefix}pooler.dense.weight"),
+            PoolerBias => format!("{prefix}pooler.dense.bias"),
         }
     }
 }

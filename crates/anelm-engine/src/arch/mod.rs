@@ -3,6 +3,7 @@
 pub mod attention;
 pub mod bert;
 pub mod bert_attention;
+pub mod bert_head;
 pub mod bert_tensors;
 pub(crate) mod config_read;
 pub mod deltanet;
