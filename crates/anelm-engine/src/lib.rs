@@ -13,6 +13,7 @@ pub mod default_model;
 pub mod embedder;
 pub mod error;
 pub mod generate;
+pub mod json_schema;
 pub mod kv_cache;
 pub mod load_quantize;
 pub mod loader;
@@ -34,6 +35,7 @@ pub mod stored_matrix;
 pub mod stream;
 pub mod threads;
 pub mod tools;
+mod unique_items;
 mod wide;
 
 pub use ane_backend::{AneBackend, AneMonitor, AneOptions, AneStats, KernelFallback};

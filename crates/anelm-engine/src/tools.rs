@@ -251,7 +251,11 @@ pub fn forced_call_grammar(format: ToolFormat, tools: &[ToolSpec], which: &Force
         "x-guidance": {"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}
     });
     match format {
-        ToolFormat::Hermes => Grammar::Lark(format!("start: \"<tool_call>\\n\" %json {schema} \"\\n</tool_call>\"")),
+        ToolFormat::Hermes => Grammar::TaggedJson {
+            open: "<tool_call>\n".into(),
+            schema,
+            close: "\n</tool_call>".into(),
+        },
         ToolFormat::LlamaJson => Grammar::JsonSchema(schema),
     }
 }
@@ -334,9 +338,13 @@ mod tests {
                 parameters: json!({"type": "object"}),
             },
         ];
-        let Grammar::Lark(g) = forced_call_grammar(ToolFormat::Hermes, &tools, &ForcedCall::Named("b".into())) else {
-            panic!("Hermes calls are a Lark grammar");
+        let Grammar::TaggedJson { open, schema, .. } =
+            forced_call_grammar(ToolFormat::Hermes, &tools, &ForcedCall::Named("b".into()))
+        else {
+            panic!("Hermes calls are JSON between tags");
         };
+        let g = schema.to_string();
+        assert_eq!(open, "<tool_call>\n");
         assert!(g.contains("\"const\":\"b\"") && !g.contains("\"const\":\"a\""), "{g}");
         assert!(matches!(
             forced_call_grammar(ToolFormat::LlamaJson, &tools, &ForcedCall::Any),
