@@ -192,6 +192,11 @@ impl ConstraintFactory {
     }
 }
 
+/// A matcher error as a failed constraint.
+fn failed(e: impl fmt::Display) -> ConstraintError {
+    ConstraintError::Failed(e.to_string())
+}
+
 fn matcher_error(m: &Matcher) -> Option<String> {
     m.is_error()
         .then(|| m.get_error().unwrap_or_else(|| "unknown error".into()))
@@ -283,16 +288,26 @@ impl Constraint {
                 .matcher
                 .compute_mask_or_eos()
                 .map_err(|e| ConstraintError::Failed(e.to_string()))?;
-            if let Some(u) = &mut self.unique
-                && u.is_active()
+            if self.unique.as_ref().is_some_and(UniqueItems::is_active)
+                && let Some(mut u) = self.unique.take()
             {
                 let trie = self.env.tok_trie();
-                let mut refused = Vec::new();
+                let (mut refused, mut risky) = (Vec::new(), Vec::new());
                 mask.iter_set_entries(|t| {
-                    if !self.stop_ids.contains(&(t as u32)) && !u.allows(trie.token(t as u32)) {
-                        refused.push(t as u32);
+                    let (t, bytes) = (t as u32, trie.token(t as u32));
+                    if self.stop_ids.contains(&t) {
+                    } else if !u.allows(bytes) {
+                        refused.push(t);
+                    } else if u.is_risky(bytes) {
+                        risky.push(t);
                     }
                 });
+                for t in risky {
+                    if !self.unique_way_out(&u, t)? {
+                        refused.push(t);
+                    }
+                }
+                self.unique = Some(u);
                 for t in refused {
                     mask.disallow_token(t);
                 }
@@ -331,11 +346,37 @@ impl Constraint {
             .validate_tokens(&[token])
             .map(|n| n == 1)
             .map_err(|e| ConstraintError::Failed(e.to_string()))?;
-        Ok(grammar_ok
-            && match &mut self.unique {
-                Some(u) => u.allows(self.env.tok_trie().token(token)),
-                None => true,
-            })
+        if !grammar_ok {
+            return Ok(false);
+        }
+        let Some(mut u) = self.unique.take() else {
+            return Ok(true);
+        };
+        let bytes = self.env.tok_trie().token(token);
+        let ok = match u.allows(bytes) {
+            true if u.is_risky(bytes) => self.unique_way_out(&u, token),
+            allowed => Ok(allowed),
+        };
+        self.unique = Some(u);
+        ok
+    }
+
+    /// After a risky token ([`UniqueItems::is_risky`]): whether some next token would still be
+    /// allowed by both the grammar and the unique rule (one step of look-ahead, on copies).
+    fn unique_way_out(&self, u: &UniqueItems, token: u32) -> Result<bool, ConstraintError> {
+        let mut m = self.matcher.deep_clone();
+        m.consume_token(token).map_err(failed)?;
+        let mask = m.compute_mask_or_eos().map_err(failed)?;
+        let mut after = u.clone();
+        let trie = self.env.tok_trie();
+        after.accept(trie.token(token));
+        let mut found = false;
+        mask.iter_set_entries(|t| {
+            if !found && !self.stop_ids.contains(&(t as u32)) && after.allows(trie.token(t as u32)) {
+                found = true;
+            }
+        });
+        Ok(found)
     }
 
     /// Compute the full mask at every step, never taking the sampler's unmasked choice after

@@ -170,6 +170,47 @@ impl UniqueItems {
         ok
     }
 
+    /// Whether taking `bytes` (which [`UniqueItems::allows`]) leaves an item open that closing
+    /// right away would repeat (`"ab` when `"ab"` was written): the grammar may allow nothing
+    /// else there (a `maxLength`), so the caller looks one token further.
+    pub(crate) fn is_risky(&mut self, bytes: &[u8]) -> bool {
+        if !self.is_active() {
+            return false;
+        }
+        let mut frames = std::mem::take(&mut self.scratch);
+        frames.clear();
+        frames.extend_from_slice(&self.cur.frames);
+        let mut cur = Cursor {
+            lex: self.cur.lex,
+            frames,
+            done: false,
+            tried: Vec::new(),
+        };
+        let base = self.text.len();
+        for (i, &b) in bytes.iter().enumerate() {
+            let _ = self.step(&mut cur, b, base + i, bytes, false);
+        }
+        let risky = match (cur.frames.last(), cur.lex) {
+            (
+                Some(&Frame {
+                    set: Some(s),
+                    item: Some(item),
+                    ..
+                }),
+                Lex::Str { key: false, .. } | Lex::Scalar { .. },
+            ) => {
+                let mut partial = self.slice(bytes, item, base + bytes.len());
+                if matches!(cur.lex, Lex::Str { .. }) {
+                    partial.push(b'"');
+                }
+                canonical(&partial).is_some_and(|c| self.sets[s].seen.contains(&c))
+            }
+            _ => false,
+        };
+        self.scratch = cur.frames;
+        risky
+    }
+
     /// Bytes `start..end` of the text followed by the token being tried.
     fn slice(&self, token: &[u8], start: usize, end: usize) -> Vec<u8> {
         let base = self.text.len();
