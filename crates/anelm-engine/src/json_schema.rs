@@ -36,7 +36,9 @@ const DATE: &str = concat!(
 );
 const TIME: &str =
     r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{3}(?:[0-9]{3})?)?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])";
-const EMAIL: &str = r"[a-zA-Z0-9_+-]{1,20}(?:\.[a-zA-Z0-9_+-]{1,20}){0,2}@(?:[a-zA-Z0-9]{1,30}\.){1,3}[a-zA-Z]{2,3}";
+// Short enough that a small model finishes it; every match passes `email-validator` (a dot in
+// the domain, a 2-3 letter top-level domain, so never a special-use one like `.test`).
+const EMAIL: &str = r"[a-zA-Z0-9_+-]{1,16}(?:\.[a-zA-Z0-9_+-]{1,16})?@(?:[a-zA-Z0-9]{1,20}\.){1,2}[a-zA-Z]{2,3}";
 const URL: &str = r"https?://[a-z0-9]{1,30}(?:\.[a-z0-9]{1,30}){0,3}\.[a-z]{2,6}(?:/[a-zA-Z0-9._~-]{0,40}){0,6}(?:\?[a-zA-Z0-9=&_.-]{0,60})?";
 // Base64 of ASCII bytes (so `Base64Str` decodes to valid UTF-8 too): the first character of a
 // group keeps byte 1's top bit clear, the second byte 2's, the third byte 3's.
@@ -67,7 +69,9 @@ fn ipv4() -> String {
 fn format_rule(name: &str) -> FormatRule {
     use FormatRule::*;
     match name {
-        "duration" | "hostname" | "ipv4" | "ipv6" => Keep,
+        "hostname" | "ipv4" | "ipv6" => Keep,
+        // Bounded (llguidance's takes any number of digits, which overflows `timedelta`).
+        "duration" => Pattern("P(?:[0-9]{1,4}D|(?:[0-9]{1,4}D)?T(?:[0-9]{1,2}H)?(?:[0-9]{1,2}M)?[0-9]{1,2}S)".into()),
         "idn-hostname" => Pattern(r"[a-z0-9]{1,30}(?:\.[a-z0-9]{1,30}){0,3}".into()),
         "date" => Pattern(DATE.into()),
         "time" => Pattern(TIME.into()),
@@ -423,6 +427,45 @@ fn rewrite_content(o: &mut Map<String, Value>) {
     }
 }
 
+/// `schema` ready to sit at JSON pointer `at` inside a larger schema (a tool's `parameters`
+/// inside a tool call's schema): its `$defs`/`definitions` are taken out (to go at the larger
+/// schema's root, renamed with `prefix`) and its local `$ref`s point where they will be.
+pub fn embed(schema: &Value, at: &str, prefix: &str) -> (Value, Map<String, Value>, Map<String, Value>) {
+    let mut s = schema.clone();
+    let mut take = |key: &str| match s.as_object_mut().and_then(|o| o.remove(key)) {
+        Some(Value::Object(m)) => m.into_iter().map(|(k, v)| (format!("{prefix}{k}"), v)).collect(),
+        _ => Map::new(),
+    };
+    let (mut defs, mut definitions) = (take("$defs"), take("definitions"));
+    let fix = |v: &mut Value| fix_refs(v, at, prefix);
+    fix(&mut s);
+    defs.values_mut().for_each(fix);
+    definitions.values_mut().for_each(fix);
+    (s, defs, definitions)
+}
+
+fn fix_refs(v: &mut Value, at: &str, prefix: &str) {
+    match v {
+        Value::Object(o) => {
+            if let Some(Value::String(r)) = o.get_mut("$ref")
+                && let Some(local) = r.strip_prefix('#')
+            {
+                *r = match ["/$defs/", "/definitions/"].iter().find(|d| local.starts_with(*d)) {
+                    Some(d) => format!("#{d}{prefix}{}", &local[d.len()..]),
+                    None => format!("#{at}{local}"),
+                };
+            }
+            for (k, sub) in o.iter_mut() {
+                if !matches!(k.as_str(), "const" | "enum" | "default" | "examples") {
+                    fix_refs(sub, at, prefix);
+                }
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(|x| fix_refs(x, at, prefix)),
+        _ => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -438,6 +481,7 @@ mod tests {
             "u": {"type": "string", "format": "uuid4"},
             "d": {"type": "string", "format": "date"},
             "ip": {"type": "string", "format": "ipvanyaddress"},
+            "host": {"type": "string", "format": "hostname"},
             "dur": {"type": "string", "format": "duration"},
         }}));
         let p = &s["properties"];
@@ -454,7 +498,8 @@ mod tests {
         );
         assert!(p["d"]["pattern"].as_str().is_some_and(|r| r.contains("02-29")));
         assert!(p["ip"]["pattern"].is_string());
-        assert_eq!(p["dur"]["format"], "duration");
+        assert_eq!(p["host"]["format"], "hostname");
+        assert!(p["dur"]["pattern"].is_string());
     }
 
     #[test]
@@ -531,5 +576,20 @@ mod tests {
             "contentSchema": {"type": "integer"}}));
         assert!(s["pattern"].as_str().is_some_and(|p| p.contains("[1-9]")));
         assert!(s.get("contentSchema").is_none());
+    }
+
+    #[test]
+    fn an_embedded_schema_keeps_its_references() {
+        let (s, defs, definitions) = embed(
+            &json!({"$defs": {"A": {"properties": {"b": {"$ref": "#/$defs/B"}}}, "B": {"type": "integer"}},
+                "properties": {"a": {"$ref": "#/$defs/A"}, "me": {"$ref": "#"}, "c": {"const": {"$ref": "#"}}}}),
+            "/anyOf/0/properties/arguments",
+            "t0_",
+        );
+        assert_eq!(s["properties"]["a"]["$ref"], "#/$defs/t0_A");
+        assert_eq!(s["properties"]["me"]["$ref"], "#/anyOf/0/properties/arguments");
+        assert_eq!(s["properties"]["c"]["const"]["$ref"], "#");
+        assert_eq!(defs["t0_A"]["properties"]["b"]["$ref"], "#/$defs/t0_B");
+        assert!(definitions.is_empty() && s.get("$defs").is_none());
     }
 }
