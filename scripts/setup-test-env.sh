@@ -4,7 +4,7 @@
 # `openai-agents` SDK (an agent over the Responses API), `anthropic` (the Messages API), `ollama` (Ollama's API),
 # `instructor` and `pydantic-ai` (pydantic models as schemas; pydantic-ai 1.30.1 is the newest that
 # works with openai 1.109.1, and it needs an opentelemetry-api that still has `_events`),
-# `email-validator` (pydantic's `EmailStr`).
+# `email-validator` (pydantic's `EmailStr`), `rfc3339-validator` (jsonschema checks `date-time` and `time` with it).
 # Idempotent; prints the python path.
 set -euo pipefail
 VENV="${ANELM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/anelm}/venv-openai"
@@ -18,6 +18,7 @@ PACKAGES=(
   "pydantic-ai-slim[openai]==1.30.1"
   "opentelemetry-api==1.38.0"
   "email-validator==2.4.0"
+  "rfc3339-validator==0.1.4"
 )
 PY="$VENV/bin/python"
 if [[ -x "$PY" ]] && "$PY" - "${PACKAGES[@]}" 2>/dev/null <<'PYEOF'

@@ -33,7 +33,7 @@ from pydantic_ai.providers.openai import OpenAIProvider
 base, key = sys.argv[1], sys.argv[2]
 client = OpenAI(base_url=base, api_key=key, max_retries=0, timeout=300)
 model = client.models.list().data[0].id
-checker = jsonschema.FormatChecker()
+checker = jsonschema.Draft202012Validator.FORMAT_CHECKER  # pydantic writes 2020-12 schemas
 
 
 class Address(BaseModel):
