@@ -3,8 +3,8 @@
 Usage: python structured_outputs.py BASE_URL API_KEY
 Exits non-zero with a message on the first failed check. Checks:
 - `client.chat.completions.parse` with a pydantic model gives a parsed object;
-- 30 generated JSON schemas (nested objects, arrays with min/max items, enums, bounded
-  integers, optional fields), sampled at temperature 1: every answer parses and validates
+- 30 generated JSON schemas (nested objects, arrays with min/max items, unique arrays, enums,
+  bounded integers, string formats, optional fields), sampled at temperature 1: every answer parses and validates
   (`jsonschema`);
 - `json_object` gives an object; streaming gives the same text as non-streaming at temperature 0;
 - the non-standard `grammar` field (Lark and regex);
@@ -53,6 +53,8 @@ def gen_schema(rng, depth=0):
     kinds = ["string", "integer", "enum", "boolean", "array"] + (["object"] * 2 if depth < 2 else [])
     kind = rng.choice(kinds)
     if kind == "string":
+        if rng.random() < 0.25:
+            return {"type": "string", "format": rng.choice(["date", "date-time", "email", "uuid", "ipv4"])}
         return {"type": "string", "maxLength": rng.randint(1, 12)}
     if kind == "integer":
         lo = rng.randint(-50, 50)
@@ -63,7 +65,11 @@ def gen_schema(rng, depth=0):
         return {"type": "boolean"}
     if kind == "array":
         lo = rng.randint(0, 2)
-        return {"type": "array", "items": gen_schema(rng, depth + 1), "minItems": lo, "maxItems": lo + rng.randint(0, 2)}
+        items = gen_schema(rng, depth + 1)
+        array = {"type": "array", "items": items, "minItems": lo, "maxItems": lo + rng.randint(0, 2)}
+        if items.get("type") == "string" and rng.random() < 0.5:
+            array["uniqueItems"] = True  # what pydantic's set[...] writes
+        return array
     props = {f"k{i}_{rng.choice(['id', 'name', 'size', 'tag'])}": gen_schema(rng, depth + 1) for i in range(rng.randint(1, 4))}
     required = [k for k in props if rng.random() < 0.7]
     return {"type": "object", "properties": props, "required": required, "additionalProperties": False}
@@ -98,7 +104,7 @@ with ThreadPoolExecutor(max_workers=4) as pool:
         assert r.choices[0].finish_reason == "stop", (i, r.choices[0].finish_reason, text, schema)
         try:
             value = json.loads(text)
-            jsonschema.validate(value, schema)
+            jsonschema.validate(value, schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
         except Exception as e:
             raise AssertionError(f"schema {i}: {e}\nschema: {json.dumps(schema)}\nanswer: {text!r}")
 

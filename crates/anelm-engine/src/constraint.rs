@@ -13,6 +13,9 @@ use llguidance::toktrie::{InferenceCapabilities, TokEnv, TokRxInfo, TokTrie, Tok
 use llguidance::{Matcher, ParserFactory};
 use serde_json::{Value, json};
 
+use crate::json_schema::rewrite;
+use crate::unique_items::UniqueItems;
+
 /// What a stream's output must match.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Grammar {
@@ -20,6 +23,15 @@ pub enum Grammar {
     JsonObject,
     /// A value valid under this JSON schema.
     JsonSchema(Value),
+    /// A value valid under this JSON schema between two fixed texts (a tool call's tags).
+    TaggedJson {
+        /// The text before the JSON.
+        open: String,
+        /// The JSON's schema.
+        schema: Value,
+        /// The text after it.
+        close: String,
+    },
     /// A grammar in llguidance's Lark dialect.
     Lark(String),
     /// A regular expression the whole output matches.
@@ -46,24 +58,43 @@ fn json_options() -> Value {
     json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
 }
 
+/// A JSON schema rewritten for llguidance ([`crate::json_schema`]), with anelm's JSON options.
+fn prepared_schema(schema: &Value) -> Result<Value, ConstraintError> {
+    let mut schema = rewrite(schema).map_err(|e| ConstraintError::Invalid(e.0))?;
+    if let Value::Object(o) = &mut schema
+        && !o.contains_key("x-guidance")
+    {
+        o.insert("x-guidance".into(), json_options());
+    }
+    Ok(schema)
+}
+
 impl Grammar {
-    fn to_llguidance(&self) -> TopLevelGrammar {
-        match self {
-            Grammar::JsonObject => {
-                TopLevelGrammar::from_json_schema(json!({"type": "object", "x-guidance": json_options()}))
-            }
+    /// llguidance's grammar, and the run-time `uniqueItems` rule when the schema needs one.
+    fn to_llguidance(&self) -> Result<(TopLevelGrammar, Option<UniqueItems>), ConstraintError> {
+        Ok(match self {
+            Grammar::JsonObject => (
+                TopLevelGrammar::from_json_schema(json!({"type": "object", "x-guidance": json_options()})),
+                None,
+            ),
             Grammar::JsonSchema(schema) => {
-                let mut schema = schema.clone();
-                if let Value::Object(o) = &mut schema
-                    && !o.contains_key("x-guidance")
-                {
-                    o.insert("x-guidance".into(), json_options());
-                }
-                TopLevelGrammar::from_json_schema(schema)
+                let schema = prepared_schema(schema)?;
+                let unique = UniqueItems::new(&schema, 0);
+                (TopLevelGrammar::from_json_schema(schema), unique)
             }
-            Grammar::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
-            Grammar::Regex(r) => TopLevelGrammar::from_regex(r),
-        }
+            Grammar::TaggedJson { open, schema, close } => {
+                let schema = prepared_schema(schema)?;
+                let unique = UniqueItems::new(&schema, open.len());
+                let lark = format!(
+                    "start: {} %json {schema} {}",
+                    Value::from(open.as_str()),
+                    Value::from(close.as_str())
+                );
+                (TopLevelGrammar::from_lark(lark), unique)
+            }
+            Grammar::Lark(g) => (TopLevelGrammar::from_lark(g.clone()), None),
+            Grammar::Regex(r) => (TopLevelGrammar::from_regex(r), None),
+        })
     }
 }
 
@@ -92,6 +123,7 @@ impl TokenizerEnv for VocabularyTrie {
 /// vocabulary).
 pub struct ConstraintFactory {
     factory: ParserFactory,
+    env: TokEnv,
     stop_ids: Vec<u32>,
     vocab: usize,
 }
@@ -131,6 +163,7 @@ impl ConstraintFactory {
         factory.quiet();
         Ok(Self {
             factory,
+            env,
             stop_ids,
             vocab,
         })
@@ -138,9 +171,10 @@ impl ConstraintFactory {
 
     /// A fresh constraint for one stream; an invalid grammar is an error quoting llguidance.
     pub fn compile(&self, grammar: &Grammar) -> Result<Constraint, ConstraintError> {
+        let (grammar, unique) = grammar.to_llguidance()?;
         let parser = self
             .factory
-            .create_parser(grammar.to_llguidance())
+            .create_parser(grammar)
             .map_err(|e| ConstraintError::Invalid(e.to_string()))?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher_error(&matcher) {
@@ -148,12 +182,19 @@ impl ConstraintFactory {
         }
         Ok(Constraint {
             matcher,
+            unique,
+            env: self.env.clone(),
             stop_ids: self.stop_ids.clone(),
             vocab: self.vocab,
             ready: None,
             mask_every_step: false,
         })
     }
+}
+
+/// A matcher error as a failed constraint.
+fn failed(e: impl fmt::Display) -> ConstraintError {
+    ConstraintError::Failed(e.to_string())
 }
 
 fn matcher_error(m: &Matcher) -> Option<String> {
@@ -164,6 +205,10 @@ fn matcher_error(m: &Matcher) -> Option<String> {
 /// One stream's grammar state.
 pub struct Constraint {
     matcher: Matcher,
+    /// The run-time `uniqueItems` rule, when the schema has a unique array.
+    unique: Option<UniqueItems>,
+    /// The vocabulary, for the bytes of a token.
+    env: TokEnv,
     stop_ids: Vec<u32>,
     vocab: usize,
     /// The next step's mask, when computed ahead ([`Constraint::prepare`]).
@@ -177,6 +222,8 @@ impl Clone for Constraint {
     fn clone(&self) -> Self {
         Self {
             matcher: self.matcher.deep_clone(),
+            unique: self.unique.clone(),
+            env: self.env.clone(),
             stop_ids: self.stop_ids.clone(),
             vocab: self.vocab,
             ready: self.ready.clone(),
@@ -237,10 +284,41 @@ impl Constraint {
     /// scheduler can compute several streams' masks in parallel; a no-op when it is ready.
     pub fn prepare(&mut self) -> Result<(), ConstraintError> {
         if self.ready.is_none() {
-            let mask = self
+            let mut mask = self
                 .matcher
                 .compute_mask_or_eos()
                 .map_err(|e| ConstraintError::Failed(e.to_string()))?;
+            if self.unique.as_ref().is_some_and(UniqueItems::is_active)
+                && let Some(mut u) = self.unique.take()
+            {
+                let trie = self.env.tok_trie();
+                let (mut refused, mut risky) = (Vec::new(), Vec::new());
+                mask.iter_set_entries(|t| {
+                    let (t, bytes) = (t as u32, trie.token(t as u32));
+                    if self.stop_ids.contains(&t) {
+                    } else if !u.allows(bytes) {
+                        refused.push(t);
+                    } else if u.is_risky(bytes) {
+                        risky.push(t);
+                    }
+                });
+                for t in risky {
+                    if !self.unique_way_out(&u, t)? {
+                        refused.push(t);
+                    }
+                }
+                self.unique = Some(u);
+                for t in refused {
+                    mask.disallow_token(t);
+                }
+                if mask.is_zero() {
+                    return Err(ConstraintError::Failed(
+                        "every continuation repeats an item of a uniqueItems array (the schema's \
+                         unique array cannot be completed: give it more possible values or a lower minItems)"
+                            .into(),
+                    ));
+                }
+            }
             self.ready = Some(mask);
         }
         Ok(())
@@ -263,10 +341,42 @@ impl Constraint {
         if token as usize >= self.vocab || self.matcher.is_stopped() {
             return Ok(false);
         }
-        self.matcher
+        let grammar_ok = self
+            .matcher
             .validate_tokens(&[token])
             .map(|n| n == 1)
-            .map_err(|e| ConstraintError::Failed(e.to_string()))
+            .map_err(|e| ConstraintError::Failed(e.to_string()))?;
+        if !grammar_ok {
+            return Ok(false);
+        }
+        let Some(mut u) = self.unique.take() else {
+            return Ok(true);
+        };
+        let bytes = self.env.tok_trie().token(token);
+        let ok = match u.allows(bytes) {
+            true if u.is_risky(bytes) => self.unique_way_out(&u, token),
+            allowed => Ok(allowed),
+        };
+        self.unique = Some(u);
+        ok
+    }
+
+    /// After a risky token ([`UniqueItems::is_risky`]): whether some next token would still be
+    /// allowed by both the grammar and the unique rule (one step of look-ahead, on copies).
+    fn unique_way_out(&self, u: &UniqueItems, token: u32) -> Result<bool, ConstraintError> {
+        let mut m = self.matcher.deep_clone();
+        m.consume_token(token).map_err(failed)?;
+        let mask = m.compute_mask_or_eos().map_err(failed)?;
+        let mut after = u.clone();
+        let trie = self.env.tok_trie();
+        after.accept(trie.token(token));
+        let mut found = false;
+        mask.iter_set_entries(|t| {
+            if !found && !self.stop_ids.contains(&(t as u32)) && after.allows(trie.token(t as u32)) {
+                found = true;
+            }
+        });
+        Ok(found)
     }
 
     /// Compute the full mask at every step, never taking the sampler's unmasked choice after
@@ -290,7 +400,11 @@ impl Constraint {
         }
         self.matcher
             .consume_token(token)
-            .map_err(|e| ConstraintError::Failed(e.to_string()))
+            .map_err(|e| ConstraintError::Failed(e.to_string()))?;
+        if let Some(u) = &mut self.unique {
+            u.accept(self.env.tok_trie().token(token));
+        }
+        Ok(())
     }
 
     /// The grammar is complete and admits nothing more: the stream should end.

@@ -15,6 +15,7 @@ pub mod default_model;
 pub mod embedder;
 pub mod error;
 pub mod generate;
+pub mod json_schema;
 pub mod kv_cache;
 pub mod label_scores;
 pub mod last_logits;
@@ -39,6 +40,7 @@ pub mod stored_matrix;
 pub mod stream;
 pub mod threads;
 pub mod tools;
+mod unique_items;
 mod wide;
 
 pub use ane_backend::{AneBackend, AneMonitor, AneOptions, AneStats, KernelFallback};

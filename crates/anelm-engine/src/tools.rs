@@ -231,27 +231,44 @@ pub fn forced_call_grammar(format: ToolFormat, tools: &[ToolSpec], which: &Force
         ToolFormat::Hermes => "arguments",
         ToolFormat::LlamaJson => "parameters",
     };
+    let (mut defs, mut definitions) = (Map::new(), Map::new());
     let options: Vec<Value> = tools
         .iter()
-        .filter(|t| match which {
+        .enumerate()
+        .filter(|(_, t)| match which {
             ForcedCall::Any => true,
             ForcedCall::Named(n) => &t.name == n,
         })
-        .map(|t| {
+        .enumerate()
+        .map(|(k, (i, t))| {
+            // The parameters' `$defs` move to the root, where their `$ref`s look.
+            let at = format!("/anyOf/{k}/properties/{args_key}");
+            let (params, d, d7) = crate::json_schema::embed(&t.parameters, &at, &format!("tool{i}_"));
+            defs.extend(d);
+            definitions.extend(d7);
             json!({
                 "type": "object",
-                "properties": {"name": {"const": t.name}, args_key: t.parameters},
+                "properties": {"name": {"const": t.name}, args_key: params},
                 "required": ["name", args_key],
                 "additionalProperties": false
             })
         })
         .collect();
-    let schema = json!({
+    let mut schema = json!({
         "anyOf": options,
         "x-guidance": {"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}
     });
+    for (key, found) in [("$defs", defs), ("definitions", definitions)] {
+        if !found.is_empty() {
+            schema[key] = Value::Object(found);
+        }
+    }
     match format {
-        ToolFormat::Hermes => Grammar::Lark(format!("start: \"<tool_call>\\n\" %json {schema} \"\\n</tool_call>\"")),
+        ToolFormat::Hermes => Grammar::TaggedJson {
+            open: "<tool_call>\n".into(),
+            schema,
+            close: "\n</tool_call>".into(),
+        },
         ToolFormat::LlamaJson => Grammar::JsonSchema(schema),
     }
 }
@@ -334,9 +351,13 @@ mod tests {
                 parameters: json!({"type": "object"}),
             },
         ];
-        let Grammar::Lark(g) = forced_call_grammar(ToolFormat::Hermes, &tools, &ForcedCall::Named("b".into())) else {
-            panic!("Hermes calls are a Lark grammar");
+        let Grammar::TaggedJson { open, schema, .. } =
+            forced_call_grammar(ToolFormat::Hermes, &tools, &ForcedCall::Named("b".into()))
+        else {
+            panic!("Hermes calls are JSON between tags");
         };
+        let g = schema.to_string();
+        assert_eq!(open, "<tool_call>\n");
         assert!(g.contains("\"const\":\"b\"") && !g.contains("\"const\":\"a\""), "{g}");
         assert!(matches!(
             forced_call_grammar(ToolFormat::LlamaJson, &tools, &ForcedCall::Any),

@@ -227,3 +227,117 @@ fn checking_the_temperature_draw_first_keeps_the_masked_distribution() {
         );
     }
 }
+
+/// Whether the array's items are pairwise different JSON values.
+fn all_different(items: &[Value]) -> bool {
+    items.iter().enumerate().all(|(i, a)| items[..i].iter().all(|b| a != b))
+}
+
+#[test]
+fn unique_arrays_stay_unique_whatever_the_sampler_draws() {
+    let lm = model();
+    // pydantic's `set[str]` (forced to several items) and `set[Literal[...]]` asking for every value.
+    let schema = json!({
+        "$defs": {"Color": {"enum": ["red", "green", "blue"], "title": "Color", "type": "string"}},
+        "type": "object",
+        "properties": {
+            "words": {"type": "array", "items": {"type": "string", "maxLength": 3}, "uniqueItems": true,
+                      "minItems": 4, "maxItems": 5},
+            "colors": {"type": "array", "items": {"$ref": "#/$defs/Color"}, "uniqueItems": true, "minItems": 3},
+            "flags": {"type": "array", "items": {"type": "boolean"}, "uniqueItems": true, "minItems": 2},
+            "small": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 2},
+                      "uniqueItems": true, "minItems": 3}
+        },
+        "required": ["words", "colors", "flags", "small"],
+        "additionalProperties": false
+    });
+    let grammar = Grammar::JsonSchema(schema);
+    for seed in 0..4 {
+        for every_step in [false, true] {
+            let mut c = lm.constraint(&grammar).expect("compiles");
+            if every_step {
+                c.mask_every_step();
+            }
+            let (_, text, finish) = generate_from(&lm, "Some words and colors as JSON.", temperature_one(seed, c, 160));
+            assert_eq!(finish, FinishReason::Stop, "seed {seed}: {text:?}");
+            let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("seed {seed}: {e}: {text:?}"));
+            for key in ["words", "colors", "flags", "small"] {
+                let items = v[key].as_array().unwrap_or_else(|| panic!("{key}: {text}"));
+                assert!(all_different(items), "seed {seed} {key} repeats: {text}");
+            }
+            assert_eq!(v["colors"].as_array().map(Vec::len), Some(3), "{text}");
+        }
+    }
+}
+
+#[test]
+fn every_format_pydantic_and_zod_write_compiles() {
+    let lm = model();
+    let formats = [
+        "date",
+        "date-time",
+        "time",
+        "duration",
+        "email",
+        "idn-email",
+        "name-email",
+        "uri",
+        "iri",
+        "uri-reference",
+        "multi-host-uri",
+        "hostname",
+        "idn-hostname",
+        "ipv4",
+        "ipv6",
+        "ipvanyaddress",
+        "ipv4network",
+        "ipv6network",
+        "ipvanynetwork",
+        "ipv4interface",
+        "ipv6interface",
+        "ipvanyinterface",
+        "uuid",
+        "uuid1",
+        "uuid4",
+        "uuid7",
+        "base64",
+        "base64url",
+        "binary",
+        "password",
+        "path",
+        "file-path",
+        "directory-path",
+        "color",
+        "regex",
+        "json-pointer",
+        "relative-json-pointer",
+        "no-such-format",
+    ];
+    let mut props = serde_json::Map::new();
+    for f in formats {
+        props.insert(f.into(), json!({"type": "string", "format": f}));
+    }
+    props.insert("i64".into(), json!({"type": "integer", "format": "int64"}));
+    props.insert(
+        "constrained".into(),
+        json!({"type": "string", "format": "email", "pattern": "^a", "maxLength": 40}),
+    );
+    props.insert(
+        "json".into(),
+        json!({"type": "string", "contentMediaType": "application/json", "contentSchema": {"type": "integer"}}),
+    );
+    props.insert(
+        "keys".into(),
+        json!({"type": "object", "additionalProperties": {"type": "integer"}, "propertyNames": {"enum": ["a", "b"]}}),
+    );
+    let schema = json!({"type": "object", "properties": props, "not": false, "dependentRequired": {"uuid": ["email"]}});
+    lm.constraint(&Grammar::JsonSchema(schema))
+        .expect("every format compiles");
+    let tagged = Grammar::TaggedJson {
+        open: "<tool_call>\n".into(),
+        schema: json!({"type": "object", "properties": {"d": {"type": "string", "format": "date"},
+            "s": {"type": "array", "items": {"type": "string"}, "uniqueItems": true}}}),
+        close: "\n</tool_call>".into(),
+    };
+    lm.constraint(&tagged).expect("a tagged schema compiles");
+}
