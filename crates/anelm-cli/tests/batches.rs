@@ -14,28 +14,6 @@ use serde_json::{Value, json};
 mod serving;
 use serving::*;
 
-/// A fresh data directory under the system's temp dir, removed on drop.
-struct TempDir(PathBuf);
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!(
-            "anelm-{tag}-{}-{}",
-            std::process::id(),
-            Instant::now().elapsed().as_nanos() ^ (free_port() as u128)
-        ));
-        std::fs::create_dir_all(&p).expect("temp dir");
-        Self(p)
-    }
-    fn arg(&self) -> &str {
-        self.0.to_str().expect("utf-8 temp path")
-    }
-}
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 fn minilm() -> PathBuf {
     let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
     let dir = std::env::var_os("ANELM_CACHE")

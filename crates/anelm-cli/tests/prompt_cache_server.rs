@@ -13,23 +13,6 @@ use serde_json::{Value, json};
 mod serving;
 use serving::*;
 
-struct TempDir(PathBuf);
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("anelm-{tag}-{}-{}", std::process::id(), free_port()));
-        std::fs::create_dir_all(&p).expect("temp dir");
-        Self(p)
-    }
-    fn arg(&self) -> &str {
-        self.0.to_str().expect("utf-8 temp path")
-    }
-}
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 fn system_prompt() -> String {
     system_prompt_of(40)
 }

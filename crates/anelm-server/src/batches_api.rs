@@ -17,7 +17,7 @@ use serde_json::{Map, Value, json};
 use crate::AppState;
 use crate::api_error::ApiError;
 use crate::batch_runner::BATCH_ENDPOINTS;
-use crate::files_api::{blocking, jobs, page_limit, plausible_id};
+use crate::files_api::{blocking, by_id, jobs, page_limit, plausible_id};
 use crate::job_store::NewLine;
 use crate::upstream::Privacy;
 
@@ -25,14 +25,6 @@ use crate::upstream::Privacy;
 pub const MAX_LINES: usize = 50_000;
 
 const CREATE_FIELDS: &[&str] = &["input_file_id", "endpoint", "completion_window", "metadata"];
-
-fn not_found(id: &str) -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_FOUND,
-        "invalid_request_error",
-        format!("no batch with id '{id}'"),
-    )
-}
 
 /// `completion_window` in seconds: `24h` as OpenAI takes it, or any whole number of hours
 /// from 1 to 168.
@@ -222,14 +214,8 @@ pub async fn get(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    st.check_key(&headers)?;
-    let jobs = jobs(&st)?;
-    if !plausible_id(&id) {
-        return Err(not_found(&id));
-    }
-    let (store, key) = (jobs.store.clone(), id.clone());
-    let row = blocking(move || store.batch(&key)).await?;
-    row.map(|b| Json(b.to_json())).ok_or_else(|| not_found(&id))
+    let row = by_id(&st, &headers, "batch", &id, |s, k| s.batch(k)).await?;
+    Ok(Json(row.to_json()))
 }
 
 /// `GET /v1/batches`.
@@ -255,14 +241,7 @@ pub async fn cancel(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    st.check_key(&headers)?;
-    let jobs = jobs(&st)?;
-    if !plausible_id(&id) {
-        return Err(not_found(&id));
-    }
-    let (store, key) = (jobs.store.clone(), id.clone());
-    let row = blocking(move || store.cancel_batch(&key)).await?;
-    let (asked, row) = row.ok_or_else(|| not_found(&id))?;
+    let (asked, row) = by_id(&st, &headers, "batch", &id, |s, k| s.cancel_batch(k)).await?;
     if !asked && row.status != "cancelling" {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -270,7 +249,9 @@ pub async fn cancel(
             format!("batch '{id}' is {} and can no longer be cancelled", row.status),
         ));
     }
-    jobs.wake();
+    if let Some(jobs) = st.jobs.get() {
+        jobs.wake();
+    }
     Ok(Json(row.to_json()))
 }
 

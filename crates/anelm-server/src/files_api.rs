@@ -43,7 +43,28 @@ pub fn jobs(st: &AppState) -> Result<Arc<Jobs>, ApiError> {
     })
 }
 
-fn not_found(what: &str, id: &str) -> ApiError {
+/// Look `id` up with `f` after the key and id checks; `None` is a 404 naming the `what` that
+/// was not found.
+pub async fn by_id<T: Send + 'static>(
+    st: &AppState,
+    headers: &HeaderMap,
+    what: &str,
+    id: &str,
+    f: impl FnOnce(&crate::job_store::JobStore, &str) -> Result<Option<T>, StoreError> + Send + 'static,
+) -> Result<T, ApiError> {
+    st.check_key(headers)?;
+    let jobs = jobs(st)?;
+    if !plausible_id(id) {
+        return Err(not_found(what, id));
+    }
+    let (store, key) = (jobs.store.clone(), id.to_string());
+    blocking(move || f(&store, &key))
+        .await?
+        .ok_or_else(|| not_found(what, id))
+}
+
+/// A 404 for an unknown id.
+pub fn not_found(what: &str, id: &str) -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         "invalid_request_error",
@@ -217,15 +238,8 @@ pub async fn get(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    st.check_key(&headers)?;
-    let jobs = jobs(&st)?;
-    if !plausible_id(&id) {
-        return Err(not_found("file", &id));
-    }
-    let store = jobs.store.clone();
-    let key = id.clone();
-    let row = blocking(move || store.file(&key)).await?;
-    row.map(|r| Json(r.to_json())).ok_or_else(|| not_found("file", &id))
+    let row = by_id(&st, &headers, "file", &id, |s, k| s.file(k)).await?;
+    Ok(Json(row.to_json()))
 }
 
 /// `GET /v1/files/{id}/content`.
@@ -234,15 +248,7 @@ pub async fn content(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    st.check_key(&headers)?;
-    let jobs = jobs(&st)?;
-    if !plausible_id(&id) {
-        return Err(not_found("file", &id));
-    }
-    let store = jobs.store.clone();
-    let key = id.clone();
-    let bytes = blocking(move || store.file_content(&key)).await?;
-    let bytes = bytes.ok_or_else(|| not_found("file", &id))?;
+    let bytes = by_id(&st, &headers, "file", &id, |s, k| s.file_content(k)).await?;
     Ok(([(header::CONTENT_TYPE, "application/jsonl")], bytes).into_response())
 }
 
@@ -252,18 +258,8 @@ pub async fn delete(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    st.check_key(&headers)?;
-    let jobs = jobs(&st)?;
-    if !plausible_id(&id) {
-        return Err(not_found("file", &id));
-    }
-    let store = jobs.store.clone();
-    let key = id.clone();
-    if blocking(move || store.delete_file(&key)).await? {
-        Ok(Json(json!({"id": id, "object": "file", "deleted": true})))
-    } else {
-        Err(not_found("file", &id))
-    }
+    by_id(&st, &headers, "file", &id, |s, k| Ok(s.delete_file(k)?.then_some(()))).await?;
+    Ok(Json(json!({"id": id, "object": "file", "deleted": true})))
 }
 
 #[cfg(test)]

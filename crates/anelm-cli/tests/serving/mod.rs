@@ -278,3 +278,27 @@ pub fn take_the_queue_place(port: u16, body: &[u8]) -> std::thread::JoinHandle<R
     }
     waiting
 }
+
+/// A fresh directory under the system's temp dir (a server's `--data-dir`), removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let p = std::env::temp_dir().join(format!("anelm-{tag}-{}-{n}-{}", std::process::id(), free_port()));
+        std::fs::create_dir_all(&p).expect("temp dir");
+        Self(p)
+    }
+
+    /// The path as a command-line argument.
+    pub fn arg(&self) -> &str {
+        self.0.to_str().expect("utf-8 temp path")
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
