@@ -5,7 +5,6 @@
 //!
 //! Needs the default model (`scripts/test.sh`).
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
