@@ -134,16 +134,6 @@ pub fn run(a: BatchArgs) -> Result<()> {
             metadata,
             wait,
         } => {
-            let content = std::fs::read(&file).with_context(|| format!("could not read {}", file.display()))?;
-            let endpoint = match endpoint {
-                Some(e) => e,
-                None => first_url(&content).with_context(|| {
-                    format!(
-                        "{}: no `url` on its first line; pass --endpoint /v1/chat/completions (or /v1/completions, /v1/embeddings)",
-                        file.display()
-                    )
-                })?,
-            };
             let mut meta = Map::new();
             for kv in &metadata {
                 let (k, v) = kv
@@ -151,18 +141,8 @@ pub fn run(a: BatchArgs) -> Result<()> {
                     .with_context(|| format!("--metadata {kv}: expected KEY=VALUE"))?;
                 meta.insert(k.to_string(), json!(v));
             }
-            let name = file
-                .file_name()
-                .map_or("batch.jsonl".into(), |n| n.to_string_lossy().into_owned());
-            let uploaded = server.upload("/files", &[("purpose", "batch")], &name, &content)?;
-            let file_id = uploaded["id"].as_str().context("the upload answered without an id")?;
-            let mut req = json!({"input_file_id": file_id, "endpoint": endpoint,
-                                 "completion_window": completion_window});
-            if !meta.is_empty() {
-                req["metadata"] = Value::Object(meta);
-            }
-            let batch = server.post_json("/batches", &req)?;
-            let id = batch["id"].as_str().context("the server answered without a batch id")?;
+            let (id, endpoint, batch) = start(&server, &file, endpoint, &completion_window, meta)?;
+            let id = id.as_str();
             println!("{id}");
             eprintln!(
                 "batch {id}: {} requests to {endpoint}; follow it with `anelm batch status {id}`",
@@ -215,16 +195,13 @@ pub fn run(a: BatchArgs) -> Result<()> {
                 let Some(fid) = file_id.as_str() else {
                     return Ok(0);
                 };
-                let r = server.send("GET", &format!("/files/{fid}/content"), None, &[])?;
-                if r.status != 200 {
-                    r.json()?;
-                }
-                let lines = r.body.iter().filter(|&&c| c == b'\n').count();
+                let body = file_content(&server, fid)?;
+                let lines = body.iter().filter(|&&c| c == b'\n').count();
                 if to == "-" {
                     use std::io::Write;
-                    std::io::stdout().write_all(&r.body)?;
+                    std::io::stdout().write_all(&body)?;
                 } else {
-                    std::fs::write(to, &r.body).with_context(|| format!("could not write {to}"))?;
+                    std::fs::write(to, &body).with_context(|| format!("could not write {to}"))?;
                 }
                 Ok(lines)
             };
@@ -321,26 +298,7 @@ fn run_with_server(job: RunJob) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    let content = std::fs::read(&job.file).with_context(|| format!("could not read {}", job.file.display()))?;
-    let endpoint = match job.endpoint {
-        Some(e) => e,
-        None => first_url(&content)
-            .with_context(|| format!("{}: no `url` on its first line; pass --endpoint", job.file.display()))?,
-    };
-    let name = job
-        .file
-        .file_name()
-        .map_or("batch.jsonl".into(), |n| n.to_string_lossy().into_owned());
-    let uploaded = server.upload("/files", &[("purpose", "batch")], &name, &content)?;
-    let file_id = uploaded["id"].as_str().context("the upload answered without an id")?;
-    let batch = server.post_json(
-        "/batches",
-        &json!({"input_file_id": file_id, "endpoint": endpoint, "completion_window": "168h"}),
-    )?;
-    let id = batch["id"]
-        .as_str()
-        .context("the server answered without a batch id")?
-        .to_string();
+    let (id, endpoint, batch) = start(&server, &job.file, job.endpoint, "168h", Map::new())?;
     eprintln!(
         "batch {id}: {} requests to {endpoint}",
         batch["request_counts"]["total"]
@@ -350,15 +308,57 @@ fn run_with_server(job: RunJob) -> Result<()> {
     let errors = job.errors.unwrap_or_else(|| job.output.with_extension("errors.jsonl"));
     for (key, path) in [("output_file_id", &job.output), ("error_file_id", &errors)] {
         let Some(fid) = b[key].as_str() else { continue };
-        let r = server.send("GET", &format!("/files/{fid}/content"), None, &[])?;
-        if r.status != 200 {
-            r.json()?;
-        }
-        std::fs::write(path, &r.body).with_context(|| format!("could not write {}", path.display()))?;
+        let body = file_content(&server, fid)?;
+        std::fs::write(path, &body).with_context(|| format!("could not write {}", path.display()))?;
         eprintln!("wrote {}", path.display());
     }
     drop(child);
     Ok(())
+}
+
+/// Upload `file` and start a batch over it: the batch id, its endpoint (`endpoint`, else the
+/// `url` of the file's first line) and the batch object.
+fn start(
+    server: &Server,
+    file: &std::path::Path,
+    endpoint: Option<String>,
+    window: &str,
+    metadata: Map<String, Value>,
+) -> Result<(String, String, Value)> {
+    let content = std::fs::read(file).with_context(|| format!("could not read {}", file.display()))?;
+    let endpoint = match endpoint {
+        Some(e) => e,
+        None => first_url(&content).with_context(|| {
+            format!(
+                "{}: no `url` on its first line; pass --endpoint /v1/chat/completions (or /v1/completions, /v1/embeddings, /v1/responses)",
+                file.display()
+            )
+        })?,
+    };
+    let name = file
+        .file_name()
+        .map_or("batch.jsonl".into(), |n| n.to_string_lossy().into_owned());
+    let uploaded = server.upload("/files", &[("purpose", "batch")], &name, &content)?;
+    let file_id = uploaded["id"].as_str().context("the upload answered without an id")?;
+    let mut req = json!({"input_file_id": file_id, "endpoint": endpoint, "completion_window": window});
+    if !metadata.is_empty() {
+        req["metadata"] = Value::Object(metadata);
+    }
+    let batch = server.post_json("/batches", &req)?;
+    let id = batch["id"]
+        .as_str()
+        .context("the server answered without a batch id")?
+        .to_string();
+    Ok((id, endpoint, batch))
+}
+
+/// A stored file's bytes (an error quoting the server's message otherwise).
+fn file_content(server: &Server, id: &str) -> Result<Vec<u8>> {
+    let r = server.send("GET", &format!("/files/{id}/content"), None, &[])?;
+    if r.status != 200 {
+        r.json()?;
+    }
+    Ok(r.body)
 }
 
 /// The `url` of the first request line.

@@ -51,8 +51,9 @@ impl ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
+impl ApiError {
+    /// The OpenAI error body: `{"error": {"message", "type", "param", "code"}}`.
+    pub fn to_json(&self) -> serde_json::Value {
         let code = match self.status.as_u16() {
             401 => "invalid_api_key",
             404 => "not_found",
@@ -61,7 +62,13 @@ impl IntoResponse for ApiError {
             503 => "unavailable",
             _ => "invalid_request",
         };
-        let body = json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": code}});
+        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": code}})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = self.to_json();
         let mut resp = (self.status, Json(body)).into_response();
         if let Some(s) = self.retry_after
             && let Ok(v) = HeaderValue::from_str(&s.to_string())

@@ -13,11 +13,12 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::IntoResponse;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::Notify;
 use tokio::task::{AbortHandle, JoinSet};
 
 use crate::AppState;
+use crate::api_error::ApiError;
 use crate::job_store::{BatchRow, JobStore, LineResult, PendingLine, StoreError};
 use crate::priority::PRIORITY_HEADER;
 use crate::upstream::PRIVACY_HEADER;
@@ -102,24 +103,25 @@ fn transient(status: StatusCode, body: &Value) -> bool {
         || body["status"] == "cancelled"
 }
 
+/// A line refused before it runs.
+fn refused(e: ApiError) -> Option<LineResult> {
+    Some(LineResult {
+        status: e.status.as_u16(),
+        body: e.to_json(),
+    })
+}
+
 /// Run one line through its endpoint's handler, as a background request.
 async fn execute(st: Arc<AppState>, endpoint: &str, private: bool, body: &str) -> Option<LineResult> {
     let parsed: Value = match serde_json::from_str(body) {
         Ok(v) => v,
-        Err(e) => {
-            return Some(LineResult {
-                status: 400,
-                body: json!({"error": {"message": format!("the body is not valid JSON: {e}"),
-                                       "type": "invalid_request_error", "code": "invalid_request"}}),
-            });
-        }
+        Err(e) => return refused(ApiError::bad_request(format!("the body is not valid JSON: {e}"), None)),
     };
     if parsed.get("stream").and_then(Value::as_bool) == Some(true) {
-        return Some(LineResult {
-            status: 400,
-            body: json!({"error": {"message": "a batch request cannot stream: remove `stream` (its result goes to the output file)",
-                                   "type": "invalid_request_error", "param": "stream", "code": "invalid_request"}}),
-        });
+        return refused(ApiError::bad_request(
+            "a batch request cannot stream: remove `stream` (its result goes to the output file)",
+            Some("stream"),
+        ));
     }
     let mut headers = HeaderMap::new();
     if let Some(key) = &st.config.api_key
@@ -140,9 +142,14 @@ async fn execute(st: Arc<AppState>, endpoint: &str, private: bool, body: &str) -
     let resp = resp.unwrap_or_else(|e| e.into_response());
     let status = resp.status();
     let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await.ok()?;
-    let body: Value = serde_json::from_slice(&bytes).unwrap_or_else(
-        |_| json!({"error": {"message": "the response was not JSON", "type": "server_error", "code": "server_error"}}),
-    );
+    let body: Value = serde_json::from_slice(&bytes).unwrap_or_else(|_| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            "the response was not JSON",
+        )
+        .to_json()
+    });
     if transient(status, &body) {
         return None;
     }

@@ -38,13 +38,12 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-
-use crate::batch_runner::Jobs;
 use axum::{Json, Router};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use crate::api_error::ApiError;
+use crate::batch_runner::Jobs;
 use crate::idle::{Live, Loader};
 use crate::openai::{Input, Parsed, ToolChoice};
 use crate::respond::{CancelOnDrop, Reply};

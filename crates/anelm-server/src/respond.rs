@@ -156,18 +156,6 @@ impl Reply {
     }
 }
 
-/// A legacy `functions` answer: the (single) call as `message.function_call`. Returns whether
-/// it wrote one.
-fn self_legacy_call(reply: &Reply, answer: &Answer, message: &mut Value) -> bool {
-    match answer.tool_calls.first() {
-        Some(call) if reply.legacy_functions => {
-            message["function_call"] = call["function"].clone();
-            true
-        }
-        _ => false,
-    }
-}
-
 /// The whole response as one JSON body, once every choice has finished.
 pub async fn collect(
     mut rx: mpsc::UnboundedReceiver<(usize, Event)>,
@@ -219,7 +207,11 @@ pub async fn collect(
             if let Some(r) = reasoning {
                 message["reasoning_content"] = json!(r);
             }
-            if self_legacy_call(&reply, &answer, &mut message) {
+            if reply.legacy_functions
+                && let Some(call) = answer.tool_calls.first()
+            {
+                // A legacy `functions` answer: its (single) call as `message.function_call`.
+                message["function_call"] = call["function"].clone();
             } else if !answer.tool_calls.is_empty() {
                 message["tool_calls"] = Value::Array(answer.tool_calls);
             }
@@ -342,20 +334,16 @@ impl Chunker {
                 queue.push_back(self.chunk(index, head, Value::Null, None));
                 let args = json!({"function_call": {"arguments": call["function"]["arguments"]}});
                 queue.push_back(self.chunk(index, args, Value::Null, None));
-            }
-            for (i, call) in answer
-                .tool_calls
-                .into_iter()
-                .enumerate()
-                .filter(|_| !self.reply.legacy_functions)
-            {
-                // As OpenAI streams a call: id, type and name first, then the arguments.
-                let head = json!({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
+            } else {
+                for (i, call) in answer.tool_calls.into_iter().enumerate() {
+                    // As OpenAI streams a call: id, type and name first, then the arguments.
+                    let head = json!({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
                                   "function": {"name": call["function"]["name"], "arguments": ""}}]});
-                queue.push_back(self.chunk(index, head, Value::Null, None));
-                let args =
-                    json!({"tool_calls": [{"index": i, "function": {"arguments": call["function"]["arguments"]}}]});
-                queue.push_back(self.chunk(index, args, Value::Null, None));
+                    queue.push_back(self.chunk(index, head, Value::Null, None));
+                    let args =
+                        json!({"tool_calls": [{"index": i, "function": {"arguments": call["function"]["arguments"]}}]});
+                    queue.push_back(self.chunk(index, args, Value::Null, None));
+                }
             }
         }
         if !c.pending.is_empty() {

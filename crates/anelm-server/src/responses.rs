@@ -22,6 +22,7 @@ use tokio::sync::mpsc;
 
 use crate::AppState;
 use crate::api_error::ApiError;
+use crate::files_api::blocking;
 use crate::internal::{self, Endpoint};
 use crate::job_store::new_id;
 
@@ -391,8 +392,8 @@ fn usage_of(u: &Value) -> Value {
            "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": i + o})
 }
 
-/// The output items of a whole chat answer, and the assistant turn to store.
-pub fn output_items(choice: &Value) -> (Vec<Value>, Vec<Value>) {
+/// The output items of a whole chat answer.
+pub fn output_items(choice: &Value) -> Vec<Value> {
     let msg = &choice["message"];
     let mut items = Vec::new();
     if let Some(r) = msg
@@ -413,11 +414,27 @@ pub fn output_items(choice: &Value) -> (Vec<Value>, Vec<Value>) {
                           "status": "completed"}),
         );
     }
-    let mut turn = json!({"role": "assistant", "content": msg.get("content").cloned().unwrap_or(Value::Null)});
-    if let Some(calls) = msg.get("tool_calls").filter(|c| c.is_array()) {
-        turn["tool_calls"] = calls.clone();
+    items
+}
+
+/// The assistant's chat turn that `output` items stand for (what a continuation shows the
+/// model): the message text, and the function calls as `tool_calls`.
+pub fn assistant_turn(output: &[Value]) -> Value {
+    let text: String = output
+        .iter()
+        .filter(|i| i["type"] == "message")
+        .filter_map(|i| i.pointer("/content/0/text").and_then(Value::as_str))
+        .collect();
+    let mut turn = json!({"role": "assistant", "content": if text.is_empty() { Value::Null } else { json!(text) }});
+    let calls: Vec<Value> = output
+        .iter()
+        .filter(|i| i["type"] == "function_call")
+        .map(|i| json!({"id": i["call_id"], "type": "function", "function": {"name": i["name"], "arguments": i["arguments"]}}))
+        .collect();
+    if !calls.is_empty() {
+        turn["tool_calls"] = Value::Array(calls);
     }
-    (items, vec![turn])
+    turn
 }
 
 fn reasoning_item(id: &str, text: &str, status: &str) -> Value {
@@ -447,10 +464,7 @@ pub async fn create(
         None | Some(Value::Null) => None,
         Some(Value::String(id)) => {
             let (store, key) = (st.clone(), id.clone());
-            let found = tokio::task::spawn_blocking(move || store.responses.get(&key))
-                .await
-                .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.to_string()))?
-                .map_err(crate::files_api::store_error)?;
+            let found = blocking(move || store.responses.get(&key)).await?;
             match found {
                 Some((_, conversation)) => Some(conversation),
                 None => {
@@ -481,27 +495,19 @@ pub async fn create(
     let answer = internal::call(st.clone(), headers, &t.chat, Endpoint::Chat).await?;
     let choice = &answer["choices"][0];
     let status = status_of(&choice["finish_reason"]);
-    let (items, turn) = output_items(choice);
+    let items = output_items(choice);
     let resp = response_object(&id, created, &model, status, items, usage_of(&answer["usage"]), &t.echo);
     if t.store {
-        store(&st, &id, &resp, t.conversation, turn).await?;
+        store(&st, &id, &resp, t.conversation).await?;
     }
     Ok(Json(resp).into_response())
 }
 
-async fn store(
-    st: &Arc<AppState>,
-    id: &str,
-    resp: &Value,
-    mut conversation: Vec<Value>,
-    turn: Vec<Value>,
-) -> Result<(), ApiError> {
-    conversation.extend(turn);
+/// Keep a response, and its conversation with the answer's turn at the end.
+async fn store(st: &Arc<AppState>, id: &str, resp: &Value, mut conversation: Vec<Value>) -> Result<(), ApiError> {
+    conversation.push(assistant_turn(resp["output"].as_array().map_or(&[][..], Vec::as_slice)));
     let (st, id, resp) = (st.clone(), id.to_string(), resp.clone());
-    tokio::task::spawn_blocking(move || st.responses.put(&id, &resp, &Value::Array(conversation)))
-        .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.to_string()))?
-        .map_err(crate::files_api::store_error)
+    blocking(move || st.responses.put(&id, &resp, &Value::Array(conversation))).await
 }
 
 struct StreamCtx {
@@ -757,35 +763,18 @@ async fn run_stream(st: Arc<AppState>, mut chunks: internal::ChunkStream, tx: mp
         ctx.created,
         &ctx.model,
         status,
-        items.clone(),
+        items,
         usage_of(&usage),
         &ctx.t.echo,
     );
-    if ctx.t.store {
-        let mut turn = json!({"role": "assistant", "content": null});
-        let text: String = items
-            .iter()
-            .filter(|i| i["type"] == "message")
-            .filter_map(|i| i.pointer("/content/0/text").and_then(Value::as_str))
-            .collect();
-        if !text.is_empty() {
-            turn["content"] = json!(text);
-        }
-        let calls: Vec<Value> = items
-            .iter()
-            .filter(|i| i["type"] == "function_call")
-            .map(|i| json!({"id": i["call_id"], "type": "function", "function": {"name": i["name"], "arguments": i["arguments"]}}))
-            .collect();
-        if !calls.is_empty() {
-            turn["tool_calls"] = Value::Array(calls);
-        }
-        if let Err(err) = store(&st, &ctx.id, &resp, ctx.t.conversation, vec![turn]).await {
-            let mut r = resp.clone();
-            r["status"] = json!("failed");
-            r["error"] = json!({"code": "server_error", "message": err.message});
-            e.send("response.failed", json!({"response": r})).await;
-            return;
-        }
+    if ctx.t.store
+        && let Err(err) = store(&st, &ctx.id, &resp, ctx.t.conversation).await
+    {
+        let mut r = resp.clone();
+        r["status"] = json!("failed");
+        r["error"] = json!({"code": "server_error", "message": err.message});
+        e.send("response.failed", json!({"response": r})).await;
+        return;
     }
     e.send("response.completed", json!({"response": resp})).await;
 }
@@ -806,10 +795,7 @@ pub async fn get(
 ) -> Result<Json<Value>, ApiError> {
     st.check_key(&headers)?;
     let (s, key) = (st.clone(), id.clone());
-    let found = tokio::task::spawn_blocking(move || s.responses.get(&key))
-        .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.to_string()))?
-        .map_err(crate::files_api::store_error)?;
+    let found = blocking(move || s.responses.get(&key)).await?;
     found.map(|(r, _)| Json(r)).ok_or_else(|| not_found(&id))
 }
 
@@ -821,10 +807,7 @@ pub async fn delete(
 ) -> Result<Json<Value>, ApiError> {
     st.check_key(&headers)?;
     let (s, key) = (st.clone(), id.clone());
-    let gone = tokio::task::spawn_blocking(move || s.responses.delete(&key))
-        .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.to_string()))?
-        .map_err(crate::files_api::store_error)?;
+    let gone = blocking(move || s.responses.delete(&key)).await?;
     if gone {
         Ok(Json(json!({"id": id, "object": "response", "deleted": true})))
     } else {
@@ -902,7 +885,8 @@ mod tests {
         let choice = json!({"message": {"role": "assistant", "content": "ok", "reasoning_content": "hmm",
                             "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
                             "finish_reason": "tool_calls"});
-        let (items, turn) = output_items(&choice);
+        let items = output_items(&choice);
+        let turn = [assistant_turn(&items)];
         let kinds: Vec<&str> = items.iter().map(|i| i["type"].as_str().unwrap()).collect();
         assert_eq!(kinds, ["reasoning", "message", "function_call"]);
         assert_eq!(items[1]["content"][0]["text"], "ok");
