@@ -271,8 +271,10 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    /// Start the worker thread for `model`.
-    pub fn start(model: Arc<LoadedModel>, cfg: SchedulerConfig) -> Result<Self> {
+    /// Start the worker thread for `model`. `cfg.ctx_size` is capped at the model's own
+    /// context, so [`Scheduler::config`] tells what a session really holds.
+    pub fn start(model: Arc<LoadedModel>, mut cfg: SchedulerConfig) -> Result<Self> {
+        cfg.ctx_size = cfg.ctx_size.min(model.model.info().context_length.max(1));
         if cfg.sessions == 0 || cfg.threads == 0 || cfg.prefill_chunk == 0 || cfg.max_step_tokens == 0 {
             return Err(EngineError::InvalidRequest(
                 "sessions, threads, prefill chunk and step tokens must all be at least 1".into(),
@@ -492,7 +494,7 @@ impl Waiting {
 fn run_loop(lm: &LoadedModel, cfg: &SchedulerConfig, rx: &Receiver<Job>, metrics: &Metrics, stop_now: &AtomicBool) {
     let model = lm.model.as_ref();
     let tok: &Tokenizer = &lm.tokenizer;
-    let ctx = cfg.ctx_size.min(model.info().context_length.max(1));
+    let ctx = cfg.ctx_size; // capped at the model's context in `Scheduler::start`
     let fresh = || Slot {
         session: model.new_session(ctx),
         active: None,

@@ -13,14 +13,14 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
 use crate::api_error::ApiError;
 use crate::internal::{self, ChunkStream, Endpoint};
-use crate::openai::{self, Input, ToolChoice};
+use crate::openai::{self, Input};
 use crate::{AppState, Ready};
 
 /// Request fields `/v1/messages` implements.
@@ -77,13 +77,7 @@ pub struct AnthropicError(pub ApiError);
 
 impl IntoResponse for AnthropicError {
     fn into_response(self) -> Response {
-        let mut resp = (self.0.status, Json(error_body(&self.0))).into_response();
-        if let Some(s) = self.0.retry_after
-            && let Ok(v) = HeaderValue::from_str(&s.to_string())
-        {
-            resp.headers_mut().insert(header::RETRY_AFTER, v);
-        }
-        resp
+        self.0.respond_with(error_body(&self.0))
     }
 }
 
@@ -760,23 +754,10 @@ fn error_event(message: &str) -> StreamEvent {
 fn prompt_tokens(ready: &Ready, body: &Value) -> Result<usize, ApiError> {
     let ctx = ready.scheduler.config().ctx_size;
     let parsed = openai::parse(body.to_string().as_bytes(), true, ctx)?;
-    let tools = if parsed.tool_choice == ToolChoice::None {
-        &[][..]
-    } else {
-        &parsed.tools[..]
-    };
-    let Input::Chat(msgs) = &parsed.input else {
+    if !matches!(parsed.input, Input::Chat(_)) {
         return Err(ApiError::bad_request("'messages' is required", Some("messages")));
-    };
-    let lm = &ready.model;
-    let text = lm
-        .render_chat(msgs, tools, &parsed.template_kwargs)
-        .map_err(|e| ApiError::bad_request(format!("chat template: {e}"), Some("messages")))?;
-    let ids = lm
-        .tokenizer
-        .encode(&text)
-        .map_err(|e| ApiError::bad_request(format!("tokenization failed: {e}"), None))?;
-    Ok(ids.len())
+    }
+    Ok(crate::render_prompt(&ready.model, &parsed)?.1.len())
 }
 
 /// Whether a translated body's `model` names an upstream (it runs there, not here).
@@ -1193,7 +1174,9 @@ mod tests {
             AnthropicError(ApiError::new(StatusCode::TOO_MANY_REQUESTS, "x", "full").retry_after(1)).into_response();
         assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(
-            resp.headers().get(header::RETRY_AFTER).and_then(|v| v.to_str().ok()),
+            resp.headers()
+                .get(axum::http::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok()),
             Some("1")
         );
     }

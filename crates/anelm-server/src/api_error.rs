@@ -66,9 +66,10 @@ impl ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = self.to_json();
+impl ApiError {
+    /// This error's status and `Retry-After` around `body` (each API surface has its own error
+    /// shape).
+    pub fn respond_with(&self, body: serde_json::Value) -> Response {
         let mut resp = (self.status, Json(body)).into_response();
         if let Some(s) = self.retry_after
             && let Ok(v) = HeaderValue::from_str(&s.to_string())
@@ -76,5 +77,11 @@ impl IntoResponse for ApiError {
             resp.headers_mut().insert(header::RETRY_AFTER, v);
         }
         resp
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        self.respond_with(self.to_json())
     }
 }

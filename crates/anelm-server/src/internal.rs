@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use futures_util::StreamExt;
 use serde_json::Value;
 
@@ -26,11 +26,34 @@ pub enum Endpoint {
 }
 
 /// Run `body` through the endpoint's handler with the caller's `headers` (key, privacy,
-/// priority). Returns the handler's response as it is.
-pub async fn respond(st: Arc<AppState>, headers: HeaderMap, body: &Value, endpoint: Endpoint) -> Response {
+/// priority). Returns the handler's answer as it is: its own error (with `Retry-After` where it
+/// has one), or a response — which, forwarded from an upstream, may still be a non-2xx one.
+pub async fn respond(
+    st: Arc<AppState>,
+    headers: HeaderMap,
+    body: &Value,
+    endpoint: Endpoint,
+) -> Result<Response, ApiError> {
     let bytes = Bytes::from(body.to_string());
-    let out = crate::handle(st, headers, Ok(bytes), endpoint == Endpoint::Chat).await;
-    out.unwrap_or_else(|e| e.into_response())
+    crate::handle(st, headers, Ok(bytes), endpoint == Endpoint::Chat).await
+}
+
+/// A non-2xx response (an upstream's answer) as an [`ApiError`], keeping its `Retry-After`.
+async fn response_error(resp: Response) -> ApiError {
+    let status = resp.status();
+    let retry = resp
+        .headers()
+        .get(axum::http::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+        .await
+        .unwrap_or_default();
+    let e = error_of(status, &bytes);
+    match retry {
+        Some(secs) => e.retry_after(secs),
+        None => e,
+    }
 }
 
 /// The error a non-2xx answer carries, rebuilt as an [`ApiError`] (status, message, type, param).
@@ -56,14 +79,13 @@ pub fn error_of(status: StatusCode, body: &[u8]) -> ApiError {
 
 /// A whole (non-streaming) answer as JSON, or the error the handler gave.
 pub async fn call(st: Arc<AppState>, headers: HeaderMap, body: &Value, endpoint: Endpoint) -> Result<Value, ApiError> {
-    let resp = respond(st, headers, body, endpoint).await;
-    let status = resp.status();
+    let resp = respond(st, headers, body, endpoint).await?;
+    if !resp.status().is_success() {
+        return Err(response_error(resp).await);
+    }
     let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
         .await
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.to_string()))?;
-    if !status.is_success() {
-        return Err(error_of(status, &bytes));
-    }
     serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.to_string()))
 }
@@ -85,13 +107,9 @@ pub async fn stream(
 ) -> Result<ChunkStream, ApiError> {
     let mut body = body.clone();
     body["stream"] = Value::Bool(true);
-    let resp = respond(st, headers, &body, endpoint).await;
-    let status = resp.status();
-    if !status.is_success() {
-        let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
-            .await
-            .unwrap_or_default();
-        return Err(error_of(status, &bytes));
+    let resp = respond(st, headers, &body, endpoint).await?;
+    if !resp.status().is_success() {
+        return Err(response_error(resp).await);
     }
     Ok(ChunkStream::new(resp.into_body()))
 }

@@ -30,7 +30,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anelm_engine::{
     CancelToken, ConstraintError, EngineError, Event, LoadedModel, Scheduler, SchedulerConfig, SubmitError, ToolFormat,
-    ToolSpec, reasoning, tools,
+    reasoning, tools,
 };
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -593,6 +593,23 @@ async fn completions(
     handle(st, headers, body, false).await
 }
 
+/// The prompt a parsed request runs: the chat template applied to its messages (with the tools
+/// it shows the model), or its raw text; and its tokens. Every surface that counts a request's
+/// prompt tokens counts these.
+pub(crate) fn render_prompt(lm: &LoadedModel, parsed: &Parsed) -> Result<(String, Vec<u32>), ApiError> {
+    let text = match &parsed.input {
+        Input::Chat(msgs) => lm
+            .render_chat(msgs, parsed.visible_tools(), &parsed.template_kwargs)
+            .map_err(|e| ApiError::bad_request(format!("chat template: {e}"), Some("messages")))?,
+        Input::Text(t) => t.clone(),
+    };
+    let ids = lm
+        .tokenizer
+        .encode(&text)
+        .map_err(|e| ApiError::bad_request(format!("tokenization failed: {e}"), None))?;
+    Ok((text, ids))
+}
+
 /// A chat (`chat`) or completions request, from its headers and body to its response. The
 /// batch runner sends batch lines through here too.
 pub(crate) async fn handle(
@@ -611,31 +628,12 @@ pub(crate) async fn handle(
     }
     let ready = st.live().await?;
     let lm = &ready.model;
-    // The context a session really has: the setting, capped at the model's own.
-    let ctx = ready
-        .scheduler
-        .config()
-        .ctx_size
-        .min(lm.model.info().context_length.max(1));
+    let ctx = ready.scheduler.config().ctx_size;
     let parsed: Parsed = openai::parse(&body, chat, ctx)?;
     let priority = priority::of(&headers, parsed.priority)?;
-    // The tools the model sees: none with tool_choice "none".
-    let tools: &[ToolSpec] = if parsed.tool_choice == ToolChoice::None {
-        &[]
-    } else {
-        &parsed.tools
-    };
+    let tools = parsed.visible_tools();
     let tool_format = ToolFormat::of(&lm.template);
-    let prompt_text = match &parsed.input {
-        Input::Chat(msgs) => lm
-            .render_chat(msgs, tools, &parsed.template_kwargs)
-            .map_err(|e| ApiError::bad_request(format!("chat template: {e}"), Some("messages")))?,
-        Input::Text(t) => t.clone(),
-    };
-    let prompt = lm
-        .tokenizer
-        .encode(&prompt_text)
-        .map_err(|e| ApiError::bad_request(format!("tokenization failed: {e}"), None))?;
+    let (prompt_text, prompt) = render_prompt(lm, &parsed)?;
     if prompt.is_empty() {
         return Err(ApiError::bad_request(
             "the prompt is empty",

@@ -24,7 +24,7 @@ use serde_json::{Map, Value, json};
 
 use crate::api_error::ApiError;
 use crate::internal::{self, ChunkStream, Endpoint};
-use crate::openai::{self, Input, ToolChoice};
+use crate::openai;
 use crate::{AppState, Ready};
 
 /// The Ollama version `/api/version` reports: the API level these routes follow.
@@ -42,13 +42,7 @@ impl From<ApiError> for OllamaError {
 
 impl IntoResponse for OllamaError {
     fn into_response(self) -> Response {
-        let mut resp = (self.0.status, Json(json!({"error": self.0.message}))).into_response();
-        if let Some(s) = self.0.retry_after
-            && let Ok(v) = HeaderValue::from_str(&s.to_string())
-        {
-            resp.headers_mut().insert(header::RETRY_AFTER, v);
-        }
-        resp
+        self.0.respond_with(json!({"error": self.0.message}))
     }
 }
 
@@ -979,23 +973,7 @@ async fn generate(
 /// Tokens of the prompt `body` renders to, rendered as the chat or completions handler will.
 fn prompt_len(ready: &Ready, body: &Value, chat: bool, ctx: usize) -> OResult<usize> {
     let parsed = openai::parse(body.to_string().as_bytes(), chat, ctx)?;
-    let lm = &ready.model;
-    let tools: &[anelm_engine::ToolSpec] = if parsed.tool_choice == ToolChoice::None {
-        &[]
-    } else {
-        &parsed.tools
-    };
-    let text = match &parsed.input {
-        Input::Chat(m) => lm
-            .render_chat(m, tools, &parsed.template_kwargs)
-            .map_err(|e| bad(format!("chat template: {e}")))?,
-        Input::Text(t) => t.clone(),
-    };
-    let ids = lm
-        .tokenizer
-        .encode(&text)
-        .map_err(|e| bad(format!("tokenization failed: {e}")))?;
-    Ok(ids.len())
+    Ok(crate::render_prompt(&ready.model, &parsed)?.1.len())
 }
 
 /// The whole answer to a load or unload request (no prompt).

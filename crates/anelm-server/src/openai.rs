@@ -717,6 +717,15 @@ pub fn parse(body: &[u8], chat: bool, max_context: usize) -> Result<Parsed, ApiE
 }
 
 impl Parsed {
+    /// The tools the model sees: none with `tool_choice: "none"`.
+    pub fn visible_tools(&self) -> &[ToolSpec] {
+        if self.tool_choice == ToolChoice::None {
+            &[]
+        } else {
+            &self.tools
+        }
+    }
+
     /// The scheduler request for already tokenized `prompt`, constrained by the compiled
     /// `grammar` when the request has one.
     pub fn request(&self, prompt: Vec<u32>, constraint: Option<Constraint>) -> Request {
