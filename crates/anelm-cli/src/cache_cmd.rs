@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 
 use anelm_engine::PromptCache;
-use anelm_server::data_dir::default_data_dir;
+use anelm_server::data_dir::{default_data_dir, prompt_cache_dir};
 
 /// Arguments of `anelm cache`.
 #[derive(Args, Debug)]
@@ -29,11 +29,10 @@ pub enum CacheCommand {
 
 /// Run `anelm cache`.
 pub fn run(a: CacheArgs) -> Result<()> {
-    let dir = match a.data_dir {
+    let dir = prompt_cache_dir(&match a.data_dir {
         Some(d) => d,
         None => default_data_dir().context("no default data directory: pass --data-dir DIR")?,
-    }
-    .join("prompt-cache");
+    });
     match a.command {
         CacheCommand::Clear => {
             if !dir.exists() {

@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::SystemTime;
 
-use crate::prompt_cache_file::{EXTENSION, Entry, file_name, final_crc, header_bytes, read_header};
+use crate::prompt_cache_file::{EXTENSION, Entry, entry_len, file_name, final_crc, header_bytes, read_header};
 use crate::session::Session;
 
 /// How a prompt cache is sized and what it keeps.
@@ -189,10 +189,8 @@ impl PromptCache {
             counters: Counters::default(),
         });
         shared.rescan().map_err(dir_err)?;
-        {
-            let mut index = shared.lock();
-            shared.evict_to(&mut index, shared.opts.max_bytes);
-        }
+        let gone = shared.evict_to(&mut shared.lock(), shared.opts.max_bytes);
+        shared.delete(gone);
         let (tx, rx) = sync_channel(shared.opts.queue.max(1));
         let writer = {
             let shared = shared.clone();
@@ -261,7 +259,7 @@ impl PromptCache {
             .entries
             .iter()
             .filter_map(|(name, e)| {
-                let common = e.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+                let common = crate::scheduler::common_prefix(&e.tokens, prompt);
                 let usable = if e.rewindable {
                     common.min(max_len)
                 } else if common == e.tokens.len() && common <= max_len {
@@ -344,7 +342,7 @@ impl PromptCache {
         let Some(payload) = session.encode_prefix(len) else {
             return false;
         };
-        let size = (header_bytes(&self.shared.key, tokens, false, payload.len()).len() + payload.len() + 4) as u64;
+        let size = entry_len(self.shared.key.len(), tokens.len(), payload.len());
         if size > self.shared.opts.max_bytes {
             self.shared.counters.dropped.fetch_add(1, Ordering::Relaxed);
             return false;
@@ -505,16 +503,22 @@ impl Shared {
     /// Delete an unusable entry.
     fn discard(&self, name: &str, why: &str) {
         tracing::info!(entry = name, "prompt cache: discarding an entry: {why}");
-        let mut index = self.lock();
-        if let Some(e) = index.entries.remove(name) {
-            index.total = index.total.saturating_sub(e.bytes);
+        {
+            let mut index = self.lock();
+            if let Some(e) = index.entries.remove(name) {
+                index.total = index.total.saturating_sub(e.bytes);
+            }
         }
         let _ = std::fs::remove_file(self.dir.join(name));
         self.counters.discarded.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Evict least recently used entries until the total is at most `budget`.
-    fn evict_to(&self, index: &mut Index, budget: u64) {
+    /// Evict least recently used entries from the index until the total is at most `budget`;
+    /// returns their names, whose files [`Shared::delete`] removes once the lock is released
+    /// (the step loop takes it too, and must not wait on the disk).
+    #[must_use]
+    fn evict_to(&self, index: &mut Index, budget: u64) -> Vec<String> {
+        let mut gone = Vec::new();
         while index.total > budget {
             let Some(lru) = index
                 .entries
@@ -522,28 +526,37 @@ impl Shared {
                 .min_by(|a, b| a.1.last_used.cmp(&b.1.last_used).then_with(|| a.0.cmp(b.0)))
                 .map(|(n, _)| n.clone())
             else {
-                return;
+                break;
             };
             if let Some(e) = index.entries.remove(&lru) {
                 index.total = index.total.saturating_sub(e.bytes);
             }
-            if let Err(e) = remove_if_exists(&self.dir.join(&lru)) {
-                tracing::warn!(entry = lru, "prompt cache: could not evict an entry: {e}");
-            }
             self.counters.evicted.fetch_add(1, Ordering::Relaxed);
+            gone.push(lru);
+        }
+        gone
+    }
+
+    /// Delete evicted entries' files (outside the index lock).
+    fn delete(&self, names: Vec<String>) {
+        for name in names {
+            if let Err(e) = remove_if_exists(&self.dir.join(&name)) {
+                tracing::warn!(entry = name, "prompt cache: could not evict an entry: {e}");
+            }
         }
     }
 
     fn write(&self, name: &str, tokens: &[u32], rewindable: bool, payload: &[u8]) -> std::io::Result<()> {
         let header = header_bytes(&self.key, tokens, rewindable, payload.len());
-        let size = (header.len() + payload.len() + 4) as u64;
-        {
+        let size = entry_len(self.key.len(), tokens.len(), payload.len());
+        let gone = {
             let mut index = self.lock();
             if let Some(old) = index.entries.remove(name) {
                 index.total = index.total.saturating_sub(old.bytes);
             }
-            self.evict_to(&mut index, self.opts.max_bytes.saturating_sub(size));
-        }
+            self.evict_to(&mut index, self.opts.max_bytes.saturating_sub(size))
+        };
+        self.delete(gone);
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let tmp = self.dir.join(format!(
             ".tmp-{}-{}-{name}",
@@ -581,7 +594,9 @@ impl Shared {
             },
         );
         // Another writer's entry may have landed meanwhile (never beyond the budget for long).
-        self.evict_to(&mut index, self.opts.max_bytes);
+        let gone = self.evict_to(&mut index, self.opts.max_bytes);
+        drop(index);
+        self.delete(gone);
         Ok(())
     }
 }

@@ -98,6 +98,12 @@ pub fn header_bytes(key: &[u8], tokens: &[u32], rewindable: bool, payload_len: u
     h
 }
 
+/// Bytes of a whole entry file: the header for `key_len` key bytes and `n_tokens` tokens (with
+/// its CRC), the payload, and the final CRC.
+pub fn entry_len(key_len: usize, n_tokens: usize, payload_len: usize) -> u64 {
+    (FIXED + key_len + 4 * n_tokens + 4 + payload_len + 4) as u64
+}
+
 /// The file name of the entry for the prefix `tokens` under the model identity `key`: a 64-bit
 /// FNV-1a of both, in hex, with [`EXTENSION`]. Never derived from anything but these hashes, so
 /// no input reaches the file system as a path.
@@ -255,6 +261,7 @@ mod tests {
         assert_eq!(e.payload(), b"session bytes");
         let h = read_header(&mut f.as_slice(), f.len() as u64).expect("header");
         assert_eq!(h, e.header);
+        assert_eq!(entry_len(b"model-a".len(), 3, b"session bytes".len()), f.len() as u64);
         for i in 0..f.len() {
             for bit in 0..8 {
                 let mut g = f.clone();

@@ -230,22 +230,6 @@ pub struct Metrics {
     pub parked: AtomicU64,
     /// Background requests accepted.
     pub background_requests_total: AtomicU64,
-    /// Bytes of the on-disk prompt cache's entries (updated at admissions and steps).
-    pub prompt_cache_bytes: AtomicU64,
-    /// Entries in the on-disk prompt cache.
-    pub prompt_cache_entries: AtomicU64,
-    /// Requests that restored a prompt prefix from the on-disk cache.
-    pub prompt_cache_hits_total: AtomicU64,
-    /// Lookups in the on-disk cache that found nothing usable.
-    pub prompt_cache_misses_total: AtomicU64,
-    /// Prompt tokens restored from disk instead of prefilled.
-    pub prompt_cache_tokens_restored_total: AtomicU64,
-    /// Entries written to the on-disk cache.
-    pub prompt_cache_writes_total: AtomicU64,
-    /// Entries deleted as unusable (torn, corrupt, another model's).
-    pub prompt_cache_discarded_total: AtomicU64,
-    /// Entries evicted to stay within the disk budget.
-    pub prompt_cache_evictions_total: AtomicU64,
 }
 
 struct Job {
@@ -618,7 +602,7 @@ fn admit<'t>(
     clock: u64,
     disk: Option<&PromptCache>,
 ) {
-    let shared = |s: &Session, p: &[u32]| s.tokens().iter().zip(p).take_while(|(a, b)| a == b).count();
+    let shared = |s: &Session, p: &[u32]| common_prefix(s.tokens(), p);
     let Some(best) = slots
         .iter()
         .enumerate()
@@ -643,7 +627,7 @@ fn admit<'t>(
     // A recurrent (hybrid-model) session cannot rewind: it may keep less than asked.
     let mut common = slot.session.truncate(common);
     if let Some(disk) = disk {
-        common = prompt_cache_hook::on_admit(disk, &mut slot.session, held, &job.req.prompt, common, metrics);
+        common = prompt_cache_hook::on_admit(disk, &mut slot.session, held, &job.req.prompt, common);
     }
     slot.last_used = clock;
     metrics.busy_sessions.fetch_add(1, Ordering::Relaxed);
@@ -682,7 +666,8 @@ fn evict_idle(slots: &mut [Slot<'_>], budget: usize, metrics: &Metrics) {
 /// Shortest shared prefix worth copying or waiting for (below it, prefilling is as cheap).
 const MIN_SHARED_PREFIX: usize = 32;
 
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+/// How many leading tokens `a` and `b` share.
+pub(crate) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
@@ -1023,9 +1008,6 @@ fn step(model: &dyn crate::model::LanguageModel, slots: &mut [Slot<'_>], cfg: &S
     let dt = t0.elapsed();
     let cache_bytes: usize = slots.iter().map(|s| s.session.reserved_bytes()).sum();
     metrics.session_cache_bytes.store(cache_bytes as u64, Ordering::Relaxed);
-    if let Some(disk) = &cfg.prompt_cache {
-        prompt_cache_hook::publish(disk, metrics);
-    }
     metrics.steps_total.fetch_add(1, Ordering::Relaxed);
     metrics
         .step_time_us_total

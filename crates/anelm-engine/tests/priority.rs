@@ -107,12 +107,11 @@ fn interactive_preempts_background_which_resumes_exactly() {
     let fg = request(&lm, "The capital of France is", 8);
     let bg_rx = submit(&sched, bg.clone(), Priority::Background);
     // Wait until the background request is generating: it holds the only session.
-    let (at, first) = bg_rx.recv_timeout(Duration::from_secs(120)).expect("background starts");
+    let (_, first) = bg_rx.recv_timeout(Duration::from_secs(120)).expect("background starts");
     assert!(matches!(first, Event::Text(_)), "background started with {first:?}");
     let fg_rx = submit(&sched, fg.clone(), Priority::Interactive);
     let (fg_tokens, _, fg_done) = collect(&fg_rx);
     let (bg_tokens, _, bg_done) = collect(&bg_rx);
-    assert!(at < fg_done);
     assert!(
         fg_done < bg_done,
         "the interactive request finished only after the background one"

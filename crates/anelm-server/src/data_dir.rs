@@ -85,8 +85,14 @@ impl DataDir {
 
     /// Where the prompt cache keeps its entries.
     pub fn prompt_cache(&self) -> PathBuf {
-        self.path.join("prompt-cache")
+        prompt_cache_dir(&self.path)
     }
+}
+
+/// Where the prompt cache of the data directory `data_dir` keeps its entries (readable without
+/// taking the directory's lock, for `anelm cache`).
+pub fn prompt_cache_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("prompt-cache")
 }
 
 /// Take an exclusive advisory lock on `file` without waiting: false when another open file

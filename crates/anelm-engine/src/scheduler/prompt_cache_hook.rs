@@ -24,23 +24,14 @@
 //! [`PromptCacheOptions::min_tokens`]: crate::PromptCacheOptions::min_tokens
 //! [`PromptCacheOptions::save_prompts`]: crate::PromptCacheOptions::save_prompts
 
-use std::sync::atomic::Ordering;
-
-use super::{Metrics, Slot};
+use super::Slot;
 use crate::prompt_cache::PromptCache;
 use crate::session::Session;
 
 /// At admission: `session` held `held` positions and was rewound to the `common` it shares with
 /// `prompt`. Saves the shared prefix when the session held more (two requests share it), then
 /// restores a longer stored prefix if there is one. Returns the positions the session holds.
-pub(super) fn on_admit(
-    disk: &PromptCache,
-    session: &mut Session,
-    held: usize,
-    prompt: &[u32],
-    common: usize,
-    metrics: &Metrics,
-) -> usize {
+pub(super) fn on_admit(disk: &PromptCache, session: &mut Session, held: usize, prompt: &[u32], common: usize) -> usize {
     let min = disk.options().min_tokens;
     if common < held && common >= min {
         disk.store(session, common);
@@ -50,7 +41,6 @@ pub(super) fn on_admit(
     if max_len > common && max_len >= min {
         now = disk.restore_into(session, prompt, max_len, common).unwrap_or(common);
     }
-    publish(disk, metrics);
     now
 }
 
@@ -104,18 +94,4 @@ pub(super) fn checkpoint_cuts(disk: &PromptCache, slots: &[Slot<'_>], cuts: &mut
         }
         *cut = Some(cut.map_or(target, |c| c.min(target)));
     }
-}
-
-/// Copy the cache's counters into the scheduler's metrics.
-pub(super) fn publish(disk: &PromptCache, metrics: &Metrics) {
-    let s = disk.stats();
-    let set = |m: &std::sync::atomic::AtomicU64, v: u64| m.store(v, Ordering::Relaxed);
-    set(&metrics.prompt_cache_bytes, s.bytes);
-    set(&metrics.prompt_cache_entries, s.entries);
-    set(&metrics.prompt_cache_hits_total, s.hits);
-    set(&metrics.prompt_cache_misses_total, s.misses);
-    set(&metrics.prompt_cache_tokens_restored_total, s.tokens_restored);
-    set(&metrics.prompt_cache_writes_total, s.writes);
-    set(&metrics.prompt_cache_discarded_total, s.discarded);
-    set(&metrics.prompt_cache_evictions_total, s.evicted);
 }
