@@ -302,12 +302,20 @@ impl Constraint {
                         risky.push(t);
                     }
                 });
+                let mut looked = Ok(());
                 for t in risky {
-                    if !self.unique_way_out(&u, t)? {
-                        refused.push(t);
+                    match self.unique_way_out(&u, t) {
+                        Ok(true) => {}
+                        Ok(false) => refused.push(t),
+                        Err(e) => {
+                            looked = Err(e);
+                            break;
+                        }
                     }
                 }
+                // The rule goes back before any error is passed on: a later step still needs it.
                 self.unique = Some(u);
+                looked?;
                 for t in refused {
                     mask.disallow_token(t);
                 }

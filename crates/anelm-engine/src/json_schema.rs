@@ -126,13 +126,29 @@ pub fn rewrite(schema: &Value) -> Result<Value, RewriteError> {
     Ok(s)
 }
 
+/// Keywords whose value maps names (not keywords) to sub-schemas: a property may be called
+/// `default` or `enum` there.
+const NAMED_SCHEMAS: &[&str] = &[
+    "properties",
+    "patternProperties",
+    "$defs",
+    "definitions",
+    "dependentSchemas",
+];
+
+/// Keywords whose value is data, not schemas.
+fn is_data_keyword(k: &str) -> bool {
+    matches!(k, "const" | "enum" | "default" | "examples")
+}
+
 /// Whether a rewritten schema has a unique array anywhere (the run-time rule is then needed).
 pub fn has_unique_arrays(schema: &Value) -> bool {
     match schema {
         Value::Object(o) => {
             o.get(UNIQUE_MARK) == Some(&Value::Bool(true))
-                || o.iter().any(|(k, v)| {
-                    !matches!(k.as_str(), "const" | "enum" | "default" | "examples") && has_unique_arrays(v)
+                || o.iter().any(|(k, v)| match v {
+                    Value::Object(m) if NAMED_SCHEMAS.contains(&k.as_str()) => m.values().any(has_unique_arrays),
+                    _ => !is_data_keyword(k) && has_unique_arrays(v),
                 })
         }
         Value::Array(a) => a.iter().any(has_unique_arrays),
@@ -145,13 +161,7 @@ fn walk(node: &mut Value, at: &str) -> Result<(), RewriteError> {
         return Ok(());
     };
     // Sub-schemas first, so a rewrite here sees rewritten children.
-    for key in [
-        "properties",
-        "patternProperties",
-        "$defs",
-        "definitions",
-        "dependentSchemas",
-    ] {
+    for &key in NAMED_SCHEMAS {
         if let Some(Value::Object(m)) = o.get_mut(key) {
             for (name, sub) in m.iter_mut() {
                 walk(sub, &format!("{at}/{key}/{name}"))?;
@@ -456,8 +466,12 @@ fn fix_refs(v: &mut Value, at: &str, prefix: &str) {
                 };
             }
             for (k, sub) in o.iter_mut() {
-                if !matches!(k.as_str(), "const" | "enum" | "default" | "examples") {
-                    fix_refs(sub, at, prefix);
+                match sub {
+                    Value::Object(m) if NAMED_SCHEMAS.contains(&k.as_str()) => {
+                        m.values_mut().for_each(|x| fix_refs(x, at, prefix));
+                    }
+                    _ if is_data_keyword(k) => {}
+                    _ => fix_refs(sub, at, prefix),
                 }
             }
         }
@@ -537,6 +551,14 @@ mod tests {
         assert!(s["properties"]["b"].get("uniqueItems").is_none());
         assert_eq!(s["default"]["uniqueItems"], true);
         assert!(has_unique_arrays(&s));
+        // Properties named like data keywords are still walked into.
+        let named = rw(json!({"type": "object", "properties": {
+            "default": {"type": "array", "items": {"type": "string"}, "uniqueItems": true}}}));
+        assert!(has_unique_arrays(&named));
+        let mut refs = json!({"properties": {"examples": {"$ref": "#/$defs/X"}}, "default": {"$ref": "#/$defs/Y"}});
+        fix_refs(&mut refs, "", "tool0_");
+        assert_eq!(refs["properties"]["examples"]["$ref"], "#/$defs/tool0_X");
+        assert_eq!(refs["default"]["$ref"], "#/$defs/Y", "data is left alone");
         assert!(!has_unique_arrays(&rw(
             json!({"type": "array", "default": [{UNIQUE_MARK: true}]})
         )));

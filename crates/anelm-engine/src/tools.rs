@@ -254,10 +254,8 @@ pub fn forced_call_grammar(format: ToolFormat, tools: &[ToolSpec], which: &Force
             })
         })
         .collect();
-    let mut schema = json!({
-        "anyOf": options,
-        "x-guidance": {"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}
-    });
+    // anelm's JSON layout (`x-guidance`) is added where every schema is prepared.
+    let mut schema = json!({"anyOf": options});
     for (key, found) in [("$defs", defs), ("definitions", definitions)] {
         if !found.is_empty() {
             schema[key] = Value::Object(found);
