@@ -158,8 +158,10 @@ impl CrossEncoder {
         let max_tokens = crate::embedder::tokenizer_max_length(dir)
             .unwrap_or(cfg.max_positions)
             .min(cfg.max_positions);
-        let lower = tokenizer_lower_cases(dir);
-        let tokenizer = EncoderTokenizer::from_dir(dir, max_tokens, lower)?;
+        // No lower-casing of our own: `tokenizer.json`'s normaliser applies `do_lower_case`, as
+        // it does for sentence-transformers' CrossEncoder (which adds none either; doing it
+        // twice would differ where `str::to_lowercase` does, e.g. a final sigma).
+        let tokenizer = EncoderTokenizer::from_dir(dir, max_tokens, false)?;
         if tokenizer.vocab_size() > cfg.vocab_size {
             return Err(EngineError::Config(format!(
                 "the tokenizer has {} tokens but the model's vocabulary is {}: the files belong to two models",
@@ -344,16 +346,6 @@ fn read_activation(raw: &Value, labels: usize) -> Result<ScoreActivation> {
             "the cross-encoder's activation_fn '{other}' is not supported (Sigmoid, Identity, Tanh)"
         ))),
     }
-}
-
-/// Whether the directory's tokenizer lower-cases (`do_lower_case` in `tokenizer_config.json`;
-/// the `tokenizer.json` normaliser usually does it already).
-fn tokenizer_lower_cases(dir: &Path) -> bool {
-    std::fs::read_to_string(dir.join("tokenizer_config.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-        .and_then(|v| v.get("do_lower_case").and_then(Value::as_bool))
-        .unwrap_or(false)
 }
 
 #[cfg(test)]

@@ -140,19 +140,14 @@ impl DecoderReranker {
     /// model's context is refused.
     pub fn rerank(&self, query: &str, documents: &[&str]) -> Result<Vec<Logits>> {
         let prompts = self.tokenize(query, documents)?;
-        let rows = last_logits(self.model.model.as_ref(), &prompts)?;
-        Ok(rows
-            .iter()
-            .zip(&prompts)
-            .map(|(row, p)| {
-                let pick = |id: u32| row.get(id as usize).copied().unwrap_or(f32::NEG_INFINITY);
-                let pair = softmax(&[pick(self.no), pick(self.yes)]);
-                Logits {
-                    logits: vec![pair[1]],
-                    tokens: p.len(),
-                }
-            })
-            .collect())
+        last_logits(self.model.model.as_ref(), &prompts, |i, row| {
+            let pick = |id: u32| row.get(id as usize).copied().unwrap_or(f32::NEG_INFINITY);
+            let pair = softmax(&[pick(self.no), pick(self.yes)]);
+            Logits {
+                logits: vec![pair[1]],
+                tokens: prompts[i].len(),
+            }
+        })
     }
 }
 

@@ -49,27 +49,22 @@ pub fn label_probabilities(model: &LoadedModel, prompts: &[Vec<u32>], labels: &[
         return Err(EngineError::InvalidRequest("give at least two labels".into()));
     }
     let ids = label_first_tokens(model, labels)?;
-    let rows = last_logits(model.model.as_ref(), prompts)?;
-    Ok(rows
-        .iter()
-        .zip(prompts)
-        .map(|(row, p)| {
-            let picked: Vec<f32> = ids
+    last_logits(model.model.as_ref(), prompts, |i, row| {
+        let picked: Vec<f32> = ids
+            .iter()
+            .map(|&t| row.get(t as usize).copied().unwrap_or(f32::NEG_INFINITY))
+            .collect();
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let log_z = f64::from(max)
+            + row
                 .iter()
-                .map(|&t| row.get(t as usize).copied().unwrap_or(f32::NEG_INFINITY))
-                .collect();
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let log_z = f64::from(max)
-                + row
-                    .iter()
-                    .map(|&l| (f64::from(l) - f64::from(max)).exp())
-                    .sum::<f64>()
-                    .ln();
-            LabelScores {
-                probabilities: crate::cross_encoder::softmax(&picked),
-                logprobs: picked.iter().map(|&l| (f64::from(l) - log_z) as f32).collect(),
-                tokens: p.len(),
-            }
-        })
-        .collect())
+                .map(|&l| (f64::from(l) - f64::from(max)).exp())
+                .sum::<f64>()
+                .ln();
+        LabelScores {
+            probabilities: crate::cross_encoder::softmax(&picked),
+            logprobs: picked.iter().map(|&l| (f64::from(l) - log_z) as f32).collect(),
+            tokens: prompts[i].len(),
+        }
+    })
 }

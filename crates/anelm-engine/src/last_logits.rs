@@ -1,7 +1,9 @@
 //! The logits at the last position of each of many prompts, from a causal language model in
 //! one batched pass: every prompt is its own session and an item of the same forwards (as many
 //! tokens per forward as [`STEP_TOKENS`]; a longer prompt continues in the next forward), with
-//! only the final position's logit row asked for. What decoder rerankers and label scoring read.
+//! only the final position's logit row asked for, each row reduced by the caller as soon as it
+//! is computed (a vocabulary-sized row per prompt is never held). What decoder rerankers and
+//! label scoring read.
 
 use crate::error::{EngineError, Result};
 use crate::model::{LanguageModel, LogitsMode, StepItem};
@@ -10,9 +12,13 @@ use crate::session::Session;
 /// Most prompt tokens one forward takes.
 pub const STEP_TOKENS: usize = 512;
 
-/// The last position's logit row of each of `prompts` (non-empty, each within the model's
-/// context length).
-pub fn last_logits(model: &dyn LanguageModel, prompts: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
+/// `reduce(i, row)` of the last position's logit row of each of `prompts` (non-empty, each
+/// within the model's context length), in prompt order.
+pub fn last_logits<T>(
+    model: &dyn LanguageModel,
+    prompts: &[Vec<u32>],
+    mut reduce: impl FnMut(usize, &[f32]) -> T,
+) -> Result<Vec<T>> {
     let ctx = model.info().context_length.max(1);
     let vocab = model.info().vocab_size;
     for (i, p) in prompts.iter().enumerate() {
@@ -34,7 +40,7 @@ pub fn last_logits(model: &dyn LanguageModel, prompts: &[Vec<u32>]) -> Result<Ve
     // Sessions exist only while their prompt is in flight, so the caches held at once stay
     // within about one forward's tokens.
     let mut sessions: Vec<Option<Session>> = prompts.iter().map(|_| None).collect();
-    let mut rows: Vec<Vec<f32>> = vec![Vec::new(); prompts.len()];
+    let mut rows: Vec<Option<T>> = prompts.iter().map(|_| None).collect();
     let mut done = vec![0usize; prompts.len()];
     let mut next = 0;
     while next < prompts.len() {
@@ -73,12 +79,15 @@ pub fn last_logits(model: &dyn LanguageModel, prompts: &[Vec<u32>]) -> Result<Ve
         for (i, take, finishes) in owners {
             done[i] += take;
             if finishes {
-                rows[i] = logits.lane(row).to_vec();
+                rows[i] = Some(reduce(i, logits.lane(row)));
                 row += 1;
                 sessions[i] = None;
                 next = next.max(i + 1);
             }
         }
     }
-    Ok(rows)
+    // Every prompt finishes in some forward (each is non-empty and fits).
+    rows.into_iter()
+        .map(|r| r.ok_or_else(|| EngineError::InvalidRequest("a prompt produced no logits".into())))
+        .collect()
 }

@@ -84,6 +84,7 @@ fn check_cross_encoder(backend: &dyn Backend, label: &str, tol: f32) {
         let group: Vec<&Value> = pairs.iter().filter(|p| p["query"] == q).collect();
         let docs: Vec<&str> = group.iter().map(|p| p["document"].as_str().expect("doc")).collect();
         let got = ce.rerank(q, &docs).expect("rerank");
+        assert_eq!(got.len(), group.len(), "{label}: one score per document");
         for (g, p) in got.iter().zip(&group) {
             let diff = (g.logits[0] - f(&p["score"])).abs();
             assert!(diff < tol, "{label}: score of {q:?} in a batch differs by {diff}");
@@ -141,6 +142,7 @@ fn sequence_classifier_matches_transformers() {
         .map(|t| t["text"].as_str().expect("text"))
         .collect();
     let got = ce.classify(&texts).expect("classify");
+    assert_eq!(got.len(), texts.len(), "one result per text");
     for (g, t) in got.iter().zip(fx["texts"].as_array().expect("texts")) {
         assert_eq!(g.tokens, ids(&t["token_ids"]).len(), "tokens of {:?}", t["text"]);
         for (a, b) in g
@@ -178,7 +180,9 @@ fn check_decoder(backend: &dyn Backend, label: &str) {
     }
     let group: Vec<&Value> = pairs.iter().filter(|p| p["query"] == q).collect();
     let docs: Vec<&str> = group.iter().map(|p| p["document"].as_str().expect("d")).collect();
-    for (g, p) in r.rerank(q, &docs).expect("rerank").iter().zip(&group) {
+    let scored = r.rerank(q, &docs).expect("rerank");
+    assert_eq!(scored.len(), group.len(), "{label}: one score per document");
+    for (g, p) in scored.iter().zip(&group) {
         worst = worst.max((g.logits[0] - f(&p["p_yes"])).abs());
     }
     assert!(worst < TOLERANCE, "{label}: worst P(yes) difference {worst}");
