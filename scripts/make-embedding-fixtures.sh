@@ -15,27 +15,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-TORCH_VERSION="2.15.0"
-TRANSFORMERS_VERSION="5.24.0"
-ST_VERSION="6.2.0"
-GGUF_VERSION="0.19.0"
-
-# shellcheck source=lib/model-cache.sh
-. scripts/lib/model-cache.sh
-cache="$ANELM_CACHE_DIR"
-venv="$cache/venv-embeddings"
-stamp="$venv/.anelm-torch-$TORCH_VERSION-transformers-$TRANSFORMERS_VERSION-st-$ST_VERSION-gguf-$GGUF_VERSION"
-
-PY="${PYTHON:-python3}"
-command -v "$PY" >/dev/null 2>&1 || { echo "error: python3 (>= 3.10) is needed (set PYTHON=...)" >&2; exit 1; }
-
-if [ ! -f "$stamp" ]; then
-  echo "creating $venv (torch $TORCH_VERSION, sentence-transformers $ST_VERSION; about 3 GB) ..." >&2
-  [ -x "$venv/bin/python" ] || "$PY" -m venv "$venv"
-  "$venv/bin/python" -m pip install --disable-pip-version-check \
-    "torch==$TORCH_VERSION" "transformers==$TRANSFORMERS_VERSION" "sentence-transformers==$ST_VERSION" "gguf==$GGUF_VERSION" >&2
-  touch "$stamp"
-fi
+# shellcheck source=lib/venv-embeddings.sh
+. scripts/lib/venv-embeddings.sh
 
 model="$(scripts/fetch-minilm.sh)"
 out=crates/anelm-engine/tests/fixtures/embeddings/minilm.json

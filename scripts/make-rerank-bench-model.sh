@@ -1,13 +1,11 @@
 #!/usr/bin/env bash
 # Make the MiniLM-sized cross-encoder `anelm bench --rerank` measures (all-MiniLM-L6-v2's
 # encoder under a random classifier head; scripts/make-rerank-bench-model.py) in the model cache,
-# with the virtualenv of scripts/make-embedding-fixtures.sh. Prints the directory.
+# with the fixture scripts' virtualenv (scripts/lib/venv-embeddings.sh, created if missing). Prints the directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# shellcheck source=lib/model-cache.sh
-. scripts/lib/model-cache.sh
-venv="$ANELM_CACHE_DIR/venv-embeddings"
-[ -x "$venv/bin/python" ] || { echo "error: run scripts/make-embedding-fixtures.sh (or make-rerank-fixtures.sh) once to create $venv" >&2; exit 1; }
+# shellcheck source=lib/venv-embeddings.sh
+. scripts/lib/venv-embeddings.sh
 minilm="$(scripts/fetch-minilm.sh)"
 out="$ANELM_MODELS_DIR/bench/minilm-cross-encoder"
 mkdir -p "$out"

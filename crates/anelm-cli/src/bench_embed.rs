@@ -4,6 +4,7 @@
 //! the same texts go through sentence-transformers on torch CPU (same thread count) in the
 //! same run, and the table shows both and their ratio.
 
+use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
@@ -232,61 +233,105 @@ pub fn run(model: &ModelArgs, n_texts: usize, repetitions: usize, st_python: Opt
     let mut rows = vec![("anelm (cpu)".to_string(), tokens, median(&seconds))];
 
     if let Some(py) = st_python {
-        let tmp = std::env::temp_dir().join(format!("anelm-bench-embed-{}", std::process::id()));
-        std::fs::create_dir_all(&tmp).with_context(|| format!("could not create {}", tmp.display()))?;
-        let script = tmp.join("bench_embed_st.py");
-        let texts_path = tmp.join("texts.json");
-        std::fs::write(&script, ST_SCRIPT)?;
-        std::fs::write(&texts_path, serde_json::to_string(&texts)?)?;
-        let out = Command::new(py)
-            .arg(&script)
-            .arg(&dir)
-            .arg(&texts_path)
-            .arg(repetitions.to_string())
-            .arg(threads.to_string())
-            .env("HF_HUB_OFFLINE", "1")
-            .env("OMP_NUM_THREADS", threads.to_string())
-            .output()
-            .with_context(|| format!("could not run {}", py.display()))?;
-        let _ = std::fs::remove_dir_all(&tmp);
-        if !out.status.success() {
-            bail!(
-                "sentence-transformers run failed (scripts/make-embedding-fixtures.sh sets up a virtualenv with it): {}",
-                String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("")
-            );
-        }
-        let v: Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or(""))
-            .context("sentence-transformers run printed no result")?;
-        let secs: Vec<f64> = v["seconds"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_f64)
-            .collect();
-        if secs.is_empty() {
-            bail!("sentence-transformers run printed no timings");
-        }
-        let st_tokens = v["tokens"].as_u64().unwrap_or(0) as usize;
-        let name = format!(
-            "sentence-transformers {} (torch {} cpu)",
-            v["version"].as_str().unwrap_or("?"),
-            v["torch"].as_str().unwrap_or("?")
-        );
-        rows.push((name, st_tokens, median(&secs)));
+        let st = run_sentence_transformers(
+            py,
+            "embed",
+            ST_SCRIPT,
+            &dir,
+            &serde_json::to_value(&texts)?,
+            repetitions,
+            threads,
+        )?;
+        rows.push((
+            format!("sentence-transformers {} (torch {} cpu)", st.version, st.torch),
+            st.tokens,
+            st.seconds,
+        ));
     }
-
     println!(
         "{} texts of 10-60 words, {} tokens, {threads} threads, median of {repetitions}",
         n_texts, tokens
     );
+    print_table("texts", n_texts, &rows);
+    Ok(())
+}
+
+/// A sentence-transformers run's result: its versions, the tokens it saw, its median seconds.
+pub struct StRun {
+    /// sentence-transformers' version.
+    pub version: String,
+    /// torch's version.
+    pub torch: String,
+    /// Tokens the run processed.
+    pub tokens: usize,
+    /// Median seconds of the timed repetitions.
+    pub seconds: f64,
+}
+
+/// Run a sentence-transformers bench script (`script`, written to a temporary file) with the
+/// Python `py` on the model `dir` and the `job` (JSON), `repetitions` times on `threads`
+/// threads; it prints one JSON line `{"version", "torch", "tokens", "seconds": [...]}`.
+pub fn run_sentence_transformers(
+    py: &Path,
+    what: &str,
+    script: &str,
+    dir: &Path,
+    job: &Value,
+    repetitions: usize,
+    threads: usize,
+) -> Result<StRun> {
+    let tmp = std::env::temp_dir().join(format!("anelm-bench-{what}-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).with_context(|| format!("could not create {}", tmp.display()))?;
+    let script_path = tmp.join(format!("bench_{what}_st.py"));
+    let job_path = tmp.join("job.json");
+    std::fs::write(&script_path, script)?;
+    std::fs::write(&job_path, serde_json::to_string(job)?)?;
+    let out = Command::new(py)
+        .arg(&script_path)
+        .arg(dir)
+        .arg(&job_path)
+        .arg(repetitions.to_string())
+        .arg(threads.to_string())
+        .env("HF_HUB_OFFLINE", "1")
+        .env("OMP_NUM_THREADS", threads.to_string())
+        .output()
+        .with_context(|| format!("could not run {}", py.display()))?;
+    let _ = std::fs::remove_dir_all(&tmp);
+    if !out.status.success() {
+        bail!(
+            "sentence-transformers run failed (scripts/make-embedding-fixtures.sh sets up a virtualenv with it): {}",
+            String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("")
+        );
+    }
+    let v: Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or(""))
+        .context("sentence-transformers run printed no result")?;
+    let secs: Vec<f64> = v["seconds"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_f64)
+        .collect();
+    if secs.is_empty() {
+        bail!("sentence-transformers run printed no timings");
+    }
+    Ok(StRun {
+        version: v["version"].as_str().unwrap_or("?").to_string(),
+        torch: v["torch"].as_str().unwrap_or("?").to_string(),
+        tokens: v["tokens"].as_u64().unwrap_or(0) as usize,
+        seconds: median(&secs),
+    })
+}
+
+/// The results table: `(engine, tokens, seconds)` rows for `n` `unit`s (texts, documents), the
+/// second row (sentence-transformers) the reference of the ratio.
+pub fn print_table(unit: &str, n: usize, rows: &[(String, usize, f64)]) {
     println!();
-    println!("| engine | texts/s | tokens/s | x sentence-transformers |");
+    println!("| engine | {unit}/s | tokens/s | x sentence-transformers |");
     println!("| --- | ---: | ---: | ---: |");
-    let st_rate = rows.get(1).map(|r| n_texts as f64 / r.2);
-    for (name, toks, secs) in &rows {
-        let rate = n_texts as f64 / secs;
+    let st_rate = rows.get(1).map(|r| n as f64 / r.2);
+    for (name, toks, secs) in rows {
+        let rate = n as f64 / secs;
         let ratio = st_rate.map_or("-".to_string(), |s| format!("{:.2}", rate / s));
         println!("| {name} | {rate:.1} | {:.0} | {ratio} |", *toks as f64 / secs);
     }
-    Ok(())
 }

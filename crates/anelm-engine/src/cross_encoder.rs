@@ -162,13 +162,7 @@ impl CrossEncoder {
         // it does for sentence-transformers' CrossEncoder (which adds none either; doing it
         // twice would differ where `str::to_lowercase` does, e.g. a final sigma).
         let tokenizer = EncoderTokenizer::from_dir(dir, max_tokens, false)?;
-        if tokenizer.vocab_size() > cfg.vocab_size {
-            return Err(EngineError::Config(format!(
-                "the tokenizer has {} tokens but the model's vocabulary is {}: the files belong to two models",
-                tokenizer.vocab_size(),
-                cfg.vocab_size
-            )));
-        }
+        crate::embedder::check_vocab(tokenizer.vocab_size(), cfg.vocab_size)?;
         let lanes = model.max_lanes();
         let forward_tokens = if lanes >= max_tokens { lanes } else { TOKENS_PER_FORWARD };
         Ok(Self {

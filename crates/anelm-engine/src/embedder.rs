@@ -368,7 +368,8 @@ fn gguf_pooling_code(g: &GgufFile) -> Option<u64> {
     g.get_u64(&format!("{arch}.pooling_type"))
 }
 
-fn check_vocab(tokenizer: usize, model: usize) -> Result<()> {
+/// A tokenizer that knows more tokens than the model has rows is another model's.
+pub(crate) fn check_vocab(tokenizer: usize, model: usize) -> Result<()> {
     if tokenizer > model {
         return Err(EngineError::Config(format!(
             "the tokenizer has {tokenizer} tokens but the model's vocabulary is {model}: the files belong to two models"

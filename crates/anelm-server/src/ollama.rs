@@ -1952,14 +1952,11 @@ mod tests {
             (done["prompt_eval_count"].clone(), done["eval_count"].clone()),
             (json!(9), json!(4))
         );
-        for k in [
-            "total_duration",
-            "load_duration",
-            "prompt_eval_duration",
-            "eval_duration",
-        ] {
-            assert!(done[k].is_u64(), "{k}");
-        }
+        // The engine's own times (`timings`) become the nanosecond durations.
+        assert_eq!(done["prompt_eval_duration"], 2_000_000);
+        assert_eq!(done["eval_duration"], 3_500_000);
+        assert_eq!(done["load_duration"], 0);
+        assert!(done["total_duration"].is_u64());
         let whole = t.done(true);
         assert_eq!(whole["message"]["content"], "Hel");
         assert_eq!(whole["message"]["thinking"], "think");
