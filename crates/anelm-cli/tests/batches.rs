@@ -149,8 +149,21 @@ fn a_batch_survives_kills_and_restarts_with_exactly_one_output_per_line() {
     let id = submit(port, &lines);
     let mut rng = Rng(0x5eed_0035);
     let mut seen_progress = Vec::new();
-    for round in 0..4 {
-        std::thread::sleep(Duration::from_millis(400 + rng.below(4000)));
+    for round in 0..4u64 {
+        // The stop instant follows the batch's own progress, not the wall clock, so a fast host
+        // cannot finish the batch before the stops: wait until a seeded number of lines (spread
+        // over the batch: round r waits for r/4 of it plus up to 1/8 more) has completed, then
+        // a seeded 0-300 ms more, so the signal lands at an arbitrary point of the lines in flight.
+        let target = round * LINES as u64 / 4 + rng.below(LINES as u64 / 8);
+        let t = Instant::now();
+        while batch(port, &id)["request_counts"]["completed"].as_u64().unwrap_or(0) < target {
+            assert!(
+                t.elapsed() < Duration::from_secs(180),
+                "the batch did not reach {target} completed lines in 180 s"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::thread::sleep(Duration::from_millis(rng.below(300)));
         let b = batch(port, &id);
         seen_progress.push(b["request_counts"]["completed"].as_u64().unwrap_or(0));
         if b["status"] == "completed" {
