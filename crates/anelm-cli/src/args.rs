@@ -235,3 +235,47 @@ pub struct EmbeddingPromptArgs {
     #[arg(long, value_name = "NAME")]
     pub embedding_prompt: Option<String>,
 }
+
+/// How `--speculate` drafts tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SpeculateKind {
+    /// No drafting: one token per decode pass.
+    Off,
+    /// Prompt lookup: copy what followed the last few tokens earlier in the prompt or output.
+    Lookup,
+}
+
+/// Speculative decoding options (`anelm generate`, `anelm chat`).
+#[derive(Args, Clone, Debug)]
+pub struct SpeculateArgs {
+    /// Draft tokens and let the model check them in one pass (same output, fewer passes when
+    /// the drafts are right). `lookup` drafts by prompt lookup: strong on extraction,
+    /// summarising and rewriting of given text.
+    #[arg(long, value_enum, default_value_t = SpeculateKind::Off)]
+    pub speculate: SpeculateKind,
+    /// Most tokens drafted per pass.
+    #[arg(long, default_value_t = anelm_engine::LookupOptions::default().draft_tokens)]
+    pub draft_tokens: usize,
+    /// Longest run of tokens prompt lookup matches (tried first, down to --draft-min-ngram).
+    #[arg(long, default_value_t = anelm_engine::LookupOptions::default().max_ngram)]
+    pub draft_max_ngram: usize,
+    /// Shortest run of tokens prompt lookup matches.
+    #[arg(long, default_value_t = anelm_engine::LookupOptions::default().min_ngram)]
+    pub draft_min_ngram: usize,
+}
+
+impl SpeculateArgs {
+    /// The engine's options, checked; `None` without `--speculate`.
+    pub fn options(&self) -> anyhow::Result<Option<anelm_engine::LookupOptions>> {
+        if self.speculate == SpeculateKind::Off {
+            return Ok(None);
+        }
+        let o = anelm_engine::LookupOptions {
+            draft_tokens: self.draft_tokens,
+            max_ngram: self.draft_max_ngram,
+            min_ngram: self.draft_min_ngram,
+        };
+        o.validate().map_err(|e| anyhow::anyhow!("--speculate: {e}"))?;
+        Ok(Some(o))
+    }
+}

@@ -9,7 +9,7 @@ use clap::Args;
 use anelm_engine::{GenerateOptions, StreamOptions, generate};
 use anelm_model::chat_template::ChatMessage;
 
-use crate::args::{ModelArgs, SamplingArgs};
+use crate::args::{ModelArgs, SamplingArgs, SpeculateArgs};
 use crate::generate::template_kwargs;
 use crate::runtime::load;
 
@@ -20,6 +20,8 @@ pub struct ChatArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub speculate: SpeculateArgs,
     /// System message.
     #[arg(long)]
     pub system: Option<String>,
@@ -45,6 +47,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
             ..a.sampling.stream()
         },
         prefill_chunk: 128,
+        speculate: a.speculate.options()?,
     };
     // Every turn starts from the grammar's beginning (each stream clones the fresh constraint).
     if let Some(g) = a.sampling.output_grammar()? {

@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 use anelm_engine::{GenerateOptions, generate};
 use anelm_model::chat_template::ChatMessage;
 
-use crate::args::{ModelArgs, SamplingArgs};
+use crate::args::{ModelArgs, SamplingArgs, SpeculateArgs};
 use crate::runtime::load_reporting;
 
 /// Arguments of `anelm generate`.
@@ -21,6 +21,8 @@ pub struct GenerateArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub speculate: SpeculateArgs,
     /// Feed the prompt as-is, without the chat template.
     #[arg(long)]
     pub raw: bool,
@@ -78,6 +80,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let mut opts = GenerateOptions {
         stream: a.sampling.stream(),
         prefill_chunk: a.prefill_chunk,
+        speculate: a.speculate.options()?,
     };
     if let Some(g) = a.sampling.output_grammar()? {
         opts.stream.constraint = Some(lm.constraint(&g)?);
@@ -114,6 +117,17 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         stats.generation_tok_per_s(),
         stats.finish
     );
+    if opts.speculate.is_some() {
+        let s = stats.speculation;
+        eprintln!(
+            "speculation: {} passes, {:.2} tokens per pass, {} of {} drafted tokens accepted ({:.0} %)",
+            s.passes,
+            stats.generated_tokens as f64 / s.passes.max(1) as f64,
+            s.accepted,
+            s.drafted,
+            100.0 * s.acceptance()
+        );
+    }
     device.print_line("prompt + generation", stats.prompt_tokens + stats.generated_tokens);
     Ok(())
 }

@@ -9,6 +9,7 @@ use crate::error::{EngineError, Result};
 use crate::model::{LanguageModel, LogitsMode, StepItem};
 use crate::sampler::SamplerParams;
 use crate::session::Session;
+use crate::speculate::{Drafter, LookupOptions, MAX_DRAFT_TOKENS, Rollback, SpeculationStats, verify};
 use crate::stream::{FinishReason, Stream, StreamOptions};
 
 /// How to generate.
@@ -20,6 +21,9 @@ pub struct GenerateOptions {
     pub stream: StreamOptions,
     /// Prompt tokens per prefill pass.
     pub prefill_chunk: usize,
+    /// Draft tokens by prompt lookup and verify them in one pass ([`crate::speculate`]); the
+    /// output is the same as without.
+    pub speculate: Option<LookupOptions>,
 }
 
 impl Default for GenerateOptions {
@@ -34,6 +38,7 @@ impl Default for GenerateOptions {
                 constraint: None,
             },
             prefill_chunk: 128,
+            speculate: None,
         }
     }
 }
@@ -53,6 +58,8 @@ pub struct GenerationStats {
     pub generation_time: Duration,
     /// Why it ended.
     pub finish: FinishReason,
+    /// Decode passes, drafted and accepted tokens (passes count without speculation too).
+    pub speculation: SpeculationStats,
 }
 
 fn rate(n: usize, t: Duration) -> f64 {
@@ -114,6 +121,10 @@ pub fn prefill(
 /// Generate after `prompt`, calling `on_text` with each piece of decoded text as soon as it is
 /// complete (stop strings held back and cut, as the server does); `on_text` returns false to
 /// stop. Returns the generated ids and the statistics.
+///
+/// Each decode pass feeds the token just taken and, with [`GenerateOptions::speculate`], the
+/// tokens drafted after it; the stream takes tokens from the pass's rows while its own draws
+/// agree with the drafts ([`verify`]), and the session drops the positions it did not keep.
 pub fn generate(
     model: &dyn LanguageModel,
     tokenizer: &Tokenizer,
@@ -122,30 +133,104 @@ pub fn generate(
     opts: &GenerateOptions,
     on_text: &mut dyn FnMut(&str) -> bool,
 ) -> Result<(Vec<u32>, GenerationStats)> {
+    let mut lookup = opts.speculate;
+    if let Some(l) = &lookup {
+        l.validate().map_err(EngineError::InvalidRequest)?;
+    }
+    let drafter = lookup.as_mut().map(|l| l as &mut dyn Drafter);
+    generate_drafted(model, tokenizer, session, prompt, opts, drafter, on_text)
+}
+
+/// [`generate`] with the caller's drafter (a draft model, or a test's forced drafts); `opts`
+/// must not also ask for lookup speculation.
+pub fn generate_with_drafter(
+    model: &dyn LanguageModel,
+    tokenizer: &Tokenizer,
+    session: &mut Session,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    drafter: &mut dyn Drafter,
+    on_text: &mut dyn FnMut(&str) -> bool,
+) -> Result<(Vec<u32>, GenerationStats)> {
+    if opts.speculate.is_some() {
+        return Err(EngineError::InvalidRequest(
+            "both a drafter and lookup speculation were given: choose one".into(),
+        ));
+    }
+    generate_drafted(model, tokenizer, session, prompt, opts, Some(drafter), on_text)
+}
+
+fn generate_drafted(
+    model: &dyn LanguageModel,
+    tokenizer: &Tokenizer,
+    session: &mut Session,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    mut drafter: Option<&mut dyn Drafter>,
+    on_text: &mut dyn FnMut(&str) -> bool,
+) -> Result<(Vec<u32>, GenerationStats)> {
     let mut stream = Stream::new(tokenizer, &opts.stream)?;
     let t0 = Instant::now();
-    let (mut logits, reused) = prefill(model, session, prompt, opts.prefill_chunk)?;
+    let (logits, reused) = prefill(model, session, prompt, opts.prefill_chunk)?;
     let prompt_time = t0.elapsed();
     let mut history: Vec<u32> = prompt.to_vec();
     let mut first_token_at = None;
+    let mut spec = SpeculationStats::default();
+    let ctx = session.ctx_size();
+    // The rows to draw from and the tokens that produced them (the last prompt token first).
+    let mut rows = crate::batch::Batch::from_vec(1, logits.len(), logits)
+        .ok_or_else(|| EngineError::Config("the model returned no logits".into()))?;
+    let mut fed: Vec<u32> = vec![prompt[prompt.len() - 1]];
+    let mut rollback: Option<Rollback> = None;
     loop {
-        let room = session.len() < session.ctx_size();
-        let step = stream.advance(&mut logits, &history, room)?;
+        // Row j follows fed[j], which sits at position base + j.
+        let base = session.len() - fed.len();
+        let verified = verify(&mut stream, &mut rows, &fed, &mut history, &|j| base + j + 1 < ctx)?;
         first_token_at.get_or_insert_with(Instant::now);
-        if !step.text.is_empty() && !on_text(&step.text) {
+        spec.accepted += verified.accepted;
+        // Keep the positions whose rows were used: the session then holds what it would hold
+        // without speculation.
+        if let Some(r) = rollback.take() {
+            r.keep(model, session, verified.steps.len())?;
+        }
+        if verified
+            .steps
+            .iter()
+            .any(|step| !step.text.is_empty() && !on_text(&step.text))
+        {
             stream.cancel();
             break;
         }
-        let (None, Some(tok)) = (step.finish, step.token) else {
+        let last = verified.steps.last();
+        let (None, Some(tok)) = (last.and_then(|s| s.finish), last.and_then(|s| s.token)) else {
             break;
         };
-        history.push(tok);
+        let left = opts.stream.max_tokens.saturating_sub(stream.generated().len());
+        let room = ctx.saturating_sub(session.len() + 1);
+        let drafts = match drafter.as_deref_mut() {
+            Some(d) => {
+                let mut drafts = d.draft(&history, left.saturating_sub(1).min(room));
+                drafts.truncate(MAX_DRAFT_TOKENS.min(left.saturating_sub(1)).min(room));
+                drafts
+            }
+            None => Vec::new(),
+        };
+        spec.passes += 1;
+        spec.drafted += drafts.len();
+        fed.clear();
+        fed.push(tok);
+        fed.extend_from_slice(&drafts);
+        rollback = (!drafts.is_empty()).then(|| Rollback::before(session));
         let mut items = [StepItem {
             session,
-            tokens: std::slice::from_ref(&tok),
-            logits: LogitsMode::Last,
+            tokens: &fed,
+            logits: if drafts.is_empty() {
+                LogitsMode::Last
+            } else {
+                LogitsMode::All
+            },
         }];
-        logits = model.forward(&mut items)?.lane(0).to_vec();
+        rows = model.forward(&mut items)?;
     }
     let generation_time = first_token_at.map_or(Duration::ZERO, |t| t.elapsed());
     let stats = GenerationStats {
@@ -155,6 +240,7 @@ pub fn generate(
         generated_tokens: stream.generated().len(),
         generation_time,
         finish: stream.finished().unwrap_or(FinishReason::Cancelled),
+        speculation: spec,
     };
     Ok((stream.generated().to_vec(), stats))
 }

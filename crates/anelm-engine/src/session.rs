@@ -192,6 +192,22 @@ impl Session {
         }
     }
 
+    /// Go back to `len` positions with `recurrent` as the state after them (a copy taken when
+    /// the session was `len` long): what a speculative pass's rollback needs, since recurrent
+    /// state cannot rewind. Returns the positions kept: `len`, or 0 when the KV cache could not
+    /// rewind that far (the session then starts over).
+    pub(crate) fn rewind_recurrent(&mut self, len: usize, recurrent: Vec<RecurrentLayer>) -> usize {
+        if len > self.tokens.len() || self.kv.truncate(len) != len {
+            return self.truncate(0);
+        }
+        self.tokens.truncate(len);
+        self.recurrent = recurrent;
+        if self.checkpoint.as_ref().is_some_and(|cp| cp.len > len) {
+            self.checkpoint = None;
+        }
+        len
+    }
+
     /// The recurrent layers, to be overwritten by a restore.
     pub(crate) fn recurrent_mut(&mut self) -> &mut [RecurrentLayer] {
         &mut self.recurrent

@@ -35,6 +35,7 @@ fn generate_from(lm: &LoadedModel, prompt: &str, stream: StreamOptions) -> (Vec<
     let opts = GenerateOptions {
         stream,
         prefill_chunk: 128,
+        speculate: None,
     };
     let mut session = lm.model.new_session(1024);
     let mut out = String::new();

@@ -94,6 +94,7 @@ fn run_alone(lm: &LoadedModel, req: &Request) -> Vec<u32> {
     let opts = GenerateOptions {
         stream: req.stream.clone(),
         prefill_chunk: 128,
+        speculate: None,
     };
     generate(
         lm.model.as_ref(),

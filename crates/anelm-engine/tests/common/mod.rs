@@ -131,6 +131,7 @@ pub fn check_greedy_until_near_tie(lm: &LoadedModel, fx: &Value, noise_margin: f
                 ..StreamOptions::greedy(want.len())
             },
             prefill_chunk: 128,
+            speculate: None,
         };
         let mut session = lm.model.new_session(512);
         let (got, _) = generate(

@@ -1,0 +1,289 @@
+//! Speculative decoding by prompt lookup: draft the next tokens by finding the sequence's last
+//! few tokens earlier in the sequence (the prompt or the output so far) and copying what
+//! followed them, then let the model check every drafted token in one forward pass (they ride
+//! as extra lanes of the step, which cost little where decode is bound by reading the weights).
+//!
+//! The drafter proposes one fixed continuation, so its "distribution" is a point mass and the
+//! standard rejection rule (accept draft `d` with probability `min(1, p(d)/q(d)) = p(d)`, else
+//! draw from `p` without `d`, renormalised) is exactly "draw from `p` as usual and keep the
+//! draft while the draw equals it": the draw is the model's own, so greedy output is the output
+//! without speculation and sampled output has the model's exact distribution (the sampler also
+//! consumes its random numbers exactly as it would without speculation). [`verify`] runs that
+//! rule through [`Stream::advance`], so stop strings, grammars, penalties and log-probabilities
+//! behave as in plain decoding.
+//!
+//! Rejected positions are rolled back: an attention session's KV cache rewinds; a hybrid
+//! session's recurrent state (which cannot rewind) is restored from a copy taken before the
+//! pass and the kept tokens are run again ([`Rollback`]).
+
+use crate::error::Result;
+use crate::model::{LanguageModel, LogitsMode, StepItem};
+use crate::session::{RecurrentLayer, Session};
+use crate::stream::{Stream, StreamStep};
+
+/// Most tokens one verification pass may draft (a sliding-window KV ring keeps 64 positions of
+/// slack for rewinds; the pass also needs one lane for the token it feeds).
+pub const MAX_DRAFT_TOKENS: usize = 32;
+
+/// How prompt-lookup drafting searches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LookupOptions {
+    /// Most tokens drafted per pass (1..=[`MAX_DRAFT_TOKENS`]).
+    pub draft_tokens: usize,
+    /// Longest suffix looked up (tried first).
+    pub max_ngram: usize,
+    /// Shortest suffix looked up.
+    pub min_ngram: usize,
+}
+
+impl Default for LookupOptions {
+    fn default() -> Self {
+        Self {
+            draft_tokens: 8,
+            max_ngram: 3,
+            min_ngram: 1,
+        }
+    }
+}
+
+impl LookupOptions {
+    /// Refuse values that cannot work, saying which.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        if !(1..=MAX_DRAFT_TOKENS).contains(&self.draft_tokens) {
+            return Err(format!(
+                "draft tokens must be 1..={MAX_DRAFT_TOKENS}, not {}",
+                self.draft_tokens
+            ));
+        }
+        if self.min_ngram == 0 || self.min_ngram > self.max_ngram {
+            return Err(format!(
+                "the lookup n-gram range must satisfy 1 <= min ({}) <= max ({})",
+                self.min_ngram, self.max_ngram
+            ));
+        }
+        Ok(())
+    }
+
+    /// Up to `limit` (capped at `draft_tokens`) tokens that followed an earlier occurrence of
+    /// `history`'s last n tokens, for n from `max_ngram` down to `min_ngram`: the latest
+    /// occurrence followed by `limit` tokens, else the earliest (which has the most after it, as
+    /// in a loop the output repeats); empty when no suffix occurs earlier.
+    pub fn draft(&self, history: &[u32], limit: usize) -> Vec<u32> {
+        let limit = limit.min(self.draft_tokens);
+        if limit == 0 {
+            return Vec::new();
+        }
+        let len = history.len();
+        for n in (self.min_ngram..=self.max_ngram).rev() {
+            if n >= len {
+                continue;
+            }
+            let suffix = &history[len - n..];
+            // Starts before the suffix's own, so at least one token follows each match.
+            let mut earliest = None;
+            for start in (0..len - n).rev() {
+                if &history[start..start + n] == suffix {
+                    earliest = Some(start + n);
+                    if start + n + limit <= len {
+                        break;
+                    }
+                }
+            }
+            if let Some(from) = earliest {
+                return history[from..(from + limit).min(len)].to_vec();
+            }
+        }
+        Vec::new()
+    }
+}
+
+impl Drafter for LookupOptions {
+    fn draft(&mut self, history: &[u32], limit: usize) -> Vec<u32> {
+        LookupOptions::draft(self, history, limit)
+    }
+}
+
+/// Proposes the tokens a stream may take next, for the model to verify in one pass.
+pub trait Drafter {
+    /// Up to `limit` tokens to follow `history` (the prompt and every token taken so far).
+    fn draft(&mut self, history: &[u32], limit: usize) -> Vec<u32>;
+}
+
+/// Counts of one generation's speculation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpeculationStats {
+    /// Decode forward passes (each verifies its drafts and feeds one token).
+    pub passes: usize,
+    /// Tokens drafted.
+    pub drafted: usize,
+    /// Drafted tokens the model's own draw agreed with.
+    pub accepted: usize,
+}
+
+impl SpeculationStats {
+    /// Accepted / drafted (0 when nothing was drafted).
+    pub fn acceptance(&self) -> f64 {
+        if self.drafted == 0 {
+            0.0
+        } else {
+            self.accepted as f64 / self.drafted as f64
+        }
+    }
+
+    /// Add another run's counts.
+    pub fn add(&mut self, other: SpeculationStats) {
+        self.passes += other.passes;
+        self.drafted += other.drafted;
+        self.accepted += other.accepted;
+    }
+}
+
+/// What a session needs to undo a verification pass's rejected positions.
+pub struct Rollback {
+    len: usize,
+    recurrent: Option<Vec<RecurrentLayer>>,
+}
+
+impl Rollback {
+    /// Note `session`'s state before a pass (a copy of its recurrent state when it has one).
+    pub fn before(session: &Session) -> Self {
+        Self {
+            len: session.len(),
+            recurrent: session.is_recurrent().then(|| session.recurrent.clone()),
+        }
+    }
+
+    /// Keep only the first `keep` of the tokens the pass appended. An attention session
+    /// rewinds its caches; a recurrent one goes back to the copy and runs the kept tokens
+    /// again (and a session that could not rewind runs again what it lost).
+    pub fn keep(self, model: &dyn LanguageModel, session: &mut Session, keep: usize) -> Result<()> {
+        let target = self.len + keep;
+        if target >= session.len() {
+            return Ok(());
+        }
+        let tokens = session.tokens()[..target].to_vec();
+        let kept = match self.recurrent {
+            None => session.truncate(target),
+            Some(state) => session.rewind_recurrent(self.len, state),
+        };
+        for chunk in tokens[kept..].chunks(REPLAY_CHUNK) {
+            let mut items = [StepItem {
+                session: &mut *session,
+                tokens: chunk,
+                logits: LogitsMode::None,
+            }];
+            model.forward(&mut items)?;
+        }
+        Ok(())
+    }
+}
+
+/// Tokens per pass when a rollback runs positions again.
+const REPLAY_CHUNK: usize = 128;
+
+/// One verification pass's outcome, row by row through [`Stream::advance`].
+pub struct Verified {
+    /// Each row's step, in order (the last may carry the stream's finish).
+    pub steps: Vec<StreamStep>,
+    /// How many drafts the stream's own draws agreed with.
+    pub accepted: usize,
+}
+
+/// Take tokens from the pass's rows: row `j` follows `fed[j]` (the fed token, then the drafts);
+/// the stream draws from it as usual, and the pass continues to row `j + 1` only while the
+/// draw equals `fed[j + 1]` and the stream goes on. `history` grows by every token taken;
+/// `room(j)` says whether the context holds a token after row `j`'s.
+pub fn verify(
+    stream: &mut Stream<'_>,
+    rows: &mut crate::batch::Batch,
+    fed: &[u32],
+    history: &mut Vec<u32>,
+    room: &dyn Fn(usize) -> bool,
+) -> std::result::Result<Verified, crate::stream::StreamError> {
+    let mut steps = Vec::new();
+    let mut accepted = 0;
+    for j in 0..fed.len() {
+        let step = stream.advance(rows.lane_mut(j), history, room(j))?;
+        let token = step.token;
+        let done = step.finish.is_some();
+        steps.push(step);
+        let Some(t) = token else { break };
+        history.push(t);
+        if done || fed.get(j + 1) != Some(&t) {
+            break;
+        }
+        accepted += 1;
+    }
+    Ok(Verified { steps, accepted })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookup_copies_what_followed_the_latest_match() {
+        let o = LookupOptions {
+            draft_tokens: 3,
+            max_ngram: 2,
+            min_ngram: 1,
+        };
+        // "1 2" occurs at 0 and 4; the latest earlier one (4) is followed by three tokens.
+        assert_eq!(o.draft(&[1, 2, 3, 4, 1, 2, 9, 8, 1, 2], 10), vec![9, 8, 1]);
+        // The bigram "5 2" never occurs earlier: the unigram "2" does (latest at 6).
+        assert_eq!(o.draft(&[1, 2, 7, 2, 6, 6, 2, 4, 5, 2], 10), vec![4, 5, 2]);
+        // A limit below draft_tokens, and nothing to find.
+        assert_eq!(o.draft(&[1, 2, 3, 1, 2], 1), vec![3]);
+        assert!(o.draft(&[1, 2, 3, 4], 10).is_empty());
+        assert!(o.draft(&[1, 2, 1, 2], 0).is_empty());
+        assert!(o.draft(&[], 4).is_empty());
+    }
+
+    #[test]
+    fn a_match_may_end_at_the_suffix_start() {
+        let o = LookupOptions {
+            draft_tokens: 4,
+            max_ngram: 1,
+            min_ngram: 1,
+        };
+        // The only earlier "7" is right before the last one: it is followed by that 7 itself.
+        assert_eq!(o.draft(&[3, 7, 7], 4), vec![7]);
+        // In a loop the latest match has one token after it: the earliest has the most.
+        assert_eq!(o.draft(&[3, 7, 7, 7, 7, 7], 3), vec![7, 7, 7]);
+        let o = LookupOptions { max_ngram: 2, ..o };
+        assert_eq!(
+            o.draft(&[5, 6, 5, 6, 5, 6], 2),
+            vec![5, 6],
+            "the latest with two after it"
+        );
+        assert_eq!(
+            o.draft(&[5, 6, 5, 6, 5, 6], 4),
+            vec![5, 6, 5, 6],
+            "the earliest, with four"
+        );
+    }
+
+    #[test]
+    fn bad_options_are_refused() {
+        let base = LookupOptions::default();
+        assert!(base.validate().is_ok());
+        for bad in [
+            LookupOptions {
+                draft_tokens: 0,
+                ..base
+            },
+            LookupOptions {
+                draft_tokens: MAX_DRAFT_TOKENS + 1,
+                ..base
+            },
+            LookupOptions { min_ngram: 0, ..base },
+            LookupOptions {
+                min_ngram: 4,
+                max_ngram: 3,
+                ..base
+            },
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
+    }
+}

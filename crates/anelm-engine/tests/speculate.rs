@@ -1,0 +1,187 @@
+//! Speculative decoding by prompt lookup gives the output decoding without it gives: greedy and
+//! seeded sampling, on SmolLM2 (GGUF, attention only), the tiny Gemma 3 fixture (sliding-window
+//! rings that must rewind) and the tiny Qwen3.5 fixture (DeltaNet state that must roll back), with
+//! drafts both accepted and rejected along the way. The session afterwards holds what a plain run
+//! leaves, so the next turn reuses it the same way.
+
+use std::path::PathBuf;
+
+use anelm_engine::default_model::default_model_location;
+use anelm_engine::{
+    CpuBackend, Drafter, GenerateOptions, LanguageModel, LookupOptions, SamplerParams, Session, StreamOptions,
+    generate, generate_with_drafter, load_model, load_model_weights,
+};
+use anelm_model::tokenizer::Tokenizer;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/hf")
+        .join(name)
+}
+
+/// A prompt that repeats itself, so lookup finds drafts, in the model's vocabulary.
+fn repetitive_prompt(vocab: usize) -> Vec<u32> {
+    let phrase: Vec<u32> = (0..12u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 9) % vocab as u32)
+        .collect();
+    let mut p = Vec::new();
+    for r in 0..4u32 {
+        p.extend_from_slice(&phrase);
+        p.push((r * 7 + 3) % vocab as u32);
+    }
+    p
+}
+
+struct Run {
+    tokens: Vec<u32>,
+    session: Vec<u32>,
+    passes: usize,
+    drafted: usize,
+    accepted: usize,
+}
+
+/// Drafts the reference continuation with one token in each draft made wrong, at a position
+/// that moves from pass to pass (and some passes all right), so every depth of rollback runs.
+struct Forced {
+    truth: Vec<u32>,
+    vocab: u32,
+    calls: usize,
+}
+
+impl Drafter for Forced {
+    fn draft(&mut self, history: &[u32], limit: usize) -> Vec<u32> {
+        assert_eq!(history, &self.truth[..history.len()], "the stream left the reference");
+        let limit = limit.min(6);
+        let from = history.len().min(self.truth.len());
+        let mut d = self.truth[from..(from + limit).min(self.truth.len())].to_vec();
+        let wrong = self.calls % (limit + 2);
+        if let Some(t) = d.get_mut(wrong) {
+            *t = (*t + 1) % self.vocab;
+        }
+        self.calls += 1;
+        d
+    }
+}
+
+fn options(sampler: SamplerParams, speculate: Option<LookupOptions>) -> GenerateOptions {
+    GenerateOptions {
+        stream: StreamOptions {
+            sampler,
+            ignore_eos: true,
+            ..StreamOptions::greedy(48)
+        },
+        prefill_chunk: 16,
+        speculate,
+    }
+}
+
+fn run(
+    model: &dyn LanguageModel,
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+    sampler: SamplerParams,
+    speculate: Option<LookupOptions>,
+    forced: Option<&mut Forced>,
+) -> Run {
+    let opts = options(sampler, speculate);
+    let mut session: Session = model.new_session(256);
+    let (tokens, stats) = match forced {
+        Some(d) => generate_with_drafter(model, tokenizer, &mut session, prompt, &opts, d, &mut |_| true),
+        None => generate(model, tokenizer, &mut session, prompt, &opts, &mut |_| true),
+    }
+    .expect("generate");
+    assert_eq!(tokens.len(), 48);
+    Run {
+        tokens,
+        session: session.tokens().to_vec(),
+        passes: stats.speculation.passes,
+        drafted: stats.speculation.drafted,
+        accepted: stats.speculation.accepted,
+    }
+}
+
+fn check(name: &str, model: &dyn LanguageModel, tokenizer: &Tokenizer, prompt: &[u32]) {
+    let lookup = LookupOptions {
+        draft_tokens: 5,
+        max_ngram: 2,
+        min_ngram: 1,
+    };
+    let samplers = [
+        ("greedy", SamplerParams::greedy()),
+        (
+            "sampled",
+            SamplerParams {
+                temperature: 0.9,
+                seed: 7,
+                ..SamplerParams::default()
+            },
+        ),
+    ];
+    for (kind, sampler) in samplers {
+        let plain = run(model, tokenizer, prompt, sampler.clone(), None, None);
+        assert_eq!(plain.drafted, 0);
+        assert_eq!(plain.passes, 47, "{name}: one pass per token after the first");
+        let mut forced = Forced {
+            truth: [prompt, &plain.tokens].concat(),
+            vocab: model.info().vocab_size as u32,
+            calls: 0,
+        };
+        for (how, fast) in [
+            (
+                "lookup",
+                run(model, tokenizer, prompt, sampler.clone(), Some(lookup), None),
+            ),
+            (
+                "forced",
+                run(model, tokenizer, prompt, sampler.clone(), None, Some(&mut forced)),
+            ),
+        ] {
+            println!(
+                "{name} {kind} {how}: {} passes for 48 tokens, {} of {} drafts accepted",
+                fast.passes, fast.accepted, fast.drafted
+            );
+            assert_eq!(
+                plain.tokens, fast.tokens,
+                "{name} {kind} {how}: speculation changed the output"
+            );
+            assert_eq!(
+                plain.session, fast.session,
+                "{name} {kind} {how}: the sessions differ afterwards"
+            );
+            assert_eq!(
+                fast.passes + fast.accepted,
+                plain.passes,
+                "{name} {kind} {how}: every pass yields one token plus its accepted drafts"
+            );
+            if how == "forced" {
+                // Drafts kept (fewer passes) and drafts rolled back, at every depth.
+                assert!(fast.accepted > 10, "{name} {kind}: too few forced drafts accepted");
+                assert!(
+                    fast.drafted - fast.accepted > 10,
+                    "{name} {kind}: too few forced drafts rejected"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn lookup_speculation_keeps_the_output_of_plain_decoding() {
+    anelm_kernels::pool::init_global(2);
+    let backend = CpuBackend::new();
+    let smollm2 = default_model_location().expect("a home directory");
+    assert!(smollm2.is_file(), "default model missing at {}", smollm2.display());
+    let lm = load_model(&smollm2, &backend, &mut |_, _| {}).expect("load SmolLM2");
+    let prompt = lm
+        .tokenizer
+        .encode("Copy this list exactly: apples, pears, plums, apples, pears, plums, apples, pears, plums, apples,")
+        .expect("encode");
+    check("smollm2", lm.model.as_ref(), &lm.tokenizer, &prompt);
+    // The fixtures carry no tokenizer: SmolLM2's decodes their ids (all below 512) and its
+    // end-of-generation ids (0 and 2) are masked by ignore_eos as usual.
+    for name in ["gemma3", "qwen3_5"] {
+        let model = load_model_weights(&fixture(name), &backend, &mut |_, _| {}).expect("load fixture");
+        let vocab = model.info().vocab_size;
+        check(name, model.as_ref(), &lm.tokenizer, &repetitive_prompt(vocab));
+    }
+}
