@@ -9,7 +9,7 @@ use crate::error::{EngineError, Result};
 use crate::model::{LanguageModel, LogitsMode, StepItem};
 use crate::sampler::SamplerParams;
 use crate::session::Session;
-use crate::speculate::{Drafter, LookupOptions, MAX_DRAFT_TOKENS, Rollback, SpeculationStats, verify};
+use crate::speculate::{DraftBudget, Drafter, LookupOptions, Rollback, SpeculationStats, verify};
 use crate::stream::{FinishReason, Stream, StreamOptions};
 
 /// How to generate.
@@ -182,12 +182,14 @@ fn generate_drafted(
         .ok_or_else(|| EngineError::Config("the model returned no logits".into()))?;
     let mut fed: Vec<u32> = vec![prompt[prompt.len() - 1]];
     let mut rollback: Option<Rollback> = None;
+    let mut budget = DraftBudget::default();
     loop {
         // Row j follows fed[j], which sits at position base + j.
         let base = session.len() - fed.len();
         let verified = verify(&mut stream, &mut rows, &fed, &mut history, &|j| base + j + 1 < ctx)?;
         first_token_at.get_or_insert_with(Instant::now);
         spec.accepted += verified.accepted;
+        budget.update(fed.len() - 1, verified.accepted);
         // Keep the positions whose rows were used: the session then holds what it would hold
         // without speculation.
         if let Some(r) = rollback.take() {
@@ -209,8 +211,9 @@ fn generate_drafted(
         let room = ctx.saturating_sub(session.len() + 1);
         let drafts = match drafter.as_deref_mut() {
             Some(d) => {
-                let mut drafts = d.draft(&history, left.saturating_sub(1).min(room));
-                drafts.truncate(MAX_DRAFT_TOKENS.min(left.saturating_sub(1)).min(room));
+                let limit = budget.limit().min(left.saturating_sub(1)).min(room);
+                let mut drafts = d.draft(&history, limit);
+                drafts.truncate(limit);
                 drafts
             }
             None => Vec::new(),

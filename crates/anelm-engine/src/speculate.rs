@@ -138,6 +138,51 @@ impl SpeculationStats {
     }
 }
 
+/// How many tokens the next pass may draft: halved after a pass whose drafts were all
+/// rejected, doubled (up to [`MAX_DRAFT_TOKENS`]; the drafter has its own cap) after one whose
+/// drafts were all accepted; after a rejected single draft no drafting for [`DraftBudget::REST`]
+/// passes, then one token again. Text the drafter cannot predict (a one-word answer, new prose)
+/// then costs few wasted lanes, while text it can (a copy, a rewrite) gets long drafts.
+#[derive(Clone, Copy, Debug)]
+pub struct DraftBudget {
+    limit: usize,
+    resting: usize,
+}
+
+impl Default for DraftBudget {
+    fn default() -> Self {
+        Self {
+            limit: MAX_DRAFT_TOKENS,
+            resting: 0,
+        }
+    }
+}
+
+impl DraftBudget {
+    /// Passes without drafts after a rejected single draft.
+    pub const REST: usize = 4;
+
+    /// Tokens the next pass may draft (0 while resting).
+    pub fn limit(&self) -> usize {
+        if self.resting > 0 { 0 } else { self.limit }
+    }
+
+    /// Learn from a pass that drafted `drafted` tokens and kept `accepted`.
+    pub fn update(&mut self, drafted: usize, accepted: usize) {
+        if self.resting > 0 {
+            self.resting -= 1;
+        } else if drafted == 0 {
+        } else if accepted == 0 {
+            if drafted == 1 {
+                self.resting = Self::REST;
+            }
+            self.limit = (drafted / 2).max(1);
+        } else if accepted == drafted {
+            self.limit = (drafted * 2).min(MAX_DRAFT_TOKENS);
+        }
+    }
+}
+
 /// What a session needs to undo a verification pass's rejected positions.
 pub struct Rollback {
     len: usize,
@@ -261,6 +306,35 @@ mod tests {
             vec![5, 6, 5, 6],
             "the earliest, with four"
         );
+    }
+
+    #[test]
+    fn the_draft_budget_follows_the_acceptance() {
+        let mut b = DraftBudget::default();
+        assert_eq!(b.limit(), MAX_DRAFT_TOKENS);
+        b.update(8, 0);
+        assert_eq!(b.limit(), 4);
+        b.update(4, 0);
+        b.update(2, 0);
+        assert_eq!(b.limit(), 1);
+        // A rejected single draft rests for REST passes, then tries one token again.
+        b.update(1, 0);
+        for _ in 0..DraftBudget::REST {
+            assert_eq!(b.limit(), 0);
+            b.update(0, 0);
+        }
+        assert_eq!(b.limit(), 1);
+        b.update(1, 1);
+        assert_eq!(b.limit(), 2);
+        b.update(2, 1);
+        assert_eq!(b.limit(), 2, "a partial acceptance keeps it");
+        b.update(0, 0);
+        assert_eq!(b.limit(), 2, "a pass without drafts says nothing");
+        for _ in 0..10 {
+            let l = b.limit();
+            b.update(l, l);
+        }
+        assert_eq!(b.limit(), MAX_DRAFT_TOKENS);
     }
 
     #[test]
