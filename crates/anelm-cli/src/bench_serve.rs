@@ -63,6 +63,7 @@ pub fn bench_scheduler(sessions: usize, threads: usize, ctx_size: usize) -> Sche
         share_prefixes: true,
         cache_mem: None,
         prompt_cache: None,
+        speculate: None,
     }
 }
 

@@ -24,7 +24,7 @@ use anelm_server::rerank::Rerank;
 use anelm_server::upstream::{Upstream, Upstreams};
 use anelm_server::{AppState, ServerConfig, router, shutdown_signal};
 
-use crate::args::{EmbeddingPromptArgs, ModelArgs, RerankPromptArgs};
+use crate::args::{EmbeddingPromptArgs, ModelArgs, RerankPromptArgs, SpeculateArgs};
 use crate::runtime::{load, load_embedder, load_reranker, model_path};
 
 /// Arguments of `anelm serve`.
@@ -32,6 +32,9 @@ use crate::runtime::{load, load_embedder, load_reranker, model_path};
 pub struct ServeArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    /// Speculative decoding for requests that do not choose (their `speculate` field does).
+    #[command(flatten)]
+    pub speculate: SpeculateArgs,
     /// Address to bind (use 0.0.0.0 to accept other machines).
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -258,6 +261,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         share_prefixes: !a.no_prefix_sharing,
         cache_mem: a.cache_mem.map(|mib| mib.saturating_mul(1 << 20)),
         prompt_cache: None,
+        speculate: a.speculate.options()?,
     };
     // Batch lines in flight: enough to keep every session busy while finished lines are
     // recorded (the extra ones wait in the scheduler's queue at background priority).

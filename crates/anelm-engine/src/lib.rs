@@ -68,6 +68,6 @@ pub use scheduler::{
 };
 pub use session::{RecurrentLayer, Session};
 pub use session_snapshot::SnapshotError;
-pub use speculate::{Drafter, LookupOptions, SpeculationStats};
+pub use speculate::{Drafter, LookupOptions, Speculation, SpeculationStats};
 pub use stream::{FinishReason, Stream, StreamError, StreamOptions, StreamStep, TokenLogprob};
 pub use tools::{ForcedCall, ToolCall, ToolFormat, ToolSpec};

@@ -28,6 +28,7 @@ use crate::loader::LoadedModel;
 use crate::model::{LogitsMode, StepItem};
 use crate::prompt_cache::PromptCache;
 use crate::session::Session;
+use crate::speculate::{DraftBudget, LookupOptions, Rollback, Speculation};
 use crate::stream::FinishReason;
 use crate::stream::{Stream, StreamOptions, TokenLogprob};
 
@@ -59,6 +60,10 @@ pub struct SchedulerConfig {
     /// a stored prefix longer than any session shares restores it and prefills only the rest;
     /// long prompts and prefixes two requests share are saved (see `prompt_cache_hook`).
     pub prompt_cache: Option<Arc<PromptCache>>,
+    /// Speculative decoding for requests that leave it to the server
+    /// ([`Speculation::ServerDefault`]): each decode step of a stream also feeds the tokens
+    /// prompt lookup drafts, and keeps those the stream's own draws agree with.
+    pub speculate: Option<LookupOptions>,
 }
 
 impl Default for SchedulerConfig {
@@ -73,6 +78,7 @@ impl Default for SchedulerConfig {
             share_prefixes: true,
             cache_mem: None,
             prompt_cache: None,
+            speculate: None,
         }
     }
 }
@@ -84,6 +90,8 @@ pub struct Request {
     pub prompt: Vec<u32>,
     /// How its stream decodes: budget, sampling, stop strings, log-probabilities.
     pub stream: StreamOptions,
+    /// Whether its decode steps draft tokens (the output is the same either way).
+    pub speculate: Speculation,
 }
 
 /// Who waits for a request: the person at the keyboard, or a job that may yield to them.
@@ -205,6 +213,13 @@ pub struct Metrics {
     pub cache_evictions_total: AtomicU64,
     /// Tokens generated.
     pub generated_tokens_total: AtomicU64,
+    /// Decode passes of streams (one per stream per step it decodes in; with speculation a
+    /// pass may yield several tokens: generated / passes is the tokens per pass).
+    pub decode_passes_total: AtomicU64,
+    /// Tokens speculative decoding drafted.
+    pub draft_tokens_total: AtomicU64,
+    /// Of those, tokens the streams' own draws agreed with (acceptance = accepted / drafted).
+    pub draft_accepted_total: AtomicU64,
     /// Steps of streams under a grammar (structured outputs, tool calls).
     pub constrained_steps_total: AtomicU64,
     /// Of those, steps that computed the grammar's full mask over the vocabulary (the others
@@ -448,6 +463,11 @@ struct Active<'t> {
     reused: usize,
     admitted: Instant,
     first_token: Option<Instant>,
+    /// Speculative decoding: the lookup options, the tokens drafted to follow `next` in the
+    /// next step, and how many the next draft may have.
+    lookup: Option<LookupOptions>,
+    drafts: Vec<u32>,
+    draft_budget: DraftBudget,
 }
 
 struct Slot<'t> {
@@ -543,7 +563,15 @@ fn run_loop(lm: &LoadedModel, cfg: &SchedulerConfig, rx: &Receiver<Job>, metrics
                 }
                 metrics.queue_depth.fetch_sub(1, Ordering::AcqRel);
                 clock += 1;
-                admit(&mut slots, job, tok, metrics, clock, cfg.prompt_cache.as_deref());
+                admit(
+                    &mut slots,
+                    job,
+                    tok,
+                    metrics,
+                    clock,
+                    cfg.prompt_cache.as_deref(),
+                    cfg.speculate,
+                );
                 continue;
             }
             if !free {
@@ -568,7 +596,15 @@ fn run_loop(lm: &LoadedModel, cfg: &SchedulerConfig, rx: &Receiver<Job>, metrics
             };
             metrics.queue_depth.fetch_sub(1, Ordering::AcqRel);
             clock += 1;
-            admit(&mut slots, job, tok, metrics, clock, cfg.prompt_cache.as_deref());
+            admit(
+                &mut slots,
+                job,
+                tok,
+                metrics,
+                clock,
+                cfg.prompt_cache.as_deref(),
+                cfg.speculate,
+            );
         }
         metrics.parked.store(parked.len() as u64, Ordering::Relaxed);
         let busy = slots.iter().any(|s| s.active.is_some());
@@ -601,6 +637,7 @@ fn admit<'t>(
     metrics: &Metrics,
     clock: u64,
     disk: Option<&PromptCache>,
+    default_lookup: Option<LookupOptions>,
 ) {
     let shared = |s: &Session, p: &[u32]| common_prefix(s.tokens(), p);
     let Some(best) = slots
@@ -612,10 +649,12 @@ fn admit<'t>(
     else {
         return;
     };
-    let stream = match Stream::new(tok, &job.req.stream) {
+    let lookup = job.req.speculate.resolve(default_lookup);
+    let checked = lookup.map_or(Ok(()), |l| l.validate().map_err(|e| format!("speculate: {e}")));
+    let stream = match checked.and_then(|()| Stream::new(tok, &job.req.stream).map_err(|e| e.to_string())) {
         Ok(s) => s,
         Err(e) => {
-            (job.sink)(Event::Failed(e.to_string()));
+            (job.sink)(Event::Failed(e));
             metrics.requests_finished.fetch_add(1, Ordering::Relaxed);
             return;
         }
@@ -639,6 +678,9 @@ fn admit<'t>(
         reused: common,
         admitted: Instant::now(),
         first_token: None,
+        lookup,
+        drafts: Vec::new(),
+        draft_budget: DraftBudget::default(),
         stream,
         job,
     });
@@ -816,6 +858,59 @@ fn fail(slot: &mut Slot<'_>, msg: String, metrics: &Metrics) {
     slot.session.clear();
 }
 
+/// One session's share of a step.
+struct Feed {
+    slot: usize,
+    /// A decode token and its drafts, or a prompt chunk.
+    tokens: Vec<u32>,
+    logits: LogitsMode,
+    /// A decode pass (else a prefill chunk).
+    decode: bool,
+}
+
+impl Feed {
+    /// Logit rows the item gets back.
+    fn rows(&self) -> usize {
+        match self.logits {
+            LogitsMode::None => 0,
+            LogitsMode::Last => 1,
+            LogitsMode::All => self.tokens.len(),
+        }
+    }
+}
+
+/// How a stream's rows of a step ended.
+enum Outcome {
+    /// It goes on; the token to feed next (none when it took none).
+    Continue(Option<u32>),
+    /// It finished (or its client left).
+    Finished,
+    /// It failed.
+    Failed(String),
+}
+
+/// The tokens prompt lookup drafts to follow `next`: within the stream's draft budget, its
+/// remaining tokens, the context and the step's token budget.
+fn draft(lookup: &LookupOptions, a: &Active<'_>, session: &Session, next: u32, step_tokens: usize) -> Vec<u32> {
+    let left = a.job.req.stream.max_tokens.saturating_sub(a.stream.generated().len());
+    let room = session.ctx_size().saturating_sub(session.len() + 1);
+    let limit = a
+        .draft_budget
+        .limit()
+        .min(left.saturating_sub(1))
+        .min(room)
+        .min(step_tokens / 4);
+    if limit == 0 {
+        return Vec::new();
+    }
+    let mut history = Vec::with_capacity(session.len() + 1);
+    history.extend_from_slice(session.tokens());
+    history.push(next);
+    let mut d = lookup.draft(&history, limit);
+    d.truncate(limit);
+    d
+}
+
 /// One batched forward for every active session, then sampling and streaming.
 fn step(model: &dyn crate::model::LanguageModel, slots: &mut [Slot<'_>], cfg: &SchedulerConfig, metrics: &Metrics) {
     let t0 = Instant::now();
@@ -845,9 +940,10 @@ fn step(model: &dyn crate::model::LanguageModel, slots: &mut [Slot<'_>], cfg: &S
                 .as_ref()
                 .is_some_and(|a| a.job.priority == Priority::Background)
     };
-    // Decide each slot's tokens: decoders first (one each), then prefill chunks within budget.
+    // Decide each slot's tokens: decoders first (their token and its drafts), then prefill
+    // chunks within budget.
     let mut budget = cfg.max_step_tokens;
-    let mut feed: Vec<(usize, Vec<u32>, bool)> = Vec::new(); // (slot, tokens, wants logits)
+    let mut feed: Vec<Feed> = Vec::new();
     for (i, slot) in slots.iter().enumerate() {
         if sits_out(slot) {
             continue;
@@ -855,8 +951,21 @@ fn step(model: &dyn crate::model::LanguageModel, slots: &mut [Slot<'_>], cfg: &S
         if let Some(a) = &slot.active
             && let Some(t) = a.next
         {
-            feed.push((i, vec![t], true));
-            budget = budget.saturating_sub(1);
+            let mut tokens = Vec::with_capacity(1 + a.drafts.len());
+            tokens.push(t);
+            tokens.extend_from_slice(&a.drafts);
+            budget = budget.saturating_sub(tokens.len());
+            let logits = if a.drafts.is_empty() {
+                LogitsMode::Last
+            } else {
+                LogitsMode::All
+            };
+            feed.push(Feed {
+                slot: i,
+                tokens,
+                logits,
+                decode: true,
+            });
         }
     }
     for (i, slot) in slots.iter().enumerate() {
@@ -877,26 +986,37 @@ fn step(model: &dyn crate::model::LanguageModel, slots: &mut [Slot<'_>], cfg: &S
                 n = n.min(cut - slot.session.len());
             }
             budget = budget.saturating_sub(n);
-            let chunk: Vec<u32> = a.pending.iter().take(n).copied().collect();
+            let tokens: Vec<u32> = a.pending.iter().take(n).copied().collect();
             let last = n == a.pending.len();
-            feed.push((i, chunk, last));
+            feed.push(Feed {
+                slot: i,
+                tokens,
+                logits: if last { LogitsMode::Last } else { LogitsMode::None },
+                decode: false,
+            });
         }
     }
     if feed.is_empty() {
         return;
     }
+    // What undoes each speculative pass's rejected positions (a hybrid session's recurrent
+    // state is copied here).
+    let mut rollbacks: Vec<Option<Rollback>> = (0..slots.len()).map(|_| None).collect();
+    for f in feed.iter().filter(|f| f.logits == LogitsMode::All) {
+        rollbacks[f.slot] = Some(Rollback::before(&slots[f.slot].session));
+    }
     // One forward over all of them.
     let result = {
         let mut sessions: Vec<Option<&mut Session>> = slots.iter_mut().map(|s| Some(&mut s.session)).collect();
         let mut items: Vec<StepItem<'_>> = Vec::with_capacity(feed.len());
-        for (i, tokens, wants) in &feed {
-            let Some(session) = sessions[*i].take() else {
+        for f in &feed {
+            let Some(session) = sessions[f.slot].take() else {
                 continue;
             };
             items.push(StepItem {
                 session,
-                tokens,
-                logits: if *wants { LogitsMode::Last } else { LogitsMode::None },
+                tokens: &f.tokens,
+                logits: f.logits,
             });
         }
         model.forward(&mut items)
@@ -904,30 +1024,40 @@ fn step(model: &dyn crate::model::LanguageModel, slots: &mut [Slot<'_>], cfg: &S
     let mut out = match result {
         Ok(out) => out,
         Err(e) => {
-            for (i, _, _) in &feed {
-                fail(&mut slots[*i], format!("forward pass failed: {e}"), metrics);
+            for f in &feed {
+                fail(&mut slots[f.slot], format!("forward pass failed: {e}"), metrics);
             }
             return;
         }
     };
+    // Each item's first logits row.
+    let mut first_row = vec![None; slots.len()];
+    let mut rows = 0;
+    for f in &feed {
+        if f.rows() > 0 {
+            first_row[f.slot] = Some(rows);
+        }
+        rows += f.rows();
+    }
     // Constrained streams' grammar work (the first draw's check, and the full mask where the
     // grammar refuses it), done across the kernel pool's threads before the serial loop: its
     // workers are still spinning from the forward, so they start at once (a second pool would
-    // have to wait for those cores).
+    // have to wait for those cores). A speculative pass prepares its first row.
     {
-        let mut rows = vec![None; slots.len()];
-        for (row, (i, _, _)) in feed.iter().filter(|(_, _, wants)| *wants).enumerate() {
-            rows[*i] = Some(row);
+        let mut drafted = vec![0; slots.len()];
+        for f in &feed {
+            drafted[f.slot] = f.rows().saturating_sub(1);
         }
         let out_ref = &out;
         let constrained: Vec<std::sync::Mutex<(&mut Stream<'_>, &[u32], usize)>> = slots
             .iter_mut()
-            .zip(rows)
-            .filter_map(|(slot, row)| {
+            .zip(first_row.iter().zip(&drafted))
+            .filter_map(|(slot, (row, &drafted))| {
                 let Slot { session, active, .. } = slot;
                 let a = active.as_mut()?;
                 (a.stream.is_constrained()).then_some(())?;
-                Some(std::sync::Mutex::new((&mut a.stream, session.tokens(), row?)))
+                let history = &session.tokens()[..session.len() - drafted];
+                Some(std::sync::Mutex::new((&mut a.stream, history, (*row)?)))
             })
             .collect();
         if constrained.len() > 1 {
@@ -939,20 +1069,22 @@ fn step(model: &dyn crate::model::LanguageModel, slots: &mut [Slot<'_>], cfg: &S
             });
         }
     }
-    let mut row = 0;
     let mut generated_now = 0u64;
-    for (i, tokens, wants) in feed {
+    for f in feed {
+        let i = f.slot;
         let slot = &mut slots[i];
         let Some(a) = slot.active.as_mut() else {
             continue;
         };
-        if a.next.is_some() {
+        if f.decode {
             a.next = None;
+            a.drafts.clear();
+            metrics.decode_passes_total.fetch_add(1, Ordering::Relaxed);
         } else {
-            a.pending.drain(..tokens.len());
+            a.pending.drain(..f.tokens.len());
             metrics
                 .prompt_tokens_total
-                .fetch_add(tokens.len() as u64, Ordering::Relaxed);
+                .fetch_add(f.tokens.len() as u64, Ordering::Relaxed);
             if a.pending.is_empty() || cuts[i] == Some(slot.session.len()) {
                 // Hybrid models: save the recurrent state at the end of the prompt, so the next
                 // turn of this conversation can rewind here rather than to position 0, and
@@ -963,43 +1095,82 @@ fn step(model: &dyn crate::model::LanguageModel, slots: &mut [Slot<'_>], cfg: &S
                 prompt_cache_hook::after_prefill_chunk(disk, &slot.session, &a.job.req.prompt, a.job.cache_hint);
             }
         }
-        if !wants {
+        let Some(row0) = first_row[i] else {
             continue;
-        }
-        // This step's logits row, used in place (no copy of a vocabulary-sized row per lane).
-        let logits = out.lane_mut(row);
-        row += 1;
-        // Room to feed the token taken now at the next step.
-        let room = slot.session.len() < slot.session.ctx_size();
-        let s = match a.stream.advance(logits, slot.session.tokens(), room) {
-            Ok(s) => s,
-            Err(e) => {
-                fail(slot, format!("sampling failed: {e}"), metrics);
+        };
+        // Row j follows the item's token j, at position base + j; the stream takes tokens from
+        // the rows while its draws agree with the drafts (the fed tokens after the first).
+        let n = f.rows();
+        let base = slot.session.len() - n;
+        let ctx = slot.session.ctx_size();
+        let mut used = 0;
+        let mut accepted = 0;
+        let mut outcome = Outcome::Continue(None);
+        for j in 0..n {
+            used = j + 1;
+            // This step's logits row, used in place (no copy of a vocabulary-sized row per lane).
+            let logits = out.lane_mut(row0 + j);
+            let history = &slot.session.tokens()[..base + j + 1];
+            // Room to feed the token taken now at the next step.
+            let room = base + j + 1 < ctx;
+            let s = match a.stream.advance(logits, history, room) {
+                Ok(s) => s,
+                Err(e) => {
+                    outcome = Outcome::Failed(format!("sampling failed: {e}"));
+                    break;
+                }
+            };
+            a.first_token.get_or_insert_with(Instant::now);
+            if a.stream.is_constrained() {
+                metrics.constrained_steps_total.fetch_add(1, Ordering::Relaxed);
+                metrics
+                    .constraint_masks_total
+                    .fetch_add(u64::from(s.masked), Ordering::Relaxed);
+            }
+            if s.token.is_some() {
+                generated_now += 1;
+                metrics.generated_tokens_total.fetch_add(1, Ordering::Relaxed);
+            }
+            let mut listening = true;
+            if let Some(lp) = s.logprob {
+                listening = (a.job.sink)(Event::Logprob(lp));
+            }
+            if listening && !s.text.is_empty() {
+                listening = (a.job.sink)(Event::Text(s.text));
+            }
+            if !listening || s.finish.is_some() {
+                outcome = Outcome::Finished;
+                break;
+            }
+            if j + 1 < n && s.token == Some(f.tokens[j + 1]) {
+                accepted += 1;
                 continue;
             }
-        };
-        a.first_token.get_or_insert_with(Instant::now);
-        if a.stream.is_constrained() {
-            metrics.constrained_steps_total.fetch_add(1, Ordering::Relaxed);
+            outcome = Outcome::Continue(s.token);
+            break;
+        }
+        if f.decode {
+            metrics.draft_tokens_total.fetch_add(n as u64 - 1, Ordering::Relaxed);
             metrics
-                .constraint_masks_total
-                .fetch_add(u64::from(s.masked), Ordering::Relaxed);
+                .draft_accepted_total
+                .fetch_add(accepted as u64, Ordering::Relaxed);
+            a.draft_budget.update(n - 1, accepted);
         }
-        if s.token.is_some() {
-            generated_now += 1;
-            metrics.generated_tokens_total.fetch_add(1, Ordering::Relaxed);
+        // Drop the positions of drafts whose rows went unused.
+        if let Some(r) = rollbacks[i].take()
+            && let Err(e) = r.keep(model, &mut slot.session, used)
+        {
+            outcome = Outcome::Failed(format!("speculative rollback failed: {e}"));
         }
-        let mut listening = true;
-        if let Some(lp) = s.logprob {
-            listening = (a.job.sink)(Event::Logprob(lp));
-        }
-        if listening && !s.text.is_empty() {
-            listening = (a.job.sink)(Event::Text(s.text));
-        }
-        if !listening || s.finish.is_some() {
-            finish(slot, metrics);
-        } else {
-            a.next = s.token;
+        match outcome {
+            Outcome::Failed(msg) => fail(slot, msg, metrics),
+            Outcome::Finished => finish(slot, metrics),
+            Outcome::Continue(token) => {
+                a.next = token;
+                if let (Some(t), Some(lookup)) = (token, a.lookup) {
+                    a.drafts = draft(&lookup, a, &slot.session, t, cfg.max_step_tokens);
+                }
+            }
         }
     }
     if let Some(budget) = cfg.cache_mem {

@@ -109,6 +109,29 @@ pub trait Drafter {
     fn draft(&mut self, history: &[u32], limit: usize) -> Vec<u32>;
 }
 
+/// Whether one scheduler request drafts tokens ([`crate::Request::speculate`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Speculation {
+    /// As the scheduler's configuration says ([`crate::SchedulerConfig::speculate`]).
+    #[default]
+    ServerDefault,
+    /// Never: one token per pass.
+    Off,
+    /// Prompt lookup with these options.
+    Lookup(LookupOptions),
+}
+
+impl Speculation {
+    /// The lookup options that apply, given the scheduler's default.
+    pub fn resolve(self, default: Option<LookupOptions>) -> Option<LookupOptions> {
+        match self {
+            Speculation::ServerDefault => default,
+            Speculation::Off => None,
+            Speculation::Lookup(o) => Some(o),
+        }
+    }
+}
+
 /// Counts of one generation's speculation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SpeculationStats {

@@ -46,6 +46,7 @@ fn request(lm: &LoadedModel, prompt: &str, max_tokens: usize) -> Request {
             ignore_eos: true,
             ..StreamOptions::greedy(max_tokens)
         },
+        speculate: Default::default(),
     }
 }
 

@@ -103,6 +103,7 @@ fn config(cache: Option<Arc<PromptCache>>) -> SchedulerConfig {
         share_prefixes: true,
         cache_mem: None,
         prompt_cache: cache,
+        speculate: None,
     }
 }
 
@@ -121,6 +122,7 @@ fn request(prompt: Vec<u32>) -> Request {
             logprobs: Some(0),
             ..StreamOptions::greedy(8)
         },
+        speculate: Default::default(),
     }
 }
 

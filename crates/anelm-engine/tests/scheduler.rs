@@ -36,6 +36,7 @@ fn config(sessions: usize, queue: usize) -> SchedulerConfig {
         share_prefixes: true,
         cache_mem: None,
         prompt_cache: None,
+        speculate: None,
     }
 }
 
@@ -46,6 +47,7 @@ fn request(lm: &LoadedModel, prompt: &str, max_tokens: usize) -> Request {
             ignore_eos: true,
             ..StreamOptions::greedy(max_tokens)
         },
+        speculate: Default::default(),
     }
 }
 
@@ -303,6 +305,7 @@ fn recorded_logprobs_are_the_log_softmax_of_the_models_logits() {
             logprobs: Some(5),
             ..StreamOptions::greedy(12)
         },
+        speculate: Default::default(),
     };
     let rx = submit(&sched, req);
     let mut recorded = Vec::new();
@@ -442,7 +445,11 @@ fn a_hybrid_model_shares_a_prefix_through_a_checkpoint_and_answers_the_same() {
                 logprobs: Some(0),
                 ..StreamOptions::greedy(8)
             };
-            Request { prompt, stream }
+            Request {
+                prompt,
+                stream,
+                speculate: Default::default(),
+            }
         })
         .collect();
     let cfg = SchedulerConfig {
@@ -483,6 +490,7 @@ fn a_cache_budget_releases_idle_sessions() {
         let req = Request {
             prompt: again,
             stream: StreamOptions::greedy(2),
+            speculate: Default::default(),
         };
         let (_, second) = collect(&submit(&sched, req));
         let m = sched.metrics();
@@ -528,6 +536,7 @@ fn concurrent_constrained_streams_take_the_tokens_of_masking_every_step_alone() 
                 constraint: Some(c),
                 ..StreamOptions::greedy(40)
             },
+            speculate: Default::default(),
         }
     };
     let prompts = &PROMPTS[..4];

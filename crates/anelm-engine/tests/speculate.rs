@@ -2,14 +2,20 @@
 //! seeded sampling, on SmolLM2 (GGUF, attention only), the tiny Gemma 3 fixture (sliding-window
 //! rings that must rewind) and the tiny Qwen3.5 fixture (DeltaNet state that must roll back), with
 //! drafts both accepted and rejected along the way. The session afterwards holds what a plain run
-//! leaves, so the next turn reuses it the same way.
+//! leaves, so the next turn reuses it the same way. The scheduler behind `anelm serve` does the
+//! same with speculating and plain streams batched in one step.
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::channel;
+use std::time::Duration;
 
 use anelm_engine::default_model::default_model_location;
 use anelm_engine::{
-    CpuBackend, Drafter, GenerateOptions, LanguageModel, LookupOptions, SamplerParams, Session, StreamOptions,
-    generate, generate_with_drafter, load_model, load_model_weights,
+    CancelToken, CpuBackend, Drafter, Event, GenerateOptions, LanguageModel, LoadedModel, LookupOptions, Request,
+    SamplerParams, Scheduler, SchedulerConfig, Session, Speculation, StreamOptions, generate, generate_with_drafter,
+    load_model, load_model_weights,
 };
 use anelm_model::tokenizer::Tokenizer;
 
@@ -184,4 +190,130 @@ fn lookup_speculation_keeps_the_output_of_plain_decoding() {
         let vocab = model.info().vocab_size;
         check(name, model.as_ref(), &lm.tokenizer, &repetitive_prompt(vocab));
     }
+}
+
+/// Through the scheduler: three requests batched in one step's lanes — the server's default
+/// speculation, speculation off, and a request's own lookup options with seeded sampling — each
+/// give the tokens plain single-stream decoding gives, with log-probabilities to rounding, and
+/// the metrics add up (every token came from a prefill's last row, a decode pass, or an
+/// accepted draft).
+fn check_scheduler(name: &str, lm: Arc<LoadedModel>, prompts: [&str; 2], min_accepted: u64) {
+    let cfg = SchedulerConfig {
+        sessions: 3,
+        ctx_size: 512,
+        prefill_chunk: 16,
+        threads: 2,
+        speculate: Some(LookupOptions::default()),
+        ..SchedulerConfig::default()
+    };
+    let sampled = SamplerParams {
+        temperature: 0.8,
+        seed: 9,
+        ..SamplerParams::default()
+    };
+    let request = |prompt: &str, sampler: SamplerParams, speculate: Speculation| Request {
+        prompt: lm.tokenizer.encode(prompt).expect("encode"),
+        stream: StreamOptions {
+            sampler,
+            ignore_eos: true,
+            logprobs: Some(2),
+            ..StreamOptions::greedy(40)
+        },
+        speculate,
+    };
+    let own = LookupOptions {
+        draft_tokens: 3,
+        max_ngram: 2,
+        min_ngram: 1,
+    };
+    let requests = [
+        request(prompts[0], SamplerParams::greedy(), Speculation::ServerDefault),
+        request(prompts[0], SamplerParams::greedy(), Speculation::Off),
+        request(prompts[1], sampled, Speculation::Lookup(own)),
+    ];
+    let sched = Scheduler::start(lm.clone(), cfg).expect("start");
+    let receivers: Vec<_> = requests
+        .iter()
+        .map(|r| {
+            let (tx, rx) = channel();
+            sched
+                .submit(r.clone(), Box::new(move |e| tx.send(e).is_ok()), CancelToken::new())
+                .expect("accepted");
+            rx
+        })
+        .collect();
+    for (k, (req, rx)) in requests.iter().zip(&receivers).enumerate() {
+        let mut logprobs = Vec::new();
+        let tokens = loop {
+            match rx.recv_timeout(Duration::from_secs(300)).expect("an event") {
+                Event::Logprob(l) => logprobs.push(l.logprob),
+                Event::Text(_) => {}
+                Event::Done(c) => break c.tokens,
+                Event::Failed(e) => panic!("{name} request {k} failed: {e}"),
+            }
+        };
+        let mut session = lm.model.new_session(512);
+        let opts = GenerateOptions {
+            stream: req.stream.clone(),
+            prefill_chunk: 16,
+            speculate: None,
+        };
+        let (plain, _) = generate(
+            lm.model.as_ref(),
+            &lm.tokenizer,
+            &mut session,
+            &req.prompt,
+            &opts,
+            &mut |_| true,
+        )
+        .expect("generate");
+        assert_eq!(
+            tokens, plain,
+            "{name} request {k}: the scheduler's tokens differ from plain decoding"
+        );
+        assert_eq!(logprobs.len(), tokens.len());
+        assert!(logprobs.iter().all(|l| l.is_finite() && *l <= 0.0));
+    }
+    let m = sched.metrics();
+    let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    let (drafted, accepted) = (get(&m.draft_tokens_total), get(&m.draft_accepted_total));
+    println!(
+        "{name}: {} tokens in {} decode passes, {accepted} of {drafted} drafts accepted",
+        get(&m.generated_tokens_total),
+        get(&m.decode_passes_total)
+    );
+    assert!(drafted > 0, "{name}: nothing was drafted");
+    assert!(accepted >= min_accepted, "{name}: {accepted} drafts accepted");
+    assert_eq!(
+        get(&m.generated_tokens_total),
+        requests.len() as u64 + get(&m.decode_passes_total) + accepted,
+        "{name}: tokens = one per prefill + one per decode pass + accepted drafts"
+    );
+}
+
+#[test]
+fn the_scheduler_speculates_without_changing_any_answer() {
+    anelm_kernels::pool::init_global(2);
+    let smollm2 = default_model_location().expect("a home directory");
+    let lm = Arc::new(load_model(&smollm2, &CpuBackend::new(), &mut |_, _| {}).expect("load SmolLM2"));
+    check_scheduler(
+        "smollm2",
+        lm,
+        [
+            "Copy this list exactly: apples, pears, plums, apples, pears, plums, apples, pears,",
+            "Repeat after me: the cat sat on the mat, the cat sat on the mat, the cat",
+        ],
+        10,
+    );
+    let qwen35 = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf/qwen3_5_text.gguf");
+    let lm = Arc::new(load_model(&qwen35, &CpuBackend::new(), &mut |_, _| {}).expect("load the Qwen3.5 fixture"));
+    check_scheduler(
+        "qwen3_5",
+        lm,
+        [
+            "one two three one two three one two three one two",
+            "a b a b a b a b a b a b a",
+        ],
+        0,
+    );
 }

@@ -22,6 +22,7 @@ pub mod rerank;
 pub mod respond;
 pub mod response_store;
 pub mod responses;
+pub mod speculate;
 pub mod upstream;
 
 use std::sync::atomic::Ordering;
@@ -422,6 +423,24 @@ async fn metrics(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Respons
             "counter",
             "tokens generated",
             g(&m.generated_tokens_total),
+        );
+        put(
+            "decode_passes_total",
+            "counter",
+            "decode passes of streams (generated tokens / passes = tokens per pass with speculation)",
+            g(&m.decode_passes_total),
+        );
+        put(
+            "draft_tokens_total",
+            "counter",
+            "tokens drafted by speculative decoding (prompt lookup)",
+            g(&m.draft_tokens_total),
+        );
+        put(
+            "draft_accepted_total",
+            "counter",
+            "of those, tokens the streams' own draws agreed with (acceptance = accepted / drafted)",
+            g(&m.draft_accepted_total),
         );
         put(
             "queue_depth",

@@ -52,6 +52,8 @@ pub struct Parsed {
     pub priority: Option<anelm_engine::Priority>,
     /// The request used the legacy `functions`/`function_call` (the answer uses them too).
     pub legacy_functions: bool,
+    /// Non-standard `speculate`: speculative decoding by prompt lookup for this request.
+    pub speculate: anelm_engine::Speculation,
 }
 
 /// The prompt part of a request.
@@ -138,6 +140,7 @@ const COMMON_FIELDS: &[&str] = &[
     "service_tier",
     "logit_bias",
     "repetition_penalty",
+    "speculate",
 ];
 /// Fields only `/v1/chat/completions` implements.
 const CHAT_FIELDS: &[&str] = &[
@@ -683,6 +686,7 @@ pub fn parse(body: &[u8], chat: bool, max_context: usize) -> Result<Parsed, ApiE
         Some(_) => return Err(bad("n", "must be an integer from 1 to 16")),
     };
     let priority = crate::priority::of_service_tier(obj.get("service_tier"))?;
+    let speculate = crate::speculate::parse(obj.get("speculate"))?;
     sampler.logit_bias = logit_bias;
     let mut template_kwargs = template_kwargs;
     if let Some(effort) = obj.get("reasoning_effort") {
@@ -713,6 +717,7 @@ pub fn parse(body: &[u8], chat: bool, max_context: usize) -> Result<Parsed, ApiE
         stop,
         template_kwargs,
         model,
+        speculate,
     })
 }
 
@@ -739,6 +744,7 @@ impl Parsed {
                 logprobs: self.logprobs,
                 constraint,
             },
+            speculate: self.speculate,
         }
     }
 }
