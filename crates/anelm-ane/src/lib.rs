@@ -49,6 +49,7 @@ mod plan_encoder;
 mod plan_host;
 mod plan_input;
 mod plan_serve;
+mod plan_speculate;
 mod program_build;
 mod quant;
 mod rules;
@@ -82,6 +83,7 @@ pub use plan_encoder::{EncoderDims, EncoderKernel, EncoderPlan, plan_encoder, pl
 pub use plan_host::{DEFAULT_CONTEXT, HostOptions, HostRuntime, StepCost, StreamWork, Work, stream_work};
 pub use plan_input::{ModelKernel, ModelKernels, ModelLayer};
 pub use plan_serve::ServeLoad;
+pub use plan_speculate::{DEFAULT_ACCEPTANCE, MAX_PLANNED_DRAFTS, SpeculativeDecode, tokens_per_pass};
 pub use program_build::{
     BuildCounters, BuildError, BuildStats, CompileForecast, FallbackHook, FfnWeights, KernelFallback, ProgramBuilder,
 };

@@ -65,6 +65,10 @@ pub struct PlanArgs {
     /// Encoders (embedding models): the text length in tokens the embeddings/s are modelled for.
     #[arg(long, default_value_t = 128)]
     pub seq_len: usize,
+    /// Speculative decoding: the share of drafted tokens the model accepts (default: the median
+    /// `scripts/bench-speculate.sh` measured over its prompts).
+    #[arg(long, default_value_t = anelm_ane::DEFAULT_ACCEPTANCE)]
+    pub acceptance: f64,
 }
 
 /// Streams the rate table shows.
@@ -152,7 +156,14 @@ fn terms_json(p: &Plan, chip: &ChipProfile, host: &HostOptions, streams: Option<
 }
 
 /// The plan's figures as the JSON object outside checks read.
-pub fn plan_json(model: &str, p: &Plan, chip: &ChipProfile, host: &HostOptions, explain: bool) -> serde_json::Value {
+pub fn plan_json(
+    model: &str,
+    p: &Plan,
+    chip: &ChipProfile,
+    host: &HostOptions,
+    explain: bool,
+    acceptance: f64,
+) -> serde_json::Value {
     let rates = |f: &dyn Fn(usize) -> f64| -> serde_json::Map<String, serde_json::Value> {
         STREAMS.iter().map(|&n| (n.to_string(), json!(f(n)))).collect()
     };
@@ -172,6 +183,9 @@ pub fn plan_json(model: &str, p: &Plan, chip: &ChipProfile, host: &HostOptions, 
         "prefill_lanes": host.runtime.prefill_lanes(),
         "ane_step_ms": p.step_seconds(chip) * 1e3,
         "ane_decode_tok_s": rates(&|n| p.ane_decode_tok_s(chip, n)),
+        "acceptance": acceptance,
+        "speculative_decode_tok_s": rates(&|n| p.speculative_decode(chip, host, n, acceptance).tok_s),
+        "speculative_drafts": rates(&|n| p.speculative_decode(chip, host, n, acceptance).drafts as f64),
     });
     if explain {
         v["explain"] = json!({
@@ -292,6 +306,12 @@ pub fn run(a: PlanArgs) -> Result<()> {
         };
         return crate::plan_encoder::run(&model, &dims, &layer, a.weights.mode(), a.seq_len, chip, output);
     }
+    if !(0.0..=1.0).contains(&a.acceptance) {
+        anyhow::bail!(
+            "--acceptance is a share of drafted tokens, from 0 to 1 (got {})",
+            a.acceptance
+        );
+    }
     let p = plan_model(&path, a.weights.mode())?;
     let host = HostOptions {
         runtime: a.runtime.runtime(),
@@ -299,7 +319,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
     };
     let model = path.display().to_string();
     if a.json {
-        let mut v = plan_json(&model, &p, &chip.unwrap_or_default(), &host, a.explain);
+        let mut v = plan_json(&model, &p, &chip.unwrap_or_default(), &host, a.explain, a.acceptance);
         if let Some((c, note)) = &calibrated {
             v["calibrated"] = json!({"fixed_us": c.fixed_us, "gb_s": c.stream_gb_s, "from": note});
         }
@@ -312,6 +332,21 @@ pub fn run(a: PlanArgs) -> Result<()> {
     }
     let shown = chip.unwrap_or_default();
     print!("{}", p.report_host(&shown, &host));
+    print!(
+        "speculative decode tok/s (prompt lookup, acceptance {:.2}):",
+        a.acceptance
+    );
+    for n in STREAMS {
+        let s = p.speculative_decode(&shown, &host, n, a.acceptance);
+        print!(
+            "  {n} stream{}: {:.2} ({} drafts, {:.2} tokens/pass)",
+            if n == 1 { "" } else { "s" },
+            s.tok_s,
+            s.drafts,
+            s.tokens_per_pass
+        );
+    }
+    println!();
     if a.explain {
         explain(&p, &shown, &host);
     }

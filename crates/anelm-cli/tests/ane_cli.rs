@@ -531,3 +531,41 @@ fn plan_calibrate_refuses_a_bad_report() {
         assert!(err.contains(needle) && !err.contains("panicked"), "{name}: {err}");
     }
 }
+
+/// Speculative decoding in the plan: with no acceptance it is plain decode (zero drafts), more
+/// acceptance never models fewer tokens/s, it drafts where that pays, and a rate outside 0..1
+/// is refused.
+#[test]
+fn plan_models_speculative_decoding_from_an_acceptance_rate() {
+    let rate = |json: &Value, key: &str, n: &str| json[key][n].as_f64().unwrap_or_else(|| panic!("{key}[{n}]"));
+    let none = plan_json("qwen3_5_4b", "int8", &["--acceptance", "0"]);
+    let plain = plan_json("qwen3_5_4b", "int8", &[]);
+    assert_eq!(plain["acceptance"].as_f64(), Some(0.74), "the default acceptance");
+    for n in ["1", "2", "4", "8"] {
+        assert!((rate(&none, "speculative_decode_tok_s", n) - rate(&none, "decode_tok_s", n)).abs() < 1e-9);
+        assert_eq!(rate(&none, "speculative_drafts", n), 0.0);
+        let mut prev = 0.0;
+        for a in ["0", "0.5", "0.74", "0.9"] {
+            let json = plan_json("qwen3_5_4b", "int8", &["--acceptance", a]);
+            let s = rate(&json, "speculative_decode_tok_s", n);
+            assert!(s >= prev, "{n} streams: acceptance {a} models {s} < {prev}");
+            prev = s;
+        }
+    }
+    let last = rate(&plain, "speculative_decode_tok_s", "1");
+    let one = rate(&plain, "decode_tok_s", "1");
+    println!(
+        "Qwen3.5-4B int8 on m3-max, 1 stream: {one:.2} tok/s plain, {last:.2} with lookup at 0.74 ({} drafts)",
+        rate(&plain, "speculative_drafts", "1")
+    );
+    assert!(
+        last > one,
+        "speculation at 0.74 acceptance must pay for a single stream"
+    );
+    let out = anelm(
+        &["plan", "--model", &fixture("qwen3_5_4b"), "--acceptance", "1.5"],
+        None,
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("from 0 to 1"));
+}

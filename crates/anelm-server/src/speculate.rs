@@ -95,10 +95,10 @@ mod tests {
             (json!({"type": "lookup", "draft_tokens": 0}), "draft tokens must be"),
             (json!({"type": "lookup", "min_ngram": 5}), "n-gram range"),
         ] {
-            let e = parse(Some(&v)).unwrap_err();
-            let body = e.to_json().to_string();
-            assert!(body.contains(says), "{v}: {body}");
-            assert!(body.contains("\"param\":\"speculate\""), "{v}: {body}");
+            let body = parse(Some(&v)).unwrap_err().to_json();
+            let message = body["error"]["message"].as_str().unwrap_or_default();
+            assert!(message.contains(says), "{v}: {body}");
+            assert_eq!(body["error"]["param"], "speculate", "{v}");
         }
     }
 }
