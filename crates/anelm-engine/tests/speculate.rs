@@ -11,11 +11,12 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::channel;
 use std::time::Duration;
 
+use anelm_ane::{EmuAne, WeightMode};
 use anelm_engine::default_model::default_model_location;
 use anelm_engine::{
-    CancelToken, CpuBackend, Drafter, Event, GenerateOptions, LanguageModel, LoadedModel, LookupOptions, Request,
-    SamplerParams, Scheduler, SchedulerConfig, Session, Speculation, StreamOptions, generate, generate_with_drafter,
-    load_model, load_model_weights,
+    AneBackend, AneOptions, CancelToken, CpuBackend, Drafter, Event, GenerateOptions, LanguageModel, LoadedModel,
+    LookupOptions, Request, SamplerParams, Scheduler, SchedulerConfig, Session, Speculation, StreamOptions, generate,
+    generate_with_drafter, load_model, load_model_weights,
 };
 use anelm_model::tokenizer::Tokenizer;
 
@@ -316,4 +317,32 @@ fn the_scheduler_speculates_without_changing_any_answer() {
         ],
         0,
     );
+}
+
+/// The same on the emulated Neural Engine (every matmul a lowered fp16 program, a speculative
+/// pass's drafts as lanes of its dispatches): the tiny Llama, Gemma 3 and Qwen3.5 fixtures.
+#[test]
+fn lookup_speculation_keeps_the_output_on_the_emulated_neural_engine() {
+    anelm_kernels::pool::init_global(2);
+    let smollm2 = default_model_location().expect("a home directory");
+    let tokenizer = load_model(&smollm2, &CpuBackend::new(), &mut |_, _| {})
+        .expect("load SmolLM2")
+        .tokenizer;
+    for name in ["llama", "gemma3", "qwen3_5"] {
+        let backend = AneBackend::new(
+            Arc::new(EmuAne::default()),
+            AneOptions {
+                weights: WeightMode::Fp16,
+                ..AneOptions::default()
+            },
+        );
+        let model = load_model_weights(&fixture(name), &backend, &mut |_, _| {}).expect("load fixture on ane-emu");
+        let vocab = model.info().vocab_size;
+        check(
+            &format!("{name} (ane-emu)"),
+            model.as_ref(),
+            &tokenizer,
+            &repetitive_prompt(vocab),
+        );
+    }
 }
