@@ -223,7 +223,7 @@ fn generate_drafted(
         fed.clear();
         fed.push(tok);
         fed.extend_from_slice(&drafts);
-        rollback = (!drafts.is_empty()).then(|| Rollback::before(session));
+        rollback = (!drafts.is_empty()).then(|| Rollback::before(&mut *session));
         let mut items = [StepItem {
             session,
             tokens: &fed,

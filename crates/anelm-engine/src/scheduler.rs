@@ -1003,7 +1003,7 @@ fn step(model: &dyn crate::model::LanguageModel, slots: &mut [Slot<'_>], cfg: &S
     // state is copied here).
     let mut rollbacks: Vec<Option<Rollback>> = (0..slots.len()).map(|_| None).collect();
     for f in feed.iter().filter(|f| f.logits == LogitsMode::All) {
-        rollbacks[f.slot] = Some(Rollback::before(&slots[f.slot].session));
+        rollbacks[f.slot] = Some(Rollback::before(&mut slots[f.slot].session));
     }
     // One forward over all of them.
     let result = {

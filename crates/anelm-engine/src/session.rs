@@ -2,6 +2,7 @@
 //! attention layers, conv + recurrent state for linear-attention layers) — so a conversation can
 //! continue without re-reading its history.
 
+use crate::arch::deltanet::LaneTrace;
 use crate::kv_cache::KvCache;
 
 /// The state a linear-attention (Gated DeltaNet) layer carries from token to token.
@@ -11,6 +12,9 @@ pub struct RecurrentLayer {
     pub conv: Vec<f32>,
     /// Per value head a `[dk][dv]` matrix, heads in order.
     pub state: Vec<f32>,
+    /// While a speculative pass runs: each lane's inputs to the recurrence, so the state can be
+    /// advanced again over only the lanes the pass keeps ([`LaneTrace`]).
+    pub(crate) trace: Option<LaneTrace>,
 }
 
 impl RecurrentLayer {
@@ -19,12 +23,14 @@ impl RecurrentLayer {
         Self {
             conv: vec![0.0; conv_len],
             state: vec![0.0; state_len],
+            trace: None,
         }
     }
 
     fn reset(&mut self) {
         self.conv.fill(0.0);
         self.state.fill(0.0);
+        self.trace = None;
     }
 }
 
@@ -192,20 +198,55 @@ impl Session {
         }
     }
 
-    /// Go back to `len` positions with `recurrent` as the state after them (a copy taken when
-    /// the session was `len` long): what a speculative pass's rollback needs, since recurrent
-    /// state cannot rewind. Returns the positions kept: `len`, or 0 when the KV cache could not
-    /// rewind that far (the session then starts over).
-    pub(crate) fn rewind_recurrent(&mut self, len: usize, recurrent: Vec<RecurrentLayer>) -> usize {
-        if len > self.tokens.len() || self.kv.truncate(len) != len {
+    /// Record each recurrent layer's lane inputs from now on ([`LaneTrace`]), for
+    /// [`Session::rollback_recurrent`].
+    pub(crate) fn start_trace(&mut self) {
+        for r in self.recurrent.iter_mut().filter(|r| !r.state.is_empty()) {
+            r.trace.get_or_insert_with(LaneTrace::default).clear();
+        }
+    }
+
+    /// Stop recording lane inputs.
+    pub(crate) fn stop_trace(&mut self) {
+        for r in &mut self.recurrent {
+            r.trace = None;
+        }
+    }
+
+    /// Keep `keep` of the positions a speculative pass appended after `len`: go back to
+    /// `before`, the recurrent state copied when the session was `len` long (recurrent state
+    /// cannot rewind), and advance it over the first `keep` lanes the pass recorded
+    /// ([`Session::start_trace`]), bit for bit as the pass did. Returns the positions kept:
+    /// `len + keep`, or fewer when the KV cache could not rewind or a layer has no trace of
+    /// those lanes (the caller runs the rest again).
+    pub(crate) fn rollback_recurrent(&mut self, len: usize, keep: usize, mut before: Vec<RecurrentLayer>) -> usize {
+        let target = len + keep;
+        let traced = self
+            .recurrent
+            .iter()
+            .all(|r| r.state.is_empty() || r.trace.as_ref().is_some_and(|t| t.lanes() >= keep));
+        if target > self.tokens.len() || before.len() != self.recurrent.len() || self.kv.truncate(target) != target {
+            self.stop_trace();
             return self.truncate(0);
         }
-        self.tokens.truncate(len);
-        self.recurrent = recurrent;
-        if self.checkpoint.as_ref().is_some_and(|cp| cp.len > len) {
+        let target = if traced {
+            for (b, r) in before.iter_mut().zip(&self.recurrent) {
+                if let Some(t) = &r.trace {
+                    t.replay(b, keep);
+                }
+            }
+            target
+        } else {
+            // No record to advance by: back to `len`, and the caller runs the kept tokens.
+            self.kv.truncate(len);
+            len
+        };
+        self.tokens.truncate(target);
+        self.recurrent = before;
+        if self.checkpoint.as_ref().is_some_and(|cp| cp.len > target) {
             self.checkpoint = None;
         }
-        len
+        target
     }
 
     /// The recurrent layers, to be overwritten by a restore.

@@ -126,6 +126,7 @@ impl Session {
             recurrent.push(RecurrentLayer {
                 conv: r.f32s(conv_len)?,
                 state: r.f32s(state_len)?,
+                trace: None,
             });
         }
         if r.remaining() != 0 {

@@ -14,7 +14,8 @@
 //!
 //! Rejected positions are rolled back: an attention session's KV cache rewinds; a hybrid
 //! session's recurrent state (which cannot rewind) is restored from a copy taken before the
-//! pass and the kept tokens are run again ([`Rollback`]).
+//! pass and advanced again over the kept lanes from the inputs the pass recorded
+//! ([`Rollback`], [`crate::arch::deltanet::LaneTrace`]).
 
 use crate::error::Result;
 use crate::model::{LanguageModel, LogitsMode, StepItem};
@@ -213,26 +214,33 @@ pub struct Rollback {
 }
 
 impl Rollback {
-    /// Note `session`'s state before a pass (a copy of its recurrent state when it has one).
-    pub fn before(session: &Session) -> Self {
+    /// Note `session`'s state before a pass: for a recurrent session, a copy of its state, and
+    /// its layers start recording the pass's lane inputs.
+    pub fn before(session: &mut Session) -> Self {
+        let recurrent = session.is_recurrent().then(|| session.recurrent.clone());
+        if recurrent.is_some() {
+            session.start_trace();
+        }
         Self {
             len: session.len(),
-            recurrent: session.is_recurrent().then(|| session.recurrent.clone()),
+            recurrent,
         }
     }
 
-    /// Keep only the first `keep` of the tokens the pass appended. An attention session
-    /// rewinds its caches; a recurrent one goes back to the copy and runs the kept tokens
-    /// again (and a session that could not rewind runs again what it lost).
+    /// Keep only the first `keep` of the tokens the pass appended. An attention session rewinds
+    /// its caches; a recurrent one goes back to the copy and advances it over the kept lanes'
+    /// recorded inputs (no forward pass); a session that could not rewind runs again what it
+    /// lost.
     pub fn keep(self, model: &dyn LanguageModel, session: &mut Session, keep: usize) -> Result<()> {
         let target = self.len + keep;
         if target >= session.len() {
+            session.stop_trace();
             return Ok(());
         }
         let tokens = session.tokens()[..target].to_vec();
         let kept = match self.recurrent {
             None => session.truncate(target),
-            Some(state) => session.rewind_recurrent(self.len, state),
+            Some(state) => session.rollback_recurrent(self.len, keep, state),
         };
         for chunk in tokens[kept..].chunks(REPLAY_CHUNK) {
             let mut items = [StepItem {

@@ -346,3 +346,79 @@ fn lookup_speculation_keeps_the_output_on_the_emulated_neural_engine() {
         );
     }
 }
+
+/// Counts the forward passes of the model it wraps.
+struct Counting<'m> {
+    inner: &'m dyn LanguageModel,
+    passes: std::sync::atomic::AtomicUsize,
+}
+
+impl LanguageModel for Counting<'_> {
+    fn info(&self) -> &anelm_engine::ModelInfo {
+        self.inner.info()
+    }
+    fn new_session(&self, ctx_size: usize) -> Session {
+        self.inner.new_session(ctx_size)
+    }
+    fn forward_with_cost(
+        &self,
+        items: &mut [anelm_engine::StepItem<'_>],
+    ) -> anelm_engine::Result<(anelm_engine::Batch, anelm_engine::ForwardCost)> {
+        self.passes.fetch_add(1, Ordering::Relaxed);
+        self.inner.forward_with_cost(items)
+    }
+}
+
+/// A Qwen3.5 session rolled back after a pass of five lanes keeps `keep` of them without another
+/// forward pass (the DeltaNet state is advanced over the recorded lanes), and the next token's
+/// logits are bit for bit those of a session that decoded the kept tokens one at a time.
+#[test]
+fn a_deltanet_rollback_advances_the_state_without_a_forward_pass() {
+    use anelm_engine::speculate::Rollback;
+    use anelm_engine::{LogitsMode, StepItem};
+    anelm_kernels::pool::init_global(2);
+    let inner = load_model_weights(&fixture("qwen3_5"), &CpuBackend::new(), &mut |_, _| {}).expect("load");
+    let model = Counting {
+        inner: inner.as_ref(),
+        passes: Default::default(),
+    };
+    let run = |session: &mut Session, tokens: &[u32]| -> Vec<u32> {
+        let mut items = [StepItem {
+            session,
+            tokens,
+            logits: LogitsMode::Last,
+        }];
+        model
+            .forward(&mut items)
+            .expect("forward")
+            .lane(0)
+            .iter()
+            .map(|x| x.to_bits())
+            .collect()
+    };
+    let prompt = repetitive_prompt(512);
+    let pass = [17u32, 230, 5, 99, 402];
+    for keep in 1..pass.len() {
+        let mut one_by_one = model.new_session(128);
+        run(&mut one_by_one, &prompt);
+        for &t in &pass[..keep] {
+            run(&mut one_by_one, &[t]);
+        }
+        let mut speculative = model.new_session(128);
+        run(&mut speculative, &prompt);
+        let rollback = Rollback::before(&mut speculative);
+        run(&mut speculative, &pass);
+        let before = model.passes.load(Ordering::Relaxed);
+        rollback.keep(&model, &mut speculative, keep).expect("rollback");
+        assert_eq!(
+            model.passes.load(Ordering::Relaxed),
+            before,
+            "keep {keep}: a forward pass ran again"
+        );
+        assert_eq!(speculative.tokens(), one_by_one.tokens());
+        assert!(
+            run(&mut speculative, &[7]) == run(&mut one_by_one, &[7]),
+            "keep {keep}: the next logits differ from decoding one token at a time"
+        );
+    }
+}

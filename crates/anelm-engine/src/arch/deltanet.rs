@@ -71,6 +71,66 @@ impl DeltaNetShape {
     }
 }
 
+/// One layer's record of a speculative pass: per lane of the session, in order, the raw conv
+/// input (what the conv history keeps), the conv output with q and k normalised, and per value
+/// head β and the decay g — everything the recurrence reads. [`LaneTrace::replay`] advances a
+/// copy of the state taken before the pass over the lanes the pass keeps, with the same
+/// operations in the same order, so rejected draft tokens leave no trace in the state.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LaneTrace {
+    shape: Option<(DeltaNetShape, VHeadOrder)>,
+    data: Vec<f32>,
+}
+
+impl LaneTrace {
+    /// Forget the recorded lanes.
+    pub fn clear(&mut self) {
+        self.data.clear();
+    }
+
+    /// Floats one lane takes.
+    fn lane_len(s: &DeltaNetShape) -> usize {
+        2 * s.conv_dim() + 2 * s.n_v_heads
+    }
+
+    /// Lanes recorded.
+    pub fn lanes(&self) -> usize {
+        self.shape.map_or(0, |(s, _)| self.data.len() / Self::lane_len(&s))
+    }
+
+    /// Advance `st` (the state before the pass) over the first `lanes` recorded lanes.
+    pub fn replay(&self, st: &mut RecurrentLayer, lanes: usize) {
+        let Some((s, order)) = self.shape else { return };
+        let (cd, kw, hv, hk) = (s.conv_dim(), s.key_width(), s.n_v_heads, s.n_k_heads);
+        let (dk, dv) = (s.k_dim, s.v_dim);
+        let hist = s.conv_kernel.saturating_sub(1);
+        let (mut u, mut o) = (vec![0.0f32; dv], vec![0.0f32; dv]);
+        for rec in self.data.chunks_exact(Self::lane_len(&s)).take(lanes) {
+            let (mixed, rest) = rec.split_at(cd);
+            let (x, rest) = rest.split_at(cd);
+            let (betas, decays) = rest.split_at(hv);
+            if hist > 0 {
+                st.conv.copy_within(cd.., 0);
+                st.conv[(hist - 1) * cd..].copy_from_slice(mixed);
+            }
+            for (vh, sm) in st.state.chunks_exact_mut(dk * dv).enumerate() {
+                let kh = match order {
+                    VHeadOrder::Grouped => vh / (hv / hk),
+                    VHeadOrder::Tiled => vh % hk,
+                };
+                let q = &x[kh * dk..(kh + 1) * dk];
+                let k = &x[kw + kh * dk..kw + (kh + 1) * dk];
+                let v = &x[2 * kw + vh * dv..2 * kw + (vh + 1) * dv];
+                project(sm, k, decays[vh], &mut u);
+                for (d, &vj) in u.iter_mut().zip(v) {
+                    *d = (vj - *d) * betas[vh];
+                }
+                update(sm, decays[vh], k, q, &u, &mut o);
+            }
+        }
+    }
+}
+
 /// The per-layer constants of a Gated DeltaNet layer (all f32).
 pub struct GatedDeltaNet {
     /// Dimensions.
@@ -138,6 +198,11 @@ impl GatedDeltaNet {
         })
     }
 
+    /// Value head `vh`'s decay g = exp(−exp(A_log)·softplus(a + dt_bias)) for its gate input `a`.
+    fn decay(&self, vh: usize, a: f32) -> f32 {
+        (self.neg_a[vh] * softplus(a + self.dt_bias[vh])).exp()
+    }
+
     /// −exp(A_log), element by element.
     pub fn neg_a_from_log(a_log: &[f32]) -> Vec<f32> {
         a_log.iter().map(|a| -a.exp()).collect()
@@ -185,6 +250,13 @@ impl GatedDeltaNet {
         act.resize(n, cd);
         let hist = kk - 1;
         let qscale = 1.0 / (dk as f32).sqrt();
+        // A session in a speculative pass records each lane's inputs (this pass's only).
+        for st in states.iter_mut() {
+            if let Some(t) = &mut st.trace {
+                t.shape = Some((*s, self.order));
+                t.clear();
+            }
+        }
         for (lane, &si) in lane_state.iter().enumerate() {
             let st = &mut *states[si];
             let mixed = &proj.lane(lane)[..cd];
@@ -198,6 +270,13 @@ impl GatedDeltaNet {
             for (qh, kh) in q.chunks_mut(dk).zip(k.chunks_mut(dk)) {
                 l2_normalize(qh, qscale);
                 l2_normalize(kh, 1.0);
+            }
+            if let Some(t) = &mut st.trace {
+                let p = proj.lane(lane);
+                t.data.extend_from_slice(mixed);
+                t.data.extend_from_slice(y);
+                t.data.extend((0..hv).map(|vh| sigmoid(p[cd + vw + vh])));
+                t.data.extend((0..hv).map(|vh| self.decay(vh, p[cd + vw + hv + vh])));
             }
         }
         // 3.–5. One task per value head over every lane: decay, delta rule, readout, gated norm.
@@ -234,8 +313,7 @@ impl GatedDeltaNet {
                 let v = &x[2 * kw + vh * dv..2 * kw + (vh + 1) * dv];
                 let z = &p[cd + vh * dv..cd + (vh + 1) * dv];
                 let (b, a) = (p[cd + vw + vh], p[cd + vw + hv + vh]);
-                let decay = (self.neg_a[vh] * softplus(a + self.dt_bias[vh])).exp();
-                (q, k, v, z, sigmoid(b), decay)
+                (q, k, v, z, sigmoid(b), self.decay(vh, a))
             };
             // `u` holds (g·S)ᵀk of the current lane. The state is stored without the decay g its
             // next token applies: the first pass of a token only reads (`project`), and its
