@@ -236,23 +236,16 @@ pub struct EmbeddingPromptArgs {
     pub embedding_prompt: Option<String>,
 }
 
-/// How `--speculate` drafts tokens.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum SpeculateKind {
-    /// No drafting: one token per decode pass.
-    Off,
-    /// Prompt lookup: copy what followed the last few tokens earlier in the prompt or output.
-    Lookup,
-}
-
-/// Speculative decoding options (`anelm generate`, `anelm chat`).
+/// Speculative decoding options (`anelm generate`, `anelm chat`, `anelm serve`).
 #[derive(Args, Clone, Debug)]
 pub struct SpeculateArgs {
     /// Draft tokens and let the model check them in one pass (same output, fewer passes when
-    /// the drafts are right). `lookup` drafts by prompt lookup: strong on extraction,
-    /// summarising and rewriting of given text.
-    #[arg(long, value_enum, default_value_t = SpeculateKind::Off)]
-    pub speculate: SpeculateKind,
+    /// the drafts are right): `off`; `lookup` copies what followed the last few tokens earlier
+    /// in the prompt or output (strong on extraction, summarising and rewriting of given text);
+    /// or the path of a smaller model sharing the tokenizer, whose greedy continuation is the
+    /// draft (`generate` and `chat` only).
+    #[arg(long, value_name = "off|lookup|MODEL", default_value = "off")]
+    pub speculate: String,
     /// Most tokens drafted per pass.
     #[arg(long, default_value_t = anelm_engine::LookupOptions::default().draft_tokens)]
     pub draft_tokens: usize,
@@ -264,18 +257,50 @@ pub struct SpeculateArgs {
     pub draft_min_ngram: usize,
 }
 
+/// What `--speculate` chose.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SpeculateChoice {
+    /// One token per pass.
+    Off,
+    /// Prompt lookup.
+    Lookup(anelm_engine::LookupOptions),
+    /// A draft model at this path, drafting up to `--draft-tokens` per pass.
+    Model(PathBuf),
+}
+
 impl SpeculateArgs {
-    /// The engine's options, checked; `None` without `--speculate`.
-    pub fn options(&self) -> anyhow::Result<Option<anelm_engine::LookupOptions>> {
-        if self.speculate == SpeculateKind::Off {
-            return Ok(None);
-        }
-        let o = anelm_engine::LookupOptions {
+    /// The choice, checked.
+    pub fn choice(&self) -> anyhow::Result<SpeculateChoice> {
+        let lookup = anelm_engine::LookupOptions {
             draft_tokens: self.draft_tokens,
             max_ngram: self.draft_max_ngram,
             min_ngram: self.draft_min_ngram,
         };
-        o.validate().map_err(|e| anyhow::anyhow!("--speculate: {e}"))?;
-        Ok(Some(o))
+        lookup.validate().map_err(|e| anyhow::anyhow!("--speculate: {e}"))?;
+        Ok(match self.speculate.as_str() {
+            "off" => SpeculateChoice::Off,
+            "lookup" => SpeculateChoice::Lookup(lookup),
+            path => {
+                let p = PathBuf::from(path);
+                if !p.exists() {
+                    anyhow::bail!(
+                        "--speculate takes off, lookup or the path of a draft model; {} does not exist",
+                        p.display()
+                    );
+                }
+                SpeculateChoice::Model(p)
+            }
+        })
+    }
+
+    /// Lookup options for the server, which drafts by lookup only.
+    pub fn options(&self) -> anyhow::Result<Option<anelm_engine::LookupOptions>> {
+        match self.choice()? {
+            SpeculateChoice::Off => Ok(None),
+            SpeculateChoice::Lookup(o) => Ok(Some(o)),
+            SpeculateChoice::Model(_) => anyhow::bail!(
+                "anelm serve drafts by prompt lookup only (--speculate lookup); a draft model works with anelm generate and anelm chat"
+            ),
+        }
     }
 }

@@ -6,7 +6,7 @@ use std::io::{BufRead, Write};
 use anyhow::Result;
 use clap::Args;
 
-use anelm_engine::{GenerateOptions, StreamOptions, generate};
+use anelm_engine::{GenerateOptions, StreamOptions};
 use anelm_model::chat_template::ChatMessage;
 
 use crate::args::{ModelArgs, SamplingArgs, SpeculateArgs};
@@ -47,8 +47,12 @@ pub fn run(a: ChatArgs) -> Result<()> {
             ..a.sampling.stream()
         },
         prefill_chunk: 128,
-        speculate: a.speculate.options()?,
+        speculate: None,
     };
+    let draft = crate::speculate::Draft::setup(&a.speculate, &a.model, &lm, &mut opts)?;
+    let mut drafter = draft
+        .as_ref()
+        .map(|d| d.drafter(a.model.ctx_size, lm.model.info().vocab_size));
     // Every turn starts from the grammar's beginning (each stream clones the fresh constraint).
     if let Some(g) = a.sampling.output_grammar()? {
         opts.stream.constraint = Some(lm.constraint(&g)?);
@@ -78,18 +82,11 @@ pub fn run(a: ChatArgs) -> Result<()> {
         let ids = lm.tokenizer.encode(&prompt)?;
         let mut reply = String::new();
         let stdout = std::io::stdout();
-        let result = generate(
-            lm.model.as_ref(),
-            &lm.tokenizer,
-            &mut session,
-            &ids,
-            &opts,
-            &mut |piece| {
-                reply.push_str(piece);
-                let mut out = stdout.lock();
-                out.write_all(piece.as_bytes()).and_then(|_| out.flush()).is_ok()
-            },
-        );
+        let result = crate::speculate::run(&lm, &mut session, &ids, &opts, drafter.as_mut(), &mut |piece| {
+            reply.push_str(piece);
+            let mut out = stdout.lock();
+            out.write_all(piece.as_bytes()).and_then(|_| out.flush()).is_ok()
+        });
         println!();
         match result {
             Ok((_, stats)) => {

@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::{Map, Value};
 
-use anelm_engine::{GenerateOptions, generate};
+use anelm_engine::GenerateOptions;
 use anelm_model::chat_template::ChatMessage;
 
 use crate::args::{ModelArgs, SamplingArgs, SpeculateArgs};
@@ -80,28 +80,28 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let mut opts = GenerateOptions {
         stream: a.sampling.stream(),
         prefill_chunk: a.prefill_chunk,
-        speculate: a.speculate.options()?,
+        speculate: None,
     };
+    let draft = crate::speculate::Draft::setup(&a.speculate, &a.model, &lm, &mut opts)?;
+    let mut drafter = draft
+        .as_ref()
+        .map(|d| d.drafter(a.model.ctx_size, lm.model.info().vocab_size));
     if let Some(g) = a.sampling.output_grammar()? {
         opts.stream.constraint = Some(lm.constraint(&g)?);
     }
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let mut write_failed = None;
-    let (_, stats) = generate(
-        lm.model.as_ref(),
-        &lm.tokenizer,
-        &mut session,
-        &ids,
-        &opts,
-        &mut |piece| match out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
-            Ok(()) => true,
-            Err(e) => {
-                write_failed = Some(e);
-                false
-            }
-        },
-    )?;
+    let (_, stats) = crate::speculate::run(&lm, &mut session, &ids, &opts, drafter.as_mut(), &mut |piece| match out
+        .write_all(piece.as_bytes())
+        .and_then(|_| out.flush())
+    {
+        Ok(()) => true,
+        Err(e) => {
+            write_failed = Some(e);
+            false
+        }
+    })?;
     if let Some(e) = write_failed {
         if e.kind() != std::io::ErrorKind::BrokenPipe {
             return Err(e).context("could not write to stdout");
@@ -117,7 +117,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         stats.generation_tok_per_s(),
         stats.finish
     );
-    if opts.speculate.is_some() {
+    if opts.speculate.is_some() || drafter.is_some() {
         let s = stats.speculation;
         eprintln!(
             "speculation: {} passes, {:.2} tokens per pass, {} of {} drafted tokens accepted ({:.0} %)",

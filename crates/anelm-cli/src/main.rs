@@ -25,6 +25,7 @@ mod priority;
 mod runtime;
 mod serve;
 mod service;
+mod speculate;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};

@@ -212,7 +212,7 @@ fn generate_drafted(
         let drafts = match drafter.as_deref_mut() {
             Some(d) => {
                 let limit = budget.limit().min(left.saturating_sub(1)).min(room);
-                let mut drafts = d.draft(&history, limit);
+                let mut drafts = d.draft(&history, limit)?;
                 drafts.truncate(limit);
                 drafts
             }

@@ -99,15 +99,16 @@ impl LookupOptions {
 }
 
 impl Drafter for LookupOptions {
-    fn draft(&mut self, history: &[u32], limit: usize) -> Vec<u32> {
-        LookupOptions::draft(self, history, limit)
+    fn draft(&mut self, history: &[u32], limit: usize) -> Result<Vec<u32>> {
+        Ok(LookupOptions::draft(self, history, limit))
     }
 }
 
-/// Proposes the tokens a stream may take next, for the model to verify in one pass.
+/// Proposes the tokens a stream may take next, for the model to verify in one pass. A drafter
+/// proposes one continuation (no distribution), which is what makes [`verify`]'s rule exact.
 pub trait Drafter {
     /// Up to `limit` tokens to follow `history` (the prompt and every token taken so far).
-    fn draft(&mut self, history: &[u32], limit: usize) -> Vec<u32>;
+    fn draft(&mut self, history: &[u32], limit: usize) -> Result<Vec<u32>>;
 }
 
 /// Whether one scheduler request drafts tokens ([`crate::Request::speculate`]).

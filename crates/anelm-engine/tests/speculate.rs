@@ -14,9 +14,9 @@ use std::time::Duration;
 use anelm_ane::{EmuAne, WeightMode};
 use anelm_engine::default_model::default_model_location;
 use anelm_engine::{
-    AneBackend, AneOptions, CancelToken, CpuBackend, Drafter, Event, GenerateOptions, LanguageModel, LoadedModel,
-    LookupOptions, Request, SamplerParams, Scheduler, SchedulerConfig, Session, Speculation, StreamOptions, generate,
-    generate_with_drafter, load_model, load_model_weights,
+    AneBackend, AneOptions, CancelToken, CpuBackend, DraftModel, Drafter, Event, GenerateOptions, LanguageModel,
+    LoadedModel, LookupOptions, Request, SamplerParams, Scheduler, SchedulerConfig, Session, Speculation,
+    StreamOptions, generate, generate_with_drafter, load_model, load_model_weights,
 };
 use anelm_model::tokenizer::Tokenizer;
 
@@ -56,7 +56,7 @@ struct Forced {
 }
 
 impl Drafter for Forced {
-    fn draft(&mut self, history: &[u32], limit: usize) -> Vec<u32> {
+    fn draft(&mut self, history: &[u32], limit: usize) -> anelm_engine::Result<Vec<u32>> {
         assert_eq!(history, &self.truth[..history.len()], "the stream left the reference");
         let limit = limit.min(6);
         let from = history.len().min(self.truth.len());
@@ -66,7 +66,7 @@ impl Drafter for Forced {
             *t = (*t + 1) % self.vocab;
         }
         self.calls += 1;
-        d
+        Ok(d)
     }
 }
 
@@ -420,5 +420,68 @@ fn a_deltanet_rollback_advances_the_state_without_a_forward_pass() {
             run(&mut speculative, &[7]) == run(&mut one_by_one, &[7]),
             "keep {keep}: the next logits differ from decoding one token at a time"
         );
+    }
+}
+
+/// A draft model's greedy continuation, verified by the target: the same greedy and sampled
+/// output as without speculation, with the draft being the target itself (nearly every draft
+/// kept) or another model over the same vocabulary (most rejected; a hybrid Qwen3.5 draft
+/// returns to its checkpoint after each rejection).
+#[test]
+fn a_draft_model_keeps_the_output_of_plain_decoding() {
+    anelm_kernels::pool::init_global(2);
+    let backend = CpuBackend::new();
+    let smollm2 = default_model_location().expect("a home directory");
+    let tokenizer = load_model(&smollm2, &backend, &mut |_, _| {})
+        .expect("load SmolLM2")
+        .tokenizer;
+    let load = |name: &str| load_model_weights(&fixture(name), &backend, &mut |_, _| {}).expect("load fixture");
+    let (llama, qwen35, gemma3) = (load("llama"), load("qwen3_5"), load("gemma3"));
+    let prompt = repetitive_prompt(512);
+    let sampled = SamplerParams {
+        temperature: 0.9,
+        seed: 11,
+        ..SamplerParams::default()
+    };
+    for (target_name, target) in [("llama", &llama), ("gemma3", &gemma3)] {
+        for (draft_name, draft) in [("itself", target), ("qwen3_5", &qwen35), ("llama", &llama)] {
+            for (kind, sampler) in [("greedy", SamplerParams::greedy()), ("sampled", sampled.clone())] {
+                let plain = run(target.as_ref(), &tokenizer, &prompt, sampler.clone(), None, None);
+                let opts = options(sampler, None);
+                let mut drafter = DraftModel::new(draft.as_ref(), 256, target.info().vocab_size, 8);
+                let mut session = target.new_session(256);
+                let (tokens, stats) = generate_with_drafter(
+                    target.as_ref(),
+                    &tokenizer,
+                    &mut session,
+                    &prompt,
+                    &opts,
+                    &mut drafter,
+                    &mut |_| true,
+                )
+                .expect("generate");
+                let s = stats.speculation;
+                println!(
+                    "{target_name} drafted by {draft_name}, {kind}: {} passes, {} of {} drafts kept",
+                    s.passes, s.accepted, s.drafted
+                );
+                assert_eq!(tokens, plain.tokens, "{target_name} drafted by {draft_name}, {kind}");
+                assert_eq!(
+                    session.tokens(),
+                    &plain.session[..],
+                    "{target_name}/{draft_name}: sessions"
+                );
+                assert_eq!(s.passes + s.accepted, plain.passes);
+                if draft_name == "itself" && kind == "greedy" {
+                    assert!(s.passes <= 47 / 9 + 1, "8 drafts a pass: {} passes", s.passes);
+                    assert!(
+                        s.accepted * 10 >= s.drafted * 9,
+                        "the target drafting for itself kept only {} of {}",
+                        s.accepted,
+                        s.drafted
+                    );
+                }
+            }
+        }
     }
 }
