@@ -807,11 +807,21 @@ impl Translator {
             .iter()
             .enumerate()
             .map(|(i, tok)| {
-                let top: Vec<Value> = tops
+                // The completions shape is a map, which JSON keeps in key order: most likely first again.
+                let mut top: Vec<(&String, f64)> = tops
                     .get(i)
                     .and_then(Value::as_object)
-                    .map(|m| m.iter().map(|(k, lp)| json!({"token": k, "logprob": lp})).collect())
+                    .map(|m| {
+                        m.iter()
+                            .map(|(k, lp)| (k, lp.as_f64().unwrap_or(f64::NEG_INFINITY)))
+                            .collect()
+                    })
                     .unwrap_or_default();
+                top.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+                let top: Vec<Value> = top
+                    .into_iter()
+                    .map(|(k, lp)| json!({"token": k, "logprob": lp}))
+                    .collect();
                 json!({"token": tok, "logprob": lps.get(i).cloned().unwrap_or(Value::Null), "top_logprobs": top})
             })
             .collect()
@@ -1966,11 +1976,14 @@ mod tests {
         let mut g = Translator::new(false, "m", Instant::now(), Duration::ZERO);
         let l = g.push(&json!({"choices": [{"index": 0, "text": "ab", "finish_reason": null,
                                              "logprobs": {"tokens": ["a", "b"], "token_logprobs": [-1.0, -2.0],
-                                                          "top_logprobs": [{"a": -1.0}, {"b": -2.0}]}}]}));
+                                                          "top_logprobs": [{"a": -1.0}, {"b": -2.0, "a": -3.0, "z": -0.5}]}}]}));
         assert_eq!(l[0]["response"], "ab");
         assert_eq!(
             l[0]["logprobs"][1],
-            json!({"token": "b", "logprob": -2.0, "top_logprobs": [{"token": "b", "logprob": -2.0}]})
+            json!({"token": "b", "logprob": -2.0,
+                   "top_logprobs": [{"token": "z", "logprob": -0.5}, {"token": "b", "logprob": -2.0},
+                                    {"token": "a", "logprob": -3.0}]}),
+            "alternatives most likely first, not in key order"
         );
         g.push(&json!({"choices": [{"index": 0, "text": "", "finish_reason": "length"}]}));
         let done = g.done(true);
