@@ -485,3 +485,117 @@ fn a_draft_model_keeps_the_output_of_plain_decoding() {
         }
     }
 }
+
+/// Under a grammar (a JSON schema) speculation keeps the output too, in `generate` and in the
+/// scheduler, where two constrained streams take the parallel grammar path (`Stream::prepare`
+/// on a speculative pass's first row) beside a plain one.
+#[test]
+fn speculation_under_a_grammar_keeps_the_output() {
+    anelm_kernels::pool::init_global(2);
+    let smollm2 = default_model_location().expect("a home directory");
+    let lm = Arc::new(load_model(&smollm2, &CpuBackend::new(), &mut |_, _| {}).expect("load SmolLM2"));
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {"fruits": {"type": "array", "items": {"type": "string"}, "maxItems": 6}},
+        "required": ["fruits"],
+        "additionalProperties": false
+    });
+    let grammar = anelm_engine::Grammar::JsonSchema(schema);
+    let prompt = lm
+        .tokenizer
+        .encode(
+            "List the fruits as JSON: apples, pears, plums. {\"fruits\": [\"apples\", \"pears\", \"plums\"]} Again:",
+        )
+        .expect("encode");
+    let stream = |sampler: SamplerParams| StreamOptions {
+        sampler,
+        constraint: Some(lm.constraint(&grammar).expect("the schema compiles")),
+        ..StreamOptions::greedy(40)
+    };
+    let samplers = [
+        SamplerParams::greedy(),
+        SamplerParams {
+            temperature: 0.7,
+            seed: 3,
+            ..SamplerParams::default()
+        },
+    ];
+    let lookup = LookupOptions::default();
+    let mut expected = Vec::new();
+    for sampler in &samplers {
+        let mut outputs = Vec::new();
+        for speculate in [None, Some(lookup)] {
+            let opts = GenerateOptions {
+                stream: stream(sampler.clone()),
+                prefill_chunk: 32,
+                speculate,
+            };
+            let mut session = lm.model.new_session(256);
+            let (tokens, stats) = generate(
+                lm.model.as_ref(),
+                &lm.tokenizer,
+                &mut session,
+                &prompt,
+                &opts,
+                &mut |_| true,
+            )
+            .expect("generate");
+            println!(
+                "grammar, speculate {}: {} tokens, {} of {} drafts kept",
+                speculate.is_some(),
+                tokens.len(),
+                stats.speculation.accepted,
+                stats.speculation.drafted
+            );
+            outputs.push(tokens);
+        }
+        assert_eq!(outputs[0], outputs[1], "speculation changed a constrained output");
+        let text = lm.tokenizer.decode(&outputs[0]).expect("decode");
+        serde_json::from_str::<serde_json::Value>(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"));
+        expected.push(outputs.swap_remove(0));
+    }
+    // The scheduler: both constrained requests speculate, a plain one rides along.
+    let cfg = SchedulerConfig {
+        sessions: 3,
+        ctx_size: 256,
+        prefill_chunk: 16,
+        threads: 2,
+        speculate: Some(lookup),
+        ..SchedulerConfig::default()
+    };
+    let sched = Scheduler::start(lm.clone(), cfg).expect("start");
+    let mut reqs: Vec<Request> = samplers
+        .iter()
+        .map(|s| Request {
+            prompt: prompt.clone(),
+            stream: stream(s.clone()),
+            speculate: Speculation::ServerDefault,
+        })
+        .collect();
+    reqs.push(Request {
+        prompt: prompt.clone(),
+        stream: StreamOptions::greedy(20),
+        speculate: Speculation::Off,
+    });
+    let rxs: Vec<_> = reqs
+        .iter()
+        .map(|r| {
+            let (tx, rx) = channel();
+            sched
+                .submit(r.clone(), Box::new(move |e| tx.send(e).is_ok()), CancelToken::new())
+                .expect("accepted");
+            rx
+        })
+        .collect();
+    for (k, rx) in rxs.iter().enumerate().take(samplers.len()) {
+        let tokens = loop {
+            match rx.recv_timeout(Duration::from_secs(300)).expect("an event") {
+                Event::Done(c) => break c.tokens,
+                Event::Failed(e) => panic!("request {k} failed: {e}"),
+                _ => {}
+            }
+        };
+        assert_eq!(tokens, expected[k], "scheduler request {k} under a grammar");
+    }
+    assert!(sched.metrics().draft_tokens_total.load(Ordering::Relaxed) > 0);
+}
