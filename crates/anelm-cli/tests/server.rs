@@ -406,10 +406,20 @@ fn an_idle_server_releases_its_model_and_the_next_request_reloads_it() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert_eq!(metric(server.port, "sleeping"), 1.0);
-    let asleep = metric(server.port, "resident_bytes");
+    // `/health` says sleeping once the model is taken out of service; the scheduler's thread is
+    // joined and the memory freed right after, which on a loaded host can take a moment.
+    let t = Instant::now();
+    let asleep = loop {
+        let now = metric(server.port, "resident_bytes");
+        if now < awake - 40.0 * 1024.0 * 1024.0 || t.elapsed() > Duration::from_secs(10) {
+            break now;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    eprintln!("resident: {awake} bytes awake, {asleep} asleep");
     assert!(
         asleep < awake - 40.0 * 1024.0 * 1024.0,
-        "sleeping gives the model's memory back: {awake} -> {asleep} bytes"
+        "sleeping gives the model's memory back within 10 s: {awake} -> {asleep} bytes"
     );
     let again = ask();
     assert_eq!(again.status, 200, "{}", again.body);
