@@ -232,6 +232,30 @@ struct Candidate {
     value: f32,
 }
 
+/// The `k` best finite logits as candidates (all finite ones when there are at most `k`) under
+/// [`by_value_desc`], in no particular order. One pass: a candidate enters the buffer only when
+/// it beats the k-th best kept so far (ids come in increasing order, so a tie with it loses), and
+/// the buffer is cut back to `k` whenever it reaches `2k`.
+fn top_k_finite(logits: &[f32], k: usize, out: &mut Vec<Candidate>) {
+    out.clear();
+    let cap = 2 * k.max(1);
+    let mut threshold = f32::NEG_INFINITY;
+    for (&value, id) in logits.iter().zip(0u32..) {
+        if value.is_finite() && value > threshold {
+            out.push(Candidate { id, value });
+            if out.len() == cap {
+                out.select_nth_unstable_by(k - 1, by_value_desc);
+                out.truncate(k);
+                threshold = out.iter().fold(f32::INFINITY, |m, c| m.min(c.value));
+            }
+        }
+    }
+    if out.len() > k {
+        out.select_nth_unstable_by(k - 1, by_value_desc);
+        out.truncate(k);
+    }
+}
+
 /// Descending by value, ascending by id on ties: a total order on finite values.
 fn by_value_desc(a: &Candidate, b: &Candidate) -> Ordering {
     b.value.total_cmp(&a.value).then(a.id.cmp(&b.id))
@@ -293,10 +317,37 @@ impl Sampler {
         if params.is_greedy() && !penalise && params.logit_bias.is_empty() {
             return greedy_id(argmax(logits));
         }
+        let greedy = params.is_greedy();
+        let top_p_on = params.top_p < 1.0;
+        if params.top_k > 0 && top_p_on && !penalise && params.logit_bias.is_empty() && !greedy {
+            // The common sampled case (top-k and top-p, nothing else touching the logits): the
+            // top-k candidates straight from the logits — the same candidates the general path
+            // keeps, sorted into the same order below, without building and partitioning a
+            // vocabulary-sized candidate list.
+            top_k_finite(logits, params.top_k, &mut self.candidates);
+            if self.candidates.is_empty() {
+                return Err(SamplerError::NoFiniteLogits);
+            }
+        } else {
+            self.general_candidates(logits, history, penalise)?;
+            if greedy {
+                return greedy_id(argmax_iter(self.candidates.iter().map(|c| (c.id as usize, c.value))));
+            }
+        }
+        // Top-p needs the candidates by probability, descending.
+        if top_p_on {
+            self.candidates.sort_unstable_by(by_value_desc);
+        }
+        self.draw(top_p_on)
+    }
 
+    /// Every finite logit as a candidate, with the logit bias and penalties applied, cut to the
+    /// top k (in no particular order).
+    fn general_candidates(&mut self, logits: &[f32], history: &[u32], penalise: bool) -> Result<(), SamplerError> {
+        let params = &self.params;
         let cands = &mut self.candidates;
         cands.clear();
-        // The length check above makes every index fit in a u32.
+        // The length check in `sample` makes every index fit in a u32.
         cands.extend(logits.iter().zip(0u32..).map(|(&x, id)| Candidate {
             id,
             value: if x.is_finite() { x } else { f32::NEG_INFINITY },
@@ -326,26 +377,25 @@ impl Sampler {
             }
         }
         if params.is_greedy() {
-            return greedy_id(argmax_iter(cands.iter().map(|c| (c.id as usize, c.value))));
+            return Ok(());
         }
-
         cands.retain(|c| c.value.is_finite());
         if cands.is_empty() {
             return Err(SamplerError::NoFiniteLogits);
         }
-
         // Top-k.
-        let mut sorted = false;
         if params.top_k > 0 && params.top_k < cands.len() {
             cands.select_nth_unstable_by(params.top_k - 1, by_value_desc);
             cands.truncate(params.top_k);
         }
-        let top_p_on = params.top_p < 1.0;
-        if top_p_on {
-            cands.sort_unstable_by(by_value_desc);
-            sorted = true;
-        }
+        Ok(())
+    }
 
+    /// Softmax with temperature, top-p (over candidates `sorted` by value), min-p, and the draw.
+    fn draw(&mut self, sorted: bool) -> Result<u32, SamplerError> {
+        let params = &self.params;
+        let cands = &mut self.candidates;
+        let top_p_on = params.top_p < 1.0;
         // Softmax with temperature.
         let max = if sorted {
             cands.first().map_or(0.0, |c| c.value)

@@ -85,3 +85,46 @@ proptest! {
         prop_assert!(logits[..t].iter().all(|&x| x != best));
     }
 }
+
+/// A row with ties (values from a small set), non-finite entries and at least one finite value.
+fn tied_row() -> impl Strategy<Value = Vec<f32>> {
+    prop::collection::vec(
+        prop_oneof![
+            8 => (-6i32..6).prop_map(|v| v as f32 * 0.5),
+            1 => Just(f32::NAN),
+            1 => Just(f32::NEG_INFINITY),
+            1 => Just(f32::INFINITY),
+        ],
+        1..400,
+    )
+    .prop_map(|mut v| {
+        v.push(1.25);
+        v
+    })
+}
+
+proptest! {
+    /// The fast top-k + top-p path (no penalties, no logit bias) draws exactly what the general
+    /// path draws: a logit bias on a token outside the row changes no logit but takes the
+    /// general path, and both samplers, seeded alike, must give the same tokens.
+    #[test]
+    fn the_fast_top_k_path_draws_what_the_general_path_draws(
+        logits in tied_row(),
+        top_k in 1usize..60,
+        top_p in 0.01f32..0.999,
+        min_p in prop_oneof![Just(0.0f32), 0.0f32..0.5],
+        temperature in 0.05f32..3.0,
+        seed in any::<u64>(),
+    ) {
+        let fast = SamplerParams { temperature, top_k, top_p, min_p, seed, ..SamplerParams::default() };
+        let general = SamplerParams { logit_bias: vec![(u32::MAX - 1, 0.0)], ..fast.clone() };
+        let (mut a, mut b) = (Sampler::new(fast).unwrap(), Sampler::new(general).unwrap());
+        for _ in 0..8 {
+            let (x, y) = (a.sample(&logits, &[]), b.sample(&logits, &[]));
+            prop_assert_eq!(x.is_ok(), y.is_ok());
+            if let (Ok(x), Ok(y)) = (x, y) {
+                prop_assert_eq!(x, y);
+            }
+        }
+    }
+}
