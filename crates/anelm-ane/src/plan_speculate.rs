@@ -48,25 +48,19 @@ impl Plan {
         acceptance: f64,
     ) -> SpeculativeDecode {
         let streams = streams.max(1);
-        (0..=MAX_PLANNED_DRAFTS)
-            .map(|k| {
-                let per_pass = tokens_per_pass(acceptance, k);
-                let step = self.decode_cost(chip, host, streams * (k + 1)).seconds();
-                SpeculativeDecode {
-                    tok_s: streams as f64 * per_pass / step,
-                    drafts: k,
-                    tokens_per_pass: per_pass,
-                }
-            })
-            .fold(None::<SpeculativeDecode>, |best, s| match best {
-                Some(b) if b.tok_s >= s.tok_s => Some(b),
-                _ => Some(s),
-            })
-            .unwrap_or(SpeculativeDecode {
-                tok_s: 0.0,
-                drafts: 0,
-                tokens_per_pass: 1.0,
-            })
+        let with = |k: usize| {
+            let per_pass = tokens_per_pass(acceptance, k);
+            let step = self.decode_cost(chip, host, streams * (k + 1)).seconds();
+            SpeculativeDecode {
+                tok_s: streams as f64 * per_pass / step,
+                drafts: k,
+                tokens_per_pass: per_pass,
+            }
+        };
+        // The fewest drafts among equally fast lengths.
+        (1..=MAX_PLANNED_DRAFTS)
+            .map(with)
+            .fold(with(0), |best, s| if s.tok_s > best.tok_s { s } else { best })
     }
 }
 

@@ -167,6 +167,10 @@ pub fn plan_json(
     let rates = |f: &dyn Fn(usize) -> f64| -> serde_json::Map<String, serde_json::Value> {
         STREAMS.iter().map(|&n| (n.to_string(), json!(f(n)))).collect()
     };
+    let speculative: Vec<(usize, anelm_ane::SpeculativeDecode)> = STREAMS
+        .iter()
+        .map(|&n| (n, p.speculative_decode(chip, host, n, acceptance)))
+        .collect();
     let mut v = json!({
         "model": model,
         "chip": chip.name,
@@ -184,8 +188,8 @@ pub fn plan_json(
         "ane_step_ms": p.step_seconds(chip) * 1e3,
         "ane_decode_tok_s": rates(&|n| p.ane_decode_tok_s(chip, n)),
         "acceptance": acceptance,
-        "speculative_decode_tok_s": rates(&|n| p.speculative_decode(chip, host, n, acceptance).tok_s),
-        "speculative_drafts": rates(&|n| p.speculative_decode(chip, host, n, acceptance).drafts as f64),
+        "speculative_decode_tok_s": speculative.iter().map(|(n, s)| (n.to_string(), json!(s.tok_s))).collect::<serde_json::Map<_, _>>(),
+        "speculative_drafts": speculative.iter().map(|(n, s)| (n.to_string(), json!(s.drafts))).collect::<serde_json::Map<_, _>>(),
     });
     if explain {
         v["explain"] = json!({

@@ -14,6 +14,7 @@ use anelm_model::tokenizer::Tokenizer;
 use crate::error::{EngineError, Result};
 use crate::generate::prefill;
 use crate::model::{LanguageModel, LogitsMode, StepItem};
+use crate::sampler::argmax;
 use crate::session::Session;
 use crate::speculate::Drafter;
 
@@ -78,13 +79,9 @@ impl Drafter for DraftModel<'_> {
         let mut drafts = Vec::with_capacity(limit);
         loop {
             let usable = logits.len().min(self.target_vocab);
-            let best = logits[..usable]
-                .iter()
-                .enumerate()
-                .filter(|(_, v)| !v.is_nan())
-                .max_by(|a, b| a.1.total_cmp(b.1))
-                .map(|(i, _)| i as u32)
-                .ok_or_else(|| EngineError::InvalidRequest("the draft model returned no usable logits".into()))?;
+            let best = argmax(&logits[..usable])
+                .map(|i| i as u32)
+                .ok_or_else(|| EngineError::InvalidRequest("the draft model returned no finite logits".into()))?;
             drafts.push(best);
             if drafts.len() == limit {
                 return Ok(drafts);

@@ -9,7 +9,9 @@ use crate::error::{EngineError, Result};
 use crate::model::{LanguageModel, LogitsMode, StepItem};
 use crate::sampler::SamplerParams;
 use crate::session::Session;
-use crate::speculate::{DraftBudget, Drafter, LookupOptions, Rollback, SpeculationStats, verify};
+use crate::speculate::{
+    DraftBudget, Drafter, LookupOptions, MAX_DRAFT_TOKENS, Rollback, SpeculationStats, next_drafts, verify,
+};
 use crate::stream::{FinishReason, Stream, StreamOptions};
 
 /// How to generate.
@@ -173,7 +175,6 @@ fn generate_drafted(
     let t0 = Instant::now();
     let (logits, reused) = prefill(model, session, prompt, opts.prefill_chunk)?;
     let prompt_time = t0.elapsed();
-    let mut history: Vec<u32> = prompt.to_vec();
     let mut first_token_at = None;
     let mut spec = SpeculationStats::default();
     let ctx = session.ctx_size();
@@ -184,37 +185,25 @@ fn generate_drafted(
     let mut rollback: Option<Rollback> = None;
     let mut budget = DraftBudget::default();
     loop {
-        // Row j follows fed[j], which sits at position base + j.
-        let base = session.len() - fed.len();
-        let verified = verify(&mut stream, &mut rows, &fed, &mut history, &|j| base + j + 1 < ctx)?;
+        let verified = verify(&mut stream, &mut rows, 0, &fed, session.tokens(), ctx, &mut |step| {
+            step.text.is_empty() || on_text(&step.text)
+        })?;
         first_token_at.get_or_insert_with(Instant::now);
         spec.accepted += verified.accepted;
         budget.update(fed.len() - 1, verified.accepted);
         // Keep the positions whose rows were used: the session then holds what it would hold
         // without speculation.
         if let Some(r) = rollback.take() {
-            r.keep(model, session, verified.steps.len())?;
+            r.keep(model, session, verified.used)?;
         }
-        if verified
-            .steps
-            .iter()
-            .any(|step| !step.text.is_empty() && !on_text(&step.text))
-        {
-            stream.cancel();
-            break;
-        }
-        let last = verified.steps.last();
-        let (None, Some(tok)) = (last.and_then(|s| s.finish), last.and_then(|s| s.token)) else {
+        let Some(tok) = verified.next else {
+            stream.cancel(); // no-op when the stream finished by itself
             break;
         };
-        let left = opts.stream.max_tokens.saturating_sub(stream.generated().len());
-        let room = ctx.saturating_sub(session.len() + 1);
         let drafts = match drafter.as_deref_mut() {
             Some(d) => {
-                let limit = budget.limit().min(left.saturating_sub(1)).min(room);
-                let mut drafts = d.draft(&history, limit)?;
-                drafts.truncate(limit);
-                drafts
+                let left = opts.stream.max_tokens.saturating_sub(stream.generated().len());
+                next_drafts(d, &budget, session, tok, left, MAX_DRAFT_TOKENS)?
             }
             None => Vec::new(),
         };

@@ -667,14 +667,16 @@ impl KvCache {
         self.kv_dim
     }
 
+    /// Whether [`KvCache::truncate`] to `len` keeps `len` positions (every sliding layer still
+    /// holds the window before `len`).
+    pub fn can_truncate(&self, len: usize) -> bool {
+        self.layers.iter().all(|l| l.can_truncate(len))
+    }
+
     /// Drop every position at or after `len` and return how many positions are kept: `len`, or
     /// 0 (everything dropped) when a sliding layer no longer holds the window before `len`.
     pub fn truncate(&mut self, len: usize) -> usize {
-        let len = if self.layers.iter().all(|l| l.can_truncate(len)) {
-            len
-        } else {
-            0
-        };
+        let len = if self.can_truncate(len) { len } else { 0 };
         for l in &mut self.layers {
             l.truncate(len);
         }

@@ -319,7 +319,8 @@ impl Sampler {
         }
         let greedy = params.is_greedy();
         let top_p_on = params.top_p < 1.0;
-        if params.top_k > 0 && top_p_on && !penalise && params.logit_bias.is_empty() && !greedy {
+        // (Greedy without penalties or bias returned above.)
+        if params.top_k > 0 && top_p_on && !penalise && params.logit_bias.is_empty() {
             // The common sampled case (top-k and top-p, nothing else touching the logits): the
             // top-k candidates straight from the logits — the same candidates the general path
             // keeps, sorted into the same order below, without building and partitioning a
@@ -338,7 +339,7 @@ impl Sampler {
         if top_p_on {
             self.candidates.sort_unstable_by(by_value_desc);
         }
-        self.draw(top_p_on)
+        self.draw()
     }
 
     /// Every finite logit as a candidate, with the logit bias and penalties applied, cut to the
@@ -391,13 +392,14 @@ impl Sampler {
         Ok(())
     }
 
-    /// Softmax with temperature, top-p (over candidates `sorted` by value), min-p, and the draw.
-    fn draw(&mut self, sorted: bool) -> Result<u32, SamplerError> {
+    /// Softmax with temperature, top-p (the candidates are sorted by value when it is on),
+    /// min-p, and the draw.
+    fn draw(&mut self) -> Result<u32, SamplerError> {
         let params = &self.params;
         let cands = &mut self.candidates;
         let top_p_on = params.top_p < 1.0;
         // Softmax with temperature.
-        let max = if sorted {
+        let max = if top_p_on {
             cands.first().map_or(0.0, |c| c.value)
         } else {
             cands.iter().fold(f32::NEG_INFINITY, |m, c| m.max(c.value))

@@ -28,7 +28,7 @@ use crate::loader::LoadedModel;
 use crate::model::{LogitsMode, StepItem};
 use crate::prompt_cache::PromptCache;
 use crate::session::Session;
-use crate::speculate::{DraftBudget, LookupOptions, Rollback, Speculation};
+use crate::speculate::{DraftBudget, LookupOptions, Rollback, Speculation, next_drafts, verify};
 use crate::stream::FinishReason;
 use crate::stream::{Stream, StreamOptions, TokenLogprob};
 
@@ -563,15 +563,7 @@ fn run_loop(lm: &LoadedModel, cfg: &SchedulerConfig, rx: &Receiver<Job>, metrics
                 }
                 metrics.queue_depth.fetch_sub(1, Ordering::AcqRel);
                 clock += 1;
-                admit(
-                    &mut slots,
-                    job,
-                    tok,
-                    metrics,
-                    clock,
-                    cfg.prompt_cache.as_deref(),
-                    cfg.speculate,
-                );
+                admit(&mut slots, job, tok, metrics, clock, cfg);
                 continue;
             }
             if !free {
@@ -596,15 +588,7 @@ fn run_loop(lm: &LoadedModel, cfg: &SchedulerConfig, rx: &Receiver<Job>, metrics
             };
             metrics.queue_depth.fetch_sub(1, Ordering::AcqRel);
             clock += 1;
-            admit(
-                &mut slots,
-                job,
-                tok,
-                metrics,
-                clock,
-                cfg.prompt_cache.as_deref(),
-                cfg.speculate,
-            );
+            admit(&mut slots, job, tok, metrics, clock, cfg);
         }
         metrics.parked.store(parked.len() as u64, Ordering::Relaxed);
         let busy = slots.iter().any(|s| s.active.is_some());
@@ -636,8 +620,7 @@ fn admit<'t>(
     tok: &'t Tokenizer,
     metrics: &Metrics,
     clock: u64,
-    disk: Option<&PromptCache>,
-    default_lookup: Option<LookupOptions>,
+    cfg: &SchedulerConfig,
 ) {
     let shared = |s: &Session, p: &[u32]| common_prefix(s.tokens(), p);
     let Some(best) = slots
@@ -649,7 +632,7 @@ fn admit<'t>(
     else {
         return;
     };
-    let lookup = job.req.speculate.resolve(default_lookup);
+    let lookup = job.req.speculate.resolve(cfg.speculate);
     let checked = lookup.map_or(Ok(()), |l| l.validate().map_err(|e| format!("speculate: {e}")));
     let stream = match checked.and_then(|()| Stream::new(tok, &job.req.stream).map_err(|e| e.to_string())) {
         Ok(s) => s,
@@ -665,7 +648,7 @@ fn admit<'t>(
     let held = slot.session.len();
     // A recurrent (hybrid-model) session cannot rewind: it may keep less than asked.
     let mut common = slot.session.truncate(common);
-    if let Some(disk) = disk {
+    if let Some(disk) = cfg.prompt_cache.as_deref() {
         common = prompt_cache_hook::on_admit(disk, &mut slot.session, held, &job.req.prompt, common);
     }
     slot.last_used = clock;
@@ -879,38 +862,6 @@ impl Feed {
     }
 }
 
-/// How a stream's rows of a step ended.
-enum Outcome {
-    /// It goes on; the token to feed next (none when it took none).
-    Continue(Option<u32>),
-    /// It finished (or its client left).
-    Finished,
-    /// It failed.
-    Failed(String),
-}
-
-/// The tokens prompt lookup drafts to follow `next`: within the stream's draft budget, its
-/// remaining tokens, the context and the step's token budget.
-fn draft(lookup: &LookupOptions, a: &Active<'_>, session: &Session, next: u32, step_tokens: usize) -> Vec<u32> {
-    let left = a.job.req.stream.max_tokens.saturating_sub(a.stream.generated().len());
-    let room = session.ctx_size().saturating_sub(session.len() + 1);
-    let limit = a
-        .draft_budget
-        .limit()
-        .min(left.saturating_sub(1))
-        .min(room)
-        .min(step_tokens / 4);
-    if limit == 0 {
-        return Vec::new();
-    }
-    let mut history = Vec::with_capacity(session.len() + 1);
-    history.extend_from_slice(session.tokens());
-    history.push(next);
-    let mut d = lookup.draft(&history, limit);
-    d.truncate(limit);
-    d
-}
-
 /// One batched forward for every active session, then sampling and streaming.
 fn step(model: &dyn crate::model::LanguageModel, slots: &mut [Slot<'_>], cfg: &SchedulerConfig, metrics: &Metrics) {
     let t0 = Instant::now();
@@ -1098,78 +1049,78 @@ fn step(model: &dyn crate::model::LanguageModel, slots: &mut [Slot<'_>], cfg: &S
         let Some(row0) = first_row[i] else {
             continue;
         };
-        // Row j follows the item's token j, at position base + j; the stream takes tokens from
-        // the rows while its draws agree with the drafts (the fed tokens after the first).
+        // The stream takes tokens from the rows while its draws agree with the drafts.
         let n = f.rows();
-        let base = slot.session.len() - n;
-        let ctx = slot.session.ctx_size();
-        let mut used = 0;
-        let mut accepted = 0;
-        let mut outcome = Outcome::Continue(None);
-        for j in 0..n {
-            used = j + 1;
-            // This step's logits row, used in place (no copy of a vocabulary-sized row per lane).
-            let logits = out.lane_mut(row0 + j);
-            let history = &slot.session.tokens()[..base + j + 1];
-            // Room to feed the token taken now at the next step.
-            let room = base + j + 1 < ctx;
-            let s = match a.stream.advance(logits, history, room) {
-                Ok(s) => s,
-                Err(e) => {
-                    outcome = Outcome::Failed(format!("sampling failed: {e}"));
-                    break;
+        let fed = &f.tokens[f.tokens.len() - n..];
+        let constrained = a.stream.is_constrained();
+        let (first_token, sink) = (&mut a.first_token, &mut a.job.sink);
+        let verified = verify(
+            &mut a.stream,
+            &mut out,
+            row0,
+            fed,
+            slot.session.tokens(),
+            slot.session.ctx_size(),
+            &mut |s| {
+                first_token.get_or_insert_with(Instant::now);
+                if constrained {
+                    metrics.constrained_steps_total.fetch_add(1, Ordering::Relaxed);
+                    metrics
+                        .constraint_masks_total
+                        .fetch_add(u64::from(s.masked), Ordering::Relaxed);
                 }
-            };
-            a.first_token.get_or_insert_with(Instant::now);
-            if a.stream.is_constrained() {
-                metrics.constrained_steps_total.fetch_add(1, Ordering::Relaxed);
-                metrics
-                    .constraint_masks_total
-                    .fetch_add(u64::from(s.masked), Ordering::Relaxed);
-            }
-            if s.token.is_some() {
-                generated_now += 1;
-                metrics.generated_tokens_total.fetch_add(1, Ordering::Relaxed);
-            }
-            let mut listening = true;
-            if let Some(lp) = s.logprob {
-                listening = (a.job.sink)(Event::Logprob(lp));
-            }
-            if listening && !s.text.is_empty() {
-                listening = (a.job.sink)(Event::Text(s.text));
-            }
-            if !listening || s.finish.is_some() {
-                outcome = Outcome::Finished;
-                break;
-            }
-            if j + 1 < n && s.token == Some(f.tokens[j + 1]) {
-                accepted += 1;
+                if s.token.is_some() {
+                    generated_now += 1;
+                    metrics.generated_tokens_total.fetch_add(1, Ordering::Relaxed);
+                }
+                let mut listening = true;
+                if let Some(lp) = s.logprob {
+                    listening = sink(Event::Logprob(lp));
+                }
+                if listening && !s.text.is_empty() {
+                    listening = sink(Event::Text(s.text));
+                }
+                listening
+            },
+        );
+        let verified = match verified {
+            Ok(v) => v,
+            Err(e) => {
+                fail(slot, format!("sampling failed: {e}"), metrics);
                 continue;
             }
-            outcome = Outcome::Continue(s.token);
-            break;
-        }
+        };
         if f.decode {
             metrics.draft_tokens_total.fetch_add(n as u64 - 1, Ordering::Relaxed);
             metrics
                 .draft_accepted_total
-                .fetch_add(accepted as u64, Ordering::Relaxed);
-            a.draft_budget.update(n - 1, accepted);
+                .fetch_add(verified.accepted as u64, Ordering::Relaxed);
+            a.draft_budget.update(n - 1, verified.accepted);
         }
         // Drop the positions of drafts whose rows went unused.
         if let Some(r) = rollbacks[i].take()
-            && let Err(e) = r.keep(model, &mut slot.session, used)
+            && let Err(e) = r.keep(model, &mut slot.session, verified.used)
         {
-            outcome = Outcome::Failed(format!("speculative rollback failed: {e}"));
+            fail(slot, format!("speculative rollback failed: {e}"), metrics);
+            continue;
         }
-        match outcome {
-            Outcome::Failed(msg) => fail(slot, msg, metrics),
-            Outcome::Finished => finish(slot, metrics),
-            Outcome::Continue(token) => {
-                a.next = token;
-                if let (Some(t), Some(lookup)) = (token, a.lookup) {
-                    a.drafts = draft(&lookup, a, &slot.session, t, cfg.max_step_tokens);
-                }
+        let Some(t) = verified.next else {
+            finish(slot, metrics);
+            continue;
+        };
+        a.next = Some(t);
+        if let Some(mut lookup) = a.lookup {
+            let left = a.job.req.stream.max_tokens.saturating_sub(a.stream.generated().len());
+            match next_drafts(
+                &mut lookup,
+                &a.draft_budget,
+                &slot.session,
+                t,
+                left,
+                cfg.max_step_tokens / 4,
+            ) {
+                Ok(d) => a.drafts = d,
+                Err(e) => fail(slot, format!("drafting failed: {e}"), metrics),
             }
         }
     }

@@ -154,13 +154,6 @@ impl SpeculationStats {
             self.accepted as f64 / self.drafted as f64
         }
     }
-
-    /// Add another run's counts.
-    pub fn add(&mut self, other: SpeculationStats) {
-        self.passes += other.passes;
-        self.drafted += other.drafted;
-        self.accepted += other.accepted;
-    }
 }
 
 /// How many tokens the next pass may draft: halved after a pass whose drafts were all
@@ -196,13 +189,12 @@ impl DraftBudget {
     pub fn update(&mut self, drafted: usize, accepted: usize) {
         if self.resting > 0 {
             self.resting -= 1;
-        } else if drafted == 0 {
-        } else if accepted == 0 {
+        } else if drafted > 0 && accepted == 0 {
             if drafted == 1 {
                 self.resting = Self::REST;
             }
             self.limit = (drafted / 2).max(1);
-        } else if accepted == drafted {
+        } else if drafted > 0 && accepted == drafted {
             self.limit = (drafted * 2).min(MAX_DRAFT_TOKENS);
         }
     }
@@ -238,12 +230,20 @@ impl Rollback {
             session.stop_trace();
             return Ok(());
         }
-        let tokens = session.tokens()[..target].to_vec();
+        // What may have to run again: the kept tokens of the pass (a recurrent session without
+        // a record of them), or, when the caches cannot rewind at all (rare), everything.
+        let from = if session.kv.can_truncate(target) { self.len } else { 0 };
+        let tokens = session.tokens()[from..target].to_vec();
         let kept = match self.recurrent {
             None => session.truncate(target),
             Some(state) => session.rollback_recurrent(self.len, keep, state),
         };
-        for chunk in tokens[kept..].chunks(REPLAY_CHUNK) {
+        let Some(rest) = kept.checked_sub(from).and_then(|k| tokens.get(k..)) else {
+            return Err(crate::error::EngineError::Config(format!(
+                "a speculative rollback kept {kept} positions, fewer than the {from} it can run again"
+            )));
+        };
+        for chunk in rest.chunks(REPLAY_CHUNK) {
             let mut items = [StepItem {
                 session: &mut *session,
                 tokens: chunk,
@@ -258,40 +258,85 @@ impl Rollback {
 /// Tokens per pass when a rollback runs positions again.
 const REPLAY_CHUNK: usize = 128;
 
-/// One verification pass's outcome, row by row through [`Stream::advance`].
+/// How a stream took tokens from a pass's rows ([`verify`]).
 pub struct Verified {
-    /// Each row's step, in order (the last may carry the stream's finish).
-    pub steps: Vec<StreamStep>,
-    /// How many drafts the stream's own draws agreed with.
+    /// Rows used: the positions of the pass the session keeps.
+    pub used: usize,
+    /// Drafts the stream's own draws agreed with.
     pub accepted: usize,
+    /// The token to feed next; `None` when the stream ended (it finished, or `on_step` said
+    /// stop).
+    pub next: Option<u32>,
 }
 
-/// Take tokens from the pass's rows: row `j` follows `fed[j]` (the fed token, then the drafts);
-/// the stream draws from it as usual, and the pass continues to row `j + 1` only while the
-/// draw equals `fed[j + 1]` and the stream goes on. `history` grows by every token taken;
-/// `room(j)` says whether the context holds a token after row `j`'s.
+/// Take tokens from a pass's rows, as plain decoding would: rows `first..` of `rows` follow the
+/// `fed` tokens (the token fed, then its drafts), and `tokens` is the session's sequence, which
+/// ends with `fed`. The stream draws from each row as usual ([`Stream::advance`], with the
+/// sequence up to that row as its history), `on_step` gets every step (false: stop), and the
+/// pass moves to the next row only while the draw equals the next drafted token.
 pub fn verify(
     stream: &mut Stream<'_>,
     rows: &mut crate::batch::Batch,
+    first: usize,
     fed: &[u32],
-    history: &mut Vec<u32>,
-    room: &dyn Fn(usize) -> bool,
+    tokens: &[u32],
+    ctx: usize,
+    on_step: &mut dyn FnMut(StreamStep) -> bool,
 ) -> std::result::Result<Verified, crate::stream::StreamError> {
-    let mut steps = Vec::new();
+    let base = tokens.len() - fed.len();
     let mut accepted = 0;
     for j in 0..fed.len() {
-        let step = stream.advance(rows.lane_mut(j), history, room(j))?;
-        let token = step.token;
-        let done = step.finish.is_some();
-        steps.push(step);
-        let Some(t) = token else { break };
-        history.push(t);
-        if done || fed.get(j + 1) != Some(&t) {
-            break;
+        // Row j follows fed[j], at position base + j; room for the token it gives after it.
+        let end = base + j + 1;
+        let step = stream.advance(rows.lane_mut(first + j), &tokens[..end], end < ctx)?;
+        let (token, done) = (step.token, step.finish.is_some());
+        if !on_step(step) || done {
+            return Ok(Verified {
+                used: j + 1,
+                accepted,
+                next: None,
+            });
         }
-        accepted += 1;
+        if token.is_some() && fed.get(j + 1) == token.as_ref() {
+            accepted += 1;
+            continue;
+        }
+        return Ok(Verified {
+            used: j + 1,
+            accepted,
+            next: token,
+        });
     }
-    Ok(Verified { steps, accepted })
+    // No rows: nothing fed.
+    Ok(Verified {
+        used: 0,
+        accepted: 0,
+        next: None,
+    })
+}
+
+/// The drafts to feed after `next`, the token a stream takes next: at most what `budget` and
+/// `cap` allow, one fewer than the `left` tokens the stream may still take, and what the
+/// session's context holds after `next`.
+pub fn next_drafts(
+    drafter: &mut dyn Drafter,
+    budget: &DraftBudget,
+    session: &Session,
+    next: u32,
+    left: usize,
+    cap: usize,
+) -> Result<Vec<u32>> {
+    let room = session.ctx_size().saturating_sub(session.len() + 1);
+    let limit = budget.limit().min(cap).min(left.saturating_sub(1)).min(room);
+    if limit == 0 {
+        return Ok(Vec::new());
+    }
+    let mut history = Vec::with_capacity(session.len() + 1);
+    history.extend_from_slice(session.tokens());
+    history.push(next);
+    let mut drafts = drafter.draft(&history, limit)?;
+    drafts.truncate(limit);
+    Ok(drafts)
 }
 
 #[cfg(test)]

@@ -52,12 +52,8 @@ pub fn parse(v: Option<&Value>) -> Result<Speculation, ApiError> {
             .and_then(|n| usize::try_from(n).ok())
             .ok_or_else(|| bad(format!("{key} must be a non-negative integer")))?;
     }
-    o.validate().map_err(bad_options)?;
+    o.validate().map_err(|e| bad(format!("options: {e}")))?;
     Ok(Speculation::Lookup(o))
-}
-
-fn bad_options(e: String) -> ApiError {
-    bad(format!("options: {e}"))
 }
 
 #[cfg(test)]
