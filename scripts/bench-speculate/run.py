@@ -93,6 +93,23 @@ def metric(base, name):
     return 0.0
 
 
+def alternate(prompts, rounds, plain_run, lookup_run):
+    """Per prompt, `rounds` pairs of runs (plain, then lookup), failing if a pair's texts differ;
+    yields (prompt, plain results, lookup results, ratio of the median tok/s)."""
+    for p in prompts:
+        plain, fast = [], []
+        for r in range(rounds):
+            plain.append(plain_run(p["prompt"]))
+            fast.append(lookup_run(p["prompt"]))
+            if fast[-1]["text"] != plain[-1]["text"]:
+                sys.exit(f"{p['kind']}: the lookup text differs from the plain one:\n"
+                         f"--- plain\n{plain[-1]['text']}\n--- lookup\n{fast[-1]['text']}")
+            print(f"{p['kind']} round {r + 1}/{rounds}: {plain[-1]['tok_s']} {fast[-1]['tok_s']}", file=sys.stderr)
+        a = [x["tok_s"] for x in plain]
+        b = [x["tok_s"] for x in fast]
+        yield p, plain, fast, statistics.median(b) / statistics.median(a)
+
+
 def main_server(binary, model, rounds, tokens, threads, prompts):
     """The same prompts through `anelm serve`, each request choosing `speculate` off or lookup."""
     proc, base = serve(binary, model, threads)
@@ -103,17 +120,11 @@ def main_server(binary, model, rounds, tokens, threads, prompts):
         print("| prompt | tokens | plain tok/s | lookup tok/s | × |")
         print("| --- | ---: | ---: | ---: | ---: |")
         ratios = []
-        for p in prompts:
-            plain, fast = [], []
-            for _ in range(rounds):
-                plain.append(chat(base, p["prompt"], tokens, "off"))
-                fast.append(chat(base, p["prompt"], tokens, "lookup"))
-                if plain[-1]["text"] != fast[-1]["text"]:
-                    sys.exit(f"{p['kind']}: the server's lookup text differs from the plain one")
+        for p, plain, fast, ratio in alternate(prompts, rounds, lambda text: chat(base, text, tokens, "off"),
+                                               lambda text: chat(base, text, tokens, "lookup")):
+            ratios.append(ratio)
             a = [x["tok_s"] for x in plain]
             b = [x["tok_s"] for x in fast]
-            ratio = statistics.median(b) / statistics.median(a)
-            ratios.append(ratio)
             print(f"| {p['kind']} | {plain[0]['tokens']} | {span(a)} | {span(b)} | {ratio:.2f} |")
         drafted, accepted = metric(base, "draft_tokens_total"), metric(base, "draft_accepted_total")
         passes, generated = metric(base, "decode_passes_total"), metric(base, "generated_tokens_total")
@@ -129,32 +140,22 @@ def main_server(binary, model, rounds, tokens, threads, prompts):
 def main():
     binary, model, rounds, tokens, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
     extra = sys.argv[6:]
-    if extra[:1] == ["--server"]:
-        here = os.path.dirname(os.path.abspath(__file__))
-        with open(os.path.join(here, "prompts.json")) as f:
-            prompts = json.load(f)
-        return main_server(binary, model, rounds, tokens, threads, prompts)
     here = os.path.dirname(os.path.abspath(__file__))
     with open(os.path.join(here, "prompts.json")) as f:
         prompts = json.load(f)
+    if extra[:1] == ["--server"]:
+        return main_server(binary, model, rounds, tokens, threads, prompts)
     print(f"model {os.path.basename(model)}, {rounds} rounds, up to {tokens} tokens, {threads} threads, greedy")
     print()
     print("| prompt | tokens | plain tok/s | lookup tok/s | × | accepted | tokens/pass |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     ratios = []
-    for p in prompts:
-        plain, fast = [], []
-        for r in range(rounds):
-            plain.append(run(binary, model, p["prompt"], tokens, threads, "off", extra))
-            fast.append(run(binary, model, p["prompt"], tokens, threads, "lookup", extra))
-            if fast[-1]["text"] != plain[-1]["text"]:
-                sys.exit(f"{p['kind']}: the lookup text differs from the plain one:\n"
-                         f"--- plain\n{plain[-1]['text']}\n--- lookup\n{fast[-1]['text']}")
-            print(f"{p['kind']} round {r + 1}/{rounds}: {plain[-1]['tok_s']} {fast[-1]['tok_s']}", file=sys.stderr)
+    for p, plain, fast, ratio in alternate(prompts, rounds,
+                                           lambda text: run(binary, model, text, tokens, threads, "off", extra),
+                                           lambda text: run(binary, model, text, tokens, threads, "lookup", extra)):
+        ratios.append(ratio)
         a = [x["tok_s"] for x in plain]
         b = [x["tok_s"] for x in fast]
-        ratio = statistics.median(b) / statistics.median(a)
-        ratios.append(ratio)
         f0 = fast[0]
         acc = f"{100 * f0['accepted'] / f0['drafted']:.0f} % of {f0['drafted']}" if f0.get("drafted") else "nothing drafted"
         print(f"| {p['kind']} | {f0['tokens']} | {span(a)} | {span(b)} | {ratio:.2f} | {acc} | {f0.get('per_pass', 1.0):.2f} |")

@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::channel;
+use std::sync::mpsc::{Receiver, channel};
 use std::time::Duration;
 
 use anelm_ane::{EmuAne, WeightMode};
@@ -82,6 +82,30 @@ fn options(sampler: SamplerParams, speculate: Option<LookupOptions>) -> Generate
     }
 }
 
+/// Generate after `prompt` in a fresh session, with `drafter` when given.
+fn decode(
+    model: &dyn LanguageModel,
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    drafter: Option<&mut dyn Drafter>,
+) -> Run {
+    let mut session: Session = model.new_session(256);
+    let (tokens, stats) = match drafter {
+        Some(d) => generate_with_drafter(model, tokenizer, &mut session, prompt, opts, d, &mut |_| true),
+        None => generate(model, tokenizer, &mut session, prompt, opts, &mut |_| true),
+    }
+    .expect("generate");
+    Run {
+        tokens,
+        session: session.tokens().to_vec(),
+        passes: stats.speculation.passes,
+        drafted: stats.speculation.drafted,
+        accepted: stats.speculation.accepted,
+    }
+}
+
+/// 48 tokens after `prompt` with `sampler` (end-of-generation ignored).
 fn run(
     model: &dyn LanguageModel,
     tokenizer: &Tokenizer,
@@ -90,20 +114,41 @@ fn run(
     speculate: Option<LookupOptions>,
     forced: Option<&mut Forced>,
 ) -> Run {
-    let opts = options(sampler, speculate);
-    let mut session: Session = model.new_session(256);
-    let (tokens, stats) = match forced {
-        Some(d) => generate_with_drafter(model, tokenizer, &mut session, prompt, &opts, d, &mut |_| true),
-        None => generate(model, tokenizer, &mut session, prompt, &opts, &mut |_| true),
-    }
-    .expect("generate");
-    assert_eq!(tokens.len(), 48);
-    Run {
-        tokens,
-        session: session.tokens().to_vec(),
-        passes: stats.speculation.passes,
-        drafted: stats.speculation.drafted,
-        accepted: stats.speculation.accepted,
+    let out = decode(
+        model,
+        tokenizer,
+        prompt,
+        &options(sampler, speculate),
+        forced.map(|f| f as &mut dyn Drafter),
+    );
+    assert_eq!(out.tokens.len(), 48);
+    out
+}
+
+/// Submit every request to `sched`; one event receiver each.
+fn submit_all(sched: &Scheduler, requests: &[Request]) -> Vec<Receiver<Event>> {
+    requests
+        .iter()
+        .map(|r| {
+            let (tx, rx) = channel();
+            sched
+                .submit(r.clone(), Box::new(move |e| tx.send(e).is_ok()), CancelToken::new())
+                .expect("accepted");
+            rx
+        })
+        .collect()
+}
+
+/// A request's generated tokens and the log-probabilities it streamed.
+fn tokens_and_logprobs(rx: &Receiver<Event>, what: &str) -> (Vec<u32>, Vec<f32>) {
+    let mut logprobs = Vec::new();
+    loop {
+        match rx.recv_timeout(Duration::from_secs(300)).expect("an event") {
+            Event::Logprob(l) => logprobs.push(l.logprob),
+            Event::Text(_) => {}
+            Event::Done(c) => return (c.tokens, logprobs),
+            Event::Failed(e) => panic!("{what} failed: {e}"),
+        }
     }
 }
 
@@ -195,8 +240,8 @@ fn lookup_speculation_keeps_the_output_of_plain_decoding() {
 
 /// Through the scheduler: three requests batched in one step's lanes — the server's default
 /// speculation, speculation off, and a request's own lookup options with seeded sampling — each
-/// give the tokens plain single-stream decoding gives, with log-probabilities to rounding, and
-/// the metrics add up (every token came from a prefill's last row, a decode pass, or an
+/// give the tokens plain single-stream decoding gives, with one (finite, non-positive)
+/// log-probability per token, and the metrics add up (every token came from a prefill's last row, a decode pass, or an
 /// accepted draft).
 fn check_scheduler(name: &str, lm: Arc<LoadedModel>, prompts: [&str; 2], min_accepted: u64) {
     let cfg = SchedulerConfig {
@@ -233,43 +278,17 @@ fn check_scheduler(name: &str, lm: Arc<LoadedModel>, prompts: [&str; 2], min_acc
         request(prompts[1], sampled, Speculation::Lookup(own)),
     ];
     let sched = Scheduler::start(lm.clone(), cfg).expect("start");
-    let receivers: Vec<_> = requests
-        .iter()
-        .map(|r| {
-            let (tx, rx) = channel();
-            sched
-                .submit(r.clone(), Box::new(move |e| tx.send(e).is_ok()), CancelToken::new())
-                .expect("accepted");
-            rx
-        })
-        .collect();
+    let receivers = submit_all(&sched, &requests);
     for (k, (req, rx)) in requests.iter().zip(&receivers).enumerate() {
-        let mut logprobs = Vec::new();
-        let tokens = loop {
-            match rx.recv_timeout(Duration::from_secs(300)).expect("an event") {
-                Event::Logprob(l) => logprobs.push(l.logprob),
-                Event::Text(_) => {}
-                Event::Done(c) => break c.tokens,
-                Event::Failed(e) => panic!("{name} request {k} failed: {e}"),
-            }
-        };
-        let mut session = lm.model.new_session(512);
+        let (tokens, logprobs) = tokens_and_logprobs(rx, &format!("{name} request {k}"));
         let opts = GenerateOptions {
             stream: req.stream.clone(),
             prefill_chunk: 16,
             speculate: None,
         };
-        let (plain, _) = generate(
-            lm.model.as_ref(),
-            &lm.tokenizer,
-            &mut session,
-            &req.prompt,
-            &opts,
-            &mut |_| true,
-        )
-        .expect("generate");
+        let plain = decode(lm.model.as_ref(), &lm.tokenizer, &req.prompt, &opts, None);
         assert_eq!(
-            tokens, plain,
+            tokens, plain.tokens,
             "{name} request {k}: the scheduler's tokens differ from plain decoding"
         );
         assert_eq!(logprobs.len(), tokens.len());
@@ -447,30 +466,20 @@ fn a_draft_model_keeps_the_output_of_plain_decoding() {
         for (draft_name, draft) in [("itself", target), ("qwen3_5", &qwen35), ("llama", &llama)] {
             for (kind, sampler) in [("greedy", SamplerParams::greedy()), ("sampled", sampled.clone())] {
                 let plain = run(target.as_ref(), &tokenizer, &prompt, sampler.clone(), None, None);
-                let opts = options(sampler, None);
                 let mut drafter = DraftModel::new(draft.as_ref(), 256, target.info().vocab_size, 8);
-                let mut session = target.new_session(256);
-                let (tokens, stats) = generate_with_drafter(
+                let s = decode(
                     target.as_ref(),
                     &tokenizer,
-                    &mut session,
                     &prompt,
-                    &opts,
-                    &mut drafter,
-                    &mut |_| true,
-                )
-                .expect("generate");
-                let s = stats.speculation;
+                    &options(sampler, None),
+                    Some(&mut drafter),
+                );
                 println!(
                     "{target_name} drafted by {draft_name}, {kind}: {} passes, {} of {} drafts kept",
                     s.passes, s.accepted, s.drafted
                 );
-                assert_eq!(tokens, plain.tokens, "{target_name} drafted by {draft_name}, {kind}");
-                assert_eq!(
-                    session.tokens(),
-                    &plain.session[..],
-                    "{target_name}/{draft_name}: sessions"
-                );
+                assert_eq!(s.tokens, plain.tokens, "{target_name} drafted by {draft_name}, {kind}");
+                assert_eq!(s.session, plain.session, "{target_name}/{draft_name}: sessions");
                 assert_eq!(s.passes + s.accepted, plain.passes);
                 if draft_name == "itself" && kind == "greedy" {
                     assert!(s.passes <= 47 / 9 + 1, "8 drafts a pass: {} passes", s.passes);
@@ -530,24 +539,15 @@ fn speculation_under_a_grammar_keeps_the_output() {
                 prefill_chunk: 32,
                 speculate,
             };
-            let mut session = lm.model.new_session(256);
-            let (tokens, stats) = generate(
-                lm.model.as_ref(),
-                &lm.tokenizer,
-                &mut session,
-                &prompt,
-                &opts,
-                &mut |_| true,
-            )
-            .expect("generate");
+            let out = decode(lm.model.as_ref(), &lm.tokenizer, &prompt, &opts, None);
             println!(
                 "grammar, speculate {}: {} tokens, {} of {} drafts kept",
                 speculate.is_some(),
-                tokens.len(),
-                stats.speculation.accepted,
-                stats.speculation.drafted
+                out.tokens.len(),
+                out.accepted,
+                out.drafted
             );
-            outputs.push(tokens);
+            outputs.push(out.tokens);
         }
         assert_eq!(outputs[0], outputs[1], "speculation changed a constrained output");
         let text = lm.tokenizer.decode(&outputs[0]).expect("decode");
@@ -577,24 +577,9 @@ fn speculation_under_a_grammar_keeps_the_output() {
         stream: StreamOptions::greedy(20),
         speculate: Speculation::Off,
     });
-    let rxs: Vec<_> = reqs
-        .iter()
-        .map(|r| {
-            let (tx, rx) = channel();
-            sched
-                .submit(r.clone(), Box::new(move |e| tx.send(e).is_ok()), CancelToken::new())
-                .expect("accepted");
-            rx
-        })
-        .collect();
+    let rxs = submit_all(&sched, &reqs);
     for (k, rx) in rxs.iter().enumerate().take(samplers.len()) {
-        let tokens = loop {
-            match rx.recv_timeout(Duration::from_secs(300)).expect("an event") {
-                Event::Done(c) => break c.tokens,
-                Event::Failed(e) => panic!("request {k} failed: {e}"),
-                _ => {}
-            }
-        };
+        let (tokens, _) = tokens_and_logprobs(rx, &format!("request {k}"));
         assert_eq!(tokens, expected[k], "scheduler request {k} under a grammar");
     }
     assert!(sched.metrics().draft_tokens_total.load(Ordering::Relaxed) > 0);
