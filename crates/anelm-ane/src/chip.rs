@@ -57,6 +57,20 @@ pub struct HostProfile {
     /// One element through a software fp32 → fp16 conversion (the C++ batched packer
     /// truncates bit by bit, `ane-runtime.md` §5), ns.
     pub soft_convert_ns: f64,
+    /// Host time per dispatch of a runtime that evaluates a request built once per kernel, on
+    /// surfaces that stay bound to it, with no allocation per dispatch (anelm's `apple/device.rs`
+    /// since issue 38), µs: what such a runtime adds to the ANE's own fixed cost.
+    pub reused_dispatch_us: f64,
+    /// Cores the per-stream and per-head host work is spread over (the kernel pool's threads).
+    pub cores: usize,
+    /// The fraction of linear speed-up parallel host sections reach (memory bandwidth shared
+    /// between cores, uneven tasks, efficiency cores).
+    pub parallel_efficiency: f64,
+    /// One hand-off of a parallel section to the spinning pool and back, µs.
+    pub section_us: f64,
+    /// Memory bandwidth all cores together reach, GB/s of read + write traffic: the ceiling on a
+    /// parallel section's bytes however many cores share them.
+    pub memory_gb_s: f64,
     /// Where these come from.
     pub source: &'static str,
 }
@@ -75,12 +89,32 @@ impl HostProfile {
     /// - `element_ns` 0.3: one element per ~1.2 cycles (a load, a convert, a strided store).
     /// - `soft_convert_ns` 1.5: calibrated on the serve rows c2 / c4 (`ane-runtime.md` §11), the
     ///   only figures that see the C++ batched packer; ~6 cycles of integer bit work per element.
+    /// - `reused_dispatch_us` 20: **assumed, needs a Mac**. The 119 µs fixed cost of the
+    ///   dispatch fit comes from an eval-only loop re-evaluating one prebuilt request, so that
+    ///   loop's own call overhead is inside the ANE's fixed cost already; what anelm adds per
+    ///   dispatch is a kernel lookup, a mutex, an autorelease pool and the surface memcpys (counted
+    ///   apart). The C++ decode loop's 117 µs (above) includes its per-dispatch locking and
+    ///   staging. `anelm doctor --report` measures it (`host per dispatch`).
+    /// - `cores` 12: the M3 Max's performance cores (12 P + 4 E in the 16-core part).
+    /// - `parallel_efficiency` 0.51: calibrated on the one measured parallel host section, the
+    ///   C++ system's per-session CPU work of 6 sessions on a thread each, 19.4 → 6.3 ms
+    ///   (`ane-runtime.md` §11, `2a1ce5e`): 3.08× on 6 tasks.
+    /// - `section_us` 5: waking the spinning workers and joining them, a few cache-line
+    ///   round trips between cores (assumed).
+    /// - `memory_gb_s` 240: the CPU clusters' own reach, below the SoC's 400 GB/s; AnandTech
+    ///   measured 224–243 GB/s from the CPU cores of the M1 Max (the same 512-bit LPDDR5 class);
+    ///   no M3 Max figure is at hand.
     pub const M3_MAX: HostProfile = HostProfile {
         gflops: 96.0,
         gb_s: 97.0,
         dispatch_us: 117.0,
         element_ns: 0.3,
         soft_convert_ns: 1.5,
+        reused_dispatch_us: 20.0,
+        cores: 12,
+        parallel_efficiency: 0.51,
+        section_us: 5.0,
+        memory_gb_s: 240.0,
         source: "M3 Max P-core: memcpy traffic (ane-hardware.md §8.7), FMA peak, the §6.4 dispatch profile; \
                  soft conversion calibrated on ane-runtime.md §11 (docs/field-guide.md, 2026-12-06)",
     };

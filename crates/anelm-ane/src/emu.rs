@@ -1,5 +1,12 @@
 //! The emulated Neural Engine: validates MIL text + blob bytes against the hardware rules,
 //! executes accepted programs in fp16, and charges each dispatch on a virtual clock.
+//!
+//! The clock also keeps a schedule: the host work between evaluations is what this machine's
+//! threads really took (measured from one evaluation's return to the next one's call, so the
+//! emulator's own arithmetic is not counted), the programs take their modelled time, and an
+//! evaluation starts when both the host is ready and the modelled device is free. An emulated
+//! run's schedule is thus a real host beside a modelled Neural Engine (issue 38): tokens per
+//! second of the schedule, and how much of it each side was busy.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -136,6 +143,31 @@ pub struct EmuStats {
     pub host_time: Duration,
     /// Modelled ANE time of all evaluations (the virtual clock).
     pub ane_time: Duration,
+    /// The schedule's length: from the first evaluation's call to the last one's return, with the
+    /// host's gaps as measured and the programs as modelled.
+    pub schedule_time: Duration,
+    /// Host time on the schedule's critical path: the measured gaps between one evaluation's
+    /// return and the next call (host work done while a program runs, on another thread, is off
+    /// this path).
+    pub host_critical_time: Duration,
+}
+
+impl EmuStats {
+    /// The share of the schedule the modelled Neural Engine was busy.
+    pub fn ane_utilisation(&self) -> f64 {
+        self.ane_time.as_secs_f64() / self.schedule_time.as_secs_f64().max(1e-12)
+    }
+}
+
+/// The schedule's cursor ([`EmuStats::schedule_time`]).
+#[derive(Debug, Default)]
+struct Timeline {
+    /// When (real time) the latest evaluation returned.
+    last_return: Option<Instant>,
+    /// Schedule time of that return, seconds.
+    at_return: f64,
+    /// Schedule time at which the modelled device is free, seconds.
+    device_free: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -168,6 +200,7 @@ struct Inner {
     next: u64,
     programs: BTreeMap<u64, Entry>,
     stats: EmuStats,
+    timeline: Timeline,
 }
 
 /// A software Neural Engine. Thread-safe; evaluations of different programs run concurrently.
@@ -211,6 +244,9 @@ impl EmuAne {
         g.stats.bytes = 0;
         g.stats.host_time = Duration::ZERO;
         g.stats.ane_time = Duration::ZERO;
+        g.stats.schedule_time = Duration::ZERO;
+        g.stats.host_critical_time = Duration::ZERO;
+        g.timeline = Timeline::default();
     }
 
     /// Forget a compiled program (unloading it first if loaded).
@@ -376,6 +412,7 @@ impl AneDevice for EmuAne {
         inputs: &[&Surface],
         outputs: &mut [Surface],
     ) -> Result<DispatchTime, AneError> {
+        let called = Instant::now();
         let exe = {
             let mut g = self.lock();
             let e = Self::entry(&mut g, program)?;
@@ -427,6 +464,17 @@ impl AneDevice for EmuAne {
         g.stats.bytes += bytes;
         g.stats.host_time += host;
         g.stats.ane_time += ane;
+        let t = &mut g.timeline;
+        let gap = t
+            .last_return
+            .map_or(0.0, |r| called.saturating_duration_since(r).as_secs_f64());
+        let begin = (t.at_return + gap).max(t.device_free);
+        t.device_free = begin + ane.as_secs_f64();
+        t.at_return = t.device_free;
+        t.last_return = Some(Instant::now());
+        let at = t.at_return;
+        g.stats.schedule_time = Duration::from_secs_f64(at);
+        g.stats.host_critical_time += Duration::from_secs_f64(gap);
         Ok(DispatchTime { host, ane, bytes })
     }
 

@@ -12,6 +12,7 @@ use crate::device::{AneDevice, ProgramHandle};
 use crate::error::{AneError, SurfaceError};
 use crate::kernel::AneKernel;
 use crate::surface::{LANES, Surface};
+use crate::surface_pool;
 
 /// One loaded program of a kernel.
 #[derive(Debug, Clone, PartialEq)]
@@ -126,44 +127,101 @@ impl ProgramLayout {
         let mut cost = RunCost::default();
         for start in (0..lanes).step_by(LANES) {
             let n = LANES.min(lanes - start);
-            let xs = pack(x, input, start, n)?;
+            let mut xs = surface_pool::take(input);
+            xs.pack(x, input, start, n)?;
             match (self, r) {
+                (ProgramLayout::Rows(programs), _) if programs.len() > 1 => {
+                    rows_pipelined(device, programs, &xs.surface, out, output, start, n, &mut cost)?;
+                }
                 (ProgramLayout::Rows(programs), _) => {
                     let mut offset = 0;
                     for p in programs {
-                        let y = eval(device, p, &[&xs], &mut cost)?;
-                        unpack(&y, out, output, start, n, offset);
+                        let y = eval(device, p, &[&xs.surface], &mut cost)?;
+                        unpack(&y.surface, out, output, start, n, offset);
                         offset += p.outputs;
+                        surface_pool::give(y);
                     }
                 }
                 (ProgramLayout::Residual(p), Some(r)) => {
-                    let rs = pack(r, output, start, n)?;
-                    let y = eval(device, p, &[&xs, &rs], &mut cost)?;
-                    unpack(&y, out, output, start, n, 0);
+                    let mut rs = surface_pool::take(output);
+                    rs.pack(r, output, start, n)?;
+                    let y = eval(device, p, &[&xs.surface, &rs.surface], &mut cost)?;
+                    unpack(&y.surface, out, output, start, n, 0);
+                    surface_pool::give(rs);
+                    surface_pool::give(y);
                 }
                 (ProgramLayout::AddOnHost(p), Some(r)) => {
-                    let y = eval(device, p, &[&xs], &mut cost)?;
-                    unpack(&y, out, output, start, n, 0);
+                    let y = eval(device, p, &[&xs.surface], &mut cost)?;
+                    unpack(&y.surface, out, output, start, n, 0);
+                    surface_pool::give(y);
                     let span = start * output..(start + n) * output;
                     for (o, &add) in out[span.clone()].iter_mut().zip(&r[span]) {
                         *o += add;
                     }
                 }
                 (ProgramLayout::Chunks(programs), Some(r)) => {
-                    let mut packed = Surface::new(2 * input);
-                    packed.copy_channels_from(0, &xs)?;
-                    let mut acc = pack(r, output, start, n)?;
+                    let mut packed = surface_pool::take_output(2 * input);
+                    packed.surface.copy_channels_from(0, &xs.surface)?;
+                    let mut acc = surface_pool::take(output);
+                    acc.pack(r, output, start, n)?;
                     for p in programs {
-                        packed.copy_channels_from(input, &acc)?;
-                        acc = eval(device, p, &[&packed], &mut cost)?;
+                        packed.surface.copy_channels_from(input, &acc.surface)?;
+                        surface_pool::give(std::mem::replace(&mut acc, eval(device, p, &[&packed.surface], &mut cost)?));
                     }
-                    unpack(&acc, out, output, start, n, 0);
+                    unpack(&acc.surface, out, output, start, n, 0);
+                    surface_pool::give(packed);
+                    surface_pool::give(acc);
                 }
                 (_, None) => return Err(RunError::Shape("residual kernel run without r".into())),
             }
+            surface_pool::give(xs);
         }
         Ok(cost)
     }
+}
+
+/// A row-chunked kernel (the LM head's chunks, a split projection): a helper thread evaluates
+/// the chunks one after another while this thread unpacks each finished chunk, so the host's
+/// unpacking of chunk k overlaps the device's run of chunk k + 1 and only the last chunk's
+/// unpacking stays on the critical path (issue 38).
+#[allow(clippy::too_many_arguments)]
+fn rows_pipelined<D: AneDevice + ?Sized>(
+    device: &D,
+    programs: &[LoadedProgram],
+    xs: &Surface,
+    out: &mut [f32],
+    output: usize,
+    start: usize,
+    n: usize,
+    cost: &mut RunCost,
+) -> Result<(), RunError> {
+    let (tx, rx) = std::sync::mpsc::sync_channel::<(usize, surface_pool::Pooled)>(1);
+    std::thread::scope(|scope| {
+        let worker = scope.spawn(move || {
+            let mut c = RunCost::default();
+            let mut offset = 0;
+            for p in programs {
+                let y = eval(device, p, &[xs], &mut c)?;
+                if tx.send((offset, y)).is_err() {
+                    break;
+                }
+                offset += p.outputs;
+            }
+            Ok::<RunCost, RunError>(c)
+        });
+        for (offset, y) in rx.iter() {
+            unpack(&y.surface, out, output, start, n, offset);
+            surface_pool::give(y);
+        }
+        let c = worker
+            .join()
+            .map_err(|_| RunError::Shape("the chunk-evaluating thread panicked".into()))??;
+        cost.dispatches += c.dispatches;
+        cost.bytes += c.bytes;
+        cost.weight_bytes += c.weight_bytes;
+        cost.ane += c.ane;
+        Ok(())
+    })
 }
 
 fn eval<D: AneDevice + ?Sized>(
@@ -171,10 +229,10 @@ fn eval<D: AneDevice + ?Sized>(
     p: &LoadedProgram,
     inputs: &[&Surface],
     cost: &mut RunCost,
-) -> Result<Surface, RunError> {
-    let mut out = [Surface::new(p.outputs)];
+) -> Result<surface_pool::Pooled, RunError> {
+    let mut out = surface_pool::take_output(p.outputs);
     let t = device
-        .evaluate(p.handle, inputs, &mut out)
+        .evaluate(p.handle, inputs, std::slice::from_mut(&mut out.surface))
         .map_err(|source| RunError::Device {
             kernel: p.kernel.to_string(),
             source,
@@ -183,19 +241,7 @@ fn eval<D: AneDevice + ?Sized>(
     cost.bytes += t.bytes;
     cost.weight_bytes += p.weight_bytes;
     cost.ane += t.ane;
-    let [out] = out;
     Ok(out)
-}
-
-/// Lanes `start..start + n` of the lane-major `v` (`channels` per lane) into a fresh surface
-/// (round to nearest even).
-fn pack(v: &[f32], channels: usize, start: usize, n: usize) -> Result<Surface, SurfaceError> {
-    let mut s = Surface::new(channels);
-    for j in 0..n {
-        let lane = start + j;
-        s.write_lane(j, &v[lane * channels..(lane + 1) * channels])?;
-    }
-    Ok(s)
 }
 
 /// Channels of `s` into lanes `start..start + n` of the lane-major `out` (`width` per lane) at

@@ -54,6 +54,7 @@ mod program_build;
 mod quant;
 mod rules;
 mod surface;
+mod surface_pool;
 mod validate;
 
 pub use apple::{AppleAne, AppleConfig, AppleError, Fallback, FfnForm, fallback};

@@ -2,9 +2,9 @@
 //! on a chip's [`HostProfile`](crate::chip::HostProfile), for decode with several streams and for
 //! W-lane prefill.
 //!
-//! A step is synchronous in both runtimes modelled here (`ane-runtime.md` §2.3: `evaluate` returns
-//! when the outputs are in the surfaces; §7.2: the decode loop runs each session's CPU work, then
-//! the next dispatch), so nothing overlaps: a step's time is the sum of
+//! A dispatch is synchronous in both runtimes modelled here (`ane-runtime.md` §2.3: `evaluate`
+//! returns when the outputs are in the surfaces), and each layer's host work needs the previous
+//! dispatch's output and feeds the next, so a step's time is the sum of
 //!
 //! - the ANE dispatches, `fixed + bytes / bandwidth` each, int8 weights at the chip's int8
 //!   efficiency ([`ChipProfile::weights_dispatch_seconds`]);
@@ -15,8 +15,22 @@
 //!   DeltaNet recurrence and conv, GeGLU and residual adds where the block needs them, and
 //!   sampling over the vocabulary, each `flops / GFLOP/s + bytes / GB/s` on one core.
 //!
-//! The C++ system's pipelined serve branch overlaps a prefill thread with decode (§7.2) and
-//! parallelises per-session CPU work (`2a1ce5e`); neither is modelled.
+//! The C++ system (§7.2: the decode loop runs each session's CPU work, then the next dispatch)
+//! does all of it on one core. anelm (issue 38) takes host work off the critical path where the
+//! data allow: attention and the DeltaNet recurrence run as one parallel section per layer on
+//! the kernel pool (tasks per lane × head and per value head, [`HostProfile::cores`] at
+//! [`HostProfile::parallel_efficiency`], plus a hand-off per section); the LM head's row chunks
+//! are evaluated by a helper thread while the caller unpacks the previous chunk, so only the
+//! last chunk's unpacking is on the path; surfaces are reused (no zeroing or serialising of the
+//! 32 lanes, one memcpy each way) and requests built once, so a dispatch costs the host
+//! [`HostProfile::reused_dispatch_us`]. [`HostOptions::serial`] models the same runtime on one
+//! core without the overlap. The C++ system's pipelined serve branch overlaps a prefill thread
+//! with decode (§7.2) and parallelises per-session CPU work (`2a1ce5e`); neither is modelled
+//! for `--runtime ane-cpp` (its measured figures come from the serial loop).
+//!
+//! [`HostProfile::cores`]: crate::chip::HostProfile::cores
+//! [`HostProfile::parallel_efficiency`]: crate::chip::HostProfile::parallel_efficiency
+//! [`HostProfile::reused_dispatch_us`]: crate::chip::HostProfile::reused_dispatch_us
 
 use std::fmt::{self, Write as _};
 
@@ -39,16 +53,22 @@ const DELTANET_CONV: usize = 4;
 const CPP_LM_HEAD_ROWS_HYBRID: usize = 65_536;
 const CPP_LM_HEAD_ROWS_DENSE: usize = 32_768;
 
+/// Starting and joining the thread that evaluates a row-chunked kernel's chunks
+/// (`kernel_run.rs`, once per LM-head run), µs: a `pthread_create` + join on macOS (assumed).
+const PIPELINE_THREAD_US: f64 = 30.0;
+
 /// Bytes of one fp16 surface row: 32 lanes × 2 bytes per channel.
 const ROW_BYTES: f64 = (LANES * 2) as f64;
 
 /// The code around the dispatches, which decides what the host does per surface and per prompt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum HostRuntime {
-    /// anelm (`ane_backend.rs` + `apple/device.rs`): every dispatch packs the used lanes into a
-    /// fresh zeroed surface, serialises all 32 lanes into a scratch buffer and copies it into the
-    /// IOSurface; outputs are copied out, parsed for all 32 lanes and the used lanes unpacked.
-    /// Prefill runs 32 prompt tokens per dispatch (W lanes) through every kernel.
+    /// anelm (`ane_backend.rs`, `kernel_run.rs`, `apple/device.rs`): every dispatch packs the used
+    /// lanes into a reused surface (stale lanes zeroed only when fewer lanes follow more) and
+    /// copies its bytes into the IOSurface in one memcpy; outputs come back in one memcpy and
+    /// the used lanes are unpacked. Attention and DeltaNet run in parallel on the kernel pool;
+    /// the LM head's chunks are pipelined. Prefill runs 32 prompt tokens per dispatch (W lanes)
+    /// through every kernel.
     Anelm,
     /// The C++ system (`ane-runtime.md` §5, §7): one stream writes lane 0 only (hardware
     /// conversion, no memset) and reads lane 0; two or more build a dense fp32 staging array, memset
@@ -143,34 +163,65 @@ impl HostRuntime {
         self == HostRuntime::AneCpp
     }
 
-    /// Host work of packing `inputs` (channel counts) and unpacking `output` channels for one
-    /// dispatch carrying `lanes` lanes.
-    fn surfaces(self, inputs: &[usize], output: usize, lanes: usize) -> Work {
+    /// Host work of packing `inputs` (channel counts) and of unpacking `output` channels for one
+    /// dispatch carrying `lanes` lanes: (packing, unpacking).
+    fn surfaces(self, inputs: &[usize], output: usize, lanes: usize) -> (Work, Work) {
         let c_in: usize = inputs.iter().sum();
         let (ci, co, s) = (c_in as f64, output as f64, lanes as f64);
         let w = LANES as f64;
         match self {
-            HostRuntime::Anelm => Work {
-                // zeroed surface, then the scratch copy and the IOSurface memcpy.
-                bytes: ci * ROW_BYTES * 3.0 + co * ROW_BYTES * 2.0,
-                // lanes written, all 32 serialised; all 32 parsed, lanes unpacked.
-                elements: ci * (s + w) + co * (w + s),
-                ..Work::default()
-            },
-            HostRuntime::AneCpp if lanes <= 1 => Work {
-                // one fp16 per 64-byte row: each row is read for ownership and written back.
-                bytes: ci * ROW_BYTES * 2.0 + co * ROW_BYTES,
-                elements: ci + co,
-                ..Work::default()
-            },
-            HostRuntime::AneCpp => Work {
-                // fp32 staging (write), surface memset, software conversion (read fp32, write fp16);
-                // dense read of all lanes into fp32.
-                bytes: ci * (2.0 * ROW_BYTES + ROW_BYTES + 3.0 * ROW_BYTES) + co * 3.0 * ROW_BYTES,
-                elements: ci * s + co * (w + s),
-                soft_elements: ci * w,
-                ..Work::default()
-            },
+            HostRuntime::Anelm => (
+                Work {
+                    // the used lanes written into the reused surface's rows, one memcpy into the
+                    // IOSurface (read + write).
+                    bytes: ci * ROW_BYTES * 3.0,
+                    elements: ci * s,
+                    ..Work::default()
+                },
+                Work {
+                    // one memcpy out of the IOSurface (read + write); the used lanes unpacked.
+                    bytes: co * ROW_BYTES * 2.0,
+                    elements: co * s,
+                    ..Work::default()
+                },
+            ),
+            HostRuntime::AneCpp if lanes <= 1 => (
+                Work {
+                    // one fp16 per 64-byte row: each row is read for ownership and written back.
+                    bytes: ci * ROW_BYTES * 2.0,
+                    elements: ci,
+                    ..Work::default()
+                },
+                Work {
+                    bytes: co * ROW_BYTES,
+                    elements: co,
+                    ..Work::default()
+                },
+            ),
+            HostRuntime::AneCpp => (
+                Work {
+                    // fp32 staging (write), surface memset, software conversion (read fp32, write
+                    // fp16).
+                    bytes: ci * (2.0 * ROW_BYTES + ROW_BYTES + 3.0 * ROW_BYTES),
+                    elements: ci * s,
+                    soft_elements: ci * w,
+                    ..Work::default()
+                },
+                Work {
+                    // dense read of all lanes into fp32.
+                    bytes: co * 3.0 * ROW_BYTES,
+                    elements: co * (w + s),
+                    ..Work::default()
+                },
+            ),
+        }
+    }
+
+    /// Host time per dispatch beyond the ANE's fixed cost on `chip`, seconds.
+    fn dispatch_seconds(self, chip: &ChipProfile) -> f64 {
+        match self {
+            HostRuntime::Anelm => chip.host.reused_dispatch_us * 1e-6,
+            HostRuntime::AneCpp => chip.host.dispatch_us * 1e-6,
         }
     }
 }
@@ -188,6 +239,9 @@ pub struct HostOptions {
     pub runtime: HostRuntime,
     /// Tokens already in each stream's context (what attention reads per token).
     pub context: usize,
+    /// All host work on one core, nothing overlapped with the ANE (anelm's runtime without its
+    /// pool and pipelining; the C++ runtime always runs this way).
+    pub serial: bool,
 }
 
 impl Default for HostOptions {
@@ -195,7 +249,24 @@ impl Default for HostOptions {
         HostOptions {
             runtime: HostRuntime::Anelm,
             context: DEFAULT_CONTEXT,
+            serial: false,
         }
+    }
+}
+
+impl HostOptions {
+    /// Whether host work runs in parallel sections and overlaps the LM head's dispatches.
+    pub fn overlapped(&self) -> bool {
+        self.runtime == HostRuntime::Anelm && !self.serial
+    }
+
+    /// The speed-up of a parallel section of `tasks` independent tasks on `chip`'s host.
+    fn speedup(&self, chip: &ChipProfile, tasks: usize) -> f64 {
+        if !self.overlapped() {
+            return 1.0;
+        }
+        let h = &chip.host;
+        (tasks.min(h.cores.max(1)) as f64 * h.parallel_efficiency).max(1.0)
     }
 }
 
@@ -235,6 +306,17 @@ impl Work {
             elements: self.elements * k,
             soft_elements: self.soft_elements * k,
         }
+    }
+
+    /// Seconds of a parallel section at `speedup` over one core, its bytes no faster than the
+    /// host's [`memory_gb_s`](crate::chip::HostProfile::memory_gb_s) all cores share.
+    pub fn parallel_seconds(&self, chip: &ChipProfile, speedup: f64) -> f64 {
+        let h = &chip.host;
+        let sp = speedup.max(1.0);
+        let bytes = (self.bytes / (h.gb_s * 1e9 * sp)).max(self.bytes / (h.memory_gb_s.max(h.gb_s) * 1e9));
+        (self.flops / (h.gflops * 1e9) + self.elements * h.element_ns * 1e-9 + self.soft_elements * h.soft_convert_ns * 1e-9)
+            / sp
+            + bytes
     }
 
     /// Seconds on one core of `chip`.
@@ -366,6 +448,15 @@ pub struct StepCost {
     pub sampling: f64,
     /// The LM head on the host, where the runtime fell back to the CPU (all streams).
     pub lm_head_host: f64,
+    /// Handing parallel sections to the kernel pool and joining them.
+    pub pool: f64,
+    /// Host work done while the ANE runs (off the critical path, not in the step): the LM
+    /// head's chunks unpacked while the next chunk is evaluated.
+    pub hidden: f64,
+    /// Host work summed over every core (what the CPU spends, on the path or not).
+    pub core_seconds: f64,
+    /// Cores the host's parallel sections use (1 when serial).
+    pub cores: usize,
 }
 
 impl StepCost {
@@ -388,6 +479,17 @@ impl StepCost {
             + self.deltanet
             + self.sampling
             + self.lm_head_host
+            + self.pool
+    }
+
+    /// The share of the step the ANE is busy.
+    pub fn ane_utilisation(&self) -> f64 {
+        self.ane() / self.seconds().max(1e-12)
+    }
+
+    /// The share of the host's cores' time in the step spent on host work.
+    pub fn cpu_utilisation(&self) -> f64 {
+        self.core_seconds / (self.cores.max(1) as f64 * self.seconds().max(1e-12))
     }
 
     /// Tokens per second.
@@ -396,7 +498,7 @@ impl StepCost {
     }
 
     /// `(name, seconds)` of every term, in a fixed order.
-    pub fn terms(&self) -> [(&'static str, f64); 9] {
+    pub fn terms(&self) -> [(&'static str, f64); 10] {
         [
             ("ane fixed", self.ane_fixed),
             ("ane streaming", self.ane_stream),
@@ -407,6 +509,7 @@ impl StepCost {
             ("host deltanet", self.deltanet),
             ("host sampling", self.sampling),
             ("host lm head (cpu fallback)", self.lm_head_host),
+            ("host pool hand-offs", self.pool),
         ]
     }
 
@@ -421,6 +524,9 @@ impl StepCost {
         self.deltanet += o.deltanet;
         self.sampling += o.sampling;
         self.lm_head_host += o.lm_head_host;
+        self.pool += o.pool;
+        self.hidden += o.hidden;
+        self.core_seconds += o.core_seconds;
     }
 
     /// A table of the terms per token: ms and share of the step.
@@ -445,11 +551,24 @@ impl StepCost {
             self.host() / total * 100.0,
             self.dispatches
         );
+        let _ = writeln!(
+            s,
+            "    utilisation: ANE busy {:.1} % of the step; host critical path {:.1} %; {} core{} busy {:.1} % \
+             ({:.2} ms/token of host work overlapped with the ANE)",
+            self.ane_utilisation() * 100.0,
+            self.host() / total * 100.0,
+            self.cores.max(1),
+            if self.cores.max(1) == 1 { "" } else { "s" },
+            self.cpu_utilisation() * 100.0,
+            self.hidden * per
+        );
         s
     }
 }
 
-/// One dispatch of `k` carrying `lanes` lanes, ANE and host, added to `cost`.
+/// One dispatch of `k` carrying `lanes` lanes, ANE and host, added to `cost` (its surfaces
+/// serially on the calling thread). Returns (ANE seconds, output-unpacking seconds) for callers
+/// that overlap the unpacking with the next dispatch.
 pub(crate) fn dispatch(
     cost: &mut StepCost,
     k: &AneKernel,
@@ -457,17 +576,20 @@ pub(crate) fn dispatch(
     lanes: usize,
     chip: &ChipProfile,
     rt: HostRuntime,
-) {
+) -> (f64, f64) {
     let weights = k.weight_bytes(mode) as u64;
     let io = k.io_bytes() as u64;
     let ane = chip.weights_dispatch_seconds(weights, io, mode);
+    let host = rt.dispatch_seconds(chip);
     cost.dispatches += 1;
     cost.ane_fixed += chip.fixed_us * 1e-6;
     cost.ane_stream += ane - chip.fixed_us * 1e-6;
-    cost.host_dispatch += chip.host.dispatch_us * 1e-6;
-    cost.surfaces += rt
-        .surfaces(&k.input_channels(), k.output_channels(), lanes)
-        .seconds(chip);
+    cost.host_dispatch += host;
+    let (pack, unpack) = rt.surfaces(&k.input_channels(), k.output_channels(), lanes);
+    let (pack, unpack) = (pack.seconds(chip), unpack.seconds(chip));
+    cost.surfaces += pack + unpack;
+    cost.core_seconds += host + pack + unpack;
+    (ane, unpack)
 }
 
 /// One stream's LM head as an fp32 mat-vec on the host (the C++ fallback, `cblas_sgemv` over the
@@ -477,12 +599,32 @@ fn host_lm_head(dims: &ModelDims) -> Work {
     Work::new(2.0 * n, 4.0 * n)
 }
 
-fn add_streams(cost: &mut StepCost, w: &StreamWork, n: usize, chip: &ChipProfile) {
+/// `n` lanes' (streams' or prompt tokens') host work added to `cost`: attention and DeltaNet as
+/// one parallel section per layer where the runtime has one (tasks per lane × head and per value
+/// head), norms and sampling serially.
+fn add_streams(cost: &mut StepCost, w: &StreamWork, n: usize, dims: &ModelDims, chip: &ChipProfile, host: &HostOptions) {
     let k = n as f64;
-    cost.elementwise += w.elementwise.seconds(chip) * k;
-    cost.attention += w.attention.seconds(chip) * k;
-    cost.deltanet += w.deltanet.seconds(chip) * k;
-    cost.sampling += w.sampling.seconds(chip) * k;
+    let (elementwise, attention) = (w.elementwise.seconds(chip) * k, w.attention.seconds(chip) * k);
+    let (deltanet, sampling) = (w.deltanet.seconds(chip) * k, w.sampling.seconds(chip) * k);
+    let value_heads = dims.linear_attention.map_or(1, |la| la.value_heads);
+    cost.elementwise += elementwise;
+    cost.attention += w
+        .attention
+        .scaled(k)
+        .parallel_seconds(chip, host.speedup(chip, n * dims.heads));
+    cost.deltanet += w
+        .deltanet
+        .scaled(k)
+        .parallel_seconds(chip, host.speedup(chip, value_heads));
+    cost.sampling += sampling;
+    cost.core_seconds += elementwise + attention + deltanet + sampling;
+    if host.overlapped() {
+        cost.pool += dims.layers as f64 * chip.host.section_us * 1e-6;
+        cost.core_seconds += dims.layers as f64 * chip.host.section_us * 1e-6;
+        cost.cores = chip.host.cores.max(1);
+    } else {
+        cost.cores = 1;
+    }
 }
 
 impl Plan {
@@ -509,15 +651,30 @@ impl Plan {
                     dispatch(&mut group, &k.kernel, mode, lanes, chip, host.runtime);
                 }
             }
-            for k in lm_head.iter().flatten() {
-                dispatch(&mut group, k, mode, lanes, chip, host.runtime);
+            // The LM head's chunks: with the pipelined runtime, chunk i's unpacking runs while
+            // chunk i + 1 is evaluated, so it leaves the path where it is the shorter of the two.
+            let chunks = lm_head.as_deref().unwrap_or(&[]);
+            if chunks.len() > 1 && host.overlapped() {
+                group.pool += PIPELINE_THREAD_US * 1e-6;
+                group.core_seconds += PIPELINE_THREAD_US * 1e-6;
+            }
+            let mut prev_unpack: Option<f64> = None;
+            for k in chunks {
+                let (ane, unpack) = dispatch(&mut group, k, mode, lanes, chip, host.runtime);
+                if let Some(u) = prev_unpack.filter(|_| host.overlapped()) {
+                    let off = u.min(ane);
+                    group.surfaces -= off;
+                    group.hidden += off;
+                }
+                prev_unpack = Some(unpack);
             }
             cost.add(&group);
             left -= lanes;
         }
-        add_streams(&mut cost, &stream_work(&self.dims, host, true), streams, chip);
+        add_streams(&mut cost, &stream_work(&self.dims, host, true), streams, &self.dims, chip, host);
         if lm_head.is_none() {
             cost.lm_head_host = host_lm_head(&self.dims).seconds(chip) * streams as f64;
+            cost.core_seconds += cost.lm_head_host;
         }
         cost
     }
@@ -546,7 +703,7 @@ impl Plan {
                 }
             }
         }
-        add_streams(&mut cost, &stream_work(&self.dims, host, false), lanes, chip);
+        add_streams(&mut cost, &stream_work(&self.dims, host, false), lanes, &self.dims, chip, host);
         cost
     }
 
@@ -583,6 +740,7 @@ mod tests {
             let opts = HostOptions {
                 runtime: rt,
                 context: 256,
+                ..HostOptions::default()
             };
             let one = p.decode_cost(&chip, &opts, 1);
             let four = p.decode_cost(&chip, &opts, 4);
@@ -596,6 +754,7 @@ mod tests {
                 &HostOptions {
                     runtime: rt,
                     context: 8192,
+                    ..HostOptions::default()
                 },
                 1,
             );
@@ -618,6 +777,7 @@ mod tests {
             &HostOptions {
                 runtime: HostRuntime::AneCpp,
                 context: 256,
+                ..HostOptions::default()
             },
         );
         // 32 layers × (4 input projections + 1 output + 1 FFN).
@@ -635,6 +795,7 @@ mod tests {
         let cpp = HostOptions {
             runtime: HostRuntime::AneCpp,
             context: 256,
+            ..HostOptions::default()
         };
         // fp16: the C++ system's 65,536-row LM-head chunks (536.9 MB) are over the kernel limit,
         // so its LM head runs on the host, once per stream; anelm plans 7 chunks that fit.

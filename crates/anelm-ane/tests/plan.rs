@@ -399,7 +399,16 @@ fn host_work_keeps_streams_from_scaling_for_free() {
             ..HostOptions::default()
         };
         let (h1, h4) = (p.decode_tok_s(&chip, &host, 1), p.decode_tok_s(&chip, &host, 4));
-        assert!(h4 < 3.8 * h1 && h4 > h1, "{runtime}: {h1} → {h4}");
+        // anelm's parallel host sections leave less per stream than the C++ serial loop.
+        let most = if runtime == HostRuntime::Anelm { 3.95 } else { 3.8 };
+        assert!(h4 < most * h1 && h4 > h1, "{runtime}: {h1} → {h4}");
+        // Done serially, the same host work costs more and scales worse.
+        let serial = HostOptions { serial: true, ..host };
+        let (s1, s4) = (p.decode_tok_s(&chip, &serial, 1), p.decode_tok_s(&chip, &serial, 4));
+        match runtime {
+            HostRuntime::Anelm => assert!(s1 < h1 && s4 / s1 < h4 / h1, "{s1} → {s4} vs {h1} → {h4}"),
+            HostRuntime::AneCpp => assert_eq!((s1, s4), (h1, h4)),
+        }
     }
 }
 

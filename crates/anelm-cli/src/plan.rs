@@ -52,6 +52,10 @@ pub struct PlanArgs {
     /// Tokens of context each stream's attention reads per decoded token.
     #[arg(long, default_value_t = DEFAULT_CONTEXT)]
     pub context: usize,
+    /// Model the host work on one core with nothing overlapped (the anelm runtime without its
+    /// parallel sections and LM-head pipelining; `--runtime ane-cpp` is always serial).
+    #[arg(long)]
+    pub serial_host: bool,
     /// Split a token's modelled time into its terms (ANE dispatches, host work by kind).
     #[arg(long)]
     pub explain: bool,
@@ -152,7 +156,16 @@ fn terms_json(p: &Plan, chip: &ChipProfile, host: &HostOptions, streams: Option<
         .iter()
         .map(|(name, t)| (name.replace([' ', '/'], "_"), json!(t * per)))
         .collect();
-    json!({"tokens_per_step": cost.tokens, "dispatches_per_step": cost.dispatches, "ms_per_token": terms})
+    json!({
+        "tokens_per_step": cost.tokens,
+        "dispatches_per_step": cost.dispatches,
+        "ms_per_token": terms,
+        "ane_utilisation": cost.ane_utilisation(),
+        "host_critical_share": cost.host() / cost.seconds().max(1e-12),
+        "cpu_utilisation": cost.cpu_utilisation(),
+        "cores": cost.cores,
+        "overlapped_ms_per_token": cost.hidden * per,
+    })
 }
 
 /// The plan's figures as the JSON object outside checks read.
@@ -177,6 +190,7 @@ pub fn plan_json(
         "weights": p.options.weights.label(),
         "runtime": host.runtime.name(),
         "context": host.context,
+        "serial_host": !host.overlapped(),
         "kernels": p.kernel_count(),
         "dispatches_per_token": p.dispatches_per_token(),
         "weight_bytes_per_token": p.weight_bytes_per_token(),
@@ -196,6 +210,7 @@ pub fn plan_json(
             "decode_1": terms_json(p, chip, host, Some(1)),
             "decode_2": terms_json(p, chip, host, Some(2)),
             "decode_4": terms_json(p, chip, host, Some(4)),
+            "decode_8": terms_json(p, chip, host, Some(8)),
             "prefill": terms_json(p, chip, host, None),
         });
     }
@@ -221,7 +236,7 @@ fn explain(p: &Plan, chip: &ChipProfile, host: &HostOptions) {
         "\nwhere a token's time goes ({} runtime on {}, context {}):",
         host.runtime, chip.name, host.context
     );
-    for n in [1, 2, 4] {
+    for n in STREAMS {
         println!("  decode, {n} stream{}:", if n == 1 { "" } else { "s" });
         print!("{}", p.decode_cost(chip, host, n).explain());
     }
@@ -320,6 +335,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
     let host = HostOptions {
         runtime: a.runtime.runtime(),
         context: a.context,
+        serial: a.serial_host,
     };
     let model = path.display().to_string();
     if a.json {

@@ -177,7 +177,13 @@ fn plan_with_host_work_matches_the_cpp_table() {
         json["decode_tok_s"]["1"].as_f64().expect("1"),
         json["decode_tok_s"]["4"].as_f64().expect("4"),
     );
-    assert!(four < 3.8 * one && four > one, "{one} → {four}");
+    assert!(four < 3.95 * one && four > one, "{one} → {four}");
+    // Issue 38's goal for the runtime's parallel, overlapped host work: ≥ 50 tok/s at 4 streams
+    // (the ANE alone bounds it at 59.8); the same runtime with its host work serial stays below.
+    assert!(four >= 50.0, "{four}");
+    let serial = plan_json("qwen3_5_4b", "int8", &["--serial-host"]);
+    let serial_four = serial["decode_tok_s"]["4"].as_f64().expect("4");
+    assert!(serial_four < 0.95 * four, "{serial_four} vs {four}");
     let ane_only = json["ane_decode_tok_s"]["4"].as_f64().expect("ane only");
     assert!((ane_only / json["ane_decode_tok_s"]["1"].as_f64().expect("1") - 4.0).abs() < 1e-6);
 }

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use half::f16;
 use anelm_mil::{DType, WeightFiles, parse_program, read_blob};
 
 use super::error::AppleError;
@@ -151,7 +152,35 @@ struct Kernel {
     state: KState,
     const_bytes: u64,
     sig: Signature,
-    scratch: Vec<u8>,
+}
+
+/// Halfwords as the little-endian bytes an IOSurface holds, without a copy on little-endian
+/// hosts (every Mac): one memcpy per surface, no per-element serialisation.
+fn le_bytes(h: &[f16]) -> std::borrow::Cow<'_, [u8]> {
+    if cfg!(target_endian = "little") {
+        // SAFETY: `f16` is `repr(transparent)` over `u16` (no padding; every byte is
+        // initialised); the byte slice spans exactly the halfwords' `2·len` bytes and borrows them.
+        std::borrow::Cow::Borrowed(unsafe { std::slice::from_raw_parts(h.as_ptr().cast::<u8>(), h.len() * 2) })
+    } else {
+        std::borrow::Cow::Owned(h.iter().flat_map(|x| x.to_le_bytes()).collect())
+    }
+}
+
+/// Fill halfwords from the little-endian bytes `fill` writes (straight into their memory on
+/// little-endian hosts).
+fn read_le_bytes<E>(h: &mut [f16], fill: impl FnOnce(&mut [u8]) -> Result<(), E>) -> Result<(), E> {
+    if cfg!(target_endian = "little") {
+        // SAFETY: as in `le_bytes`; any bit pattern is a valid `f16`, and this mutable byte slice
+        // is the only view of `h` while `fill` runs.
+        fill(unsafe { std::slice::from_raw_parts_mut(h.as_mut_ptr().cast::<u8>(), h.len() * 2) })
+    } else {
+        let mut bytes = vec![0u8; h.len() * 2];
+        fill(&mut bytes)?;
+        for (x, b) in h.iter_mut().zip(bytes.chunks_exact(2)) {
+            *x = f16::from_le_bytes([b[0], b[1]]);
+        }
+        Ok(())
+    }
 }
 
 /// Pops an autorelease pool when dropped.
@@ -408,7 +437,6 @@ impl<R: Runtime> Device<R> {
             state: KState::Compiled,
             const_bytes: const_bytes(weights),
             sig,
-            scratch: Vec::new(),
         };
         match self.build(&mut k, mil_text, weights, compile) {
             Ok(()) => Ok(k),
@@ -671,13 +699,9 @@ impl<R: Runtime> Device<R> {
         check_surfaces("output", &k.outputs, outputs.iter().map(|s| (s.channels(), s.lanes())))?;
         let mut io_bytes = 0u64;
         for (slot, s) in k.inputs.iter().zip(inputs) {
-            k.scratch.clear();
-            k.scratch.reserve(slot.bytes);
-            for h in s.halves() {
-                k.scratch.extend_from_slice(&h.to_le_bytes());
-            }
+            // One memcpy of the surface's own bytes: no per-element serialisation.
             self.rt
-                .write_surface(slot.surface, &k.scratch, self.lock_surfaces, false)?;
+                .write_surface(slot.surface, &le_bytes(s.halves()), self.lock_surfaces, false)?;
             io_bytes += slot.bytes as u64;
         }
         let ane_start = Instant::now();
@@ -687,11 +711,15 @@ impl<R: Runtime> Device<R> {
         }
         let ane = ane_start.elapsed();
         for (slot, out) in k.outputs.iter().zip(outputs.iter_mut()) {
-            k.scratch.clear();
-            k.scratch.resize(slot.bytes, 0);
-            self.rt.read_surface(slot.surface, &mut k.scratch, self.lock_surfaces)?;
-            *out = Surface::from_bytes(slot.channels, slot.lanes, &k.scratch)
-                .map_err(|e| AneError::Surfaces(e.to_string()))?;
+            if out.byte_len() != slot.bytes {
+                return Err(AneError::Surfaces(format!(
+                    "an output surface of {} bytes for a {}-byte program output",
+                    out.byte_len(),
+                    slot.bytes
+                )));
+            }
+            // Straight into the output surface's memory: one memcpy, no parse.
+            read_le_bytes(out.halves_mut(), |b| self.rt.read_surface(slot.surface, b, self.lock_surfaces))?;
             io_bytes += slot.bytes as u64;
         }
         self.dispatches.fetch_add(1, Ordering::Relaxed);
