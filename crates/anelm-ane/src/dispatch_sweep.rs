@@ -6,7 +6,7 @@
 //! chip in. `anelm plan --calibrate REPORT` plans with the fitted line instead of the profile's,
 //! so one report from a Mac replaces the constants the planner borrowed from other runtimes.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
@@ -14,8 +14,9 @@ use crate::chip::ChipProfile;
 use crate::device::{AneDevice, Releasing, compile_and_load};
 use crate::error::{AneError, LowerError, SurfaceError};
 use crate::kernel::{AneKernel, WeightMode};
+use crate::kernel_run::{LoadedProgram, ProgramLayout};
 use crate::lower::lower;
-use crate::surface::{LANES, Surface};
+use crate::surface::Surface;
 
 /// Square linear kernels the sweep times on a Neural Engine: 0.5 to 33.6 MB of fp16 weights,
 /// wide enough apart that the byte term separates from the fixed cost.
@@ -37,6 +38,24 @@ pub struct SweepPoint {
     pub ane_seconds: f64,
     /// Median wall time of a dispatch including surface copies, seconds.
     pub wall_seconds: f64,
+    /// Median wall time of the same dispatch through the runtime's own path for one lane
+    /// ([`ProgramLayout::run`]: a pooled surface packed, evaluated, the lane unpacked), seconds.
+    pub run_seconds: f64,
+}
+
+impl SweepPoint {
+    /// What the runtime adds around the device call per dispatch, µs: packing and unpacking
+    /// one lane and its bookkeeping (`run − wall`, meaningful on the emulator too).
+    pub fn runtime_us(&self) -> f64 {
+        (self.run_seconds - self.wall_seconds) * 1e6
+    }
+
+    /// The host's whole cost per dispatch beyond the Neural Engine's own time, µs (`run −
+    /// ane`): on a Mac the figure `anelm plan` assumes as the reused-request dispatch cost plus
+    /// one lane's surfaces. Meaningless on the emulator, whose wall time is its arithmetic.
+    pub fn host_per_dispatch_us(&self) -> f64 {
+        (self.run_seconds - self.ane_seconds) * 1e6
+    }
 }
 
 /// A dispatch cost line `fixed + bytes / bandwidth` fitted through a sweep.
@@ -84,6 +103,9 @@ pub enum SweepError {
     /// The device refused a call.
     #[error("{0}")]
     Device(#[from] AneError),
+    /// The runtime's path (`ProgramLayout::run`) failed.
+    #[error("the sweep's runtime dispatch failed: {0}")]
+    Run(String),
 }
 
 /// Least-squares line through `(bytes, seconds)` points: the fixed cost and the bandwidth.
@@ -161,8 +183,8 @@ fn time_size(dev: &dyn AneDevice, n: usize, repeats: usize) -> Result<SweepPoint
     let h = compile_and_load(dev, &low.mil_text(), &low.weights)?;
     guard.add(h);
     let x: Vec<f32> = (0..n).map(|c| (c % 5) as f32 / 8.0).collect();
-    let lanes: Vec<&[f32]> = vec![&x; LANES];
-    let input = Surface::pack(n, &lanes)?;
+    // One lane, as the runtime path below carries (the device's time does not depend on it).
+    let input = Surface::pack(n, &[&x])?;
     let mut outputs = dev.signature(h)?.output_surfaces();
     let warm = dev.evaluate(h, &[&input], &mut outputs)?;
     let mut ane = Vec::with_capacity(repeats);
@@ -172,12 +194,28 @@ fn time_size(dev: &dyn AneDevice, n: usize, repeats: usize) -> Result<SweepPoint
         ane.push(t.ane);
         wall.push(t.host);
     }
+    let layout = ProgramLayout::Rows(vec![LoadedProgram {
+        handle: h,
+        kernel: AneKernel::Linear { rows: n, cols: n },
+        outputs: n,
+        weight_bytes: (n * n * 2) as u64,
+    }]);
+    let mut y = vec![0.0f32; n];
+    let mut run = Vec::with_capacity(repeats);
+    for _ in 0..repeats.max(1) {
+        let start = Instant::now();
+        layout
+            .run(dev, n, n, 1, &x, None, &mut y)
+            .map_err(|e| SweepError::Run(e.to_string()))?;
+        run.push(start.elapsed());
+    }
     drop(guard);
     Ok(SweepPoint {
         size: n,
         bytes: warm.bytes,
         ane_seconds: median(ane).as_secs_f64(),
         wall_seconds: median(wall).as_secs_f64(),
+        run_seconds: median(run).as_secs_f64(),
     })
 }
 

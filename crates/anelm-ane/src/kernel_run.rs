@@ -166,7 +166,10 @@ impl ProgramLayout {
                     acc.pack(r, output, start, n)?;
                     for p in programs {
                         packed.surface.copy_channels_from(input, &acc.surface)?;
-                        surface_pool::give(std::mem::replace(&mut acc, eval(device, p, &[&packed.surface], &mut cost)?));
+                        surface_pool::give(std::mem::replace(
+                            &mut acc,
+                            eval(device, p, &[&packed.surface], &mut cost)?,
+                        ));
                     }
                     unpack(&acc.surface, out, output, start, n, 0);
                     surface_pool::give(packed);

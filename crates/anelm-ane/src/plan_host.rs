@@ -314,7 +314,9 @@ impl Work {
         let h = &chip.host;
         let sp = speedup.max(1.0);
         let bytes = (self.bytes / (h.gb_s * 1e9 * sp)).max(self.bytes / (h.memory_gb_s.max(h.gb_s) * 1e9));
-        (self.flops / (h.gflops * 1e9) + self.elements * h.element_ns * 1e-9 + self.soft_elements * h.soft_convert_ns * 1e-9)
+        (self.flops / (h.gflops * 1e9)
+            + self.elements * h.element_ns * 1e-9
+            + self.soft_elements * h.soft_convert_ns * 1e-9)
             / sp
             + bytes
     }
@@ -602,7 +604,14 @@ fn host_lm_head(dims: &ModelDims) -> Work {
 /// `n` lanes' (streams' or prompt tokens') host work added to `cost`: attention and DeltaNet as
 /// one parallel section per layer where the runtime has one (tasks per lane × head and per value
 /// head), norms and sampling serially.
-fn add_streams(cost: &mut StepCost, w: &StreamWork, n: usize, dims: &ModelDims, chip: &ChipProfile, host: &HostOptions) {
+fn add_streams(
+    cost: &mut StepCost,
+    w: &StreamWork,
+    n: usize,
+    dims: &ModelDims,
+    chip: &ChipProfile,
+    host: &HostOptions,
+) {
     let k = n as f64;
     let (elementwise, attention) = (w.elementwise.seconds(chip) * k, w.attention.seconds(chip) * k);
     let (deltanet, sampling) = (w.deltanet.seconds(chip) * k, w.sampling.seconds(chip) * k);
@@ -671,7 +680,14 @@ impl Plan {
             cost.add(&group);
             left -= lanes;
         }
-        add_streams(&mut cost, &stream_work(&self.dims, host, true), streams, &self.dims, chip, host);
+        add_streams(
+            &mut cost,
+            &stream_work(&self.dims, host, true),
+            streams,
+            &self.dims,
+            chip,
+            host,
+        );
         if lm_head.is_none() {
             cost.lm_head_host = host_lm_head(&self.dims).seconds(chip) * streams as f64;
             cost.core_seconds += cost.lm_head_host;
@@ -703,7 +719,14 @@ impl Plan {
                 }
             }
         }
-        add_streams(&mut cost, &stream_work(&self.dims, host, false), lanes, &self.dims, chip, host);
+        add_streams(
+            &mut cost,
+            &stream_work(&self.dims, host, false),
+            lanes,
+            &self.dims,
+            chip,
+            host,
+        );
         cost
     }
 

@@ -160,12 +160,14 @@ fn sweep(out: &mut Console<impl Write>, dev: &dyn AneDevice, sizes: &[usize], re
             for p in pts {
                 writeln!(
                     out,
-                    "  {:>5}×{:<5} {:>10.3} MB  ane {:.3} ms  wall {:.3} ms",
+                    "  {:>5}×{:<5} {:>10.3} MB  ane {:.3} ms  wall {:.3} ms  runtime path {:.3} ms (+{:.1} µs outside the device)",
                     p.size,
                     p.size,
                     p.bytes as f64 / 1e6,
                     p.ane_seconds * 1e3,
-                    p.wall_seconds * 1e3
+                    p.wall_seconds * 1e3,
+                    p.run_seconds * 1e3,
+                    p.runtime_us()
                 )?;
             }
             let fit = DispatchFit::of_sweep(pts)
@@ -182,6 +184,21 @@ fn sweep(out: &mut Console<impl Write>, dev: &dyn AneDevice, sizes: &[usize], re
                 })
                 .map_err(|e| e.to_string());
             step(out, "dispatch line fitted", fit)?;
+            // The emulator's wall time is its own arithmetic, so only a real device says what
+            // the host spends per dispatch.
+            if dev.name() != "ane-emu"
+                && let Some(p) = pts.first()
+            {
+                writeln!(
+                    out,
+                    "  host per dispatch beyond the ANE's own time: {:.1} µs at {}×{} (anelm plan assumes {:.0} µs \
+                     plus the surfaces' copies)",
+                    p.host_per_dispatch_us(),
+                    p.size,
+                    p.size,
+                    anelm_ane::ChipProfile::m3_max().host.reused_dispatch_us
+                )?;
+            }
         }
         Err(e) => {
             step::<()>(out, "dispatch sweep", Err(e.clone()))?;

@@ -152,7 +152,15 @@ pub fn report_json(facts: &MachineFacts, steps: &[StepRecord], sweep: Option<&Sw
                 let points: Vec<Value> = pts
                     .iter()
                     .map(|p| {
-                        json!({"size": p.size, "bytes": p.bytes, "ane_ms": p.ane_seconds * 1e3, "wall_ms": p.wall_seconds * 1e3})
+                        json!({
+                            "size": p.size,
+                            "bytes": p.bytes,
+                            "ane_ms": p.ane_seconds * 1e3,
+                            "wall_ms": p.wall_seconds * 1e3,
+                            "run_ms": p.run_seconds * 1e3,
+                            "runtime_us": p.runtime_us(),
+                            "host_per_dispatch_us": p.host_per_dispatch_us(),
+                        })
                     })
                     .collect();
                 match DispatchFit::of_sweep(pts) {
@@ -279,6 +287,7 @@ mod tests {
                     bytes: b,
                     ane_seconds: t,
                     wall_seconds: t,
+                    run_seconds: t + 20e-6,
                 }
             })
             .collect();

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use half::f16;
 use anelm_mil::{DType, WeightFiles, parse_program, read_blob};
+use half::f16;
 
 use super::error::AppleError;
 use super::foundation::{
@@ -719,7 +719,9 @@ impl<R: Runtime> Device<R> {
                 )));
             }
             // Straight into the output surface's memory: one memcpy, no parse.
-            read_le_bytes(out.halves_mut(), |b| self.rt.read_surface(slot.surface, b, self.lock_surfaces))?;
+            read_le_bytes(out.halves_mut(), |b| {
+                self.rt.read_surface(slot.surface, b, self.lock_surfaces)
+            })?;
             io_bytes += slot.bytes as u64;
         }
         self.dispatches.fetch_add(1, Ordering::Relaxed);
