@@ -222,6 +222,8 @@ impl EncoderPlan {
         let (elementwise, attention) = self.token_work(seq_len);
         cost.elementwise = elementwise.seconds(chip) * LANES as f64;
         cost.attention = attention.seconds(chip) * LANES as f64;
+        cost.core_seconds += cost.elementwise + cost.attention;
+        cost.cores = 1;
         cost
     }
 
