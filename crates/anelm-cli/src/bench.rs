@@ -69,6 +69,11 @@ pub struct BenchArgs {
     /// alternating per round, a fresh prefix each round).
     #[arg(long, value_name = "TOKENS")]
     pub shared_prefix: Option<usize>,
+    /// Serving benchmark: speculative decoding per request (`lookup` or `off`, the request
+    /// field `"speculate"`); the table adds the drafts' acceptance and the tokens per decode pass
+    /// the server's `/metrics` counted over each level.
+    #[arg(long, value_name = "MODE", value_parser = ["lookup", "off"])]
+    pub speculate: Option<String>,
     /// Serving benchmark: the `model` every request names (e.g. an upstream of the server
     /// given by --url); default: none, the server's own model.
     #[arg(long, value_name = "NAME")]
@@ -191,6 +196,7 @@ fn run_serving(a: &BenchArgs) -> Result<()> {
     let workload = Workload {
         tokens: a.tokens,
         model: a.request_model.clone(),
+        speculate: a.speculate.clone(),
     };
     let levels = run_levels(&addr, &a.concurrency, requests, &workload, a.rounds, schema.as_ref())?;
     let title = format!("anelm: {requests} requests × {} tokens per level ({what})", a.tokens);
@@ -198,7 +204,7 @@ fn run_serving(a: &BenchArgs) -> Result<()> {
     print!("{}", markdown(&levels));
     if let Some(p) = &a.json_out {
         let meta = serde_json::json!({"what": what, "requests": requests, "tokens": a.tokens, "rounds": a.rounds,
-                                      "json_schema": schema,
+                                      "json_schema": schema, "speculate": a.speculate,
                                       "isa": anelm_kernels::Isa::best().name()});
         std::fs::write(p, serde_json::to_string_pretty(&to_json(&levels, meta))?)
             .with_context(|| format!("write {}", p.display()))?;
@@ -346,6 +352,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     if let Some(tokens) = a.shared_prefix {
         return run_shared_prefix(&a, tokens);
+    }
+    if a.speculate.is_some() && (a.concurrency.is_empty() || a.shared_prefix.is_some()) {
+        bail!("--speculate applies to the serving benchmark: give --concurrency (without --shared-prefix)");
     }
     if a.json_schema.is_some() && a.concurrency.is_empty() {
         bail!("--json-schema applies to the serving benchmark: give --concurrency too");

@@ -42,6 +42,64 @@ pub struct Level {
     /// Constrained levels: median over rounds of aggregate ÷ the same concurrency's
     /// unconstrained aggregate in the same round.
     pub vs_unconstrained: Option<f64>,
+    /// With speculative decoding: the server's draft counters over the level's runs.
+    pub speculation: Option<Speculation>,
+}
+
+/// What the server's `/metrics` counted of speculative decoding over a level's runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Speculation {
+    /// Decode passes of streams.
+    pub passes: f64,
+    /// Tokens drafted.
+    pub drafted: f64,
+    /// Drafted tokens the streams kept.
+    pub accepted: f64,
+}
+
+impl Speculation {
+    /// Accepted ÷ drafted.
+    pub fn acceptance(&self) -> f64 {
+        self.accepted / self.drafted.max(1.0)
+    }
+
+    /// Tokens each decode pass produced: the pass's own token plus its accepted drafts.
+    pub fn tokens_per_pass(&self) -> f64 {
+        (self.passes + self.accepted) / self.passes.max(1.0)
+    }
+
+    fn since(&self, before: &Speculation) -> Speculation {
+        Speculation {
+            passes: self.passes - before.passes,
+            drafted: self.drafted - before.drafted,
+            accepted: self.accepted - before.accepted,
+        }
+    }
+
+    fn add(&mut self, o: &Speculation) {
+        self.passes += o.passes;
+        self.drafted += o.drafted;
+        self.accepted += o.accepted;
+    }
+}
+
+/// The server's speculation counters from `GET /metrics` at `addr`.
+fn scrape_speculation(addr: &str) -> Result<Speculation> {
+    let mut s = TcpStream::connect(addr).with_context(|| format!("connect to {addr}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(60)))?;
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")?;
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut s, &mut text)?;
+    let value = |name: &str| -> Result<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse::<f64>().ok())
+            .with_context(|| format!("the server's /metrics has no {name} (is it anelm 0.1 with speculation?)"))
+    };
+    Ok(Speculation {
+        passes: value("anelm_decode_passes_total")?,
+        drafted: value("anelm_draft_tokens_total")?,
+        accepted: value("anelm_draft_accepted_total")?,
+    })
 }
 
 struct One {
@@ -121,6 +179,9 @@ pub struct Workload {
     pub tokens: usize,
     /// The `model` requests name (e.g. an upstream behind anelm); none: the server's own.
     pub model: Option<String>,
+    /// The `speculate` field every request carries (`"lookup"`, `"off"`); none: the server's
+    /// default.
+    pub speculate: Option<String>,
 }
 
 /// One streaming completion, constrained by `schema` when given (which then decides where the
@@ -134,6 +195,9 @@ fn one_request(addr: &str, w: &Workload, salt: usize, schema: Option<&Value>) ->
     });
     if let Some(m) = &w.model {
         body["model"] = json!(m);
+    }
+    if let Some(sp) = &w.speculate {
+        body["speculate"] = json!(sp);
     }
     match schema {
         Some(s) => body["grammar"] = json!({"json_schema": s}),
@@ -243,7 +307,12 @@ pub fn run_levels(
                 round + 1,
                 if v.is_some() { ", JSON schema" } else { "" }
             );
-            runs[i].push(measure_level(addr, c, requests, w, v)?);
+            let before = w.speculate.is_some().then(|| scrape_speculation(addr)).transpose()?;
+            let mut level = measure_level(addr, c, requests, w, v)?;
+            if let Some(before) = before {
+                level.speculation = Some(scrape_speculation(addr)?.since(&before));
+            }
+            runs[i].push(level);
         }
     }
     let first: Vec<f64> = runs
@@ -266,10 +335,18 @@ pub fn run_levels(
                     .collect();
                 percentile(&mut paired, 0.5)
             });
+            let speculation = w.speculate.as_ref().map(|_| {
+                let mut sum = Speculation::default();
+                r.iter()
+                    .filter_map(|l| l.speculation.as_ref())
+                    .for_each(|sp| sum.add(sp));
+                sum
+            });
             Level {
                 concurrency: c,
                 constrained: v.is_some(),
                 vs_unconstrained,
+                speculation,
                 requests: r.first().map_or(0, |l| l.requests),
                 aggregate_tok_s: med(&|l| l.aggregate_tok_s),
                 per_stream_tok_s: med(&|l| l.per_stream_tok_s),
@@ -325,6 +402,7 @@ fn measure_level(addr: &str, c: usize, requests: usize, w: &Workload, schema: Op
         concurrency: c,
         constrained: schema.is_some(),
         vs_unconstrained: None,
+        speculation: None,
         requests: all.len(),
         aggregate_tok_s: aggregate,
         per_stream_tok_s: per_stream,
@@ -358,6 +436,16 @@ pub fn markdown(levels: &[Level]) -> String {
              | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
         );
     }
+    let speculating = levels.iter().any(|l| l.speculation.is_some());
+    if speculating {
+        // One more column pair: the drafts' acceptance and the tokens each decode pass gave.
+        let mut lines: Vec<String> = s.lines().map(str::to_string).collect();
+        if let Some(n) = lines.len().checked_sub(2) {
+            lines[n].push_str(" acceptance | tokens/pass |");
+            lines[n + 1].push_str(" ---: | ---: |");
+        }
+        s = lines.join("\n") + "\n";
+    }
     for l in levels {
         let aggregate = if rounds > 1 {
             format!(
@@ -388,6 +476,14 @@ pub fn markdown(levels: &[Level]) -> String {
             l.latency_p50,
             l.latency_p95
         ));
+        if let Some(sp) = &l.speculation {
+            s.pop();
+            s.push_str(&format!(
+                " {:.0} % | {:.2} |\n",
+                sp.acceptance() * 100.0,
+                sp.tokens_per_pass()
+            ));
+        }
     }
     s
 }
@@ -398,11 +494,15 @@ pub fn to_json(levels: &[Level], meta: Value) -> Value {
         .iter()
         .map(|l| {
             json!({"concurrency": l.concurrency, "json_schema": l.constrained,
-                   "vs_unconstrained": l.vs_unconstrained, "requests": l.requests, "aggregate_tok_s": l.aggregate_tok_s,
-                   "per_stream_tok_s": l.per_stream_tok_s, "ttft_p50_s": l.ttft_p50,
-                   "latency_p50_s": l.latency_p50, "latency_p95_s": l.latency_p95,
-                   "rounds": l.rounds, "aggregate_min_tok_s": l.aggregate_range.0,
-                   "aggregate_max_tok_s": l.aggregate_range.1, "vs_first_level": l.vs_first})
+            "vs_unconstrained": l.vs_unconstrained, "requests": l.requests, "aggregate_tok_s": l.aggregate_tok_s,
+            "per_stream_tok_s": l.per_stream_tok_s, "ttft_p50_s": l.ttft_p50,
+            "latency_p50_s": l.latency_p50, "latency_p95_s": l.latency_p95,
+            "rounds": l.rounds, "aggregate_min_tok_s": l.aggregate_range.0,
+            "aggregate_max_tok_s": l.aggregate_range.1, "vs_first_level": l.vs_first,
+            "speculation": l.speculation.map(|sp| json!({
+                "decode_passes": sp.passes, "draft_tokens": sp.drafted, "draft_accepted": sp.accepted,
+                "acceptance": sp.acceptance(), "tokens_per_pass": sp.tokens_per_pass(),
+            }))})
         })
         .collect();
     json!({"meta": meta, "levels": rows})
