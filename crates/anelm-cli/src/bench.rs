@@ -350,11 +350,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a.request_model.is_some() && (a.concurrency.is_empty() || a.shared_prefix.is_some()) {
         bail!("--request-model applies to the serving benchmark: give --concurrency (without --shared-prefix)");
     }
-    if let Some(tokens) = a.shared_prefix {
-        return run_shared_prefix(&a, tokens);
-    }
     if a.speculate.is_some() && (a.concurrency.is_empty() || a.shared_prefix.is_some()) {
         bail!("--speculate applies to the serving benchmark: give --concurrency (without --shared-prefix)");
+    }
+    if let Some(tokens) = a.shared_prefix {
+        return run_shared_prefix(&a, tokens);
     }
     if a.json_schema.is_some() && a.concurrency.is_empty() {
         bail!("--json-schema applies to the serving benchmark: give --concurrency too");
