@@ -174,11 +174,8 @@ fn sweep_weights(n: usize) -> Vec<f32> {
 
 /// Time one `n × n` fp16 linear kernel: a warm-up dispatch, then `repeats` timed ones.
 fn time_size(dev: &dyn AneDevice, n: usize, repeats: usize) -> Result<SweepPoint, SweepError> {
-    let low = lower(
-        &AneKernel::Linear { rows: n, cols: n },
-        &[&sweep_weights(n)],
-        WeightMode::Fp16,
-    )?;
+    let kernel = AneKernel::Linear { rows: n, cols: n };
+    let low = lower(&kernel, &[&sweep_weights(n)], WeightMode::Fp16)?;
     let mut guard = Releasing::new(dev);
     let h = compile_and_load(dev, &low.mil_text(), &low.weights)?;
     guard.add(h);
@@ -196,9 +193,9 @@ fn time_size(dev: &dyn AneDevice, n: usize, repeats: usize) -> Result<SweepPoint
     }
     let layout = ProgramLayout::Rows(vec![LoadedProgram {
         handle: h,
-        kernel: AneKernel::Linear { rows: n, cols: n },
+        weight_bytes: kernel.weight_bytes(WeightMode::Fp16) as u64,
         outputs: n,
-        weight_bytes: (n * n * 2) as u64,
+        kernel,
     }]);
     let mut y = vec![0.0f32; n];
     let mut run = Vec::with_capacity(repeats);

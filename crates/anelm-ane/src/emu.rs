@@ -3,10 +3,10 @@
 //!
 //! The clock also keeps a schedule: the host work between evaluations is what this machine's
 //! threads really took (measured from one evaluation's return to the next one's call, so the
-//! emulator's own arithmetic is not counted), the programs take their modelled time, and an
-//! evaluation starts when both the host is ready and the modelled device is free. An emulated
-//! run's schedule is thus a real host beside a modelled Neural Engine (issue 38): tokens per
-//! second of the schedule, and how much of it each side was busy.
+//! emulator's own arithmetic is not counted), and the programs take their modelled time. Since
+//! an evaluation is synchronous, the schedule is the host's gaps plus the programs' times: a
+//! real host beside a modelled Neural Engine (issue 38), whose tokens per second and per-side
+//! shares an emulated run reports.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -143,9 +143,6 @@ pub struct EmuStats {
     pub host_time: Duration,
     /// Modelled ANE time of all evaluations (the virtual clock).
     pub ane_time: Duration,
-    /// The schedule's length: from the first evaluation's call to the last one's return, with the
-    /// host's gaps as measured and the programs as modelled.
-    pub schedule_time: Duration,
     /// Host time on the schedule's critical path: the measured gaps between one evaluation's
     /// return and the next call (host work done while a program runs, on another thread, is off
     /// this path).
@@ -153,21 +150,16 @@ pub struct EmuStats {
 }
 
 impl EmuStats {
+    /// The schedule's length: from the first evaluation's call to the last one's return, the
+    /// host's gaps as measured and the programs as modelled.
+    pub fn schedule_time(&self) -> Duration {
+        self.ane_time + self.host_critical_time
+    }
+
     /// The share of the schedule the modelled Neural Engine was busy.
     pub fn ane_utilisation(&self) -> f64 {
-        self.ane_time.as_secs_f64() / self.schedule_time.as_secs_f64().max(1e-12)
+        self.ane_time.as_secs_f64() / self.schedule_time().as_secs_f64().max(1e-12)
     }
-}
-
-/// The schedule's cursor ([`EmuStats::schedule_time`]).
-#[derive(Debug, Default)]
-struct Timeline {
-    /// When (real time) the latest evaluation returned.
-    last_return: Option<Instant>,
-    /// Schedule time of that return, seconds.
-    at_return: f64,
-    /// Schedule time at which the modelled device is free, seconds.
-    device_free: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -200,7 +192,8 @@ struct Inner {
     next: u64,
     programs: BTreeMap<u64, Entry>,
     stats: EmuStats,
-    timeline: Timeline,
+    /// When (real time) the latest evaluation returned: the start of the host's current gap.
+    last_return: Option<Instant>,
 }
 
 /// A software Neural Engine. Thread-safe; evaluations of different programs run concurrently.
@@ -244,9 +237,8 @@ impl EmuAne {
         g.stats.bytes = 0;
         g.stats.host_time = Duration::ZERO;
         g.stats.ane_time = Duration::ZERO;
-        g.stats.schedule_time = Duration::ZERO;
         g.stats.host_critical_time = Duration::ZERO;
-        g.timeline = Timeline::default();
+        g.last_return = None;
     }
 
     /// Forget a compiled program (unloading it first if loaded).
@@ -464,17 +456,10 @@ impl AneDevice for EmuAne {
         g.stats.bytes += bytes;
         g.stats.host_time += host;
         g.stats.ane_time += ane;
-        let t = &mut g.timeline;
-        let gap = t
-            .last_return
-            .map_or(0.0, |r| called.saturating_duration_since(r).as_secs_f64());
-        let begin = (t.at_return + gap).max(t.device_free);
-        t.device_free = begin + ane.as_secs_f64();
-        t.at_return = t.device_free;
-        t.last_return = Some(Instant::now());
-        let at = t.at_return;
-        g.stats.schedule_time = Duration::from_secs_f64(at);
-        g.stats.host_critical_time += Duration::from_secs_f64(gap);
+        if let Some(r) = g.last_return {
+            g.stats.host_critical_time += called.saturating_duration_since(r);
+        }
+        g.last_return = Some(Instant::now());
         Ok(DispatchTime { host, ane, bytes })
     }
 

@@ -201,29 +201,23 @@ fn rows_pipelined<D: AneDevice + ?Sized>(
     let (tx, rx) = std::sync::mpsc::sync_channel::<(usize, surface_pool::Pooled)>(1);
     std::thread::scope(|scope| {
         let worker = scope.spawn(move || {
-            let mut c = RunCost::default();
             let mut offset = 0;
             for p in programs {
-                let y = eval(device, p, &[xs], &mut c)?;
+                let y = eval(device, p, &[xs], cost)?;
                 if tx.send((offset, y)).is_err() {
                     break;
                 }
                 offset += p.outputs;
             }
-            Ok::<RunCost, RunError>(c)
+            Ok::<(), RunError>(())
         });
         for (offset, y) in rx.iter() {
             unpack(&y.surface, out, output, start, n, offset);
             surface_pool::give(y);
         }
-        let c = worker
+        worker
             .join()
-            .map_err(|_| RunError::Shape("the chunk-evaluating thread panicked".into()))??;
-        cost.dispatches += c.dispatches;
-        cost.bytes += c.bytes;
-        cost.weight_bytes += c.weight_bytes;
-        cost.ane += c.ane;
-        Ok(())
+            .map_err(|_| RunError::Shape("the chunk-evaluating thread panicked".into()))?
     })
 }
 

@@ -323,11 +323,7 @@ impl Work {
 
     /// Seconds on one core of `chip`.
     pub fn seconds(&self, chip: &ChipProfile) -> f64 {
-        let h = &chip.host;
-        self.flops / (h.gflops * 1e9)
-            + self.bytes / (h.gb_s * 1e9)
-            + self.elements * h.element_ns * 1e-9
-            + self.soft_elements * h.soft_convert_ns * 1e-9
+        self.parallel_seconds(chip, 1.0)
     }
 }
 
@@ -489,6 +485,11 @@ impl StepCost {
         self.ane() / self.seconds().max(1e-12)
     }
 
+    /// The share of the step the host's work is on the critical path.
+    pub fn host_share(&self) -> f64 {
+        self.host() / self.seconds().max(1e-12)
+    }
+
     /// The share of the host's cores' time in the step spent on host work.
     pub fn cpu_utilisation(&self) -> f64 {
         self.core_seconds / (self.cores.max(1) as f64 * self.seconds().max(1e-12))
@@ -558,7 +559,7 @@ impl StepCost {
             "    utilisation: ANE busy {:.1} % of the step; host critical path {:.1} %; {} core{} busy {:.1} % \
              ({:.2} ms/token of host work overlapped with the ANE)",
             self.ane_utilisation() * 100.0,
-            self.host() / total * 100.0,
+            self.host_share() * 100.0,
             self.cores.max(1),
             if self.cores.max(1) == 1 { "" } else { "s" },
             self.cpu_utilisation() * 100.0,

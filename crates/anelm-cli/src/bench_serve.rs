@@ -85,11 +85,16 @@ impl Speculation {
 
 /// The server's speculation counters from `GET /metrics` at `addr`.
 fn scrape_speculation(addr: &str) -> Result<Speculation> {
-    let mut s = TcpStream::connect(addr).with_context(|| format!("connect to {addr}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(60)))?;
-    write!(s, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")?;
-    let mut text = String::new();
-    std::io::Read::read_to_string(&mut s, &mut text)?;
+    let server = crate::http_client::Server {
+        addr: addr.to_string(),
+        base: String::new(),
+        api_key: None,
+    };
+    let reply = server.send("GET", "/metrics", None, &[])?;
+    if reply.status != 200 {
+        bail!("GET /metrics at {addr} answered {}", reply.status);
+    }
+    let text = String::from_utf8_lossy(&reply.body);
     let value = |name: &str| -> Result<f64> {
         text.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse::<f64>().ok())
@@ -425,26 +430,22 @@ pub fn markdown(levels: &[Level]) -> String {
         ));
     }
     let constrained = levels.iter().any(|l| l.constrained);
-    if constrained {
-        s.push_str(
-            "| concurrency | JSON schema | requests | aggregate tok/s | × unconstrained | × c1 | per-stream tok/s | TTFT p50 | latency p50 | latency p95 |\n\
-             | ---: | :---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
-        );
+    // With speculation, one more column pair: the drafts' acceptance and the tokens per pass.
+    let (spec_head, spec_rule) = if levels.iter().any(|l| l.speculation.is_some()) {
+        (" acceptance | tokens/pass |", " ---: | ---: |")
     } else {
-        s.push_str(
-            "| concurrency | requests | aggregate tok/s | × c1 | per-stream tok/s | TTFT p50 | latency p50 | latency p95 |\n\
-             | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
-        );
-    }
-    let speculating = levels.iter().any(|l| l.speculation.is_some());
-    if speculating {
-        // One more column pair: the drafts' acceptance and the tokens each decode pass gave.
-        let mut lines: Vec<String> = s.lines().map(str::to_string).collect();
-        if let Some(n) = lines.len().checked_sub(2) {
-            lines[n].push_str(" acceptance | tokens/pass |");
-            lines[n + 1].push_str(" ---: | ---: |");
-        }
-        s = lines.join("\n") + "\n";
+        ("", "")
+    };
+    if constrained {
+        s.push_str(&format!(
+            "| concurrency | JSON schema | requests | aggregate tok/s | × unconstrained | × c1 | per-stream tok/s | TTFT p50 | latency p50 | latency p95 |{spec_head}\n\
+             | ---: | :---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |{spec_rule}\n",
+        ));
+    } else {
+        s.push_str(&format!(
+            "| concurrency | requests | aggregate tok/s | × c1 | per-stream tok/s | TTFT p50 | latency p50 | latency p95 |{spec_head}\n\
+             | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |{spec_rule}\n",
+        ));
     }
     for l in levels {
         let aggregate = if rounds > 1 {
@@ -466,8 +467,11 @@ pub fn markdown(levels: &[Level]) -> String {
         } else {
             (String::new(), String::new())
         };
+        let spec = l.speculation.map_or(String::new(), |sp| {
+            format!(" {:.0} % | {:.2} |", sp.acceptance() * 100.0, sp.tokens_per_pass())
+        });
         s.push_str(&format!(
-            "| {} |{schema} {} | {aggregate} |{ratio} {:.2} | {:.1} | {:.0} ms | {:.2} s | {:.2} s |\n",
+            "| {} |{schema} {} | {aggregate} |{ratio} {:.2} | {:.1} | {:.0} ms | {:.2} s | {:.2} s |{spec}\n",
             l.concurrency,
             l.requests,
             l.vs_first,
@@ -476,14 +480,6 @@ pub fn markdown(levels: &[Level]) -> String {
             l.latency_p50,
             l.latency_p95
         ));
-        if let Some(sp) = &l.speculation {
-            s.pop();
-            s.push_str(&format!(
-                " {:.0} % | {:.2} |\n",
-                sp.acceptance() * 100.0,
-                sp.tokens_per_pass()
-            ));
-        }
     }
     s
 }

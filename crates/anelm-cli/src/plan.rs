@@ -161,7 +161,7 @@ fn terms_json(p: &Plan, chip: &ChipProfile, host: &HostOptions, streams: Option<
         "dispatches_per_step": cost.dispatches,
         "ms_per_token": terms,
         "ane_utilisation": cost.ane_utilisation(),
-        "host_critical_share": cost.host() / cost.seconds().max(1e-12),
+        "host_critical_share": cost.host_share(),
         "cpu_utilisation": cost.cpu_utilisation(),
         "cores": cost.cores,
         "overlapped_ms_per_token": cost.hidden * per,

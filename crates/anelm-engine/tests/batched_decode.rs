@@ -8,7 +8,9 @@
 use std::path::{Path, PathBuf};
 
 use anelm_engine::default_model::default_model_location;
-use anelm_engine::{CpuBackend, LanguageModel, LogitsMode, Session, StepItem, load_model_weights};
+use anelm_engine::{CpuBackend, LanguageModel, Session, load_model_weights};
+
+mod common;
 
 fn tokens(seed: u32, n: usize, vocab: usize) -> Vec<u32> {
     (0..n as u32)
@@ -17,16 +19,7 @@ fn tokens(seed: u32, n: usize, vocab: usize) -> Vec<u32> {
 }
 
 fn step(model: &dyn LanguageModel, sessions: &mut [Session], toks: &[Vec<u32>]) -> Vec<Vec<u32>> {
-    let mut items: Vec<StepItem<'_>> = sessions
-        .iter_mut()
-        .zip(toks)
-        .map(|(session, t)| StepItem {
-            session,
-            tokens: t,
-            logits: LogitsMode::Last,
-        })
-        .collect();
-    let out = model.forward(&mut items).expect("forward");
+    let out = common::forward_last(model, sessions, toks);
     (0..out.lanes())
         .map(|l| out.lane(l).iter().map(|x| x.to_bits()).collect())
         .collect()

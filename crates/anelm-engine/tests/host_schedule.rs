@@ -3,8 +3,7 @@
 //! schedule puts this machine's measured host work between the programs' modelled times.
 //!
 //! Asserted: the plan dispatches exactly what the runtime dispatches per step, its ANE time per
-//! step is the emulator's within 10 %, extra lanes cost the modelled device nothing, and the
-//! schedule is the sum of its two sides. Printed (not asserted: the host side is this shared
+//! step is the emulator's within 10 %, and extra lanes cost the modelled device nothing. Printed (not asserted: the host side is this shared
 //! machine's real time, not a Mac's): the schedule's tokens/s and its split, beside the plan's
 //! figures for the same model with the M3 Max host profile, serial and overlapped.
 
@@ -13,7 +12,9 @@ use std::sync::Arc;
 
 use anelm_ane::{ChipProfile, EmuAne, HostOptions, PlanOptions, WeightMode, plan_model};
 use anelm_engine::plan_dims::model_kernels;
-use anelm_engine::{AneBackend, AneOptions, LanguageModel, LogitsMode, Session, StepItem, load_model_weights};
+use anelm_engine::{AneBackend, AneOptions, LanguageModel, Session, load_model_weights};
+
+mod common;
 
 const STEPS: usize = 4;
 
@@ -21,19 +22,6 @@ fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/hf")
         .join(name)
-}
-
-fn forward(model: &dyn LanguageModel, sessions: &mut [Session], tokens: &[Vec<u32>]) {
-    let mut items: Vec<StepItem<'_>> = sessions
-        .iter_mut()
-        .zip(tokens)
-        .map(|(session, t)| StepItem {
-            session,
-            tokens: t,
-            logits: LogitsMode::Last,
-        })
-        .collect();
-    model.forward(&mut items).expect("forward on ane-emu");
 }
 
 /// One row of the table: what the emulated schedule measured per step.
@@ -49,14 +37,14 @@ fn emulate(model: &dyn LanguageModel, ane: &EmuAne, streams: usize) -> Emulated 
     let mut sessions: Vec<Session> = (0..streams).map(|_| model.new_session(128)).collect();
     for (i, s) in sessions.iter_mut().enumerate() {
         let prompt: Vec<u32> = (0..5 + i as u32).map(|t| (t * 7 + i as u32 * 3 + 1) % vocab).collect();
-        forward(model, std::slice::from_mut(s), &[prompt]);
+        common::forward_last(model, std::slice::from_mut(s), &[prompt]);
     }
     ane.reset_clock();
     for step in 0..STEPS as u32 {
         let next: Vec<Vec<u32>> = (0..streams as u32)
             .map(|i| vec![(step * 11 + i * 5 + 2) % vocab])
             .collect();
-        forward(model, &mut sessions, &next);
+        common::forward_last(model, &mut sessions, &next);
     }
     let s = ane.stats();
     let per = |d: std::time::Duration| d.as_secs_f64() * 1e3 / STEPS as f64;
@@ -64,7 +52,7 @@ fn emulate(model: &dyn LanguageModel, ane: &EmuAne, streams: usize) -> Emulated 
         dispatches: s.dispatches as f64 / STEPS as f64,
         ane_ms: per(s.ane_time),
         host_ms: per(s.host_critical_time),
-        schedule_ms: per(s.schedule_time),
+        schedule_ms: per(s.schedule_time()),
     }
 }
 
@@ -119,10 +107,6 @@ fn the_emulated_schedule_dispatches_what_the_plan_models() {
                 (e.ane_ms / plan_ane_ms - 1.0).abs() < 0.10,
                 "{name}, {streams} streams: emulated ANE {:.3} ms per step, planned {plan_ane_ms:.3}",
                 e.ane_ms
-            );
-            assert!(
-                (e.schedule_ms - e.ane_ms - e.host_ms).abs() < 1e-3 * e.schedule_ms.max(1e-9),
-                "{name}: the schedule is not its ANE and host sides"
             );
             ane_per_step.push(e.ane_ms);
         }

@@ -6,7 +6,9 @@
 
 use std::path::PathBuf;
 
-use anelm_engine::{GenerateOptions, LanguageModel, LoadedModel, LogitsMode, StepItem, StreamOptions, generate};
+use anelm_engine::{
+    Batch, GenerateOptions, LanguageModel, LoadedModel, LogitsMode, Session, StepItem, StreamOptions, generate,
+};
 use serde_json::Value;
 
 /// `fixtures/llamacpp/<name>` at the repository root (made by `scripts/make-llamacpp-fixtures.sh`).
@@ -57,6 +59,21 @@ pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
     let na: f64 = a.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
     let nb: f64 = b.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
     dot / (na * nb)
+}
+
+/// One forward of `sessions`, each fed its own `tokens`: one lane of last-position logits per
+/// session.
+pub fn forward_last(model: &dyn LanguageModel, sessions: &mut [Session], tokens: &[Vec<u32>]) -> Batch {
+    let mut items: Vec<StepItem<'_>> = sessions
+        .iter_mut()
+        .zip(tokens)
+        .map(|(session, t)| StepItem {
+            session,
+            tokens: t,
+            logits: LogitsMode::Last,
+        })
+        .collect();
+    model.forward(&mut items).expect("forward")
 }
 
 /// Every position's logits of one fresh session over `tokens`, in one forward.
