@@ -243,7 +243,7 @@ pub struct SpeculateArgs {
     /// the drafts are right): `off`; `lookup` copies what followed the last few tokens earlier
     /// in the prompt or output (strong on extraction, summarising and rewriting of given text);
     /// or the path of a smaller model sharing the tokenizer, whose greedy continuation is the
-    /// draft (`generate` and `chat` only).
+    /// draft (in `anelm serve`, requests may still choose `"off"` or `"lookup"` per request).
     #[arg(long, value_name = "off|lookup|MODEL", default_value = "off")]
     pub speculate: String,
     /// Most tokens drafted per pass.
@@ -293,14 +293,12 @@ impl SpeculateArgs {
         })
     }
 
-    /// Lookup options for the server, which drafts by lookup only.
-    pub fn options(&self) -> anyhow::Result<Option<anelm_engine::LookupOptions>> {
-        match self.choice()? {
-            SpeculateChoice::Off => Ok(None),
-            SpeculateChoice::Lookup(o) => Ok(Some(o)),
-            SpeculateChoice::Model(_) => anyhow::bail!(
-                "anelm serve drafts by prompt lookup only (--speculate lookup); a draft model works with anelm generate and anelm chat"
-            ),
-        }
+    /// The server's default drafting, and the draft model to load when it is one.
+    pub fn server_default(&self) -> anyhow::Result<(Option<anelm_engine::Drafting>, Option<PathBuf>)> {
+        Ok(match self.choice()? {
+            SpeculateChoice::Off => (None, None),
+            SpeculateChoice::Lookup(o) => (Some(anelm_engine::Drafting::Lookup(o)), None),
+            SpeculateChoice::Model(p) => (Some(anelm_engine::Drafting::Model), Some(p)),
+        })
     }
 }

@@ -69,11 +69,15 @@ pub struct BenchArgs {
     /// alternating per round, a fresh prefix each round).
     #[arg(long, value_name = "TOKENS")]
     pub shared_prefix: Option<usize>,
-    /// Serving benchmark: speculative decoding per request (`lookup` or `off`, the request
-    /// field `"speculate"`); the table adds the drafts' acceptance and the tokens per decode pass
-    /// the server's `/metrics` counted over each level.
-    #[arg(long, value_name = "MODE", value_parser = ["lookup", "off"])]
+    /// Serving benchmark: speculative decoding per request (`lookup`, `draft` — the server's
+    /// draft model — or `off`, the request field `"speculate"`); the table adds the drafts'
+    /// acceptance and the tokens per decode pass the server's `/metrics` counted over each level.
+    #[arg(long, value_name = "MODE", value_parser = ["lookup", "draft", "off"])]
     pub speculate: Option<String>,
+    /// Serving benchmark: the draft model the in-process server loads beside the model (as
+    /// `anelm serve --speculate PATH`), for `--speculate draft`.
+    #[arg(long, value_name = "PATH")]
+    pub draft_model: Option<std::path::PathBuf>,
     /// Serving benchmark: the `model` every request names (e.g. an upstream of the server
     /// given by --url); default: none, the server's own model.
     #[arg(long, value_name = "NAME")]
@@ -168,16 +172,23 @@ fn run_serving(a: &BenchArgs) -> Result<()> {
             (hp, format!("server at {u}"))
         }
         None => {
-            let lm = std::sync::Arc::new(load(&a.model)?);
+            let lm = load(&a.model)?;
             let threads = rayon::current_num_threads();
             let name = model_path(&a.model)?
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            (
-                start_server(lm, top, threads)?,
-                format!("{name}, in-process server, {top} sessions, {threads} threads"),
-            )
+            let mut cfg = bench_scheduler(top, threads, 2048);
+            let mut what = format!("{name}, in-process server, {top} sessions, {threads} threads");
+            if let Some(path) = &a.draft_model {
+                let draft = crate::speculate::load_draft(path, &a.model, &lm)?;
+                cfg.draft_model = Some(anelm_engine::DraftConfig {
+                    model: std::sync::Arc::from(draft.model),
+                    draft_tokens: anelm_engine::LookupOptions::default().draft_tokens,
+                });
+                what.push_str(&format!(", draft model {}", path.display()));
+            }
+            (start_server_with(std::sync::Arc::new(lm), cfg)?, what)
         }
     };
     if a.rounds == 0 {
@@ -350,8 +361,18 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a.request_model.is_some() && (a.concurrency.is_empty() || a.shared_prefix.is_some()) {
         bail!("--request-model applies to the serving benchmark: give --concurrency (without --shared-prefix)");
     }
-    if a.speculate.is_some() && (a.concurrency.is_empty() || a.shared_prefix.is_some()) {
-        bail!("--speculate applies to the serving benchmark: give --concurrency (without --shared-prefix)");
+    if (a.speculate.is_some() || a.draft_model.is_some()) && (a.concurrency.is_empty() || a.shared_prefix.is_some()) {
+        bail!(
+            "--speculate and --draft-model apply to the serving benchmark: give --concurrency (without --shared-prefix)"
+        );
+    }
+    if a.draft_model.is_some() && a.url.is_some() {
+        bail!(
+            "--draft-model loads a draft model into the in-process server; a server given by --url has its own (anelm serve --speculate PATH)"
+        );
+    }
+    if a.speculate.as_deref() == Some("draft") && a.draft_model.is_none() && a.url.is_none() {
+        bail!("--speculate draft needs the draft model: give --draft-model PATH");
     }
     if let Some(tokens) = a.shared_prefix {
         return run_shared_prefix(&a, tokens);

@@ -127,15 +127,12 @@ pub fn bench_scheduler(sessions: usize, threads: usize, ctx_size: usize) -> Sche
         cache_mem: None,
         prompt_cache: None,
         speculate: None,
+        draft_model: None,
     }
 }
 
-/// Start the server in-process on an ephemeral port; returns host:port.
-pub fn start_server(lm: Arc<LoadedModel>, sessions: usize, threads: usize) -> Result<String> {
-    start_server_with(lm, bench_scheduler(sessions, threads, 2048))
-}
-
-/// [`start_server`] with given scheduler settings.
+/// Start the server in-process on an ephemeral port with `cfg` ([`bench_scheduler`]); returns
+/// host:port.
 pub fn start_server_with(lm: Arc<LoadedModel>, cfg: SchedulerConfig) -> Result<String> {
     let state = AppState::new(ServerConfig {
         model_id: "bench".into(),
@@ -184,7 +181,7 @@ pub struct Workload {
     pub tokens: usize,
     /// The `model` requests name (e.g. an upstream behind anelm); none: the server's own.
     pub model: Option<String>,
-    /// The `speculate` field every request carries (`"lookup"`, `"off"`); none: the server's
+    /// The `speculate` field every request carries (`"lookup"`, `"draft"`, `"off"`); none: the server's
     /// default.
     pub speculate: Option<String>,
 }

@@ -261,8 +261,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
         share_prefixes: !a.no_prefix_sharing,
         cache_mem: a.cache_mem.map(|mib| mib.saturating_mul(1 << 20)),
         prompt_cache: None,
-        speculate: a.speculate.options()?,
+        speculate: None,
+        draft_model: None,
     };
+    let (speculate, draft_path) = a.speculate.server_default()?;
+    let sched_cfg = SchedulerConfig { speculate, ..sched_cfg };
+    let draft = draft_path.map(|p| (p, a.speculate.draft_tokens));
     // Batch lines in flight: enough to keep every session busy while finished lines are
     // recorded (the extra ones wait in the scheduler's queue at background priority).
     let data = open_jobs(&a, a.sessions * 2)?;
@@ -294,12 +298,13 @@ pub fn run(a: ServeArgs) -> Result<()> {
             .with_context(|| format!("could not listen on {addr} (is another server using the port?)"))?;
         eprintln!("anelm serve: listening on http://{addr} (loading the model; /health is 503 until ready)");
         if let Some(secs) = a.idle_unload {
-            let (args, cfg, cache) = (a.model.clone(), sched_cfg.clone(), prompt_cache.clone());
+            let (args, cfg, cache, draft) = (a.model.clone(), sched_cfg.clone(), prompt_cache.clone(), draft.clone());
             let loader: anelm_server::idle::Loader = Arc::new(move || {
                 load(&args)
-                    .map(|lm| {
-                        let cfg = with_prompt_cache(&lm, &args, cfg.clone(), &cache);
-                        (Arc::new(lm), cfg)
+                    .and_then(|lm| {
+                        let cfg = with_draft(&lm, &args, cfg.clone(), draft.as_ref())?;
+                        let cfg = with_prompt_cache(&lm, &args, cfg, &cache);
+                        Ok((Arc::new(lm), cfg))
                     })
                     .map_err(|e| format!("{e:#}"))
             });
@@ -361,7 +366,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
                     return;
                 }
             }
-            load_chat(&model_args, &loader_state, sched_cfg, &prompt_cache)
+            load_chat(&model_args, &loader_state, sched_cfg, &prompt_cache, draft.as_ref())
         });
         // On SIGINT/SIGTERM: first the batch runner (its lines in flight finish or stay
         // pending for the next start), then the HTTP server.
@@ -418,10 +423,38 @@ fn with_prompt_cache(
     cfg
 }
 
-/// Load the chat model and start its scheduler; a failure is reported by /health.
-fn load_chat(model_args: &ModelArgs, state: &AppState, sched_cfg: SchedulerConfig, cache: &PromptCacheSetup) {
-    match load(model_args) {
-        Ok(lm) => {
+/// A draft model to load beside the chat model: its path and the most tokens it drafts per pass.
+type DraftSetup = (PathBuf, usize);
+
+/// `cfg` with the draft model (`--speculate PATH`) loaded beside `lm` on the same device.
+fn with_draft(
+    lm: &LoadedModel,
+    args: &ModelArgs,
+    mut cfg: SchedulerConfig,
+    draft: Option<&DraftSetup>,
+) -> Result<SchedulerConfig> {
+    if let Some((path, draft_tokens)) = draft {
+        let model = crate::speculate::load_draft(path, args, lm)?;
+        eprintln!("anelm serve: draft model {} ready", path.display());
+        cfg.draft_model = Some(anelm_engine::DraftConfig {
+            model: Arc::from(model.model),
+            draft_tokens: *draft_tokens,
+        });
+    }
+    Ok(cfg)
+}
+
+/// Load the chat model (and its draft model) and start its scheduler; a failure is reported by
+/// /health.
+fn load_chat(
+    model_args: &ModelArgs,
+    state: &AppState,
+    sched_cfg: SchedulerConfig,
+    cache: &PromptCacheSetup,
+    draft: Option<&DraftSetup>,
+) {
+    match load(model_args).and_then(|lm| with_draft(&lm, model_args, sched_cfg, draft).map(|cfg| (lm, cfg))) {
+        Ok((lm, sched_cfg)) => {
             let cfg = with_prompt_cache(&lm, model_args, sched_cfg, cache);
             match state.set_ready(Arc::new(lm), cfg) {
                 Ok(_) => eprintln!("anelm serve: ready"),

@@ -1,6 +1,9 @@
 //! What `--speculate` sets up for `anelm generate` and `anelm chat`: lookup options in the
 //! generation options, or a draft model loaded beside the target (same device and threads),
-//! checked to share its tokenizer, and one generation call for both.
+//! checked to share its tokenizer, and one generation call for both; `anelm serve` loads its
+//! draft model here too.
+
+use std::path::Path;
 
 use anyhow::{Context, Result};
 
@@ -31,20 +34,10 @@ impl Draft {
                 opts.speculate = Some(o);
                 Ok(None)
             }
-            SpeculateChoice::Model(path) => {
-                let draft_args = ModelArgs {
-                    model: Some(path.clone()),
-                    chat_template: None,
-                    ..model.clone()
-                };
-                let lm = crate::runtime::load(&draft_args)
-                    .with_context(|| format!("could not load the draft model {}", path.display()))?;
-                check_same_vocabulary(&target.tokenizer, &lm.tokenizer)?;
-                Ok(Some(Self {
-                    model: lm,
-                    draft_tokens: args.draft_tokens,
-                }))
-            }
+            SpeculateChoice::Model(path) => Ok(Some(Self {
+                model: load_draft(&path, model, target)?,
+                draft_tokens: args.draft_tokens,
+            })),
         }
     }
 
@@ -52,6 +45,20 @@ impl Draft {
     pub fn drafter(&self, ctx_size: usize, target_vocab: usize) -> DraftModel<'_> {
         DraftModel::new(self.model.model.as_ref(), ctx_size, target_vocab, self.draft_tokens)
     }
+}
+
+/// Load the draft model at `path` with the target's device and threads (`model`), and check
+/// that it shares `target`'s tokenizer.
+pub fn load_draft(path: &Path, model: &ModelArgs, target: &LoadedModel) -> Result<LoadedModel> {
+    let draft_args = ModelArgs {
+        model: Some(path.to_path_buf()),
+        chat_template: None,
+        ..model.clone()
+    };
+    let lm = crate::runtime::load(&draft_args)
+        .with_context(|| format!("could not load the draft model {}", path.display()))?;
+    check_same_vocabulary(&target.tokenizer, &lm.tokenizer)?;
+    Ok(lm)
 }
 
 /// [`generate`], drafting with `drafter` when there is one.

@@ -434,3 +434,45 @@ fn an_idle_server_releases_its_model_and_the_next_request_reloads_it() {
     let h = http(server.port, "GET", "/health", b"", None).expect("health");
     assert!(h.body.contains("\"ok\""), "{}", h.body);
 }
+
+/// `--speculate PATH`: the server loads a draft model (here the model itself, so its greedy
+/// drafts are kept) and requests draft with it by default or with `"speculate": "draft"`; the
+/// text is the text without speculation, and `/metrics` counts the drafts. A server without a
+/// draft model refuses `"draft"` as a bad request.
+#[test]
+fn a_draft_model_drafts_for_the_server_without_changing_the_text() {
+    let draft = anelm_engine::default_model::default_model_location().expect("a home directory");
+    let draft = draft.to_str().expect("utf-8 path");
+    let server = start_with(2, 8, &["--speculate", draft, "--draft-tokens", "6"]);
+    let ask = |port: u16, speculate: &str| {
+        let body = format!(
+            r#"{{"prompt":"Copy this list exactly: apples, pears, plums, apples, pears, plums,","max_tokens":24,"temperature":0,"speculate":{speculate}}}"#
+        );
+        http(port, "POST", "/v1/completions", body.as_bytes(), Some(KEY)).expect("answer")
+    };
+    let text = |r: &Reply| {
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v: serde_json::Value = serde_json::from_str(&r.body).expect("json");
+        v["choices"][0]["text"].as_str().unwrap_or_default().to_string()
+    };
+    let plain = text(&ask(server.port, "\"off\""));
+    assert_eq!(metric(server.port, "draft_tokens_total"), 0.0);
+    let drafted = text(&ask(server.port, "\"draft\""));
+    let by_default = text(&ask(server.port, "null"));
+    let by_lookup = text(&ask(server.port, "\"lookup\""));
+    assert_eq!(drafted, plain);
+    assert_eq!(by_default, plain);
+    assert_eq!(by_lookup, plain);
+    let (drafts, kept) = (
+        metric(server.port, "draft_tokens_total"),
+        metric(server.port, "draft_accepted_total"),
+    );
+    eprintln!("{kept} of {drafts} drafted tokens kept");
+    // Two requests of 23 decoded tokens each drafted by the model itself: nearly all kept.
+    assert!(kept >= 30.0, "{kept} of {drafts} drafts kept");
+    drop(server);
+    let plain_server = start(1, 4);
+    let r = ask(plain_server.port, "\"draft\"");
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("no draft model"), "{}", r.body);
+}

@@ -12,9 +12,9 @@
 use anelm_model::tokenizer::Tokenizer;
 
 use crate::error::{EngineError, Result};
-use crate::generate::prefill;
 use crate::model::{LanguageModel, LogitsMode, StepItem};
 use crate::sampler::argmax;
+use crate::scheduler::common_prefix;
 use crate::session::Session;
 use crate::speculate::Drafter;
 
@@ -67,31 +67,137 @@ pub fn check_same_vocabulary(target: &Tokenizer, draft: &Tokenizer) -> Result<()
 
 impl Drafter for DraftModel<'_> {
     fn draft(&mut self, history: &[u32], limit: usize) -> Result<Vec<u32>> {
-        let limit = limit
-            .min(self.max_drafts)
-            .min(self.session.ctx_size().saturating_sub(history.len()));
-        if limit == 0 || history.is_empty() {
-            return Ok(Vec::new());
+        let mut lanes = [DraftLane {
+            session: &mut self.session,
+            history,
+            limit: limit.min(self.max_drafts),
+        }];
+        Ok(draft_lanes(self.model, &mut lanes, self.target_vocab)?
+            .pop()
+            .unwrap_or_default())
+    }
+}
+
+/// One stream's share of a batched draft ([`draft_lanes`]).
+pub struct DraftLane<'a> {
+    /// The draft model's session for this stream.
+    pub session: &'a mut Session,
+    /// The sequence the drafts follow (the stream's prompt and every token taken so far).
+    pub history: &'a [u32],
+    /// Most tokens to draft.
+    pub limit: usize,
+}
+
+/// Draft for several streams at once, one batched pass of the draft model per step: each lane's
+/// session is brought to its history (reusing the common prefix; a hybrid session returns to the
+/// checkpoint it saved where its last history ended, and saves one where this one ends), all in
+/// passes of at most [`DRAFT_PREFILL_CHUNK`] tokens per lane, then every lane decodes its greedy
+/// continuation in lockstep. Returns each lane's drafts (empty where its limit, or the room
+/// left in its session, is 0), limited to ids below `target_vocab`.
+pub fn draft_lanes(
+    model: &dyn LanguageModel,
+    lanes: &mut [DraftLane<'_>],
+    target_vocab: usize,
+) -> Result<Vec<Vec<u32>>> {
+    let mut drafts: Vec<Vec<u32>> = vec![Vec::new(); lanes.len()];
+    // Bring each session to its history: position `fed[i]` of `history` is the next to run.
+    let mut limits = Vec::with_capacity(lanes.len());
+    let mut fed = Vec::with_capacity(lanes.len());
+    for lane in lanes.iter_mut() {
+        let room = lane.session.ctx_size().saturating_sub(lane.history.len());
+        let limit = if lane.history.is_empty() {
+            0
+        } else {
+            lane.limit.min(room)
+        };
+        limits.push(limit);
+        let common = if limit == 0 {
+            0
+        } else {
+            let shared = common_prefix(lane.session.tokens(), lane.history);
+            // The last history token runs again: its logits give the first draft.
+            lane.session.truncate(shared.min(lane.history.len() - 1))
+        };
+        fed.push(common);
+    }
+    let mut logits: Vec<Option<Vec<f32>>> = vec![None; lanes.len()];
+    loop {
+        let active: Vec<usize> = (0..lanes.len())
+            .filter(|&i| limits[i] > 0 && fed[i] < lanes[i].history.len())
+            .collect();
+        if active.is_empty() {
+            break;
         }
-        let (mut logits, _) = prefill(self.model, &mut self.session, history, DRAFT_PREFILL_CHUNK)?;
-        // A hybrid draft model can come back here after the target rejects some drafts.
-        self.session.checkpoint();
-        let mut drafts = Vec::with_capacity(limit);
-        loop {
-            let usable = logits.len().min(self.target_vocab);
-            let best = argmax(&logits[..usable])
-                .map(|i| i as u32)
-                .ok_or_else(|| EngineError::InvalidRequest("the draft model returned no finite logits".into()))?;
-            drafts.push(best);
-            if drafts.len() == limit {
-                return Ok(drafts);
+        let ends: Vec<usize> = active
+            .iter()
+            .map(|&i| (fed[i] + DRAFT_PREFILL_CHUNK).min(lanes[i].history.len()))
+            .collect();
+        let rows = {
+            let mut items: Vec<StepItem<'_>> = Vec::with_capacity(active.len());
+            let mut k = 0;
+            for (i, lane) in lanes.iter_mut().enumerate() {
+                if active.get(k) != Some(&i) {
+                    continue;
+                }
+                let last = ends[k] == lane.history.len();
+                items.push(StepItem {
+                    session: &mut *lane.session,
+                    tokens: &lane.history[fed[i]..ends[k]],
+                    logits: if last { LogitsMode::Last } else { LogitsMode::None },
+                });
+                k += 1;
             }
-            let mut items = [StepItem {
-                session: &mut self.session,
-                tokens: std::slice::from_ref(&best),
-                logits: LogitsMode::Last,
-            }];
-            logits = self.model.forward(&mut items)?.lane(0).to_vec();
+            model.forward(&mut items)?
+        };
+        let mut row = 0;
+        for (k, &i) in active.iter().enumerate() {
+            fed[i] = ends[k];
+            if fed[i] == lanes[i].history.len() {
+                logits[i] = Some(rows.lane(row).to_vec());
+                row += 1;
+                // A hybrid draft model can come back here after the target rejects some drafts.
+                lanes[i].session.checkpoint();
+            }
+        }
+    }
+    // Decode: each pass feeds every unfinished lane its last draft.
+    loop {
+        for (i, l) in logits.iter_mut().enumerate() {
+            if let Some(l) = l.take() {
+                let usable = l.len().min(target_vocab);
+                let best = argmax(&l[..usable])
+                    .map(|t| t as u32)
+                    .ok_or_else(|| EngineError::InvalidRequest("the draft model returned no finite logits".into()))?;
+                drafts[i].push(best);
+            }
+        }
+        let active: Vec<usize> = (0..lanes.len())
+            .filter(|&i| limits[i] > 0 && drafts[i].len() < limits[i])
+            .collect();
+        if active.is_empty() {
+            return Ok(drafts);
+        }
+        let rows = {
+            let mut items: Vec<StepItem<'_>> = Vec::with_capacity(active.len());
+            let mut k = 0;
+            for (i, lane) in lanes.iter_mut().enumerate() {
+                if active.get(k) != Some(&i) {
+                    continue;
+                }
+                let Some(last) = drafts[i].last() else {
+                    continue;
+                };
+                items.push(StepItem {
+                    session: &mut *lane.session,
+                    tokens: std::slice::from_ref(last),
+                    logits: LogitsMode::Last,
+                });
+                k += 1;
+            }
+            model.forward(&mut items)?
+        };
+        for (row, &i) in active.iter().enumerate() {
+            logits[i] = Some(rows.lane(row).to_vec());
         }
     }
 }

@@ -52,7 +52,7 @@ pub use constraint::{Constraint, ConstraintError, ConstraintFactory, Grammar};
 pub use cpu_backend::CpuBackend;
 pub use cross_encoder::{CrossEncoder, CrossEncoderInfo, Logits};
 pub use decoder_reranker::{DecoderReranker, RerankPrompt};
-pub use draft_model::{DraftModel, check_same_vocabulary};
+pub use draft_model::{DraftLane, DraftModel, check_same_vocabulary, draft_lanes};
 pub use embedder::{Embedder, EmbedderInfo};
 pub use error::{EngineError, Result};
 pub use generate::{GenerateOptions, GenerationStats, generate, generate_with_drafter, prefill};
@@ -65,11 +65,11 @@ pub use reasoning::{Part, ReasoningSplitter};
 pub use reranker::Reranker;
 pub use sampler::{Sampler, SamplerParams};
 pub use scheduler::{
-    CancelToken, Completion, Event, Metrics, Priority, Request, Scheduler, SchedulerConfig, Sink, Submission,
-    SubmitError,
+    CancelToken, Completion, DraftConfig, Event, Metrics, Priority, Request, Scheduler, SchedulerConfig, Sink,
+    Submission, SubmitError,
 };
 pub use session::{RecurrentLayer, Session};
 pub use session_snapshot::SnapshotError;
-pub use speculate::{Drafter, LookupOptions, Speculation, SpeculationStats};
+pub use speculate::{Drafter, Drafting, LookupOptions, Speculation, SpeculationStats};
 pub use stream::{FinishReason, Stream, StreamError, StreamOptions, StreamStep, TokenLogprob};
 pub use tools::{ForcedCall, ToolCall, ToolFormat, ToolSpec};

@@ -23,12 +23,15 @@ use std::time::{Duration, Instant};
 
 use anelm_model::tokenizer::Tokenizer;
 
+use crate::draft_model::{DraftLane, draft_lanes};
 use crate::error::{EngineError, Result};
 use crate::loader::LoadedModel;
 use crate::model::{LogitsMode, StepItem};
 use crate::prompt_cache::PromptCache;
 use crate::session::Session;
-use crate::speculate::{DraftBudget, LookupOptions, Rollback, Speculation, next_drafts, verify};
+use crate::speculate::{
+    DraftBudget, Drafting, MAX_DRAFT_TOKENS, Rollback, Speculation, draft_history, draft_limit, next_drafts, verify,
+};
 use crate::stream::FinishReason;
 use crate::stream::{Stream, StreamOptions, TokenLogprob};
 
@@ -62,8 +65,32 @@ pub struct SchedulerConfig {
     pub prompt_cache: Option<Arc<PromptCache>>,
     /// Speculative decoding for requests that leave it to the server
     /// ([`Speculation::ServerDefault`]): each decode step of a stream also feeds the tokens
-    /// prompt lookup drafts, and keeps those the stream's own draws agree with.
-    pub speculate: Option<LookupOptions>,
+    /// prompt lookup or the draft model drafts, and keeps those the stream's own draws agree
+    /// with.
+    pub speculate: Option<Drafting>,
+    /// A draft model sharing the target's tokenizer, for requests that draft with it
+    /// ([`Drafting::Model`]): each such stream gets a session of it, and one step's drafting runs
+    /// as batched passes of the draft model over all of them.
+    pub draft_model: Option<DraftConfig>,
+}
+
+/// The scheduler's draft model ([`SchedulerConfig::draft_model`]).
+#[derive(Clone)]
+pub struct DraftConfig {
+    /// The model (check its tokenizer against the target's first:
+    /// [`crate::check_same_vocabulary`]).
+    pub model: Arc<dyn crate::model::LanguageModel>,
+    /// Most tokens one pass drafts (1..=[`MAX_DRAFT_TOKENS`]).
+    pub draft_tokens: usize,
+}
+
+impl std::fmt::Debug for DraftConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DraftConfig")
+            .field("model", &self.model.info().architecture)
+            .field("draft_tokens", &self.draft_tokens)
+            .finish()
+    }
 }
 
 impl Default for SchedulerConfig {
@@ -79,6 +106,7 @@ impl Default for SchedulerConfig {
             cache_mem: None,
             prompt_cache: None,
             speculate: None,
+            draft_model: None,
         }
     }
 }
@@ -279,6 +307,23 @@ impl Scheduler {
                 "sessions, threads, prefill chunk and step tokens must all be at least 1".into(),
             ));
         }
+        match (&cfg.speculate, &cfg.draft_model) {
+            (Some(Drafting::Model), None) => {
+                return Err(EngineError::InvalidRequest(
+                    "speculation by a draft model needs the draft model (SchedulerConfig::draft_model)".into(),
+                ));
+            }
+            (Some(Drafting::Lookup(l)), _) => l.validate().map_err(EngineError::InvalidRequest)?,
+            _ => {}
+        }
+        if let Some(d) = &cfg.draft_model
+            && !(1..=MAX_DRAFT_TOKENS).contains(&d.draft_tokens)
+        {
+            return Err(EngineError::InvalidRequest(format!(
+                "the draft model's draft tokens must be 1..={MAX_DRAFT_TOKENS}, not {}",
+                d.draft_tokens
+            )));
+        }
         let (tx, rx) = sync_channel::<Job>(cfg.queue);
         let metrics = Arc::new(Metrics::default());
         let stop_now = Arc::new(AtomicBool::new(false));
@@ -463,17 +508,26 @@ struct Active<'t> {
     reused: usize,
     admitted: Instant,
     first_token: Option<Instant>,
-    /// Speculative decoding: the lookup options, the tokens drafted to follow `next` in the
+    /// Speculative decoding: where drafts come from, the tokens drafted to follow `next` in the
     /// next step, and how many the next draft may have.
-    lookup: Option<LookupOptions>,
+    drafting: Option<Drafting>,
     drafts: Vec<u32>,
     draft_budget: DraftBudget,
 }
 
 struct Slot<'t> {
     session: Session,
+    /// The draft model's session for this slot's streams (made when one drafts with it).
+    draft: Option<Session>,
     active: Option<Active<'t>>,
     last_used: u64,
+}
+
+impl Slot<'_> {
+    /// Bytes its sessions (the target's and the draft model's) keep.
+    fn reserved_bytes(&self) -> usize {
+        self.session.reserved_bytes() + self.draft.as_ref().map_or(0, Session::reserved_bytes)
+    }
 }
 
 /// Requests taken from the channel and not yet in a session, by priority.
@@ -501,6 +555,7 @@ fn run_loop(lm: &LoadedModel, cfg: &SchedulerConfig, rx: &Receiver<Job>, metrics
     let ctx = cfg.ctx_size; // capped at the model's context in `Scheduler::start`
     let fresh = || Slot {
         session: model.new_session(ctx),
+        draft: None,
         active: None,
         last_used: 0,
     };
@@ -632,8 +687,15 @@ fn admit<'t>(
     else {
         return;
     };
-    let lookup = job.req.speculate.resolve(cfg.speculate);
-    let checked = lookup.map_or(Ok(()), |l| l.validate().map_err(|e| format!("speculate: {e}")));
+    let drafting = job.req.speculate.resolve(cfg.speculate);
+    let checked = match drafting {
+        Some(Drafting::Lookup(l)) => l.validate().map_err(|e| format!("speculate: {e}")),
+        Some(Drafting::Model) if cfg.draft_model.is_none() => Err(
+            "speculate: this server has no draft model (start it with --speculate PATH), ask for \"lookup\" instead"
+                .to_string(),
+        ),
+        _ => Ok(()),
+    };
     let stream = match checked.and_then(|()| Stream::new(tok, &job.req.stream).map_err(|e| e.to_string())) {
         Ok(s) => s,
         Err(e) => {
@@ -661,7 +723,7 @@ fn admit<'t>(
         reused: common,
         admitted: Instant::now(),
         first_token: None,
-        lookup,
+        drafting,
         drafts: Vec::new(),
         draft_budget: DraftBudget::default(),
         stream,
@@ -672,7 +734,7 @@ fn admit<'t>(
 /// Release idle sessions' caches, least recently used first, until all sessions together keep
 /// at most `budget` bytes (sessions serving a request are never touched).
 fn evict_idle(slots: &mut [Slot<'_>], budget: usize, metrics: &Metrics) {
-    let mut total: usize = slots.iter().map(|s| s.session.reserved_bytes()).sum();
+    let mut total: usize = slots.iter().map(Slot::reserved_bytes).sum();
     while total > budget {
         let Some(lru) = slots
             .iter_mut()
@@ -681,10 +743,53 @@ fn evict_idle(slots: &mut [Slot<'_>], budget: usize, metrics: &Metrics) {
         else {
             return;
         };
-        let before = lru.session.reserved_bytes();
+        let before = lru.reserved_bytes();
         lru.session.release();
-        total = total - before + lru.session.reserved_bytes();
+        lru.draft = None;
+        total = total - before + lru.reserved_bytes();
         metrics.cache_evictions_total.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Draft for the `wanted` streams (slot, history, most drafts) with the draft model, in batched
+/// passes over all of them ([`draft_lanes`]); each slot's draft session is made on first use.
+/// A failed draft costs only speed: the streams decode on without drafts this step (the output
+/// is the same either way) and their draft sessions start over.
+fn draft_with_model(
+    draft: &DraftConfig,
+    slots: &mut [Slot<'_>],
+    wanted: &[(usize, Vec<u32>, usize)],
+    ctx_size: usize,
+    target_vocab: usize,
+) {
+    let ctx = ctx_size.min(draft.model.info().context_length.max(1));
+    let mut lanes: Vec<DraftLane<'_>> = Vec::with_capacity(wanted.len());
+    let mut k = 0;
+    for (i, slot) in slots.iter_mut().enumerate() {
+        let Some((_, history, limit)) = wanted.get(k).filter(|w| w.0 == i) else {
+            continue;
+        };
+        k += 1;
+        lanes.push(DraftLane {
+            session: slot.draft.get_or_insert_with(|| draft.model.new_session(ctx)),
+            history,
+            limit: (*limit).min(draft.draft_tokens),
+        });
+    }
+    match draft_lanes(draft.model.as_ref(), &mut lanes, target_vocab) {
+        Ok(drafts) => {
+            for ((i, _, _), d) in wanted.iter().zip(drafts) {
+                if let Some(a) = slots[*i].active.as_mut() {
+                    a.drafts = d;
+                }
+            }
+        }
+        Err(e) => {
+            tracing::warn!("the draft model failed ({e}); these streams decode without drafts this step");
+            for (i, _, _) in wanted {
+                slots[*i].draft = None;
+            }
+        }
     }
 }
 
@@ -1021,6 +1126,9 @@ fn step(model: &dyn crate::model::LanguageModel, slots: &mut [Slot<'_>], cfg: &S
         }
     }
     let mut generated_now = 0u64;
+    // Streams that draft with the draft model: (slot, history, most drafts), drafted together
+    // after the loop.
+    let mut by_model: Vec<(usize, Vec<u32>, usize)> = Vec::new();
     for f in feed {
         let i = f.slot;
         let slot = &mut slots[i];
@@ -1109,26 +1217,40 @@ fn step(model: &dyn crate::model::LanguageModel, slots: &mut [Slot<'_>], cfg: &S
             continue;
         };
         a.next = Some(t);
-        if let Some(mut lookup) = a.lookup {
-            let left = a.job.req.stream.max_tokens.saturating_sub(a.stream.generated().len());
-            match next_drafts(
-                &mut lookup,
-                &a.draft_budget,
-                &slot.session,
-                t,
-                left,
-                cfg.max_step_tokens / 4,
-            ) {
-                Ok(d) => a.drafts = d,
-                Err(e) => fail(slot, format!("drafting failed: {e}"), metrics),
+        let left = a.job.req.stream.max_tokens.saturating_sub(a.stream.generated().len());
+        match a.drafting {
+            None => {}
+            Some(Drafting::Lookup(mut lookup)) => {
+                match next_drafts(
+                    &mut lookup,
+                    &a.draft_budget,
+                    &slot.session,
+                    t,
+                    left,
+                    cfg.max_step_tokens / 4,
+                ) {
+                    Ok(d) => a.drafts = d,
+                    Err(e) => fail(slot, format!("drafting failed: {e}"), metrics),
+                }
+            }
+            Some(Drafting::Model) => {
+                let limit = draft_limit(&a.draft_budget, &slot.session, left, cfg.max_step_tokens / 4);
+                if limit > 0 {
+                    by_model.push((i, draft_history(&slot.session, t), limit));
+                }
             }
         }
+    }
+    if let Some(draft) = &cfg.draft_model
+        && !by_model.is_empty()
+    {
+        draft_with_model(draft, slots, &by_model, cfg.ctx_size, model.info().vocab_size);
     }
     if let Some(budget) = cfg.cache_mem {
         evict_idle(slots, budget, metrics);
     }
     let dt = t0.elapsed();
-    let cache_bytes: usize = slots.iter().map(|s| s.session.reserved_bytes()).sum();
+    let cache_bytes: usize = slots.iter().map(Slot::reserved_bytes).sum();
     metrics.session_cache_bytes.store(cache_bytes as u64, Ordering::Relaxed);
     metrics.steps_total.fetch_add(1, Ordering::Relaxed);
     metrics

@@ -111,6 +111,15 @@ pub trait Drafter {
     fn draft(&mut self, history: &[u32], limit: usize) -> Result<Vec<u32>>;
 }
 
+/// Where a stream's drafts come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Drafting {
+    /// Prompt lookup with these options.
+    Lookup(LookupOptions),
+    /// The scheduler's draft model ([`crate::SchedulerConfig::draft_model`]).
+    Model,
+}
+
 /// Whether one scheduler request drafts tokens ([`crate::Request::speculate`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Speculation {
@@ -121,15 +130,18 @@ pub enum Speculation {
     Off,
     /// Prompt lookup with these options.
     Lookup(LookupOptions),
+    /// The scheduler's draft model (refused when it has none).
+    Model,
 }
 
 impl Speculation {
-    /// The lookup options that apply, given the scheduler's default.
-    pub fn resolve(self, default: Option<LookupOptions>) -> Option<LookupOptions> {
+    /// The drafting that applies, given the scheduler's default.
+    pub fn resolve(self, default: Option<Drafting>) -> Option<Drafting> {
         match self {
             Speculation::ServerDefault => default,
             Speculation::Off => None,
-            Speculation::Lookup(o) => Some(o),
+            Speculation::Lookup(o) => Some(Drafting::Lookup(o)),
+            Speculation::Model => Some(Drafting::Model),
         }
     }
 }
@@ -315,9 +327,23 @@ pub fn verify(
     })
 }
 
-/// The drafts to feed after `next`, the token a stream takes next: at most what `budget` and
+/// How many drafts may follow `next`, the token a stream takes next: at most what `budget` and
 /// `cap` allow, one fewer than the `left` tokens the stream may still take, and what the
 /// session's context holds after `next`.
+pub fn draft_limit(budget: &DraftBudget, session: &Session, left: usize, cap: usize) -> usize {
+    let room = session.ctx_size().saturating_sub(session.len() + 1);
+    budget.limit().min(cap).min(left.saturating_sub(1)).min(room)
+}
+
+/// The sequence a stream's drafts follow: the session's tokens, then `next`.
+pub fn draft_history(session: &Session, next: u32) -> Vec<u32> {
+    let mut history = Vec::with_capacity(session.len() + 1);
+    history.extend_from_slice(session.tokens());
+    history.push(next);
+    history
+}
+
+/// The drafts to feed after `next` ([`draft_limit`] of them at most).
 pub fn next_drafts(
     drafter: &mut dyn Drafter,
     budget: &DraftBudget,
@@ -326,15 +352,11 @@ pub fn next_drafts(
     left: usize,
     cap: usize,
 ) -> Result<Vec<u32>> {
-    let room = session.ctx_size().saturating_sub(session.len() + 1);
-    let limit = budget.limit().min(cap).min(left.saturating_sub(1)).min(room);
+    let limit = draft_limit(budget, session, left, cap);
     if limit == 0 {
         return Ok(Vec::new());
     }
-    let mut history = Vec::with_capacity(session.len() + 1);
-    history.extend_from_slice(session.tokens());
-    history.push(next);
-    let mut drafts = drafter.draft(&history, limit)?;
+    let mut drafts = drafter.draft(&draft_history(session, next), limit)?;
     drafts.truncate(limit);
     Ok(drafts)
 }

@@ -104,6 +104,7 @@ fn config(cache: Option<Arc<PromptCache>>) -> SchedulerConfig {
         cache_mem: None,
         prompt_cache: cache,
         speculate: None,
+        draft_model: None,
     }
 }
 

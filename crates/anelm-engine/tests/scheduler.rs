@@ -37,6 +37,7 @@ fn config(sessions: usize, queue: usize) -> SchedulerConfig {
         cache_mem: None,
         prompt_cache: None,
         speculate: None,
+        draft_model: None,
     }
 }
 

@@ -14,9 +14,9 @@ use std::time::Duration;
 use anelm_ane::{EmuAne, WeightMode};
 use anelm_engine::default_model::default_model_location;
 use anelm_engine::{
-    AneBackend, AneOptions, CancelToken, CpuBackend, DraftModel, Drafter, Event, GenerateOptions, LanguageModel,
-    LoadedModel, LookupOptions, Request, SamplerParams, Scheduler, SchedulerConfig, Session, Speculation,
-    StreamOptions, generate, generate_with_drafter, load_model, load_model_weights,
+    AneBackend, AneOptions, CancelToken, CpuBackend, DraftConfig, DraftModel, Drafter, Drafting, Event,
+    GenerateOptions, LanguageModel, LoadedModel, LookupOptions, Request, SamplerParams, Scheduler, SchedulerConfig,
+    Session, Speculation, StreamOptions, generate, generate_with_drafter, load_model, load_model_weights,
 };
 use anelm_model::tokenizer::Tokenizer;
 
@@ -249,7 +249,7 @@ fn check_scheduler(name: &str, lm: Arc<LoadedModel>, prompts: [&str; 2], min_acc
         ctx_size: 512,
         prefill_chunk: 16,
         threads: 2,
-        speculate: Some(LookupOptions::default()),
+        speculate: Some(Drafting::Lookup(LookupOptions::default())),
         ..SchedulerConfig::default()
     };
     let sampled = SamplerParams {
@@ -277,8 +277,14 @@ fn check_scheduler(name: &str, lm: Arc<LoadedModel>, prompts: [&str; 2], min_acc
         request(prompts[0], SamplerParams::greedy(), Speculation::Off),
         request(prompts[1], sampled, Speculation::Lookup(own)),
     ];
+    check_requests(name, &lm, cfg, &requests, min_accepted);
+}
+
+/// Run `requests` through a scheduler with `cfg`: each gives the tokens plain single-stream
+/// decoding gives, with one log-probability per token, and the metrics add up.
+fn check_requests(name: &str, lm: &Arc<LoadedModel>, cfg: SchedulerConfig, requests: &[Request], min_accepted: u64) {
     let sched = Scheduler::start(lm.clone(), cfg).expect("start");
-    let receivers = submit_all(&sched, &requests);
+    let receivers = submit_all(&sched, requests);
     for (k, (req, rx)) in requests.iter().zip(&receivers).enumerate() {
         let (tokens, logprobs) = tokens_and_logprobs(rx, &format!("{name} request {k}"));
         let opts = GenerateOptions {
@@ -336,6 +342,118 @@ fn the_scheduler_speculates_without_changing_any_answer() {
         ],
         0,
     );
+}
+
+/// The scheduler's draft model: requests drafting with it (the server's default, and a request's
+/// own choice with seeded sampling) batched beside a plain request and a lookup one give the
+/// tokens plain decoding gives — with SmolLM2 drafting for itself (nearly every draft kept), the
+/// tiny Llama fixture drafting for SmolLM2 (ids of a 512-token vocabulary: nearly all rejected),
+/// and the Qwen3.5 fixture drafting for itself (a hybrid draft session returning to its
+/// checkpoint). A request for a draft model the scheduler does not have fails, saying so.
+#[test]
+fn the_scheduler_drafts_with_a_draft_model_without_changing_any_answer() {
+    anelm_kernels::pool::init_global(2);
+    let backend = CpuBackend::new();
+    let load = |path: &std::path::Path| load_model(path, &backend, &mut |_, _| {}).expect("load");
+    let smollm2 = default_model_location().expect("a home directory");
+    let qwen35 = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf/qwen3_5_text.gguf");
+    let tiny_llama: Arc<dyn LanguageModel> =
+        Arc::from(load_model_weights(&fixture("llama"), &backend, &mut |_, _| {}).expect("load the Llama fixture"));
+    /// A name, the target, the draft model, two prompts, the fewest drafts kept.
+    type Case<'a> = (&'a str, &'a std::path::Path, Arc<dyn LanguageModel>, [&'a str; 2], u64);
+    let cases: [Case<'_>; 3] = [
+        (
+            "smollm2 drafted by itself",
+            &smollm2,
+            Arc::from(load(&smollm2).model),
+            [
+                "Copy this list exactly: apples, pears, plums, apples, pears, plums, apples, pears,",
+                "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+            ],
+            // The greedy request's 39 decoded tokens come nearly all from accepted drafts.
+            30,
+        ),
+        (
+            "smollm2 drafted by the tiny llama",
+            &smollm2,
+            tiny_llama,
+            [
+                "Repeat after me: the cat sat on the mat, the cat sat on the mat, the cat",
+                "List three colours:",
+            ],
+            0,
+        ),
+        (
+            "qwen3_5 drafted by itself",
+            &qwen35,
+            Arc::from(load(&qwen35).model),
+            [
+                "one two three one two three one two three one two",
+                "a b a b a b a b a b a b a",
+            ],
+            30,
+        ),
+    ];
+    for (name, target, draft, prompts, min_accepted) in cases {
+        let lm = Arc::new(load(target));
+        let cfg = SchedulerConfig {
+            sessions: 4,
+            ctx_size: 512,
+            prefill_chunk: 16,
+            threads: 2,
+            speculate: Some(Drafting::Model),
+            draft_model: Some(DraftConfig {
+                model: draft,
+                draft_tokens: 6,
+            }),
+            ..SchedulerConfig::default()
+        };
+        let request = |prompt: &str, sampler: SamplerParams, speculate: Speculation| Request {
+            prompt: lm.tokenizer.encode(prompt).expect("encode"),
+            stream: StreamOptions {
+                sampler,
+                ignore_eos: true,
+                logprobs: Some(2),
+                ..StreamOptions::greedy(40)
+            },
+            speculate,
+        };
+        let sampled = SamplerParams {
+            temperature: 0.8,
+            seed: 5,
+            ..SamplerParams::default()
+        };
+        let requests = [
+            request(prompts[0], SamplerParams::greedy(), Speculation::ServerDefault),
+            request(prompts[0], SamplerParams::greedy(), Speculation::Off),
+            request(prompts[1], sampled, Speculation::Model),
+            request(
+                prompts[1],
+                SamplerParams::greedy(),
+                Speculation::Lookup(LookupOptions::default()),
+            ),
+        ];
+        check_requests(name, &lm, cfg, &requests, min_accepted);
+    }
+    // Without a draft model, a request asking for one is refused; the server default cannot be one.
+    let lm = Arc::new(load(&qwen35));
+    let sched = Scheduler::start(lm.clone(), SchedulerConfig::default()).expect("start");
+    let req = Request {
+        prompt: lm.tokenizer.encode("a b a b").expect("encode"),
+        stream: StreamOptions::greedy(4),
+        speculate: Speculation::Model,
+    };
+    let rx = submit_all(&sched, std::slice::from_ref(&req)).remove(0);
+    match rx.recv_timeout(Duration::from_secs(60)).expect("an event") {
+        Event::Failed(e) => assert!(e.contains("no draft model"), "{e}"),
+        other => panic!("a request for a missing draft model was served: {other:?}"),
+    }
+    let no_draft = SchedulerConfig {
+        speculate: Some(Drafting::Model),
+        ..SchedulerConfig::default()
+    };
+    let err = Scheduler::start(lm, no_draft).err().expect("refused").to_string();
+    assert!(err.contains("draft model"), "{err}");
 }
 
 /// The same on the emulated Neural Engine (every matmul a lowered fp16 program, a speculative
@@ -560,7 +678,7 @@ fn speculation_under_a_grammar_keeps_the_output() {
         ctx_size: 256,
         prefill_chunk: 16,
         threads: 2,
-        speculate: Some(lookup),
+        speculate: Some(Drafting::Lookup(lookup)),
         ..SchedulerConfig::default()
     };
     let sched = Scheduler::start(lm.clone(), cfg).expect("start");

@@ -433,7 +433,7 @@ async fn metrics(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Respons
         put(
             "draft_tokens_total",
             "counter",
-            "tokens drafted by speculative decoding (prompt lookup)",
+            "tokens drafted by speculative decoding (prompt lookup or the draft model)",
             g(&m.draft_tokens_total),
         );
         put(
@@ -696,6 +696,12 @@ pub(crate) async fn handle(
             })?)
         }
     };
+    if parsed.speculate == anelm_engine::Speculation::Model && ready.scheduler.config().draft_model.is_none() {
+        return Err(ApiError::bad_request(
+            "speculate \"draft\": this server has no draft model (start it with --speculate PATH); ask for \"lookup\" or \"off\"",
+            Some("speculate"),
+        ));
+    }
     // Where a long system prompt ends: the on-disk prompt cache keeps that prefix, which later
     // requests with the same system prompt and another question restore.
     let cache_hint = match (&parsed.input, &ready.scheduler.config().prompt_cache) {

@@ -1,8 +1,10 @@
-//! The non-standard `speculate` request field: whether a request's decode steps draft tokens by
-//! prompt lookup and verify them in one pass (the output is the same either way; only the speed
-//! changes). `"lookup"` turns it on with the default options, `{"type": "lookup",
-//! "draft_tokens": 8, "max_ngram": 3, "min_ngram": 1}` with others, `"off"` turns it off; absent
-//! or `null`, the server's `--speculate` setting applies.
+//! The non-standard `speculate` request field: whether a request's decode steps draft tokens and
+//! verify them in one pass (the output is the same either way; only the speed changes).
+//! `"lookup"` drafts by prompt lookup with the default options, `{"type": "lookup",
+//! "draft_tokens": 8, "max_ngram": 3, "min_ngram": 1}` with others, `"draft"` with the draft
+//! model the server was started with (`anelm serve --speculate PATH`; a request for one fails
+//! when it has none), `"off"` turns it off; absent or `null`, the server's `--speculate` setting
+//! applies.
 
 use anelm_engine::{LookupOptions, Speculation};
 use serde_json::Value;
@@ -23,15 +25,24 @@ pub fn parse(v: Option<&Value>) -> Result<Speculation, ApiError> {
             return match s.as_str() {
                 "off" => Ok(Speculation::Off),
                 "lookup" => Ok(Speculation::Lookup(LookupOptions::default())),
-                other => Err(bad(format!("must be \"off\" or \"lookup\", not \"{other}\""))),
+                "draft" => Ok(Speculation::Model),
+                other => Err(bad(format!(
+                    "must be \"off\", \"lookup\" or \"draft\", not \"{other}\""
+                ))),
             };
         }
         Some(Value::Object(o)) => o,
-        Some(_) => return Err(bad("must be \"off\", \"lookup\" or an object")),
+        Some(_) => return Err(bad("must be \"off\", \"lookup\", \"draft\" or an object")),
     };
     match obj.get("type").and_then(Value::as_str) {
         Some("lookup") => {}
         Some("off") if obj.len() == 1 => return Ok(Speculation::Off),
+        Some("draft") if obj.len() == 1 => return Ok(Speculation::Model),
+        Some("draft") => {
+            return Err(bad(
+                "\"draft\" takes no options (the server's --draft-tokens sets how many it drafts)",
+            ));
+        }
         _ => return Err(bad("objects need \"type\": \"lookup\"")),
     }
     let mut o = LookupOptions::default();
@@ -66,6 +77,8 @@ mod tests {
         assert_eq!(parse(None).unwrap(), Speculation::ServerDefault);
         assert_eq!(parse(Some(&Value::Null)).unwrap(), Speculation::ServerDefault);
         assert_eq!(parse(Some(&json!("off"))).unwrap(), Speculation::Off);
+        assert_eq!(parse(Some(&json!("draft"))).unwrap(), Speculation::Model);
+        assert_eq!(parse(Some(&json!({"type": "draft"}))).unwrap(), Speculation::Model);
         assert_eq!(
             parse(Some(&json!("lookup"))).unwrap(),
             Speculation::Lookup(LookupOptions::default())
@@ -83,8 +96,9 @@ mod tests {
     #[test]
     fn bad_values_say_what_is_wrong() {
         for (v, says) in [
-            (json!("fast"), "must be \"off\" or \"lookup\""),
-            (json!(true), "must be \"off\", \"lookup\" or an object"),
+            (json!("fast"), "must be \"off\", \"lookup\" or \"draft\""),
+            (json!(true), "must be \"off\", \"lookup\", \"draft\" or an object"),
+            (json!({"type": "draft", "draft_tokens": 4}), "takes no options"),
             (json!({"draft_tokens": 4}), "need \"type\""),
             (json!({"type": "lookup", "drafts": 4}), "no field \"drafts\""),
             (json!({"type": "lookup", "draft_tokens": -1}), "non-negative integer"),
