@@ -4,8 +4,10 @@
 //!
 //! Asserted: the plan dispatches exactly what the runtime dispatches per step, its ANE time per
 //! step is the emulator's within 10 %, and extra lanes cost the modelled device nothing. Printed (not asserted: the host side is this shared
-//! machine's real time, not a Mac's): the schedule's tokens/s and its split, beside the plan's
-//! figures for the same model with the M3 Max host profile, serial and overlapped.
+//! machine's real time, not a Mac's): the schedule's tokens/s with the host work on one kernel
+//! thread (serial; measured in a child process of this test, as the kernel pool is sized once
+//! per process) and on two (parallel sections, overlapped LM head), beside the plan's figures for
+//! the same model with the M3 Max host profile, serial and overlapped.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -56,15 +58,44 @@ fn emulate(model: &dyn LanguageModel, ane: &EmuAne, streams: usize) -> Emulated 
     }
 }
 
+/// Set in the child process that measures the schedule with one kernel thread.
+const SERIAL_CHILD: &str = "ANELM_HOST_SCHEDULE_SERIAL";
+const TEST_NAME: &str = "the_emulated_schedule_dispatches_what_the_plan_models";
+
+/// The emulated tok/s per (fixture, streams) with the host work on one kernel thread: this test
+/// run again in a child process whose kernel pool has one thread, its `serial` lines parsed.
+fn serial_schedule() -> Vec<(String, usize, f64)> {
+    let exe = std::env::current_exe().expect("the test binary");
+    let out = std::process::Command::new(exe)
+        .args([TEST_NAME, "--exact", "--nocapture", "--test-threads=1"])
+        .env(SERIAL_CHILD, "1")
+        .output()
+        .expect("run the serial child");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "the serial child failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    stdout
+        .lines()
+        .filter_map(|l| {
+            // libtest may print the test's name on the first line's start.
+            let mut w = l[l.find("serial ")? + "serial ".len()..].split(' ');
+            Some((w.next()?.to_string(), w.next()?.parse().ok()?, w.next()?.parse().ok()?))
+        })
+        .collect()
+}
+
 #[test]
 fn the_emulated_schedule_dispatches_what_the_plan_models() {
-    anelm_kernels::pool::init_global(2);
+    let child = std::env::var_os(SERIAL_CHILD).is_some();
+    anelm_kernels::pool::init_global(if child { 1 } else { 2 });
+    let serial_emulated = if child { Vec::new() } else { serial_schedule() };
     let chip = ChipProfile::m3_max();
-    println!(
-        "| fixture | streams | dispatches/step emu = plan | ANE ms/step emu · plan | host ms/step (this machine) | \
-         emulated tok/s | plan tok/s (M3 Max host, serial · overlapped) |\n\
-         | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
-    );
+    if !child {
+        println!(
+            "| fixture | streams | dispatches/step emu = plan | ANE ms/step emu · plan | host ms/step (this machine, 2 threads) | \
+             emulated tok/s (1 thread · 2 threads) | plan tok/s (M3 Max host, serial · overlapped) |\n\
+             | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+        );
+    }
     for name in ["llama", "gemma3", "qwen3_5"] {
         let path = fixture(name);
         let ane = Arc::new(EmuAne::for_chip(chip));
@@ -87,17 +118,26 @@ fn the_emulated_schedule_dispatches_what_the_plan_models() {
         let mut ane_per_step = Vec::new();
         for streams in [1usize, 2, 4, 8] {
             let e = emulate(model.as_ref(), &ane, streams);
-            println!(
-                "| {name} | {streams} | {:.0} = {} | {:.3} · {:.3} | {:.3} | {:.1} | {:.1} · {:.1} |",
-                e.dispatches,
-                plan.dispatches_per_token(),
-                e.ane_ms,
-                plan_ane_ms,
-                e.host_ms,
-                streams as f64 / e.schedule_ms * 1e3,
-                plan.decode_tok_s(&chip, &serial, streams),
-                plan.decode_tok_s(&chip, &overlapped, streams),
-            );
+            let tok_s = streams as f64 / e.schedule_ms * 1e3;
+            if child {
+                println!("serial {name} {streams} {tok_s}");
+            } else {
+                let one_thread = serial_emulated
+                    .iter()
+                    .find(|(n, s, _)| n == name && *s == streams)
+                    .map(|r| r.2)
+                    .expect("the serial child measured every row");
+                println!(
+                    "| {name} | {streams} | {:.0} = {} | {:.3} · {:.3} | {:.3} | {one_thread:.1} · {tok_s:.1} | {:.1} · {:.1} |",
+                    e.dispatches,
+                    plan.dispatches_per_token(),
+                    e.ane_ms,
+                    plan_ane_ms,
+                    e.host_ms,
+                    plan.decode_tok_s(&chip, &serial, streams),
+                    plan.decode_tok_s(&chip, &overlapped, streams),
+                );
+            }
             assert_eq!(
                 e.dispatches,
                 plan.dispatches_per_token() as f64,
