@@ -72,7 +72,11 @@ fn serial_schedule() -> Vec<(String, usize, f64)> {
         .output()
         .expect("run the serial child");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "the serial child failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "the serial child failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     stdout
         .lines()
         .filter_map(|l| {
