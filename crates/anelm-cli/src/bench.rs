@@ -234,6 +234,42 @@ struct Figure {
     rates: Vec<f64>,
     /// Tokens per second of modelled ANE time over all repetitions (ANE devices only).
     modelled: Option<f64>,
+    /// Prefill on the CPU: the matmuls' achieved rate on their main unit beside its peak.
+    compute: Option<Compute>,
+}
+
+/// A prefill's matmuls against the physical limit of the unit they ran on.
+struct Compute {
+    unit: anelm_kernels::ComputeUnit,
+    /// Achieved giga-operations per second inside those matmuls (a multiply-add is two).
+    gops: f64,
+    /// The unit's measured peak on this machine's kernel threads.
+    peak: Option<f64>,
+}
+
+impl Compute {
+    /// The main unit of the forwards that cost `cost`, with its achieved rate and peak.
+    fn of(cost: &ForwardCost) -> Option<Compute> {
+        let (unit, c) = cost.main_unit()?;
+        Some(Compute {
+            unit,
+            gops: c.gops()?,
+            peak: unit.peak_gops(),
+        })
+    }
+
+    /// `412 of 905 GOPS int8 dot (AVX-512 VNNI), 45.5 %`.
+    fn describe(&self) -> String {
+        match self.peak {
+            Some(p) => format!(
+                "{:.0} of {p:.0} GOPS {}, {:.1} %",
+                self.gops,
+                self.unit.describe(),
+                100.0 * self.gops / p
+            ),
+            None => format!("{:.0} GOPS {}", self.gops, self.unit.describe()),
+        }
+    }
 }
 
 /// Tokens per modelled ANE second of the forwards that cost `cost` (emulated devices only).
@@ -414,6 +450,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             tokens: p,
             rates,
             modelled: modelled_rate(&cost, p * a.repetitions),
+            compute: Compute::of(&cost),
         });
     }
     for &n in a.n_gen.iter().filter(|&&n| n > 0) {
@@ -446,6 +483,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 rates,
                 // Each level's own forwards: their costs say its modelled time.
                 modelled: modelled_rate(cost, n * b * a.repetitions),
+                compute: None,
             });
         }
     }
@@ -472,6 +510,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 "chip": device.chip.map(|c| c.name), "modelled_ane_tok_s": f.modelled,
                 "weight_bytes_per_token": weight_bytes,
                 "ane_fallbacks": fallbacks,
+                "matmul_gops": f.compute.as_ref().map(|c| c.gops),
+                "compute_unit": f.compute.as_ref().map(|c| c.unit.describe()),
+                "unit_peak_gops": f.compute.as_ref().and_then(|c| c.peak),
             });
             writeln!(out, "{v}").context("write to stdout")?;
         }
@@ -495,15 +536,19 @@ pub fn run(a: BenchArgs) -> Result<()> {
             )?;
         }
     } else {
-        writeln!(out, "| model | size | backend | threads | test | t/s |")?;
-        writeln!(out, "| --- | ---: | --- | ---: | ---: | ---: |")?;
+        writeln!(
+            out,
+            "| model | size | backend | threads | test | t/s | matmuls vs the unit's peak |"
+        )?;
+        writeln!(out, "| --- | ---: | --- | ---: | ---: | ---: | --- |")?;
         for f in &figures {
             writeln!(
                 out,
-                "| {name} | {size_mib:.2} MiB | cpu ({isa}) | {threads} | {} | {:.2} ± {:.2} |",
+                "| {name} | {size_mib:.2} MiB | cpu ({isa}) | {threads} | {} | {:.2} ± {:.2} | {} |",
                 f.test,
                 f.median(),
-                f.stdev()
+                f.stdev(),
+                f.compute.as_ref().map_or_else(|| "—".to_string(), Compute::describe)
             )?;
         }
     }

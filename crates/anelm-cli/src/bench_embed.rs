@@ -231,6 +231,20 @@ pub fn run(model: &ModelArgs, n_texts: usize, repetitions: usize, st_python: Opt
         }
     }
     let mut rows = vec![("anelm (cpu)".to_string(), tokens, median(&seconds))];
+    // The physical reference: the encoder's matmul operations over the whole encode (wall time,
+    // so tokenising, attention and pooling count against it) beside the unit's measured peak.
+    use crate::args::DeviceArg;
+    let on_cpu =
+        matches!(args.device, DeviceArg::Cpu) || (matches!(args.device, DeviceArg::Auto) && !cfg!(target_os = "macos"));
+    let compute = emb.matmul_macs_per_token().filter(|_| on_cpu).map(|macs| {
+        let unit = if anelm_engine::CpuBackend::for_embeddings().bf16() {
+            anelm_kernels::ComputeUnit::Bf16Dot
+        } else {
+            anelm_kernels::ComputeUnit::F32Fma
+        };
+        let gops = 2.0 * macs as f64 * tokens as f64 / median(&seconds) / 1e9;
+        (unit, gops, unit.peak_gops())
+    });
 
     if let Some(py) = st_python {
         let st = run_sentence_transformers(
@@ -253,6 +267,15 @@ pub fn run(model: &ModelArgs, n_texts: usize, repetitions: usize, st_python: Opt
         n_texts, tokens
     );
     print_table("texts", n_texts, &rows);
+    if let Some((unit, gops, peak)) = compute {
+        let of_peak = peak.map_or(String::new(), |p| {
+            format!(" of {p:.0} measured peak ({:.1} %)", 100.0 * gops / p)
+        });
+        println!(
+            "\nanelm's encoder matmuls: {gops:.0} GOPS over the whole encode on {}{of_peak}",
+            unit.describe()
+        );
+    }
     Ok(())
 }
 

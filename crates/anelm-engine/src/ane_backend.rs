@@ -440,6 +440,9 @@ impl<D: AneDevice> Kernel for AneRun<D> {
             activation_bytes: cost.activation_bytes(),
             elapsed,
             modelled: (cost.dispatches > 0).then_some(cost.ane),
+            // Not counted here: a Neural Engine figure is its modelled time, not a CPU unit's rate.
+            macs: 0,
+            unit: None,
         })
     }
 }

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use anelm_kernels::ComputeUnit;
 use anelm_model::tensor_store::TensorStore;
 
 use crate::batch::Batch;
@@ -88,6 +89,26 @@ pub struct Dispatch {
     pub elapsed: Duration,
     /// Modelled accelerator time (emulator only).
     pub modelled: Option<Duration>,
+    /// Multiply-accumulates of its matrices (rows × columns × lanes).
+    pub macs: u64,
+    /// The CPU unit its matrices ran on (`None` off the CPU).
+    pub unit: Option<ComputeUnit>,
+}
+
+/// Multiply-accumulates and kernel time of the dispatches that ran on one CPU unit.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct UnitCost {
+    /// Multiply-accumulates.
+    pub macs: u64,
+    /// Host wall time of those dispatches.
+    pub time: Duration,
+}
+
+impl UnitCost {
+    /// Achieved giga-operations per second (a multiply-add is two), `None` before any time.
+    pub fn gops(&self) -> Option<f64> {
+        (!self.time.is_zero()).then(|| 2.0 * self.macs as f64 / self.time.as_secs_f64() / 1e9)
+    }
 }
 
 /// What one forward pass cost: the [`Dispatch`] values of every kernel it ran, summed. Returned
@@ -105,9 +126,22 @@ pub struct ForwardCost {
     pub kernel_time: Duration,
     /// Modelled accelerator time of the dispatches that have one (the emulator's).
     pub modelled: Option<Duration>,
+    /// Multiply-accumulates of the matrices.
+    pub macs: u64,
+    /// Per CPU unit ([`ComputeUnit::index`]): its dispatches' multiply-accumulates and time.
+    pub units: [UnitCost; 3],
 }
 
 impl ForwardCost {
+    /// The CPU unit that did most of the multiply-accumulates, with its tally.
+    pub fn main_unit(&self) -> Option<(ComputeUnit, UnitCost)> {
+        ComputeUnit::ALL
+            .into_iter()
+            .map(|u| (u, self.units[u.index()]))
+            .filter(|(_, c)| c.macs > 0)
+            .max_by_key(|(_, c)| c.macs)
+    }
+
     /// Count one dispatch.
     pub fn add(&mut self, d: Dispatch) {
         self.dispatches += 1;
@@ -116,6 +150,12 @@ impl ForwardCost {
         self.kernel_time += d.elapsed;
         if let Some(m) = d.modelled {
             self.modelled = Some(self.modelled.unwrap_or_default() + m);
+        }
+        self.macs += d.macs;
+        if let Some(u) = d.unit {
+            let c = &mut self.units[u.index()];
+            c.macs += d.macs;
+            c.time += d.elapsed;
         }
     }
 
@@ -127,6 +167,11 @@ impl ForwardCost {
         self.kernel_time += o.kernel_time;
         if let Some(m) = o.modelled {
             self.modelled = Some(self.modelled.unwrap_or_default() + m);
+        }
+        self.macs += o.macs;
+        for (a, b) in self.units.iter_mut().zip(&o.units) {
+            a.macs += b.macs;
+            a.time += b.time;
         }
     }
 }

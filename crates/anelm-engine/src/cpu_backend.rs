@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anelm_kernels::{Activations, Bf16Activations, Bf16Matrix, WeightFormat};
+use anelm_kernels::{Activations, Bf16Activations, Bf16Matrix, ComputeUnit, WeightFormat};
 use anelm_model::tensor_store::TensorStore;
 
 use crate::backend::{Backend, Dispatch, Kernel, KernelShape, KernelSpec};
@@ -253,6 +253,20 @@ impl CpuMatrix {
         Self::new(quantize_matrix(m, q)?, false)
     }
 
+    /// The CPU unit this matrix's matmuls run on.
+    fn unit(&self) -> ComputeUnit {
+        if self.bf16.is_some() {
+            ComputeUnit::Bf16Dot
+        } else {
+            ComputeUnit::for_format(self.format, false)
+        }
+    }
+
+    /// Multiply-accumulates of one lane.
+    fn macs(&self) -> u64 {
+        (self.rows * self.cols) as u64
+    }
+
     /// Require a shape, naming the tensor when it differs.
     fn expect_shape(&self, rows: usize, cols: usize) -> Result<()> {
         check_matrix_shape(&self.name, (self.rows, self.cols), (rows, cols))
@@ -343,6 +357,8 @@ impl Kernel for CpuLinear {
             activation_bytes: 4 * (x.as_slice().len() + out.as_slice().len()) as u64,
             elapsed: start.elapsed(),
             modelled: None,
+            macs: self.mats.iter().map(CpuMatrix::macs).sum::<u64>() * lanes as u64,
+            unit: self.mats.iter().max_by_key(|m| m.macs()).map(CpuMatrix::unit),
         })
     }
 }
@@ -453,6 +469,8 @@ impl Kernel for CpuSwiGlu {
             activation_bytes: 4 * (x.as_slice().len() * 2 + out.as_slice().len()) as u64,
             elapsed: start.elapsed(),
             modelled: None,
+            macs: (self.gate.macs() + self.up.macs() + self.down.macs()) * lanes as u64,
+            unit: Some(self.down.unit()),
         })
     }
 }

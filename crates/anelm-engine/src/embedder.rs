@@ -269,6 +269,15 @@ impl Embedder {
         self.instruction.as_deref()
     }
 
+    /// Multiply-accumulates of an encoder's matrices per token (`None` for a decoder trunk),
+    /// for setting a throughput against the arithmetic unit's peak.
+    pub fn matmul_macs_per_token(&self) -> Option<u64> {
+        match &self.trunk {
+            Trunk::Encoder { model, .. } => Some(model.matmul_macs_per_token()),
+            Trunk::Decoder { .. } => None,
+        }
+    }
+
     /// What the model is.
     pub fn info(&self) -> &EmbedderInfo {
         &self.info

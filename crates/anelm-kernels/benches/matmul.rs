@@ -95,9 +95,15 @@ fn main() {
         return;
     }
     println!(
-        "threads: {threads}, best ISA: {}, memory bandwidth (streaming read): {bw:.1} GB/s\n",
+        "threads: {threads}, best ISA: {}, memory bandwidth (streaming read): {bw:.1} GB/s",
         Isa::best().name()
     );
+    for unit in anelm_kernels::ComputeUnit::ALL {
+        if let Some(p) = unit.peak_gops() {
+            println!("measured peak of {}: {p:.0} GOPS", unit.describe());
+        }
+    }
+    println!();
     println!("| format | rows × cols | lanes | isa | time | weight GB/s | % of bandwidth | GFLOP/s |");
     println!("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: |");
     let custom: Option<(usize, usize)> = args

@@ -39,6 +39,7 @@ mod packed_x86_kquant;
 mod packed_x86_q4_1;
 #[cfg(target_arch = "x86_64")]
 mod packed_x86_wide;
+mod peak;
 pub mod pool;
 mod quantize;
 #[cfg(target_arch = "aarch64")]
@@ -61,6 +62,7 @@ pub use fp16::{
 };
 pub use matmul::{Isa, matmul, matmul_with};
 pub use packed::{Combine, MAX_FUSED, PACK_ROWS, PackedMatrix, WIDE_GROUP_ROWS, wide_kernel_available};
+pub use peak::ComputeUnit;
 pub use quantize::quantize_row;
 #[cfg(target_arch = "x86_64")]
 pub use vector::{avx2, avx512};

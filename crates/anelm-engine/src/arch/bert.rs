@@ -297,6 +297,18 @@ impl Bert {
         self.max_lanes
     }
 
+    /// Multiply-accumulates of the layers' matrices per token (the figure a throughput is set
+    /// against the arithmetic unit's peak with; attention's own products are not counted).
+    pub fn matmul_macs_per_token(&self) -> u64 {
+        let macs = |k: &dyn Kernel| (k.shape().input * k.shape().output) as u64;
+        self.layers
+            .iter()
+            .map(|l| {
+                macs(l.qkv.as_ref()) + macs(l.attn_out.as_ref()) + macs(l.ffn_up.as_ref()) + macs(l.ffn_down.as_ref())
+            })
+            .sum()
+    }
+
     /// Final hidden states of every token of `seqs`, packed: sequence `s` owns the lanes
     /// `spans(seqs)[s]`. Each sequence must be non-empty, at most `max_positions` long, with
     /// every id inside the vocabulary. Every token is of type 0 (segment A).
