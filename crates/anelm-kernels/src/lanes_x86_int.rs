@@ -81,6 +81,8 @@ pub(crate) trait IntLanes: Copy {
     }
     /// Store the `ROWS` lanes into `out`.
     fn store(self, out: &mut Self::Out, v: Self::F);
+    /// Store an integer register's `4 · ROWS` bytes at the start of `out` (panics if shorter).
+    fn store_i(self, out: &mut [u8], v: Self::I);
     /// Prefetch `lines` cache lines of the weight stream, this width's distance past `p` (a
     /// prefetch never faults, so the address may lie past the matrix), with its stream hint.
     fn prefetch_stream(self, p: &[u8], lines: usize);
@@ -233,6 +235,12 @@ impl<const VNNI: bool> IntLanes for Ymm<VNNI> {
     fn store(self, out: &mut [f32; 8], v: __m256) {
         // SAFETY: see the impl; `out` holds exactly 8 f32.
         unsafe { _mm256_storeu_ps(out.as_mut_ptr(), v) }
+    }
+    #[inline(always)]
+    fn store_i(self, out: &mut [u8], v: __m256i) {
+        let out = &mut out[..32];
+        // SAFETY: see the impl; `out` holds 32 bytes.
+        unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), v) }
     }
     #[inline(always)]
     fn prefetch_stream(self, p: &[u8], lines: usize) {
@@ -412,6 +420,12 @@ impl<const NTA: bool, const GFNI: bool> IntLanes for Zmm<NTA, GFNI> {
     fn store(self, out: &mut [f32; 16], v: __m512) {
         // SAFETY: see the impl; `out` holds exactly 16 f32.
         unsafe { _mm512_storeu_ps(out.as_mut_ptr(), v) }
+    }
+    #[inline(always)]
+    fn store_i(self, out: &mut [u8], v: __m512i) {
+        let out = &mut out[..64];
+        // SAFETY: see the impl; `out` holds 64 bytes.
+        unsafe { _mm512_storeu_si512(out.as_mut_ptr().cast(), v) }
     }
     #[inline(always)]
     fn prefetch_stream(self, p: &[u8], lines: usize) {

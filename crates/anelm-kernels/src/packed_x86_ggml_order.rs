@@ -31,6 +31,77 @@ const Q4_0: u8 = 0;
 const Q5_0: u8 = 1;
 const IQ4_NL: u8 = 2;
 
+/// Bytes per (group, block) of format `F` for `rows`-row groups, and where its quant bytes start
+/// (after the scales and, for Q5_0, the fifth bits).
+#[inline(always)]
+fn block_layout<const F: u8>(rows: usize) -> (usize, usize) {
+    if F == Q5_0 {
+        (22 * rows, 6 * rows)
+    } else {
+        (18 * rows, 2 * rows)
+    }
+}
+
+/// The unsigned weight vectors of one block `p` of format `F`: vector `v` holds elements
+/// `4v .. 4v + 4` of the group's rows (Q4_0's nibble, Q5_0's nibble plus fifth bit, IQ4_NL's
+/// level as read by the dot — see the module docs), passed to `each(v, w)` in order.
+#[inline(always)]
+fn block_weights<K: IntLanes, const F: u8>(k: K, p: &[u8], table: K::I, mut each: impl FnMut(usize, K::I)) {
+    let r = K::ROWS;
+    let (_, qs) = block_layout::<F>(r);
+    let (mask, five) = (k.splat8(0x0F), k.splat8(0x10));
+    let fifth_bits = if F == Q5_0 {
+        k.load(&p[2 * r..6 * r])
+    } else {
+        k.zero_i()
+    };
+    for v in 0..8 {
+        let packed = k.load(&p[qs + 4 * r * (v % 4)..]);
+        let mut w = if v < 4 {
+            k.and(packed, mask)
+        } else {
+            k.high_nibbles(packed, mask)
+        };
+        if F == Q5_0 {
+            // Bit v of each byte to bit 4 (16-bit shifts: what crosses into the neighbouring
+            // byte lands outside bit 4 and is masked off).
+            let h = match v {
+                0 => k.shl16::<4>(fifth_bits),
+                1 => k.shl16::<3>(fifth_bits),
+                2 => k.shl16::<2>(fifth_bits),
+                3 => k.shl16::<1>(fifth_bits),
+                4 => fifth_bits,
+                5 => k.shr16::<1>(fifth_bits),
+                6 => k.shr16::<2>(fifth_bits),
+                _ => k.shr16::<3>(fifth_bits),
+            };
+            w = k.or(w, k.and(h, five));
+        }
+        if F == IQ4_NL {
+            w = k.lookup16(table, w);
+        }
+        each(v, w);
+    }
+}
+
+/// IQ4_NL's level table as [`block_weights`] reads it (`signed`: AVX2's saturating dot).
+#[inline(always)]
+fn level_table<K: IntLanes>(k: K, signed: bool) -> K::I {
+    k.table16(&IQ4_NL_VALUES.map(|v| if signed { v as u8 } else { (v as u8) ^ 0x80 }))
+}
+
+/// The end of a tile: each lane's eight partials added in ggml's order and stored.
+#[inline(always)]
+fn finish_lanes<K: IntLanes, const L: usize>(k: K, acc: &[[K::F; 8]; L], out: &mut [K::Out]) {
+    for j in 0..L {
+        let a = &acc[j];
+        let lo = k.add_f(k.add_f(a[0], a[4]), k.add_f(a[2], a[6]));
+        let hi = k.add_f(k.add_f(a[1], a[5]), k.add_f(a[3], a[7]));
+        // `+ 0.0` as the row-major tile adds its (zero) minimum term: −0.0 becomes +0.0.
+        k.store(&mut out[j], k.add_f(k.add_f(lo, hi), k.zero_f()));
+    }
+}
+
 /// `L` lanes from `lane` against one group of `K::ROWS` rows of the format `F` ([`Q4_0`],
 /// [`Q5_0`] or [`IQ4_NL`]).
 #[inline(always)]
@@ -43,17 +114,14 @@ fn ggml_order_kernel<K: IntLanes, const L: usize, const F: u8>(
     out: &mut [K::Out],
 ) {
     let r = K::ROWS;
-    // Bytes per (group, block) and where the quant bytes start (after the scales and, for Q5_0,
-    // the fifth bits).
-    let (bytes, qs) = if F == Q5_0 { (22 * r, 6 * r) } else { (18 * r, 2 * r) };
+    let (bytes, _) = block_layout::<F>(r);
     // IQ4_NL's sign moves onto the activations where the dot saturates (see the module docs).
     let signed = F == IQ4_NL && K::SATURATING_DOT;
     let nb = x.cols / 32;
     let xq = LaneBlocks::new(&x.q, lane, L, x.cols);
     let xd = LaneBlocks::new(&x.d, lane, L, nb);
     let xo = LaneBlocks::new(&x.quad_offsets, lane, L, 8 * nb);
-    let (mask, five) = (k.splat8(0x0F), k.splat8(0x10));
-    let table = k.table16(&IQ4_NL_VALUES.map(|v| if signed { v as u8 } else { (v as u8) ^ 0x80 }));
+    let table = level_table(k, signed);
     let mut acc = [[k.zero_f(); 8]; L];
     for (b, p) in blk.chunks_exact(bytes).enumerate().take(nb) {
         k.prefetch_stream(p, bytes.div_ceil(64));
@@ -62,36 +130,7 @@ fn ggml_order_kernel<K: IntLanes, const L: usize, const F: u8>(
         for j in 0..L {
             ddx[j] = k.mul_f(d, k.splat_f(xd.get(j, b)));
         }
-        let fifth_bits = if F == Q5_0 {
-            k.load(&p[2 * r..6 * r])
-        } else {
-            k.zero_i()
-        };
-        for v in 0..8 {
-            let packed = k.load(&p[qs + 4 * r * (v % 4)..]);
-            let mut w = if v < 4 {
-                k.and(packed, mask)
-            } else {
-                k.high_nibbles(packed, mask)
-            };
-            if F == Q5_0 {
-                // Bit v of each byte to bit 4 (16-bit shifts: what crosses into the
-                // neighbouring byte lands outside bit 4 and is masked off).
-                let h = match v {
-                    0 => k.shl16::<4>(fifth_bits),
-                    1 => k.shl16::<3>(fifth_bits),
-                    2 => k.shl16::<2>(fifth_bits),
-                    3 => k.shl16::<1>(fifth_bits),
-                    4 => fifth_bits,
-                    5 => k.shr16::<1>(fifth_bits),
-                    6 => k.shr16::<2>(fifth_bits),
-                    _ => k.shr16::<3>(fifth_bits),
-                };
-                w = k.or(w, k.and(h, five));
-            }
-            if F == IQ4_NL {
-                w = k.lookup16(table, w);
-            }
+        block_weights::<K, F>(k, p, table, |v, w| {
             if signed {
                 let mag = k.abs8(w);
                 for j in 0..L {
@@ -106,15 +145,85 @@ fn ggml_order_kernel<K: IntLanes, const L: usize, const F: u8>(
                     acc[j][v] = k.fmadd_f(k.to_f32(sum), ddx[j], acc[j][v]);
                 }
             }
+        });
+    }
+    finish_lanes::<K, L>(k, &acc, out);
+}
+
+/// Decode every block of a group of format `F` once into `dec` (`nb · 8` vectors of
+/// `4 · K::ROWS` bytes, block after block), for [`decoded_kernel`]: a call with many lanes then
+/// pays the nibble, fifth-bit and table work once instead of once per lane tile.
+#[inline(always)]
+fn decode_group<K: IntLanes, const F: u8>(k: K, blk: &[u8], nb: usize, dec: &mut Vec<u8>) {
+    let (bytes, _) = block_layout::<F>(K::ROWS);
+    let vec_bytes = 4 * K::ROWS;
+    dec.resize(nb * 8 * vec_bytes, 0);
+    let table = level_table(k, false);
+    for (b, (p, out)) in blk
+        .chunks_exact(bytes)
+        .zip(dec.chunks_exact_mut(8 * vec_bytes))
+        .enumerate()
+    {
+        if b >= nb {
+            break;
+        }
+        k.prefetch_stream(p, bytes.div_ceil(64));
+        block_weights::<K, F>(k, p, table, |v, w| k.store_i(&mut out[v * vec_bytes..], w));
+    }
+}
+
+/// [`ggml_order_kernel`] reading the weight vectors [`decode_group`] made (`dec`) instead of
+/// decoding them: the same integers and f32 operations in the same order, so the same bits. A
+/// width whose dot does not saturate only ([`IntLanes::SATURATING_DOT`] false).
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // `j` indexes the accumulators and the lanes alike
+fn decoded_kernel<K: IntLanes, const L: usize, const F: u8>(
+    k: K,
+    dec: &[u8],
+    blk: &[u8],
+    x: &Activations,
+    lane: usize,
+    out: &mut [K::Out],
+) {
+    debug_assert!(!K::SATURATING_DOT);
+    let r = K::ROWS;
+    let (bytes, _) = block_layout::<F>(r);
+    let vec_bytes = 4 * r;
+    let nb = x.cols / 32;
+    let xq = LaneBlocks::new(&x.q, lane, L, x.cols);
+    let xd = LaneBlocks::new(&x.d, lane, L, nb);
+    let xo = LaneBlocks::new(&x.quad_offsets, lane, L, 8 * nb);
+    let mut acc = [[k.zero_f(); 8]; L];
+    for (b, (p, wb)) in blk
+        .chunks_exact(bytes)
+        .zip(dec.chunks_exact(8 * vec_bytes))
+        .enumerate()
+        .take(nb)
+    {
+        let d = k.f16s(&p[0..2 * r]);
+        let mut ddx = [k.zero_f(); L];
+        for j in 0..L {
+            ddx[j] = k.mul_f(d, k.splat_f(xd.get(j, b)));
+        }
+        for v in 0..8 {
+            let w = k.load(&wb[v * vec_bytes..]);
+            for j in 0..L {
+                let start = k.splat32(xo.get(j, 8 * b + v));
+                let sum = k.dot(start, w, k.splat32(xq.quad(j, 32 * b + 4 * v)));
+                acc[j][v] = k.fmadd_f(k.to_f32(sum), ddx[j], acc[j][v]);
+            }
         }
     }
-    for j in 0..L {
-        let a = &acc[j];
-        let lo = k.add_f(k.add_f(a[0], a[4]), k.add_f(a[2], a[6]));
-        let hi = k.add_f(k.add_f(a[1], a[5]), k.add_f(a[3], a[7]));
-        // `+ 0.0` as the row-major tile adds its (zero) minimum term: −0.0 becomes +0.0.
-        k.store(&mut out[j], k.add_f(k.add_f(lo, hi), k.zero_f()));
-    }
+    finish_lanes::<K, L>(k, &acc, out);
+}
+
+/// Lanes from which a 16-row call decodes its group once ([`decode_group`]) rather than per
+/// two-lane tile.
+const DECODE_FROM_LANES: usize = 4;
+
+thread_local! {
+    /// The decoded weight vectors of the group a 16-row call is working on.
+    static DECODED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// An 8-row tile function for [`lane_entry`]: format `$f` on the `Ymm<$vnni>` width.
@@ -131,14 +240,35 @@ macro_rules! ymm_tile {
     };
 }
 
-/// The 16-row entry point and tile of format `$f`: two lanes per tile (16 accumulators, their
-/// two scale vectors, the weight vector and the broadcasts fit the 32 zmm registers).
+/// The 16-row entry point and tiles of format `$f`: two lanes per tile (16 accumulators, their
+/// two scale vectors, the weight vector and the broadcasts fit the 32 zmm registers); from
+/// [`DECODE_FROM_LANES`] lanes the group's weights are decoded once for all the tiles.
 macro_rules! zmm_group {
-    ($entry:ident, $tile:ident, $f:ident) => {
+    ($entry:ident, $tile:ident, $decoded_tile:ident, $f:ident) => {
         #[doc = "`out[l][r] = row r of the 16-row group · x[lane0 + l]` for `l < out.len() ≤ MAX_LANES`."]
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
         pub(crate) fn $entry(blk: &[u8], x: &Activations, lane0: usize, out: &mut [[f32; WIDE_ROWS]]) {
             let n = out.len();
+            if n >= DECODE_FROM_LANES {
+                DECODED.with(|dec| {
+                    let mut dec = dec.borrow_mut();
+                    // SAFETY: as in `ymm_tile` (this function carries the width's features).
+                    let k = unsafe { Zmm::<false, false>::assume() };
+                    decode_group::<_, $f>(k, blk, x.cols / 32, &mut dec);
+                    let mut l = 0;
+                    while l < n {
+                        let m = (n - l).min(2);
+                        let tile = &mut out[l..l + m];
+                        if m == 2 {
+                            $decoded_tile::<2>(&dec, blk, x, lane0 + l, tile)
+                        } else {
+                            $decoded_tile::<1>(&dec, blk, x, lane0 + l, tile)
+                        }
+                        l += m;
+                    }
+                });
+                return;
+            }
             let nta = weight_prefetch_nta();
             let mut l = 0;
             while l < n {
@@ -166,6 +296,20 @@ macro_rules! zmm_group {
             let k = unsafe { Zmm::<NTA, false>::assume() };
             ggml_order_kernel::<_, L, $f>(k, blk, x, lane, out)
         }
+
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        fn $decoded_tile<const L: usize>(
+            dec: &[u8],
+            blk: &[u8],
+            x: &Activations,
+            lane: usize,
+            out: &mut [[f32; WIDE_ROWS]],
+        ) {
+            // SAFETY: as in `ymm_tile`.
+            let k = unsafe { Zmm::<false, false>::assume() };
+            decoded_kernel::<_, L, $f>(k, dec, blk, x, lane, out)
+        }
     };
 }
 
@@ -189,6 +333,6 @@ lane_entry!(
     2
 );
 
-zmm_group!(q4_0_group_wide, q4_0_tile_wide, Q4_0);
-zmm_group!(q5_0_group_wide, q5_0_tile_wide, Q5_0);
-zmm_group!(iq4_nl_group_wide, iq4_nl_tile_wide, IQ4_NL);
+zmm_group!(q4_0_group_wide, q4_0_tile_wide, q4_0_tile_decoded, Q4_0);
+zmm_group!(q5_0_group_wide, q5_0_tile_wide, q5_0_tile_decoded, Q5_0);
+zmm_group!(iq4_nl_group_wide, iq4_nl_tile_wide, iq4_nl_tile_decoded, IQ4_NL);
