@@ -9,7 +9,25 @@ pub struct Batch {
     data: Vec<f32>,
 }
 
+/// Lanes per kernel-pool task of [`Batch::par_lanes_mut`].
+const LANES_PER_TASK: usize = 8;
+
 impl Batch {
+    /// `f(lane, values)` for every lane, the lanes split across the kernel pool: the per-lane
+    /// host work of a prefill (norms, RoPE, activations) over hundreds of lanes, which would
+    /// otherwise run on the calling thread while the pool's workers wait.
+    pub fn par_lanes_mut(&mut self, f: &(dyn Fn(usize, &mut [f32]) + Sync)) {
+        let width = self.channels();
+        if width == 0 {
+            return;
+        }
+        anelm_kernels::pool::global().for_each_chunk_mut(self.as_mut_slice(), width * LANES_PER_TASK, &|t, chunk| {
+            for (i, lane) in chunk.chunks_exact_mut(width).enumerate() {
+                f(t * LANES_PER_TASK + i, lane);
+            }
+        });
+    }
+
     /// A zeroed batch.
     pub fn zeros(lanes: usize, channels: usize) -> Self {
         Self {

@@ -377,19 +377,19 @@ impl LanguageModel for Gemma3 {
         let mut y = Batch::default();
         let mut gu = Batch::default();
         let mut act = Batch::zeros(n, ffn);
-        let mut tmp = vec![0.0f32; h];
         for (li, layer) in self.layers.iter().enumerate() {
             let (angles, attention, rope) = if layer.sliding {
                 (&angles_local, &self.attn_local, &self.rope_local)
             } else {
                 (&angles_global, &self.attn_global, &self.rope_global)
             };
-            for lane in 0..n {
-                rms_norm(x.lane(lane), &layer.input_norm, eps, 0.0, xn.lane_mut(lane));
-            }
+            let x_ref = &x;
+            xn.par_lanes_mut(&|lane, out| rms_norm(x_ref.lane(lane), &layer.input_norm, eps, 0.0, out));
             cost.add(layer.qkv.run(&[&xn], &mut qkv)?);
-            for (lane, cs) in angles.iter().enumerate() {
-                let row = qkv.lane_mut(lane);
+            qkv.par_lanes_mut(&|lane, row| {
+                let Some(cs) = angles.get(lane) else {
+                    return;
+                };
                 let (q, kv) = row.split_at_mut(q_dim);
                 for (heads, w) in [(q, &layer.q_norm), (&mut kv[..kv_dim], &layer.k_norm)] {
                     for head in heads.chunks_mut(hd) {
@@ -397,24 +397,26 @@ impl LanguageModel for Gemma3 {
                         rope.apply(head, cs);
                     }
                 }
-            }
+            });
             attention.append(items, &lanes, li, &qkv, q_dim, q_dim + kv_dim);
             attention.run(items, &lanes, li, &qkv, 0, hd, &mut attn);
             cost.add(layer.o.run(&[&attn], &mut y)?);
-            add_normed(&mut x, &y, &layer.post_attn_norm, eps, &mut tmp[..h]);
-            for lane in 0..n {
-                rms_norm(x.lane(lane), &layer.pre_ffn_norm, eps, 0.0, xn.lane_mut(lane));
-            }
+            add_normed(&mut x, &y, &layer.post_attn_norm, eps);
+            let x_ref = &x;
+            xn.par_lanes_mut(&|lane, out| rms_norm(x_ref.lane(lane), &layer.pre_ffn_norm, eps, 0.0, out));
             cost.add(layer.gate_up.run(&[&xn], &mut gu)?);
-            for lane in 0..n {
-                let (g, u) = gu.lane(lane).split_at(ffn);
-                let gelu = if cfg.gelu_f16 { gelu_tanh_f16 } else { gelu_tanh };
-                for ((a, &g), &u) in act.lane_mut(lane).iter_mut().zip(g).zip(u) {
+            // GELU(gate) · up, lanes split across the kernel pool (a prefill's 512 lanes × the
+            // FFN width are millions of table lookups).
+            let gelu = if cfg.gelu_f16 { gelu_tanh_f16 } else { gelu_tanh };
+            let gu_ref = &gu;
+            act.par_lanes_mut(&|lane, out| {
+                let (g, u) = gu_ref.lane(lane).split_at(ffn);
+                for ((a, &g), &u) in out.iter_mut().zip(g).zip(u) {
                     *a = gelu(g) * u;
                 }
-            }
+            });
             cost.add(layer.down.run(&[&act], &mut y)?);
-            add_normed(&mut x, &y, &layer.post_ffn_norm, eps, &mut tmp[..h]);
+            add_normed(&mut x, &y, &layer.post_ffn_norm, eps);
         }
         commit_tokens(items);
         let wanted = wanted_lanes(items);
@@ -463,14 +465,21 @@ fn gelu_f16_table() -> &'static [f32] {
     })
 }
 
-/// x += rmsnorm(y) ⊙ w, lane by lane (`tmp` holds one lane).
-fn add_normed(x: &mut Batch, y: &Batch, w: &[f32], eps: f32, tmp: &mut [f32]) {
-    for lane in 0..x.lanes() {
-        rms_norm(y.lane(lane), w, eps, 0.0, tmp);
-        for (a, &b) in x.lane_mut(lane).iter_mut().zip(tmp.iter()) {
-            *a += b;
-        }
+/// x += rmsnorm(y) ⊙ w, lane by lane, lanes across the kernel pool.
+fn add_normed(x: &mut Batch, y: &Batch, w: &[f32], eps: f32) {
+    thread_local! {
+        static NORMED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
+    x.par_lanes_mut(&|lane, xl| {
+        NORMED.with(|t| {
+            let mut t = t.borrow_mut();
+            t.resize(xl.len(), 0.0);
+            rms_norm(y.lane(lane), w, eps, 0.0, &mut t);
+            for (a, &b) in xl.iter_mut().zip(t.iter()) {
+                *a += b;
+            }
+        });
+    });
 }
 
 #[cfg(test)]
