@@ -149,6 +149,25 @@ fn inspect_shows_architecture_and_tensors() {
     assert!(out.contains("tensors: 272"), "{out}");
 }
 
+/// A prefill figure carries its matmuls' rate and the unit they ran on; where the unit's peak is
+/// measured, the achieved rate stays below it (a count of multiply-accumulates that was too
+/// large would show as a rate above what the silicon can do).
+#[test]
+fn bench_prefill_reports_its_matmul_rate_beside_the_units_peak() {
+    let out = stdout(&anelm(&["bench", "-p", "64", "-n", "0", "-r", "2", "--json"]));
+    let row: Value = serde_json::from_str(out.lines().next().expect("one line")).expect("JSON line");
+    assert_eq!(row["test"], "pp64", "{row}");
+    let gops = row["matmul_gops"].as_f64().expect("a matmul rate");
+    assert!(gops > 0.0, "{row}");
+    assert!(row["compute_unit"].as_str().is_some_and(|u| !u.is_empty()), "{row}");
+    if let Some(peak) = row["unit_peak_gops"].as_f64() {
+        assert!(
+            gops < 1.1 * peak,
+            "achieved {gops} GOPS above the measured peak {peak}: {row}"
+        );
+    }
+}
+
 #[test]
 fn bench_parallel_reports_one_batched_decode_figure_per_level() {
     let out = stdout(&anelm(&[
