@@ -317,6 +317,10 @@ struct CpuLinear {
     mats: Vec<CpuMatrix>,
     residual: bool,
     shape: KernelShape,
+    /// Multiply-accumulates per lane of all its matrices.
+    macs: u64,
+    /// The unit of its largest matrix.
+    unit: Option<ComputeUnit>,
 }
 
 impl CpuLinear {
@@ -333,6 +337,8 @@ impl CpuLinear {
         }
         let output = mats.iter().map(|m| m.rows).sum();
         Ok(Self {
+            macs: mats.iter().map(CpuMatrix::macs).sum(),
+            unit: mats.iter().max_by_key(|m| m.macs()).map(CpuMatrix::unit),
             mats,
             residual,
             shape: KernelShape { input, output },
@@ -357,8 +363,8 @@ impl Kernel for CpuLinear {
             activation_bytes: 4 * (x.as_slice().len() + out.as_slice().len()) as u64,
             elapsed: start.elapsed(),
             modelled: None,
-            macs: self.mats.iter().map(CpuMatrix::macs).sum::<u64>() * lanes as u64,
-            unit: self.mats.iter().max_by_key(|m| m.macs()).map(CpuMatrix::unit),
+            macs: self.macs * lanes as u64,
+            unit: self.unit,
         })
     }
 }

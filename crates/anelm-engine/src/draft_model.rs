@@ -90,17 +90,18 @@ pub struct DraftLane<'a> {
 
 /// Draft for several streams at once, one batched pass of the draft model per step: each lane's
 /// session is brought to its history (reusing the common prefix; a hybrid session returns to the
-/// checkpoint it saved where its last history ended, and saves one where this one ends), all in
-/// passes of at most [`DRAFT_PREFILL_CHUNK`] tokens per lane, then every lane decodes its greedy
-/// continuation in lockstep. Returns each lane's drafts (empty where its limit, or the room
-/// left in its session, is 0), limited to ids below `target_vocab`.
+/// checkpoint it saved where its last history ended, and saves one where this one ends) in
+/// chunks of at most [`DRAFT_PREFILL_CHUNK`] tokens, then decodes its greedy continuation one
+/// token per pass; lanes still catching up and lanes already decoding share the passes. Returns
+/// each lane's drafts (empty where its limit, or the room left in its session, is 0), limited
+/// to ids below `target_vocab`.
 pub fn draft_lanes(
     model: &dyn LanguageModel,
     lanes: &mut [DraftLane<'_>],
     target_vocab: usize,
 ) -> Result<Vec<Vec<u32>>> {
     let mut drafts: Vec<Vec<u32>> = vec![Vec::new(); lanes.len()];
-    // Bring each session to its history: position `fed[i]` of `history` is the next to run.
+    // Position `fed[i]` of lane i's history is the next to run.
     let mut limits = Vec::with_capacity(lanes.len());
     let mut fed = Vec::with_capacity(lanes.len());
     for lane in lanes.iter_mut() {
@@ -120,84 +121,65 @@ pub fn draft_lanes(
         };
         fed.push(common);
     }
-    let mut logits: Vec<Option<Vec<f32>>> = vec![None; lanes.len()];
     loop {
-        let active: Vec<usize> = (0..lanes.len())
-            .filter(|&i| limits[i] > 0 && fed[i] < lanes[i].history.len())
-            .collect();
-        if active.is_empty() {
-            break;
+        // Each lane's next tokens: a catch-up chunk (logits only where it ends the history),
+        // or its last draft while it may draft more.
+        let mut feeds: Vec<(usize, usize, bool)> = Vec::with_capacity(lanes.len()); // lane, end, wants logits
+        for (i, lane) in lanes.iter().enumerate() {
+            if limits[i] == 0 {
+                continue;
+            }
+            let len = lane.history.len();
+            if fed[i] < len {
+                let end = (fed[i] + DRAFT_PREFILL_CHUNK).min(len);
+                feeds.push((i, end, end == len));
+            } else if drafts[i].len() < limits[i] && !drafts[i].is_empty() {
+                feeds.push((i, len, true));
+            }
         }
-        let ends: Vec<usize> = active
-            .iter()
-            .map(|&i| (fed[i] + DRAFT_PREFILL_CHUNK).min(lanes[i].history.len()))
-            .collect();
+        if feeds.is_empty() {
+            return Ok(drafts);
+        }
         let rows = {
-            let mut items: Vec<StepItem<'_>> = Vec::with_capacity(active.len());
-            let mut k = 0;
+            let mut items: Vec<StepItem<'_>> = Vec::with_capacity(feeds.len());
+            let mut next = feeds.iter().peekable();
             for (i, lane) in lanes.iter_mut().enumerate() {
-                if active.get(k) != Some(&i) {
+                let Some(&(_, end, last)) = next.next_if(|f| f.0 == i) else {
                     continue;
-                }
-                let last = ends[k] == lane.history.len();
+                };
+                let tokens = if fed[i] < lane.history.len() {
+                    &lane.history[fed[i]..end]
+                } else {
+                    &drafts[i][drafts[i].len() - 1..]
+                };
                 items.push(StepItem {
                     session: &mut *lane.session,
-                    tokens: &lane.history[fed[i]..ends[k]],
+                    tokens,
                     logits: if last { LogitsMode::Last } else { LogitsMode::None },
                 });
-                k += 1;
             }
             model.forward(&mut items)?
         };
         let mut row = 0;
-        for (k, &i) in active.iter().enumerate() {
-            fed[i] = ends[k];
-            if fed[i] == lanes[i].history.len() {
-                logits[i] = Some(rows.lane(row).to_vec());
-                row += 1;
-                // A hybrid draft model can come back here after the target rejects some drafts.
-                lanes[i].session.checkpoint();
+        for &(i, end, last) in &feeds {
+            let catching_up = fed[i] < lanes[i].history.len();
+            if catching_up {
+                fed[i] = end;
+                if fed[i] == lanes[i].history.len() {
+                    // A hybrid draft model can come back here after the target rejects some
+                    // drafts.
+                    lanes[i].session.checkpoint();
+                }
             }
-        }
-    }
-    // Decode: each pass feeds every unfinished lane its last draft.
-    loop {
-        for (i, l) in logits.iter_mut().enumerate() {
-            if let Some(l) = l.take() {
+            if last {
+                let l = rows.lane(row);
+                row += 1;
                 let usable = l.len().min(target_vocab);
                 let best = argmax(&l[..usable])
                     .map(|t| t as u32)
                     .ok_or_else(|| EngineError::InvalidRequest("the draft model returned no finite logits".into()))?;
                 drafts[i].push(best);
             }
-        }
-        let active: Vec<usize> = (0..lanes.len())
-            .filter(|&i| limits[i] > 0 && drafts[i].len() < limits[i])
-            .collect();
-        if active.is_empty() {
-            return Ok(drafts);
-        }
-        let rows = {
-            let mut items: Vec<StepItem<'_>> = Vec::with_capacity(active.len());
-            let mut k = 0;
-            for (i, lane) in lanes.iter_mut().enumerate() {
-                if active.get(k) != Some(&i) {
-                    continue;
-                }
-                let Some(last) = drafts[i].last() else {
-                    continue;
-                };
-                items.push(StepItem {
-                    session: &mut *lane.session,
-                    tokens: std::slice::from_ref(last),
-                    logits: LogitsMode::Last,
-                });
-                k += 1;
-            }
-            model.forward(&mut items)?
-        };
-        for (row, &i) in active.iter().enumerate() {
-            logits[i] = Some(rows.lane(row).to_vec());
         }
     }
 }

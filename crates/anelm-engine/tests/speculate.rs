@@ -257,15 +257,8 @@ fn check_scheduler(name: &str, lm: Arc<LoadedModel>, prompts: [&str; 2], min_acc
         seed: 9,
         ..SamplerParams::default()
     };
-    let request = |prompt: &str, sampler: SamplerParams, speculate: Speculation| Request {
-        prompt: lm.tokenizer.encode(prompt).expect("encode"),
-        stream: StreamOptions {
-            sampler,
-            ignore_eos: true,
-            logprobs: Some(2),
-            ..StreamOptions::greedy(40)
-        },
-        speculate,
+    let request = |prompt: &str, sampler: SamplerParams, speculate: Speculation| {
+        scheduler_request(&lm, prompt, sampler, speculate)
     };
     let own = LookupOptions {
         draft_tokens: 3,
@@ -278,6 +271,21 @@ fn check_scheduler(name: &str, lm: Arc<LoadedModel>, prompts: [&str; 2], min_acc
         request(prompts[1], sampled, Speculation::Lookup(own)),
     ];
     check_requests(name, &lm, cfg, &requests, min_accepted);
+}
+
+/// A scheduler request of 40 tokens after `prompt` (end-of-generation ignored, two
+/// log-probabilities per token).
+fn scheduler_request(lm: &LoadedModel, prompt: &str, sampler: SamplerParams, speculate: Speculation) -> Request {
+    Request {
+        prompt: lm.tokenizer.encode(prompt).expect("encode"),
+        stream: StreamOptions {
+            sampler,
+            ignore_eos: true,
+            logprobs: Some(2),
+            ..StreamOptions::greedy(40)
+        },
+        speculate,
+    }
 }
 
 /// Run `requests` through a scheduler with `cfg`: each gives the tokens plain single-stream
@@ -408,15 +416,8 @@ fn the_scheduler_drafts_with_a_draft_model_without_changing_any_answer() {
             }),
             ..SchedulerConfig::default()
         };
-        let request = |prompt: &str, sampler: SamplerParams, speculate: Speculation| Request {
-            prompt: lm.tokenizer.encode(prompt).expect("encode"),
-            stream: StreamOptions {
-                sampler,
-                ignore_eos: true,
-                logprobs: Some(2),
-                ..StreamOptions::greedy(40)
-            },
-            speculate,
+        let request = |prompt: &str, sampler: SamplerParams, speculate: Speculation| {
+            scheduler_request(&lm, prompt, sampler, speculate)
         };
         let sampled = SamplerParams {
             temperature: 0.8,

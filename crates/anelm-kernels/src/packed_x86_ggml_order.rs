@@ -90,6 +90,27 @@ fn level_table<K: IntLanes>(k: K, signed: bool) -> K::I {
     k.table16(&IQ4_NL_VALUES.map(|v| if signed { v as u8 } else { (v as u8) ^ 0x80 }))
 }
 
+/// Partial `v` of block `b` for each of the `L` lanes: the unsigned weight vector `w` dotted with
+/// the lane's quad, starting at its offset sum, then `acc[j][v] += float(sum) · ddx[j]`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn quad_sums<K: IntLanes, const L: usize>(
+    k: K,
+    w: K::I,
+    xq: &LaneBlocks<i8>,
+    xo: &LaneBlocks<i32>,
+    b: usize,
+    v: usize,
+    ddx: &[K::F; L],
+    acc: &mut [[K::F; 8]; L],
+) {
+    for j in 0..L {
+        let start = k.splat32(xo.get(j, 8 * b + v));
+        let sum = k.dot(start, w, k.splat32(xq.quad(j, 32 * b + 4 * v)));
+        acc[j][v] = k.fmadd_f(k.to_f32(sum), ddx[j], acc[j][v]);
+    }
+}
+
 /// The end of a tile: each lane's eight partials added in ggml's order and stored.
 #[inline(always)]
 fn finish_lanes<K: IntLanes, const L: usize>(k: K, acc: &[[K::F; 8]; L], out: &mut [K::Out]) {
@@ -139,11 +160,7 @@ fn ggml_order_kernel<K: IntLanes, const L: usize, const F: u8>(
                     acc[j][v] = k.fmadd_f(k.to_f32(sum), ddx[j], acc[j][v]);
                 }
             } else {
-                for j in 0..L {
-                    let start = k.splat32(xo.get(j, 8 * b + v));
-                    let sum = k.dot(start, w, k.splat32(xq.quad(j, 32 * b + 4 * v)));
-                    acc[j][v] = k.fmadd_f(k.to_f32(sum), ddx[j], acc[j][v]);
-                }
+                quad_sums::<K, L>(k, w, &xq, &xo, b, v, &ddx, &mut acc);
             }
         });
     }
@@ -206,12 +223,7 @@ fn decoded_kernel<K: IntLanes, const L: usize, const F: u8>(
             ddx[j] = k.mul_f(d, k.splat_f(xd.get(j, b)));
         }
         for v in 0..8 {
-            let w = k.load(&wb[v * vec_bytes..]);
-            for j in 0..L {
-                let start = k.splat32(xo.get(j, 8 * b + v));
-                let sum = k.dot(start, w, k.splat32(xq.quad(j, 32 * b + 4 * v)));
-                acc[j][v] = k.fmadd_f(k.to_f32(sum), ddx[j], acc[j][v]);
-            }
+            quad_sums::<K, L>(k, k.load(&wb[v * vec_bytes..]), &xq, &xo, b, v, &ddx, &mut acc);
         }
     }
     finish_lanes::<K, L>(k, &acc, out);
