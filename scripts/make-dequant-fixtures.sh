@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerate crates/anelm-kernels/tests/fixtures/dequant-gguf-py.json: random K-quant blocks
-# (Q4_K, Q5_K, Q6_K) and IQ4_NL blocks, and their values as the PyPI `gguf` package's numpy dequantizers compute
+# (Q4_K, Q5_K, Q6_K, Q2_K, Q3_K), IQ4_NL, IQ4_XS and Q5_1 blocks, and their values as the PyPI `gguf` package's numpy dequantizers compute
 # them, an implementation independent of anelm's (`tests/dequant_vs_gguf_py.rs` compares).
 #
 # Creates (once) a virtualenv under the user cache with a pinned `gguf` and numpy. The CI never
@@ -35,21 +35,28 @@ def f16_bytes(v):
     return np.array([v], dtype=np.float16).tobytes()
 
 def block(name):
-    size = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "IQ4_NL": 18}[name]
+    size = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "IQ4_NL": 18,
+            "Q5_1": 24, "Q2_K": 84, "Q3_K": 110, "IQ4_XS": 136}[name]
     b = bytearray(rng.integers(0, 256, size, dtype=np.uint8).tobytes())
     scale = lambda: f16_bytes(rng.uniform(-0.05, 0.05))
     if name == "Q6_K":
         b[208:210] = scale()
-    elif name == "IQ4_NL":
+    elif name in ("IQ4_NL", "IQ4_XS"):
         b[0:2] = scale()
+    elif name == "Q2_K":
+        b[80:82] = scale()
+        b[82:84] = scale()
+    elif name == "Q3_K":
+        b[108:110] = scale()
     else:
         b[0:2] = scale()
         b[2:4] = scale()
     return bytes(b)
 
 out = {}
-# IQ4_NL last, so the K-quant blocks keep the generator's earlier draws.
-for name, t in [("Q4_K", T.Q4_K), ("Q5_K", T.Q5_K), ("Q6_K", T.Q6_K), ("IQ4_NL", T.IQ4_NL)]:
+# New formats go last, so the earlier blocks keep the generator's earlier draws.
+for name, t in [("Q4_K", T.Q4_K), ("Q5_K", T.Q5_K), ("Q6_K", T.Q6_K), ("IQ4_NL", T.IQ4_NL),
+                ("Q5_1", T.Q5_1), ("Q2_K", T.Q2_K), ("Q3_K", T.Q3_K), ("IQ4_XS", T.IQ4_XS)]:
     data = b"".join(block(name) for _ in range(BLOCKS))
     values = dequantize(np.frombuffer(data, dtype=np.uint8), t).astype(np.float32).reshape(-1)
     out[name] = {

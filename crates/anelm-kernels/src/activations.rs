@@ -309,8 +309,13 @@ impl ActKind {
             WeightFormat::F16 => Self::F16,
             WeightFormat::BF16 => Self::BF16,
             WeightFormat::Q4_0 | WeightFormat::Q5_0 | WeightFormat::Q8_0 | WeightFormat::IQ4_NL => Self::Q8_0,
-            WeightFormat::Q4_1 => Self::Q8_1,
-            WeightFormat::Q4_K | WeightFormat::Q5_K | WeightFormat::Q6_K => Self::Q8K,
+            WeightFormat::Q4_1 | WeightFormat::Q5_1 => Self::Q8_1,
+            WeightFormat::Q4_K
+            | WeightFormat::Q5_K
+            | WeightFormat::Q6_K
+            | WeightFormat::Q2_K
+            | WeightFormat::Q3_K
+            | WeightFormat::IQ4_XS => Self::Q8K,
         }
     }
 }

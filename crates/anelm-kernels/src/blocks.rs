@@ -144,3 +144,84 @@ pub fn unpack_q6_k(b: &[u8], q: &mut [i8; 256], sc: &mut [i8; 16]) -> f32 {
     }
     f16_at(b, 208)
 }
+
+/// Q5_1: { f16 d; f16 m; u8 qh[4]; u8 qs[16] }, fifth bit from qh as Q5_0's, value q·d + m,
+/// q in 0..32 → (d, m).
+#[inline]
+pub fn unpack_q5_1(b: &[u8], q: &mut [i8; 32]) -> (f32, f32) {
+    let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+    let qs = &b[8..24];
+    for j in 0..16 {
+        let h0 = ((qh >> j) << 4) & 0x10;
+        let h1 = (qh >> (j + 12)) & 0x10;
+        q[j] = ((qs[j] & 0x0F) as u32 | h0) as i8;
+        q[j + 16] = ((qs[j] >> 4) as u32 | h1) as i8;
+    }
+    (f16_at(b, 0), f16_at(b, 2))
+}
+
+/// Q2_K: { u8 scales[16]; u8 qs[64]; f16 d; f16 dmin } → q in 0..4 and each 16-element
+/// sub-block's scale byte (low nibble the scale, high nibble the minimum); value
+/// d·(sc & 15)·q − dmin·(sc >> 4). Element `128n + 32j + l` is bits `2j..2j+2` of `qs[32n + l]`.
+#[inline]
+pub fn unpack_q2_k(b: &[u8], q: &mut [i8; 256], sc: &mut [u8; 16]) -> (f32, f32) {
+    sc.copy_from_slice(&b[0..16]);
+    let qs = &b[16..80];
+    for n in 0..2 {
+        for j in 0..4 {
+            for l in 0..32 {
+                q[128 * n + 32 * j + l] = ((qs[32 * n + l] >> (2 * j)) & 3) as i8;
+            }
+        }
+    }
+    (f16_at(b, 80), f16_at(b, 82))
+}
+
+/// Q3_K: { u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d } → q in −4..4 and 16 signed 6-bit
+/// sub-block scales; value d·sc[j]·q. Element `128n + 32j + l` takes its low two bits from bits
+/// `2j..2j+2` of `qs[32n + l]` and subtracts 4 unless bit `4n + j` of `hmask[l]` is set; scale `i`
+/// has its low nibble in `scales[i % 8]` (low half for i < 8, high half after) and its top two
+/// bits at bit `2·(i / 4)` of `scales[8 + i % 4]`, stored with an offset of 32.
+#[inline]
+pub fn unpack_q3_k(b: &[u8], q: &mut [i8; 256], sc: &mut [i8; 16]) -> f32 {
+    let hmask = &b[0..32];
+    let qs = &b[32..96];
+    let scales = &b[96..108];
+    for (i, s) in sc.iter_mut().enumerate() {
+        let low = if i < 8 { scales[i] & 0x0F } else { scales[i - 8] >> 4 };
+        let high = (scales[8 + i % 4] >> (2 * (i / 4))) & 3;
+        *s = (low | (high << 4)) as i8 - 32;
+    }
+    for n in 0..2 {
+        for j in 0..4 {
+            let bit = 1u8 << (4 * n + j);
+            for l in 0..32 {
+                let low = ((qs[32 * n + l] >> (2 * j)) & 3) as i8;
+                q[128 * n + 32 * j + l] = if hmask[l] & bit != 0 { low } else { low - 4 };
+            }
+        }
+    }
+    f16_at(b, 108)
+}
+
+/// IQ4_XS: { f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128] } → the [`IQ4_NL_VALUES`] of each
+/// 4-bit index and 8 signed 6-bit scales of 32 elements each; value d·sc[j]·q. Sub-block `j`'s
+/// scale is nibble `j % 2` of `scales_l[j / 2]` with bits `2j..2j+2` of `scales_h` on top, offset
+/// 32; its indices are `qs[16j..16j+16]`, low nibbles first as IQ4_NL's.
+#[inline]
+pub fn unpack_iq4_xs(b: &[u8], q: &mut [i8; 256], sc: &mut [i8; 8]) -> f32 {
+    let scales_h = u16::from_le_bytes([b[2], b[3]]);
+    let scales_l = &b[4..8];
+    let qs = &b[8..136];
+    for (j, s) in sc.iter_mut().enumerate() {
+        let low = (scales_l[j / 2] >> (4 * (j % 2))) & 0x0F;
+        let high = ((scales_h >> (2 * j)) & 3) as u8;
+        *s = (low | (high << 4)) as i8 - 32;
+        let src = &qs[16 * j..16 * j + 16];
+        for l in 0..16 {
+            q[32 * j + l] = IQ4_NL_VALUES[usize::from(src[l] & 0x0F)];
+            q[32 * j + 16 + l] = IQ4_NL_VALUES[usize::from(src[l] >> 4)];
+        }
+    }
+    f16_at(b, 0)
+}

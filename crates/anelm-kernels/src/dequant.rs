@@ -39,10 +39,14 @@ pub fn dequantize_row(fmt: WeightFormat, src: &[u8], dst: &mut [f32]) -> Result<
                 }
             }
         }
-        WeightFormat::Q4_1 => {
+        WeightFormat::Q4_1 | WeightFormat::Q5_1 => {
             let mut q = [0i8; 32];
             for (out, b) in dst.chunks_exact_mut(32).zip(src.chunks_exact(bb)) {
-                let (d, m) = unpack_q4_1(b, &mut q);
+                let (d, m) = if fmt == WeightFormat::Q5_1 {
+                    unpack_q5_1(b, &mut q)
+                } else {
+                    unpack_q4_1(b, &mut q)
+                };
                 for (o, &v) in out.iter_mut().zip(&q) {
                     *o = f32::from(v) * d + m;
                 }
@@ -72,6 +76,42 @@ pub fn dequantize_row(fmt: WeightFormat, src: &[u8], dst: &mut [f32]) -> Result<
                     let ds = d * f32::from(sc[j]);
                     for l in 0..16 {
                         out[16 * j + l] = ds * f32::from(q[16 * j + l]);
+                    }
+                }
+            }
+        }
+        WeightFormat::Q2_K => {
+            let (mut q, mut sc) = ([0i8; 256], [0u8; 16]);
+            for (out, b) in dst.chunks_exact_mut(256).zip(src.chunks_exact(bb)) {
+                let (d, dmin) = unpack_q2_k(b, &mut q, &mut sc);
+                for j in 0..16 {
+                    let (dl, ml) = (d * f32::from(sc[j] & 0x0F), dmin * f32::from(sc[j] >> 4));
+                    for l in 0..16 {
+                        out[16 * j + l] = dl * f32::from(q[16 * j + l]) - ml;
+                    }
+                }
+            }
+        }
+        WeightFormat::Q3_K => {
+            let (mut q, mut sc) = ([0i8; 256], [0i8; 16]);
+            for (out, b) in dst.chunks_exact_mut(256).zip(src.chunks_exact(bb)) {
+                let d = unpack_q3_k(b, &mut q, &mut sc);
+                for j in 0..16 {
+                    let dl = d * f32::from(sc[j]);
+                    for l in 0..16 {
+                        out[16 * j + l] = dl * f32::from(q[16 * j + l]);
+                    }
+                }
+            }
+        }
+        WeightFormat::IQ4_XS => {
+            let (mut q, mut sc) = ([0i8; 256], [0i8; 8]);
+            for (out, b) in dst.chunks_exact_mut(256).zip(src.chunks_exact(bb)) {
+                let d = unpack_iq4_xs(b, &mut q, &mut sc);
+                for j in 0..8 {
+                    let dl = d * f32::from(sc[j]);
+                    for l in 0..32 {
+                        out[32 * j + l] = dl * f32::from(q[32 * j + l]);
                     }
                 }
             }

@@ -28,11 +28,19 @@ pub enum WeightFormat {
     Q6_K,
     /// 32 × 4-bit indices into ggml's fixed 16-entry non-linear int8 table, with an f16 scale.
     IQ4_NL,
+    /// 32 × 5-bit with f16 scale and minimum.
+    Q5_1,
+    /// 256 × 2-bit in 16 sub-blocks with 4-bit scales and minimums.
+    Q2_K,
+    /// 256 × 3-bit in 16 sub-blocks with 6-bit signed scales.
+    Q3_K,
+    /// 256 × 4-bit IQ4_NL indices in 8 sub-blocks with 6-bit signed scales.
+    IQ4_XS,
 }
 
 impl WeightFormat {
     /// All formats.
-    pub const ALL: [WeightFormat; 11] = [
+    pub const ALL: [WeightFormat; 15] = [
         Self::F32,
         Self::F16,
         Self::BF16,
@@ -44,6 +52,10 @@ impl WeightFormat {
         Self::Q5_K,
         Self::Q6_K,
         Self::IQ4_NL,
+        Self::Q5_1,
+        Self::Q2_K,
+        Self::Q3_K,
+        Self::IQ4_XS,
     ];
 
     /// From a ggml type id; `None` for types anelm does not run.
@@ -54,11 +66,15 @@ impl WeightFormat {
             2 => Self::Q4_0,
             3 => Self::Q4_1,
             6 => Self::Q5_0,
+            7 => Self::Q5_1,
             8 => Self::Q8_0,
+            10 => Self::Q2_K,
+            11 => Self::Q3_K,
             12 => Self::Q4_K,
             13 => Self::Q5_K,
             14 => Self::Q6_K,
             20 => Self::IQ4_NL,
+            23 => Self::IQ4_XS,
             30 => Self::BF16,
             _ => return None,
         })
@@ -72,11 +88,15 @@ impl WeightFormat {
             Self::Q4_0 => 2,
             Self::Q4_1 => 3,
             Self::Q5_0 => 6,
+            Self::Q5_1 => 7,
             Self::Q8_0 => 8,
+            Self::Q2_K => 10,
+            Self::Q3_K => 11,
             Self::Q4_K => 12,
             Self::Q5_K => 13,
             Self::Q6_K => 14,
             Self::IQ4_NL => 20,
+            Self::IQ4_XS => 23,
             Self::BF16 => 30,
         }
     }
@@ -86,7 +106,7 @@ impl WeightFormat {
     /// [`crate::Activations::quantize`] serves both (and a fused loop can hold both): the same
     /// format, or two K-quants (Q8_K blocks, which carry the sums every K-quant kernel needs).
     pub fn shares_activations(self, other: WeightFormat) -> bool {
-        let k_quant = |f: WeightFormat| matches!(f, WeightFormat::Q4_K | WeightFormat::Q5_K | WeightFormat::Q6_K);
+        let k_quant = |f: WeightFormat| f.block_elems() == 256;
         self == other || (k_quant(self) && k_quant(other))
     }
 
@@ -103,6 +123,10 @@ impl WeightFormat {
             Self::Q5_K => "Q5_K",
             Self::Q6_K => "Q6_K",
             Self::IQ4_NL => "IQ4_NL",
+            Self::Q5_1 => "Q5_1",
+            Self::Q2_K => "Q2_K",
+            Self::Q3_K => "Q3_K",
+            Self::IQ4_XS => "IQ4_XS",
         }
     }
 
@@ -110,8 +134,8 @@ impl WeightFormat {
     pub fn block_elems(self) -> usize {
         match self {
             Self::F32 | Self::F16 | Self::BF16 => 1,
-            Self::Q8_0 | Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::IQ4_NL => 32,
-            Self::Q4_K | Self::Q5_K | Self::Q6_K => 256,
+            Self::Q8_0 | Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::IQ4_NL => 32,
+            Self::Q4_K | Self::Q5_K | Self::Q6_K | Self::Q2_K | Self::Q3_K | Self::IQ4_XS => 256,
         }
     }
 
@@ -127,6 +151,10 @@ impl WeightFormat {
             Self::Q4_K => 144,
             Self::Q5_K => 176,
             Self::Q6_K => 210,
+            Self::Q5_1 => 24,
+            Self::Q2_K => 84,
+            Self::Q3_K => 110,
+            Self::IQ4_XS => 136,
         }
     }
 

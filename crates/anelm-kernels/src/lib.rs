@@ -42,6 +42,7 @@ mod packed_x86_wide;
 mod peak;
 pub mod pool;
 mod quantize;
+mod scaled_blocks;
 #[cfg(target_arch = "aarch64")]
 mod simd_neon;
 #[cfg(target_arch = "x86_64")]

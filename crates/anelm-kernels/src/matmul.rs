@@ -73,6 +73,13 @@ impl Isa {
 /// Run one row on `isa` (which the caller has checked is available).
 #[inline]
 fn dot_row_on(isa: Isa, fmt: WeightFormat, row: &[u8], x: &Activations, lane0: usize, acc: &mut [f32]) {
+    if crate::scaled_blocks::handles(fmt) {
+        return if isa == Isa::Scalar {
+            crate::scaled_blocks::dot_row_portable(fmt, row, x, lane0, acc)
+        } else {
+            crate::scaled_blocks::dot_row(fmt, row, x, lane0, acc)
+        };
+    }
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `matmul_with` only passes Avx2 when `Isa::available` confirmed AVX2, FMA, F16C.

@@ -1,7 +1,7 @@
-//! K-quant and IQ4_NL dequantisation against an independent implementation: random Q4_K, Q5_K,
-//! Q6_K and IQ4_NL blocks and the values the PyPI `gguf` package's numpy dequantizers give for them
-//! (`tests/fixtures/dequant-gguf-py.json`, made by `scripts/make-dequant-fixtures.sh`). Q5_K is
-//! new to anelm, so this is where its layout is checked against someone else's reading of it;
+//! K-quant, IQ4 and Q5_1 dequantisation against an independent implementation: random Q4_K,
+//! Q5_K, Q6_K, Q2_K, Q3_K, IQ4_NL, IQ4_XS and Q5_1 blocks and the values the PyPI `gguf` package's numpy dequantizers give for them
+//! (`tests/fixtures/dequant-gguf-py.json`, made by `scripts/make-dequant-fixtures.sh`). This is
+//! where each layout is checked against someone else's reading of it;
 //! the row-major and packed kernels are then checked against the dequantised rows
 //! (`matmul_vs_reference.rs`, `simd_vs_scalar.rs`, `packed.rs`).
 
@@ -20,13 +20,17 @@ fn hex(s: &str) -> Vec<u8> {
 }
 
 #[test]
-fn k_quant_and_iq4_nl_blocks_dequantise_as_the_gguf_package_does() {
+fn quantised_blocks_dequantise_as_the_gguf_package_does() {
     let fx = fixture();
     for fmt in [
         WeightFormat::Q4_K,
         WeightFormat::Q5_K,
         WeightFormat::Q6_K,
         WeightFormat::IQ4_NL,
+        WeightFormat::Q5_1,
+        WeightFormat::Q2_K,
+        WeightFormat::Q3_K,
+        WeightFormat::IQ4_XS,
     ] {
         let case = &fx[fmt.name()];
         let bytes = hex(case["bytes"].as_str().expect("bytes"));

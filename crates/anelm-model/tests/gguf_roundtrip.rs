@@ -132,13 +132,15 @@ fn tensor_store_views() {
 
     assert_eq!(f.tensor("blk.0.q5k").unwrap().format, WeightFormat::Q5_K);
 
-    // Present but in a format we don't run.
-    assert!(f.contains("blk.0.q3k"));
-    assert_eq!(f.tensor_info("blk.0.q3k").unwrap().format, None);
-    match f.tensor("blk.0.q3k") {
+    assert_eq!(f.tensor("blk.0.q3k").unwrap().format, WeightFormat::Q3_K);
+
+    // Present but in a format we don't run: the error names the tensor and its type.
+    assert!(f.contains("blk.0.iq2xxs"));
+    assert_eq!(f.tensor_info("blk.0.iq2xxs").unwrap().format, None);
+    match f.tensor("blk.0.iq2xxs") {
         Err(ModelError::UnsupportedFormat { tensor, format }) => {
-            assert_eq!(tensor, "blk.0.q3k");
-            assert!(format.contains("Q3_K"), "{format}");
+            assert_eq!(tensor, "blk.0.iq2xxs");
+            assert!(format.contains("IQ2_XXS"), "{format}");
         }
         other => panic!("expected UnsupportedFormat, got {other:?}"),
     }

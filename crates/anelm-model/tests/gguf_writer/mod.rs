@@ -36,6 +36,8 @@ pub mod ggml {
     pub const Q5_K: u32 = 13;
     pub const Q6_K: u32 = 14;
     pub const BF16: u32 = 30;
+    /// A type anelm does not run.
+    pub const IQ2_XXS: u32 = 16;
 }
 
 /// One tensor to write: dims in ggml `ne` order and its raw bytes.
@@ -343,5 +345,6 @@ pub fn sample(version: u32, alignment: Option<u32>) -> Writer {
         .tensor("blk.0.kq", &[256, 2], ggml::Q4_K, bytes(2 * 144, 5))
         .tensor("blk.0.q5k", &[256], ggml::Q5_K, bytes(176, 6))
         .tensor("blk.0.q3k", &[256], ggml::Q3_K, bytes(110, 8))
+        .tensor("blk.0.iq2xxs", &[256], ggml::IQ2_XXS, bytes(66, 9))
         .tensor("output.weight", &[256, 1, 1, 2], ggml::Q6_K, bytes(2 * 210, 7))
 }
