@@ -43,6 +43,8 @@ mod peak;
 pub mod pool;
 mod quantize;
 mod scaled_blocks;
+#[cfg(target_arch = "x86_64")]
+mod scaled_blocks_x86;
 #[cfg(target_arch = "aarch64")]
 mod simd_neon;
 #[cfg(target_arch = "x86_64")]

@@ -147,7 +147,11 @@ fn dot_row(fmt: WeightFormat, row: &[u8], x: &Activations, lane0: usize, acc: &m
             let nb = cols / 32;
             let mut q = [0i8; 32];
             for (ib, b) in row.chunks_exact(bb).enumerate() {
-                let (dw, mw) = unpack_q4_1(b, &mut q);
+                let (dw, mw) = if fmt == WeightFormat::Q5_1 {
+                    unpack_q5_1(b, &mut q)
+                } else {
+                    unpack_q4_1(b, &mut q)
+                };
                 for (l, a) in acc.iter_mut().enumerate() {
                     let blk = (lane0 + l) * nb + ib;
                     let sumi = idot32(&q, &x.q[32 * blk..]);

@@ -1,21 +1,19 @@
-//! The GGUF formats without tiles of their own — Q2_K, Q3_K, IQ4_XS and Q5_1: each block is
-//! decoded once per pass over a row into int16 weights with its sub-block scales folded in
-//! (`w = q·scale`, |w| ≤ 127·32), then dotted with every lane's int8 activations (Q8_K blocks
-//! for the 256-element formats, Q8_1 for Q5_1) in exact integer sums, as ggml's CPU dots do.
+//! The 256-element GGUF formats without kernels of their own — Q2_K, Q3_K and IQ4_XS: each block
+//! is decoded once per pass over a row into int16 weights with its sub-block scales folded in
+//! (`w = q·scale`, |w| ≤ 127·32), then dotted with every lane's Q8_K activations in exact
+//! integer sums, as ggml's CPU dots do.
 //!
-//! One portable body, compiled twice on x86-64 (baseline and AVX2, chosen at run time) and
-//! once on aarch64 (NEON is the baseline there); the compiler vectorises the int16 × int8 sums.
+//! The portable body here is the reference and the aarch64 path (the compiler vectorises its
+//! int16 × int8 sums with NEON); x86-64 CPUs with AVX2 run `scaled_blocks_x86.rs`, which gives
+//! the same integer sums.
 
-use crate::activations::{ActKind, Activations};
-use crate::blocks::{unpack_iq4_xs, unpack_q2_k, unpack_q3_k, unpack_q5_1};
+use crate::activations::Activations;
+use crate::blocks::{unpack_iq4_xs, unpack_q2_k, unpack_q3_k};
 use crate::format::WeightFormat;
 
 /// Whether `fmt` runs through this module.
 pub(crate) fn handles(fmt: WeightFormat) -> bool {
-    matches!(
-        fmt,
-        WeightFormat::Q2_K | WeightFormat::Q3_K | WeightFormat::IQ4_XS | WeightFormat::Q5_1
-    )
+    matches!(fmt, WeightFormat::Q2_K | WeightFormat::Q3_K | WeightFormat::IQ4_XS)
 }
 
 /// One 256-element block: element `e` is `d·w[e] − dmin·min[e / 16]`.
@@ -99,41 +97,20 @@ fn dot_i16_i8<const N: usize>(w: &[i16; N], x: &[i8]) -> i32 {
 #[inline(always)]
 fn dot_row_body(fmt: WeightFormat, row: &[u8], x: &Activations, lane0: usize, acc: &mut [f32]) {
     let bb = fmt.block_bytes();
-    match x.kind {
-        ActKind::Q8K => {
-            let nb = x.cols / 256;
-            let mut q = [0i8; 256];
-            let mut blk = Scaled::new();
-            for (ib, b) in row.chunks_exact(bb).enumerate() {
-                blk.decode(fmt, b, &mut q);
-                for (l, a) in acc.iter_mut().enumerate() {
-                    let xb = (lane0 + l) * nb + ib;
-                    let sumi = dot_i16_i8(&blk.w, &x.q[256 * xb..]);
-                    let dx = x.d[xb];
-                    *a += dx * blk.d * sumi as f32;
-                    if blk.has_min {
-                        let bs = &x.bsums[16 * xb..16 * xb + 16];
-                        let summin: i32 = blk.min.iter().zip(bs).map(|(&m, &s)| i32::from(m) * s).sum();
-                        *a -= dx * blk.dmin * summin as f32;
-                    }
-                }
-            }
-        }
-        _ => {
-            // Q5_1 × Q8_1: (d_w·d_x)·Σq·x + m_w·s_x per 32-element block.
-            let nb = x.cols / 32;
-            let mut q = [0i8; 32];
-            let mut w = [0i16; 32];
-            for (ib, b) in row.chunks_exact(bb).enumerate() {
-                let (dw, mw) = unpack_q5_1(b, &mut q);
-                for (d, &v) in w.iter_mut().zip(&q) {
-                    *d = i16::from(v);
-                }
-                for (l, a) in acc.iter_mut().enumerate() {
-                    let xb = (lane0 + l) * nb + ib;
-                    let sumi = dot_i16_i8(&w, &x.q[32 * xb..]);
-                    *a += (dw * x.d[xb]) * sumi as f32 + mw * x.s[xb];
-                }
+    let nb = x.cols / 256;
+    let mut q = [0i8; 256];
+    let mut blk = Scaled::new();
+    for (ib, b) in row.chunks_exact(bb).enumerate() {
+        blk.decode(fmt, b, &mut q);
+        for (l, a) in acc.iter_mut().enumerate() {
+            let xb = (lane0 + l) * nb + ib;
+            let sumi = dot_i16_i8(&blk.w, &x.q[256 * xb..]);
+            let dx = x.d[xb];
+            *a += dx * blk.d * sumi as f32;
+            if blk.has_min {
+                let bs = &x.bsums[16 * xb..16 * xb + 16];
+                let summin: i32 = blk.min.iter().zip(bs).map(|(&m, &s)| i32::from(m) * s).sum();
+                *a -= dx * blk.dmin * summin as f32;
             }
         }
     }
@@ -144,12 +121,6 @@ pub(crate) fn dot_row_portable(fmt: WeightFormat, row: &[u8], x: &Activations, l
     dot_row_body(fmt, row, x, lane0, acc);
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn dot_row_avx2(fmt: WeightFormat, row: &[u8], x: &Activations, lane0: usize, acc: &mut [f32]) {
-    dot_row_body(fmt, row, x, lane0, acc);
-}
-
 /// acc[l] += W_row · x[lane0 + l] for a row in one of the formats [`handles`] accepts, with
 /// activations quantised for it; the widest vectors this CPU has.
 pub(crate) fn dot_row(fmt: WeightFormat, row: &[u8], x: &Activations, lane0: usize, acc: &mut [f32]) {
@@ -157,7 +128,7 @@ pub(crate) fn dot_row(fmt: WeightFormat, row: &[u8], x: &Activations, lane0: usi
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: AVX2 was detected at run time just above.
-        unsafe { dot_row_avx2(fmt, row, x, lane0, acc) };
+        unsafe { crate::scaled_blocks_x86::dot_row(fmt, row, x, lane0, acc) };
         return;
     }
     dot_row_portable(fmt, row, x, lane0, acc);

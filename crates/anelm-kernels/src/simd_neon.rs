@@ -9,7 +9,7 @@
 use std::arch::aarch64::*;
 
 use crate::activations::{ActKind, Activations};
-use crate::blocks::{unpack_iq4_nl, unpack_q4_k, unpack_q5_0, unpack_q5_k, unpack_q6_k};
+use crate::blocks::{unpack_iq4_nl, unpack_q4_k, unpack_q5_0, unpack_q5_1, unpack_q5_k, unpack_q6_k};
 use crate::format::WeightFormat;
 use crate::fp16::{f16_at, f16_to_f32};
 
@@ -95,9 +95,15 @@ pub(crate) fn dot_row(fmt: WeightFormat, row: &[u8], x: &Activations, lane0: usi
         }
         ActKind::Q8_1 => {
             let nb = cols / 32;
+            let mut q = [0i8; 32];
             for (ib, b) in row.chunks_exact(bb).enumerate() {
                 let (dw, mw) = (f16_at(b, 0), f16_at(b, 2));
-                let (w0, w1) = nibbles(&b[4..20]);
+                let (w0, w1) = if fmt == WeightFormat::Q5_1 {
+                    unpack_q5_1(b, &mut q);
+                    (load_i8(&q[0..16]), load_i8(&q[16..32]))
+                } else {
+                    nibbles(&b[4..20])
+                };
                 for (l, a) in acc.iter_mut().enumerate() {
                     let blk = (lane0 + l) * nb + ib;
                     let sumi = dot32(w0, w1, &x.q[32 * blk..32 * blk + 32]);

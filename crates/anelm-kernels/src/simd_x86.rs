@@ -120,6 +120,14 @@ fn q5_0_weights(b: &[u8]) -> __m256i {
     _mm256_sub_epi8(_mm256_or_si256(nibbles(&b[6..22]), high), _mm256_set1_epi8(16))
 }
 
+/// The 32 unsigned weights of a Q5_1 block (`{f16 d; f16 m; u32 qh; u8 qs[16]}`), 0..32: the
+/// bit layout of Q5_0 two bytes further on, without its offset.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q5_1_weights(b: &[u8]) -> __m256i {
+    _mm256_add_epi8(q5_0_weights(&b[2..]), _mm256_set1_epi8(16))
+}
+
 /// The 32 signed weights of an IQ4_NL block's 16 index bytes (low nibbles first): one byte
 /// shuffle looks every index up in ggml's 16-entry table (held in both 128-bit halves).
 #[inline]
@@ -166,7 +174,12 @@ pub(crate) fn dot_row(fmt: WeightFormat, row: &[u8], x: &Activations, lane0: usi
                 let mut mins = 0.0f32;
                 for (((b, xb), &dx), &sx) in row.chunks_exact(bb).zip(xq.chunks_exact(32)).zip(xd).zip(xs) {
                     let (dw, mw) = f16c_pair(b);
-                    let p = _mm256_cvtepi32_ps(dot_u8_i8(nibbles(&b[4..20]), load256_i8(xb)));
+                    let w = if fmt == WeightFormat::Q5_1 {
+                        q5_1_weights(b)
+                    } else {
+                        nibbles(&b[4..20])
+                    };
+                    let p = _mm256_cvtepi32_ps(dot_u8_i8(w, load256_i8(xb)));
                     sum = _mm256_fmadd_ps(p, _mm256_set1_ps(dw * dx), sum);
                     mins += mw * sx;
                 }
@@ -567,7 +580,12 @@ pub(crate) const TILE_ROWS: usize = 4;
 pub(crate) fn tiles(fmt: WeightFormat) -> bool {
     matches!(
         fmt,
-        WeightFormat::Q8_0 | WeightFormat::Q4_0 | WeightFormat::Q5_0 | WeightFormat::Q4_1 | WeightFormat::IQ4_NL
+        WeightFormat::Q8_0
+            | WeightFormat::Q4_0
+            | WeightFormat::Q5_0
+            | WeightFormat::Q4_1
+            | WeightFormat::Q5_1
+            | WeightFormat::IQ4_NL
     )
 }
 
@@ -580,6 +598,11 @@ fn decode_block(fmt: WeightFormat, b: &[u8]) -> (__m256i, __m256i, f32, f32) {
         WeightFormat::Q4_1 => {
             let (d, m) = f16c_pair(b);
             let w = nibbles(&b[4..20]);
+            (w, w, d, m)
+        }
+        WeightFormat::Q5_1 => {
+            let (d, m) = f16c_pair(b);
+            let w = q5_1_weights(b);
             (w, w, d, m)
         }
         WeightFormat::Q8_0 => {
@@ -663,11 +686,12 @@ macro_rules! define_tiles {
                 WeightFormat::Q8_0 => $tile_fmt::<L, 2>(rows, x, lane, out),
                 WeightFormat::Q4_0 => $tile_fmt::<L, 3>(rows, x, lane, out),
                 WeightFormat::IQ4_NL => $tile_fmt::<L, 5>(rows, x, lane, out),
+                WeightFormat::Q5_1 => $tile_fmt::<L, 6>(rows, x, lane, out),
                 _ => $tile_fmt::<L, 4>(rows, x, lane, out),
             }
         }
 
-        /// Format codes of `tile_fmt`: 1 Q4_1, 2 Q8_0, 3 Q4_0, 4 Q5_0, 5 IQ4_NL.
+        /// Format codes of `tile_fmt`: 1 Q4_1, 2 Q8_0, 3 Q4_0, 4 Q5_0, 5 IQ4_NL, 6 Q5_1.
         #[inline]
         #[target_feature(enable = $features)]
         fn $tile_fmt<const L: usize, const F: u8>(
@@ -681,11 +705,12 @@ macro_rules! define_tiles {
                 2 => WeightFormat::Q8_0,
                 3 => WeightFormat::Q4_0,
                 5 => WeightFormat::IQ4_NL,
+                6 => WeightFormat::Q5_1,
                 _ => WeightFormat::Q5_0,
             };
             let nb = x.cols / 32;
             let bb = fmt.block_bytes();
-            let with_min = F == 1;
+            let with_min = F == 1 || F == 6;
             let xq: [&[i8]; L] = std::array::from_fn(|j| &x.q[32 * nb * (lane + j)..32 * nb * (lane + j + 1)]);
             let xd: [&[f32]; L] = std::array::from_fn(|j| &x.d[nb * (lane + j)..nb * (lane + j + 1)]);
             let xs: [&[f32]; L] = std::array::from_fn(|j| {
