@@ -25,18 +25,18 @@ use serde_json::Value;
 
 use crate::arch::attention::Attention;
 use crate::arch::config_read::{GgufMeta, check_heads, check_plausible, check_sizes, hf_heads, need};
+use crate::arch::decoder::{Decoder, DecoderEnds, DecoderLayers, EndsSpec};
 use crate::arch::kernel_compile::CompiledLayer;
 use crate::arch::kernel_list::{KernelDesc, KernelList, LayerKernels};
-use crate::arch::step::{commit_tokens, embed_lanes, plan_lanes, wanted_lanes};
-use crate::arch::tensor_names::{Family, LayerTensor, Tensor, TensorNames};
-use crate::arch::trunk::{load_embedding, norm_vector};
+use crate::arch::step::LaneRef;
+use crate::arch::tensor_names::{Family, LayerTensor, TensorNames};
+use crate::arch::trunk::norm_vector;
 use crate::backend::{Backend, ForwardCost, Kernel};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
-use crate::model::{LanguageModel, ModelInfo, StepItem};
+use crate::model::{ModelInfo, StepItem};
 use crate::ops::{AttentionPrecision, Rope, RopePairing, gelu_tanh, rms_norm, rms_norm_in_place};
 use crate::session::Session;
-use crate::stored_matrix::StoredMatrix;
 
 /// Hyper-parameters of a Gemma 3 text model.
 #[derive(Clone, Debug, PartialEq)]
@@ -241,21 +241,20 @@ struct Layer {
     sliding: bool,
 }
 
-/// A loaded Gemma 3 text model.
-pub struct Gemma3 {
+/// The layers of a Gemma 3 text model (the rest is the shared [`Decoder`] trunk).
+pub struct Gemma3Layers {
     cfg: Gemma3Config,
-    info: ModelInfo,
-    embed: StoredMatrix,
     layers: Vec<Layer>,
-    output_norm: Vec<f32>,
-    lm_head: Box<dyn Kernel>,
     rope_global: Rope,
     rope_local: Rope,
     attn_global: Attention,
     attn_local: Attention,
 }
 
-impl Gemma3 {
+/// A loaded Gemma 3 text model.
+pub type Gemma3 = Decoder<Gemma3Layers>;
+
+impl Decoder<Gemma3Layers> {
     /// Compile every kernel on `backend`. `progress(done, total)` is called after each layer.
     pub fn load(
         cfg: Gemma3Config,
@@ -268,7 +267,6 @@ impl Gemma3 {
         let hd = cfg.head_dim;
         let n_layers = cfg.n_layers();
         let list = cfg.kernel_specs(names)?.for_store(store, names)?;
-        let embed = load_embedding(store, names, cfg.vocab_size, h)?;
         let vector = |name: &str, len: usize| norm_vector(store, name, len, cfg.norm_offset);
         let mut layers = Vec::with_capacity(n_layers);
         for (i, (&sliding, described)) in cfg.sliding.iter().zip(&list.layers).enumerate() {
@@ -290,7 +288,20 @@ impl Gemma3 {
             });
             progress(i + 1, n_layers + 1);
         }
-        let lm_head = list.lm_head.compile(backend, store, names)?;
+        let ends = DecoderEnds::load(
+            store,
+            names,
+            backend,
+            EndsSpec {
+                vocab: cfg.vocab_size,
+                hidden: h,
+                norm_offset: cfg.norm_offset,
+                norm_eps: cfg.rms_eps,
+                embed_scale: (h as f32).sqrt(),
+                final_softcap: cfg.final_softcap,
+                lm_head: Some(&list.lm_head),
+            },
+        )?;
         progress(n_layers + 1, n_layers + 1);
         let attn = |window: Option<usize>| Attention {
             n_heads: cfg.n_heads,
@@ -309,57 +320,41 @@ impl Gemma3 {
             n_layers,
             hidden_size: h,
         };
-        Ok(Self {
+        let layers = Gemma3Layers {
             rope_global: Rope::new(hd, cfg.rope_theta_global, RopePairing::Halves),
             rope_local: Rope::new(hd, cfg.rope_theta_local, RopePairing::Halves),
-            output_norm: vector(&names.name(Tensor::OutputNorm)?, h)?,
             attn_global,
             attn_local,
-            info,
-            embed,
             layers,
-            lm_head,
             cfg,
-        })
+        };
+        Ok(Decoder::new(layers, ends, info))
     }
 
     /// The configuration.
     pub fn config(&self) -> &Gemma3Config {
-        &self.cfg
+        &self.layers.cfg
     }
 }
 
-impl LanguageModel for Gemma3 {
-    fn info(&self) -> &ModelInfo {
-        &self.info
-    }
+/// One step's shared values: both RoPE bases' angles per lane and the scratch rows.
+pub struct Gemma3Step {
+    angles_global: Vec<Vec<(f32, f32)>>,
+    angles_local: Vec<Vec<(f32, f32)>>,
+    xn: Batch,
+    qkv: Batch,
+    attn: Batch,
+    y: Batch,
+    gu: Batch,
+    act: Batch,
+}
 
-    fn new_session(&self, ctx_size: usize) -> Session {
-        let ctx = ctx_size.clamp(1, self.cfg.context_length.max(1));
-        // Local layers keep only their window (ring buffers); global layers every position.
-        let windows: Vec<Option<usize>> = (self.cfg.sliding.iter())
-            .map(|&s| s.then_some(self.cfg.sliding_window))
-            .collect();
-        Session::new(
-            // Local and global attention share heads and precision: either describes the cache.
-            self.attn_global.cache(&windows),
-            ctx,
-        )
-    }
+impl DecoderLayers for Gemma3Layers {
+    type Step = Gemma3Step;
 
-    fn forward_with_cost(&self, items: &mut [StepItem<'_>]) -> Result<(Batch, ForwardCost)> {
-        let mut cost = ForwardCost::default();
+    fn begin(&self, lanes: &[LaneRef]) -> Gemma3Step {
         let cfg = &self.cfg;
-        let (h, hd, ffn) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
-        let q_dim = cfg.n_heads * hd;
-        let kv_dim = cfg.n_kv_heads * hd;
-        let eps = cfg.rms_eps;
-        let lanes = plan_lanes(items, cfg.vocab_size)?;
         let n = lanes.len();
-        if n == 0 {
-            return Ok((Batch::zeros(0, cfg.vocab_size), cost));
-        }
-        let mut x = embed_lanes(&self.embed, items, n, (h as f32).sqrt())?;
         let angles = |rope: &Rope| -> Vec<Vec<(f32, f32)>> {
             lanes
                 .iter()
@@ -370,73 +365,92 @@ impl LanguageModel for Gemma3 {
                 })
                 .collect()
         };
-        let (angles_global, angles_local) = (angles(&self.rope_global), angles(&self.rope_local));
-        let mut xn = Batch::zeros(n, h);
-        let mut qkv = Batch::default();
-        let mut attn = Batch::zeros(n, q_dim);
-        let mut y = Batch::default();
-        let mut gu = Batch::default();
-        let mut act = Batch::zeros(n, ffn);
-        for (li, layer) in self.layers.iter().enumerate() {
-            let (angles, attention, rope) = if layer.sliding {
-                (&angles_local, &self.attn_local, &self.rope_local)
-            } else {
-                (&angles_global, &self.attn_global, &self.rope_global)
-            };
-            let x_ref = &x;
-            xn.par_lanes_mut(&|lane, out| rms_norm(x_ref.lane(lane), &layer.input_norm, eps, 0.0, out));
-            cost.add(layer.qkv.run(&[&xn], &mut qkv)?);
-            qkv.par_lanes_mut(&|lane, row| {
-                let Some(cs) = angles.get(lane) else {
-                    return;
-                };
-                let (q, kv) = row.split_at_mut(q_dim);
-                for (heads, w) in [(q, &layer.q_norm), (&mut kv[..kv_dim], &layer.k_norm)] {
-                    for head in heads.chunks_mut(hd) {
-                        rms_norm_in_place(head, w, eps, 0.0);
-                        rope.apply(head, cs);
-                    }
-                }
-            });
-            attention.append(items, &lanes, li, &qkv, q_dim, q_dim + kv_dim);
-            attention.run(items, &lanes, li, &qkv, 0, hd, &mut attn);
-            cost.add(layer.o.run(&[&attn], &mut y)?);
-            add_normed(&mut x, &y, &layer.post_attn_norm, eps);
-            let x_ref = &x;
-            xn.par_lanes_mut(&|lane, out| rms_norm(x_ref.lane(lane), &layer.pre_ffn_norm, eps, 0.0, out));
-            cost.add(layer.gate_up.run(&[&xn], &mut gu)?);
-            // GELU(gate) · up, lanes split across the kernel pool (a prefill's 512 lanes × the
-            // FFN width are millions of table lookups).
-            let gelu = if cfg.gelu_f16 { gelu_tanh_f16 } else { gelu_tanh };
-            let gu_ref = &gu;
-            act.par_lanes_mut(&|lane, out| {
-                let (g, u) = gu_ref.lane(lane).split_at(ffn);
-                for ((a, &g), &u) in out.iter_mut().zip(g).zip(u) {
-                    *a = gelu(g) * u;
-                }
-            });
-            cost.add(layer.down.run(&[&act], &mut y)?);
-            add_normed(&mut x, &y, &layer.post_ffn_norm, eps);
+        Gemma3Step {
+            angles_global: angles(&self.rope_global),
+            angles_local: angles(&self.rope_local),
+            xn: Batch::zeros(n, cfg.hidden_size),
+            qkv: Batch::default(),
+            attn: Batch::zeros(n, cfg.n_heads * cfg.head_dim),
+            y: Batch::default(),
+            gu: Batch::default(),
+            act: Batch::zeros(n, cfg.intermediate_size),
         }
-        commit_tokens(items);
-        let wanted = wanted_lanes(items);
-        let mut normed = Batch::zeros(wanted.len(), h);
-        for (row, &lane) in wanted.iter().enumerate() {
-            rms_norm(x.lane(lane), &self.output_norm, eps, 0.0, normed.lane_mut(row));
-        }
-        let mut logits = Batch::default();
-        if wanted.is_empty() {
-            logits.resize(0, cfg.vocab_size);
+    }
+
+    fn layer(
+        &self,
+        li: usize,
+        step: &mut Gemma3Step,
+        items: &mut [StepItem<'_>],
+        lanes: &[LaneRef],
+        x: &mut Batch,
+        cost: &mut ForwardCost,
+    ) -> Result<()> {
+        let cfg = &self.cfg;
+        let (hd, ffn) = (cfg.head_dim, cfg.intermediate_size);
+        let q_dim = cfg.n_heads * hd;
+        let kv_dim = cfg.n_kv_heads * hd;
+        let eps = cfg.rms_eps;
+        let layer = &self.layers[li];
+        let Gemma3Step {
+            angles_global,
+            angles_local,
+            xn,
+            qkv,
+            attn,
+            y,
+            gu,
+            act,
+        } = step;
+        let (angles, attention, rope) = if layer.sliding {
+            (&*angles_local, &self.attn_local, &self.rope_local)
         } else {
-            cost.add(self.lm_head.run(&[&normed], &mut logits)?);
-        }
-        if let Some(cap) = cfg.final_softcap {
-            logits
-                .as_mut_slice()
-                .iter_mut()
-                .for_each(|v| *v = cap * (*v / cap).tanh());
-        }
-        Ok((logits, cost))
+            (&*angles_global, &self.attn_global, &self.rope_global)
+        };
+        let x_ref = &*x;
+        xn.par_lanes_mut(&|lane, out| rms_norm(x_ref.lane(lane), &layer.input_norm, eps, 0.0, out));
+        cost.add(layer.qkv.run(&[&*xn], qkv)?);
+        qkv.par_lanes_mut(&|lane, row| {
+            let Some(cs) = angles.get(lane) else {
+                return;
+            };
+            let (q, kv) = row.split_at_mut(q_dim);
+            for (heads, w) in [(q, &layer.q_norm), (&mut kv[..kv_dim], &layer.k_norm)] {
+                for head in heads.chunks_mut(hd) {
+                    rms_norm_in_place(head, w, eps, 0.0);
+                    rope.apply(head, cs);
+                }
+            }
+        });
+        attention.append(items, lanes, li, qkv, q_dim, q_dim + kv_dim);
+        attention.run(items, lanes, li, qkv, 0, hd, attn);
+        cost.add(layer.o.run(&[&*attn], y)?);
+        add_normed(x, y, &layer.post_attn_norm, eps);
+        let x_ref = &*x;
+        xn.par_lanes_mut(&|lane, out| rms_norm(x_ref.lane(lane), &layer.pre_ffn_norm, eps, 0.0, out));
+        cost.add(layer.gate_up.run(&[&*xn], gu)?);
+        // GELU(gate) · up, lanes split across the kernel pool (a prefill's 512 lanes × the
+        // FFN width are millions of table lookups).
+        let gelu = if cfg.gelu_f16 { gelu_tanh_f16 } else { gelu_tanh };
+        let gu_ref = &*gu;
+        act.par_lanes_mut(&|lane, out| {
+            let (g, u) = gu_ref.lane(lane).split_at(ffn);
+            for ((a, &g), &u) in out.iter_mut().zip(g).zip(u) {
+                *a = gelu(g) * u;
+            }
+        });
+        cost.add(layer.down.run(&[&*act], y)?);
+        add_normed(x, y, &layer.post_ffn_norm, eps);
+        Ok(())
+    }
+
+    fn new_session(&self, ctx: usize) -> Session {
+        // Local layers keep only their window (ring buffers); global layers every position.
+        let windows: Vec<Option<usize>> = (self.cfg.sliding.iter())
+            .map(|&s| s.then_some(self.cfg.sliding_window))
+            .collect();
+        // Local and global attention share heads and precision: either describes the cache.
+        Session::new(self.attn_global.cache(&windows), ctx)
     }
 }
 

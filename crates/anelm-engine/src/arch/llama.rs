@@ -12,18 +12,18 @@ use anelm_model::tensor_store::TensorStore;
 
 use crate::arch::attention::Attention;
 use crate::arch::config_read::{GgufMeta, check_heads, check_plausible, check_sizes, hf_heads, need};
+use crate::arch::decoder::{Decoder, DecoderEnds, DecoderLayers, EndsSpec};
 use crate::arch::kernel_compile::CompiledLayer;
 use crate::arch::kernel_list::{KernelDesc, KernelList, LayerKernels};
-use crate::arch::step::{commit_tokens, embed_lanes, plan_lanes, wanted_lanes};
-use crate::arch::tensor_names::{Family, LayerTensor, Tensor, TensorNames};
-use crate::arch::trunk::{load_embedding, norm_vector};
+use crate::arch::step::LaneRef;
+use crate::arch::tensor_names::{Family, LayerTensor, TensorNames};
+use crate::arch::trunk::norm_vector;
 use crate::backend::{Backend, ForwardCost, Kernel};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
-use crate::model::{LanguageModel, ModelInfo, StepItem};
+use crate::model::{ModelInfo, StepItem};
 use crate::ops::{AttentionPrecision, Rope, RopePairing, rms_norm, rms_norm_in_place};
 use crate::session::Session;
-use crate::stored_matrix::StoredMatrix;
 
 /// Hyper-parameters of a Llama-family model.
 #[derive(Clone, Debug, PartialEq)]
@@ -180,20 +180,18 @@ struct Layer {
     ffn_residual: Box<dyn Kernel>,
 }
 
-/// A loaded Llama-family model.
-pub struct Llama {
+/// The layers of a Llama-family model (the rest is the shared [`Decoder`] trunk).
+pub struct LlamaLayers {
     cfg: LlamaConfig,
-    info: ModelInfo,
-    embed: StoredMatrix,
     layers: Vec<Layer>,
-    output_norm: Vec<f32>,
-    /// None when loaded as a trunk for embeddings ([`Llama::load_trunk`]).
-    lm_head: Option<Box<dyn Kernel>>,
     rope: Rope,
     attention: Attention,
 }
 
-impl Llama {
+/// A loaded Llama-family model.
+pub type Llama = Decoder<LlamaLayers>;
+
+impl Decoder<LlamaLayers> {
     /// Compile every kernel on `backend`. `progress(done, total)` is called after each layer.
     pub fn load(
         cfg: LlamaConfig,
@@ -206,7 +204,7 @@ impl Llama {
     }
 
     /// [`Llama::load`] without the LM head: the trunk of a decoder embedder, whose output is
-    /// the final-normed hidden state ([`Llama::hidden_states`]); `forward` then fails.
+    /// the final-normed hidden state ([`Decoder::hidden_states`]); `forward` then fails.
     pub fn load_trunk(
         cfg: LlamaConfig,
         store: &Arc<dyn TensorStore>,
@@ -227,7 +225,6 @@ impl Llama {
     ) -> Result<Self> {
         let h = cfg.hidden_size;
         let list = cfg.kernel_specs(names)?.for_store(store, names)?;
-        let embed = load_embedding(store, names, cfg.vocab_size, h)?;
         let vector = |name: &str, len: usize| norm_vector(store, name, len, 0.0);
         let norm = |name: &str| vector(name, h);
         let mut layers = Vec::with_capacity(cfg.n_layers);
@@ -253,11 +250,20 @@ impl Llama {
             });
             progress(i + 1, cfg.n_layers + 1);
         }
-        let lm_head = if with_head {
-            Some(list.lm_head.compile(backend, store, names)?)
-        } else {
-            None
-        };
+        let ends = DecoderEnds::load(
+            store,
+            names,
+            backend,
+            EndsSpec {
+                vocab: cfg.vocab_size,
+                hidden: h,
+                norm_offset: 0.0,
+                norm_eps: cfg.rms_eps,
+                embed_scale: 1.0,
+                final_softcap: None,
+                lm_head: with_head.then_some(&list.lm_head),
+            },
+        )?;
         progress(cfg.n_layers + 1, cfg.n_layers + 1);
         let info = ModelInfo {
             architecture: cfg.architecture.clone(),
@@ -266,7 +272,7 @@ impl Llama {
             n_layers: cfg.n_layers,
             hidden_size: h,
         };
-        Ok(Self {
+        let layers = LlamaLayers {
             rope: Rope::new(cfg.rope_dims, cfg.rope_theta, cfg.rope_pairing),
             attention: Attention {
                 n_heads: cfg.n_heads,
@@ -277,119 +283,109 @@ impl Llama {
                 softcap: None,
                 precision: cfg.attention_precision,
             },
-            output_norm: norm(&names.name(Tensor::OutputNorm)?)?,
-            info,
-            embed,
             layers,
-            lm_head,
             cfg,
-        })
+        };
+        Ok(Decoder::new(layers, ends, info))
     }
 
     /// The configuration.
     pub fn config(&self) -> &LlamaConfig {
-        &self.cfg
+        &self.layers.cfg
     }
+}
 
-    /// Run one step as [`LanguageModel::forward`] does, but return the final-normed hidden
-    /// states (hidden-size rows) of the rows the items ask for instead of their logits: what a
-    /// decoder embedder pools.
-    pub fn hidden_states(&self, items: &mut [StepItem<'_>]) -> Result<Batch> {
-        self.trunk(items, &mut ForwardCost::default())
-    }
+/// One step's shared values: RoPE angles per lane and the scratch rows.
+pub struct LlamaStep {
+    angles: Vec<Vec<(f32, f32)>>,
+    xn: Batch,
+    qkv: Batch,
+    attn: Batch,
+    y: Batch,
+}
 
-    /// Every layer over the items' tokens, then the final norm of the wanted rows.
-    fn trunk(&self, items: &mut [StepItem<'_>], cost: &mut ForwardCost) -> Result<Batch> {
+impl DecoderLayers for LlamaLayers {
+    type Step = LlamaStep;
+
+    fn begin(&self, lanes: &[LaneRef]) -> LlamaStep {
         let cfg = &self.cfg;
-        let (h, hd) = (cfg.hidden_size, cfg.head_dim);
-        let q_dim = cfg.n_heads * hd;
-        let kv_dim = cfg.n_kv_heads * hd;
-        let lanes = plan_lanes(items, cfg.vocab_size)?;
         let n = lanes.len();
-        if n == 0 {
-            return Ok(Batch::zeros(0, h));
-        }
-        let mut x = embed_lanes(&self.embed, items, n, 1.0)?;
         let mut angles: Vec<Vec<(f32, f32)>> = Vec::with_capacity(n);
-        for l in &lanes {
+        for l in lanes {
             let mut cs = Vec::new();
             self.rope.angles(l.pos, &mut cs);
             angles.push(cs);
         }
-        let mut xn = Batch::zeros(n, h);
-        let mut qkv = Batch::default();
-        let mut attn = Batch::zeros(n, q_dim);
-        let mut y = Batch::default();
-        for (li, layer) in self.layers.iter().enumerate() {
-            for lane in 0..n {
-                rms_norm(x.lane(lane), &layer.attn_norm, cfg.rms_eps, 0.0, xn.lane_mut(lane));
-            }
-            cost.add(layer.qkv.run(&[&xn], &mut qkv)?);
-            // Decode steps: QK-norm, RoPE and the cache append inside the attention tasks.
-            let prep = |lane: usize, head: &mut [f32], is_query: bool| {
-                if let Some((wq, wk)) = &layer.qk_norm {
-                    rms_norm_in_place(head, if is_query { wq } else { wk }, cfg.rms_eps, 0.0);
-                }
-                self.rope.apply(head, &angles[lane]);
-            };
-            let fused =
-                self.attention
-                    .run_decode_fused(items, &lanes, li, &qkv, q_dim, q_dim + kv_dim, &prep, &mut attn);
-            if !fused {
-                // The same preparation on the caller, then the append and the attention loop.
-                for lane in 0..n {
-                    let row = qkv.lane_mut(lane);
-                    for head in row[..q_dim].chunks_mut(hd) {
-                        prep(lane, head, true);
-                    }
-                    for head in row[q_dim..q_dim + kv_dim].chunks_mut(hd) {
-                        prep(lane, head, false);
-                    }
-                }
-                self.attention.append(items, &lanes, li, &qkv, q_dim, q_dim + kv_dim);
-                self.attention.run(items, &lanes, li, &qkv, 0, hd, &mut attn);
-            }
-            cost.add(layer.out_residual.run(&[&attn, &x], &mut y)?);
-            std::mem::swap(&mut x, &mut y);
-            for lane in 0..n {
-                rms_norm(x.lane(lane), &layer.ffn_norm, cfg.rms_eps, 0.0, xn.lane_mut(lane));
-            }
-            cost.add(layer.ffn_residual.run(&[&xn, &x], &mut y)?);
-            std::mem::swap(&mut x, &mut y);
+        LlamaStep {
+            angles,
+            xn: Batch::zeros(n, cfg.hidden_size),
+            qkv: Batch::default(),
+            attn: Batch::zeros(n, cfg.n_heads * cfg.head_dim),
+            y: Batch::default(),
         }
-        commit_tokens(items);
-        // Final norm and LM head, only for the rows asked for.
-        let wanted = wanted_lanes(items);
-        let mut normed = Batch::zeros(wanted.len(), h);
-        for (row, &lane) in wanted.iter().enumerate() {
-            rms_norm(x.lane(lane), &self.output_norm, cfg.rms_eps, 0.0, normed.lane_mut(row));
-        }
-        Ok(normed)
-    }
-}
-
-impl LanguageModel for Llama {
-    fn info(&self) -> &ModelInfo {
-        &self.info
     }
 
-    fn new_session(&self, ctx_size: usize) -> Session {
-        let ctx = ctx_size.clamp(1, self.cfg.context_length.max(1));
+    fn layer(
+        &self,
+        li: usize,
+        step: &mut LlamaStep,
+        items: &mut [StepItem<'_>],
+        lanes: &[LaneRef],
+        x: &mut Batch,
+        cost: &mut ForwardCost,
+    ) -> Result<()> {
+        let cfg = &self.cfg;
+        let hd = cfg.head_dim;
+        let q_dim = cfg.n_heads * hd;
+        let kv_dim = cfg.n_kv_heads * hd;
+        let n = lanes.len();
+        let layer = &self.layers[li];
+        let LlamaStep {
+            angles,
+            xn,
+            qkv,
+            attn,
+            y,
+        } = step;
+        for lane in 0..n {
+            rms_norm(x.lane(lane), &layer.attn_norm, cfg.rms_eps, 0.0, xn.lane_mut(lane));
+        }
+        cost.add(layer.qkv.run(&[&*xn], qkv)?);
+        // Decode steps: QK-norm, RoPE and the cache append inside the attention tasks.
+        let prep = |lane: usize, head: &mut [f32], is_query: bool| {
+            if let Some((wq, wk)) = &layer.qk_norm {
+                rms_norm_in_place(head, if is_query { wq } else { wk }, cfg.rms_eps, 0.0);
+            }
+            self.rope.apply(head, &angles[lane]);
+        };
+        let fused = self
+            .attention
+            .run_decode_fused(items, lanes, li, qkv, q_dim, q_dim + kv_dim, &prep, attn);
+        if !fused {
+            // The same preparation on the caller, then the append and the attention loop.
+            for lane in 0..n {
+                let row = qkv.lane_mut(lane);
+                for head in row[..q_dim].chunks_mut(hd) {
+                    prep(lane, head, true);
+                }
+                for head in row[q_dim..q_dim + kv_dim].chunks_mut(hd) {
+                    prep(lane, head, false);
+                }
+            }
+            self.attention.append(items, lanes, li, qkv, q_dim, q_dim + kv_dim);
+            self.attention.run(items, lanes, li, qkv, 0, hd, attn);
+        }
+        cost.add(layer.out_residual.run(&[&*attn, &*x], y)?);
+        std::mem::swap(x, y);
+        for lane in 0..n {
+            rms_norm(x.lane(lane), &layer.ffn_norm, cfg.rms_eps, 0.0, xn.lane_mut(lane));
+        }
+        cost.add(layer.ffn_residual.run(&[&*xn, &*x], y)?);
+        std::mem::swap(x, y);
+        Ok(())
+    }
+
+    fn new_session(&self, ctx: usize) -> Session {
         Session::new(self.attention.cache(&vec![None; self.cfg.n_layers]), ctx)
-    }
-
-    fn forward_with_cost(&self, items: &mut [StepItem<'_>]) -> Result<(Batch, ForwardCost)> {
-        let lm_head = self.lm_head.as_ref().ok_or_else(|| {
-            EngineError::InvalidRequest("this model was loaded as an embedding trunk: it has no LM head".into())
-        })?;
-        let mut cost = ForwardCost::default();
-        let normed = self.trunk(items, &mut cost)?;
-        let mut logits = Batch::default();
-        if normed.lanes() == 0 {
-            logits.resize(0, self.cfg.vocab_size);
-        } else {
-            cost.add(lm_head.run(&[&normed], &mut logits)?);
-        }
-        Ok((logits, cost))
     }
 }

@@ -27,19 +27,18 @@ use serde_json::Value;
 
 use crate::arch::attention::Attention;
 use crate::arch::config_read::{GgufMeta, check_heads, check_sizes, need};
+use crate::arch::decoder::{Decoder, DecoderEnds, DecoderLayers, EndsSpec};
 use crate::arch::deltanet::{DeltaNetShape, GatedDeltaNet, VHeadOrder};
 use crate::arch::kernel_compile::CompiledLayer;
 use crate::arch::kernel_list::{KernelDesc, KernelList, LayerKernels};
-use crate::arch::step::{commit_tokens, embed_lanes, plan_lanes, wanted_lanes};
-use crate::arch::tensor_names::{Family, LayerTensor, Tensor, TensorNames};
-use crate::arch::trunk::load_embedding;
+use crate::arch::step::LaneRef;
+use crate::arch::tensor_names::{Family, LayerTensor, TensorNames};
 use crate::backend::{Backend, ForwardCost, Kernel};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
-use crate::model::{LanguageModel, ModelInfo, StepItem};
+use crate::model::{ModelInfo, StepItem};
 use crate::ops::{AttentionPrecision, Rope, RopePairing, rms_norm, rms_norm_in_place, sigmoid};
 use crate::session::{RecurrentLayer, Session};
-use crate::stored_matrix::StoredMatrix;
 
 /// Hyper-parameters of a Qwen3.5 text model.
 #[derive(Clone, Debug, PartialEq)]
@@ -322,17 +321,16 @@ struct Layer {
     ffn_residual: Box<dyn Kernel>,
 }
 
-/// A loaded Qwen3.5 text model.
-pub struct Qwen35 {
+/// The layers of a Qwen3.5 text model (the rest is the shared [`Decoder`] trunk).
+pub struct Qwen35Layers {
     cfg: Qwen35Config,
-    info: ModelInfo,
-    embed: StoredMatrix,
     layers: Vec<Layer>,
-    output_norm: Vec<f32>,
-    lm_head: Box<dyn Kernel>,
     rope: Rope,
     attention: Attention,
 }
+
+/// A loaded Qwen3.5 text model.
+pub type Qwen35 = Decoder<Qwen35Layers>;
 
 /// Decode a small tensor of any rank to f32 (conv weights are `[C, 1, k]`).
 fn small_tensor(store: &Arc<dyn TensorStore>, name: &str, len: usize) -> Result<Vec<f32>> {
@@ -349,7 +347,7 @@ fn small_tensor(store: &Arc<dyn TensorStore>, name: &str, len: usize) -> Result<
     Ok(out)
 }
 
-impl Qwen35 {
+impl Decoder<Qwen35Layers> {
     /// Compile every kernel on `backend`; `names` says where the file keeps the text
     /// model's tensors. `progress(done, total)` is called after each layer.
     pub fn load(
@@ -365,7 +363,6 @@ impl Qwen35 {
         let list = cfg.kernel_specs(names)?.for_store(store, names)?;
         // GGUF stores `(1 + w)` norms as `1 + w`, Hugging Face as `w`.
         let offset = if names.is_gguf() { 0.0 } else { 1.0 };
-        let embed = load_embedding(store, names, cfg.vocab_size, h)?;
         let vector = |name: &str, len: usize, offset: f32| -> Result<Vec<f32>> {
             let mut v = small_tensor(store, name, len)?;
             v.iter_mut().for_each(|w| *w += offset);
@@ -415,7 +412,20 @@ impl Qwen35 {
             });
             progress(i + 1, n_layers + 1);
         }
-        let lm_head = list.lm_head.compile(backend, store, names)?;
+        let ends = DecoderEnds::load(
+            store,
+            names,
+            backend,
+            EndsSpec {
+                vocab: cfg.vocab_size,
+                hidden: h,
+                norm_offset: offset,
+                norm_eps: cfg.rms_eps,
+                embed_scale: 1.0,
+                final_softcap: None,
+                lm_head: Some(&list.lm_head),
+            },
+        )?;
         progress(n_layers + 1, n_layers + 1);
         let info = ModelInfo {
             architecture: "qwen3_5".into(),
@@ -424,8 +434,7 @@ impl Qwen35 {
             n_layers,
             hidden_size: h,
         };
-        Ok(Self {
-            output_norm: vector(&names.name(Tensor::OutputNorm)?, h, offset)?,
+        let layers = Qwen35Layers {
             rope: Rope::new(cfg.rope_dims, cfg.rope_theta, RopePairing::Halves),
             attention: Attention {
                 n_heads: cfg.n_heads,
@@ -436,27 +445,142 @@ impl Qwen35 {
                 softcap: None,
                 precision: AttentionPrecision::F32,
             },
-            info,
-            embed,
             layers,
-            lm_head,
             cfg,
-        })
+        };
+        Ok(Decoder::new(layers, ends, info))
     }
 
     /// The configuration.
     pub fn config(&self) -> &Qwen35Config {
-        &self.cfg
+        &self.layers.cfg
     }
 }
 
-impl LanguageModel for Qwen35 {
-    fn info(&self) -> &ModelInfo {
-        &self.info
+/// One step's shared values: RoPE angles per lane, each lane's session, and the scratch rows.
+pub struct Qwen35Step {
+    angles: Vec<Vec<(f32, f32)>>,
+    lane_items: Vec<usize>,
+    xn: Batch,
+    proj: Batch,
+    attn: Batch,
+    mixed: Batch,
+    y: Batch,
+    conv: Batch,
+}
+
+impl DecoderLayers for Qwen35Layers {
+    type Step = Qwen35Step;
+
+    fn begin(&self, lanes: &[LaneRef]) -> Qwen35Step {
+        let cfg = &self.cfg;
+        let n = lanes.len();
+        let angles: Vec<Vec<(f32, f32)>> = lanes
+            .iter()
+            .map(|l| {
+                let mut cs = Vec::new();
+                self.rope.angles(l.pos, &mut cs);
+                cs
+            })
+            .collect();
+        Qwen35Step {
+            angles,
+            lane_items: lanes.iter().map(|l| l.item).collect(),
+            xn: Batch::zeros(n, cfg.hidden_size),
+            proj: Batch::default(),
+            attn: Batch::zeros(n, cfg.n_heads * cfg.head_dim),
+            mixed: Batch::zeros(n, cfg.deltanet.value_width()),
+            y: Batch::default(),
+            conv: Batch::default(),
+        }
     }
 
-    fn new_session(&self, ctx_size: usize) -> Session {
-        let ctx = ctx_size.clamp(1, self.cfg.context_length.max(1));
+    fn layer(
+        &self,
+        li: usize,
+        step: &mut Qwen35Step,
+        items: &mut [StepItem<'_>],
+        lanes: &[LaneRef],
+        x: &mut Batch,
+        cost: &mut ForwardCost,
+    ) -> Result<()> {
+        let cfg = &self.cfg;
+        let hd = cfg.head_dim;
+        let q_dim = cfg.n_heads * hd;
+        let kv_dim = cfg.n_kv_heads * hd;
+        let eps = cfg.rms_eps;
+        let n = lanes.len();
+        let layer = &self.layers[li];
+        let Qwen35Step {
+            angles,
+            lane_items,
+            xn,
+            proj,
+            attn,
+            mixed,
+            y,
+            conv,
+        } = step;
+        for lane in 0..n {
+            rms_norm(x.lane(lane), &layer.input_norm, eps, 0.0, xn.lane_mut(lane));
+        }
+        match &layer.mixer {
+            Mixer::Linear { proj: p, net, out } => {
+                cost.add(p.run(&[&*xn], proj)?);
+                let mut states = items
+                    .iter_mut()
+                    .map(|it| it.session.recurrent.get_mut(li))
+                    .collect::<Option<Vec<&mut RecurrentLayer>>>()
+                    .ok_or_else(|| EngineError::Config("a session of another model was passed to Qwen3.5".into()))?;
+                net.forward(&mut states, lane_items, proj, conv, mixed)?;
+                cost.add(out.run(&[&*mixed, &*x], y)?);
+            }
+            Mixer::Attention {
+                qkv,
+                q_norm,
+                k_norm,
+                out,
+            } => {
+                cost.add(qkv.run(&[&*xn], proj)?);
+                // Per head: [query | gate] (2·hd) for q heads, then k, then v.
+                for (lane, cs) in angles.iter().enumerate() {
+                    let row = proj.lane_mut(lane);
+                    let (qg, kv) = row.split_at_mut(2 * q_dim);
+                    for head in qg.chunks_mut(2 * hd) {
+                        let q = &mut head[..hd];
+                        rms_norm_in_place(q, q_norm, eps, 0.0);
+                        self.rope.apply(q, cs);
+                    }
+                    for k in kv[..kv_dim].chunks_mut(hd) {
+                        rms_norm_in_place(k, k_norm, eps, 0.0);
+                        self.rope.apply(k, cs);
+                    }
+                }
+                self.attention
+                    .append(items, lanes, li, proj, 2 * q_dim, 2 * q_dim + kv_dim);
+                self.attention.run(items, lanes, li, proj, 0, 2 * hd, attn);
+                // Output gate: o ⊙ σ(gate).
+                for lane in 0..n {
+                    let gates = &proj.lane(lane)[..2 * q_dim];
+                    for (o, g) in attn.lane_mut(lane).chunks_mut(hd).zip(gates.chunks(2 * hd)) {
+                        for (ov, &gv) in o.iter_mut().zip(&g[hd..]) {
+                            *ov *= sigmoid(gv);
+                        }
+                    }
+                }
+                cost.add(out.run(&[&*attn, &*x], y)?);
+            }
+        }
+        std::mem::swap(x, y);
+        for lane in 0..n {
+            rms_norm(x.lane(lane), &layer.post_norm, eps, 0.0, xn.lane_mut(lane));
+        }
+        cost.add(layer.ffn_residual.run(&[&*xn, &*x], y)?);
+        std::mem::swap(x, y);
+        Ok(())
+    }
+
+    fn new_session(&self, ctx: usize) -> Session {
         let recurrent = self
             .cfg
             .linear
@@ -470,109 +594,5 @@ impl LanguageModel for Qwen35 {
             })
             .collect();
         Session::with_recurrent(self.attention.cache(&vec![None; self.cfg.n_layers()]), recurrent, ctx)
-    }
-
-    fn forward_with_cost(&self, items: &mut [StepItem<'_>]) -> Result<(Batch, ForwardCost)> {
-        let mut cost = ForwardCost::default();
-        let cfg = &self.cfg;
-        let (h, hd) = (cfg.hidden_size, cfg.head_dim);
-        let q_dim = cfg.n_heads * hd;
-        let kv_dim = cfg.n_kv_heads * hd;
-        let eps = cfg.rms_eps;
-        let lanes = plan_lanes(items, cfg.vocab_size)?;
-        let n = lanes.len();
-        if n == 0 {
-            return Ok((Batch::zeros(0, cfg.vocab_size), cost));
-        }
-        let mut x = embed_lanes(&self.embed, items, n, 1.0)?;
-        let angles: Vec<Vec<(f32, f32)>> = lanes
-            .iter()
-            .map(|l| {
-                let mut cs = Vec::new();
-                self.rope.angles(l.pos, &mut cs);
-                cs
-            })
-            .collect();
-        let vw = cfg.deltanet.value_width();
-        let mut xn = Batch::zeros(n, h);
-        let mut proj = Batch::default();
-        let mut attn = Batch::zeros(n, q_dim);
-        let mut mixed = Batch::zeros(n, vw);
-        let mut y = Batch::default();
-        let mut conv = Batch::default();
-        let lane_items: Vec<usize> = lanes.iter().map(|l| l.item).collect();
-        for (li, layer) in self.layers.iter().enumerate() {
-            for lane in 0..n {
-                rms_norm(x.lane(lane), &layer.input_norm, eps, 0.0, xn.lane_mut(lane));
-            }
-            match &layer.mixer {
-                Mixer::Linear { proj: p, net, out } => {
-                    cost.add(p.run(&[&xn], &mut proj)?);
-                    let mut states = items
-                        .iter_mut()
-                        .map(|it| it.session.recurrent.get_mut(li))
-                        .collect::<Option<Vec<&mut RecurrentLayer>>>()
-                        .ok_or_else(|| {
-                            EngineError::Config("a session of another model was passed to Qwen3.5".into())
-                        })?;
-                    net.forward(&mut states, &lane_items, &proj, &mut conv, &mut mixed)?;
-                    cost.add(out.run(&[&mixed, &x], &mut y)?);
-                }
-                Mixer::Attention {
-                    qkv,
-                    q_norm,
-                    k_norm,
-                    out,
-                } => {
-                    cost.add(qkv.run(&[&xn], &mut proj)?);
-                    // Per head: [query | gate] (2·hd) for q heads, then k, then v.
-                    for (lane, cs) in angles.iter().enumerate() {
-                        let row = proj.lane_mut(lane);
-                        let (qg, kv) = row.split_at_mut(2 * q_dim);
-                        for head in qg.chunks_mut(2 * hd) {
-                            let q = &mut head[..hd];
-                            rms_norm_in_place(q, q_norm, eps, 0.0);
-                            self.rope.apply(q, cs);
-                        }
-                        for k in kv[..kv_dim].chunks_mut(hd) {
-                            rms_norm_in_place(k, k_norm, eps, 0.0);
-                            self.rope.apply(k, cs);
-                        }
-                    }
-                    self.attention
-                        .append(items, &lanes, li, &proj, 2 * q_dim, 2 * q_dim + kv_dim);
-                    self.attention.run(items, &lanes, li, &proj, 0, 2 * hd, &mut attn);
-                    // Output gate: o ⊙ σ(gate).
-                    for lane in 0..n {
-                        let gates = &proj.lane(lane)[..2 * q_dim];
-                        for (o, g) in attn.lane_mut(lane).chunks_mut(hd).zip(gates.chunks(2 * hd)) {
-                            for (ov, &gv) in o.iter_mut().zip(&g[hd..]) {
-                                *ov *= sigmoid(gv);
-                            }
-                        }
-                    }
-                    cost.add(out.run(&[&attn, &x], &mut y)?);
-                }
-            }
-            std::mem::swap(&mut x, &mut y);
-            for lane in 0..n {
-                rms_norm(x.lane(lane), &layer.post_norm, eps, 0.0, xn.lane_mut(lane));
-            }
-            cost.add(layer.ffn_residual.run(&[&xn, &x], &mut y)?);
-            std::mem::swap(&mut x, &mut y);
-        }
-        commit_tokens(items);
-        let wanted = wanted_lanes(items);
-        let mut normed = Batch::zeros(wanted.len(), h);
-        for (row, &lane) in wanted.iter().enumerate() {
-            rms_norm(x.lane(lane), &self.output_norm, eps, 0.0, normed.lane_mut(row));
-        }
-        let mut logits = Batch::default();
-        if wanted.is_empty() {
-            logits.resize(0, cfg.vocab_size);
-        } else {
-            cost.add(self.lm_head.run(&[&normed], &mut logits)?);
-        }
-        Ok((logits, cost))
     }
 }

@@ -8,7 +8,7 @@ use crate::stored_matrix::StoredMatrix;
 
 /// Where one lane of a step comes from.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct LaneRef {
+pub struct LaneRef {
     /// Index of the step item (session).
     pub item: usize,
     /// Absolute position of the token in its session.
