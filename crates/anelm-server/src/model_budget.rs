@@ -48,7 +48,7 @@ pub fn plan_eviction(resident: &[Resident], need: u64, budget: u64) -> Result<Ve
     if need > budget {
         return Err(BudgetError::TooLarge { need, budget });
     }
-    let fits = |used: u64| used.saturating_add(need) <= budget;
+    let fits = |used: u64| used.checked_add(need).is_some_and(|total| total <= budget);
     let mut used: u64 = resident.iter().fold(0u64, |a, r| a.saturating_add(r.bytes));
     let mut candidates: Vec<&Resident> = resident.iter().filter(|r| r.evictable).collect();
     candidates.sort_by_key(|r| r.last_used);
