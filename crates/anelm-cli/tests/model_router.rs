@@ -1,6 +1,6 @@
 //! Many models in one server, end to end: `anelm serve --models-dir DIR` over a directory of
-//! two chat models (the default model under two names), an embedding model and a truncated
-//! GGUF. Load on demand, concurrent requests to two models, a model that fails to load (a clear
+//! two chat models (the default model under two names), an embedding model, a cross-encoder
+//! (the committed rerank fixture) and a truncated GGUF. Load on demand, concurrent requests to two models, a model that fails to load (a clear
 //! error naming it; the others keep serving), LRU eviction under `--max-loaded-bytes`, the load
 //! and unload endpoints, Ollama's `keep_alive`, per-model health and metrics, unknown models,
 //! and the command line's errors.
@@ -55,18 +55,24 @@ fn minilm() -> PathBuf {
     cached("all-MiniLM-L6-v2", "scripts/fetch-minilm.sh")
 }
 
+fn cross_encoder() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../anelm-engine/tests/fixtures/rerank/cross-encoder")
+}
+
 fn link(target: &Path, at: &Path) {
     std::os::unix::fs::symlink(target, at).expect("symlink");
 }
 
 /// A models directory: `chat-a.gguf` and `chat-b.gguf` (both SmolLM2), and with `extra` the
-/// embedding model `minilm` and `truncated.gguf` (SmolLM2's first 4 KiB).
+/// embedding model `minilm`, the reranker `cross-encoder` and `truncated.gguf` (SmolLM2's first
+/// 4 KiB).
 fn models_dir(tag: &str, extra: bool) -> TempDir {
     let dir = TempDir::new(tag);
     link(&smollm(), &dir.0.join("chat-a.gguf"));
     link(&smollm(), &dir.0.join("chat-b.gguf"));
     if extra {
         link(&minilm(), &dir.0.join("minilm"));
+        link(&cross_encoder(), &dir.0.join("cross-encoder"));
         let head: Vec<u8> = std::fs::read(smollm()).expect("read the model")[..4096].to_vec();
         std::fs::write(dir.0.join("truncated.gguf"), head).expect("write");
     }
@@ -142,13 +148,13 @@ fn models_load_on_demand_serve_side_by_side_and_survive_a_broken_one() {
     assert_eq!(status, 200, "{v}");
     let data = v["data"].as_array().expect("data");
     let ids: Vec<&str> = data.iter().filter_map(|m| m["id"].as_str()).collect();
-    assert_eq!(ids, ["chat-a", "chat-b", "minilm", "truncated"]);
+    assert_eq!(ids, ["chat-a", "chat-b", "cross-encoder", "minilm", "truncated"]);
     assert!(data.iter().all(|m| m["state"] == "unloaded"), "{v}");
-    assert_eq!(data[0]["kind"], "chat");
-    assert_eq!(data[2]["kind"], "embedding");
+    let kinds: Vec<&str> = data.iter().filter_map(|m| m["kind"].as_str()).collect();
+    assert_eq!(kinds, ["chat", "chat", "rerank", "embedding", "chat"]);
     let smollm_bytes = std::fs::metadata(smollm()).expect("stat").len();
     assert_eq!(data[0]["size_bytes"].as_u64(), Some(smollm_bytes));
-    assert_eq!(data[3]["size_bytes"].as_u64(), Some(4096));
+    assert_eq!(data[4]["size_bytes"].as_u64(), Some(4096));
     let (status, health) = call(p, "GET", "/health", &Value::Null);
     assert_eq!((status, health["models"][0]["state"].as_str()), (200, Some("unloaded")));
 
@@ -183,6 +189,16 @@ fn models_load_on_demand_serve_side_by_side_and_survive_a_broken_one() {
     let (status, v) = embed.join().expect("thread");
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["data"][1]["embedding"].as_array().map(Vec::len), Some(384));
+    // The reranker of the same process.
+    let (status, v) = call(
+        p,
+        "POST",
+        "/v1/rerank",
+        &json!({"model": "cross-encoder", "query": "a cat", "documents": ["a dog", "a kitten", "a car"]}),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["model"], "cross-encoder");
+    assert_eq!(v["results"].as_array().map(Vec::len), Some(3), "{v}");
     assert_eq!(metric(p, "anelm_model_loads_total{model=\"chat-b\"}"), 1.0);
     // An embedding model refuses chat as it does alone.
     let (status, v) = chat(p, "minilm");
@@ -201,7 +217,7 @@ fn models_load_on_demand_serve_side_by_side_and_survive_a_broken_one() {
     assert_eq!(state_of(p, "truncated"), "failed");
     let (status, health) = call(p, "GET", "/health", &Value::Null);
     assert_eq!(status, 200, "{health}");
-    assert_eq!(health["models"][3]["state"], "failed");
+    assert_eq!(health["models"][4]["state"], "failed");
     let (status, one) = call(p, "GET", "/models/truncated/health", &Value::Null);
     assert_eq!((status, one["status"].as_str()), (503, Some("failed")), "{one}");
     assert!(one["error"].as_str().unwrap_or_default().contains("truncated or corrupt"), "{one}");
@@ -233,7 +249,7 @@ fn models_load_on_demand_serve_side_by_side_and_survive_a_broken_one() {
     assert_eq!(status, 404, "{v}");
     let msg = v["error"]["message"].as_str().unwrap_or_default();
     assert!(
-        msg.contains("'gpt-4o'") && msg.contains("'chat-a', 'chat-b', 'minilm' and 'truncated'"),
+        msg.contains("'gpt-4o'") && msg.contains("'chat-a', 'chat-b', 'cross-encoder', 'minilm' and 'truncated'"),
         "{msg}"
     );
     let (status, v) = call(
@@ -263,7 +279,7 @@ fn models_load_on_demand_serve_side_by_side_and_survive_a_broken_one() {
     // idle time, and an empty request with keep_alive 0 unloads.
     let (status, v) = call(p, "GET", "/api/tags", &Value::Null);
     assert_eq!(status, 200);
-    assert_eq!(v["models"].as_array().map(Vec::len), Some(4), "{v}");
+    assert_eq!(v["models"].as_array().map(Vec::len), Some(5), "{v}");
     assert_eq!(v["models"][0]["name"], "chat-a:latest");
     let generate = |keep: Value, prompt: &str| {
         call(
