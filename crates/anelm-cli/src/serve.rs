@@ -323,7 +323,10 @@ pub fn run(a: ServeArgs) -> Result<()> {
         .context("could not start the async runtime")?;
     rt.block_on(async move {
         let listener = listen(&a).await?;
-        eprintln!("anelm serve: listening on http://{} (loading the model; /health is 503 until ready)", listener.local_addr()?);
+        eprintln!(
+            "anelm serve: listening on http://{} (loading the model; /health is 503 until ready)",
+            listener.local_addr()?
+        );
         if let Some(secs) = a.idle_unload {
             let (args, cfg, cache, draft) = (a.model.clone(), sched_cfg.clone(), prompt_cache.clone(), draft.clone());
             let loader: anelm_server::idle::Loader = Arc::new(move || {

@@ -88,7 +88,11 @@ fn serve(dir: &TempDir, extra: &[&str]) -> Server {
 
 /// One request with the test key: (status, body as JSON, or the text as a JSON string).
 fn call(port: u16, method: &str, path: &str, body: &Value) -> (u16, Value) {
-    let text = if body.is_null() { String::new() } else { body.to_string() };
+    let text = if body.is_null() {
+        String::new()
+    } else {
+        body.to_string()
+    };
     let r = serving::http(port, method, path, text.as_bytes(), Some(KEY)).expect("request");
     let v = serde_json::from_str(&r.body).unwrap_or(Value::String(r.body));
     (r.status, v)
@@ -203,7 +207,13 @@ fn models_load_on_demand_serve_side_by_side_and_survive_a_broken_one() {
     // An embedding model refuses chat as it does alone.
     let (status, v) = chat(p, "minilm");
     assert_eq!(status, 400, "{v}");
-    assert!(v["error"]["message"].as_str().unwrap_or_default().contains("does not generate text"), "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("does not generate text"),
+        "{v}"
+    );
 
     // The truncated file: a clear error naming it; /health stays 200 and reports it; the
     // others keep serving.
@@ -211,7 +221,9 @@ fn models_load_on_demand_serve_side_by_side_and_survive_a_broken_one() {
     assert_eq!(status, 500, "{v}");
     let msg = v["error"]["message"].as_str().unwrap_or_default();
     assert!(
-        msg.contains("'truncated' failed to load") && msg.contains("truncated.gguf") && msg.contains("truncated or corrupt"),
+        msg.contains("'truncated' failed to load")
+            && msg.contains("truncated.gguf")
+            && msg.contains("truncated or corrupt"),
         "{msg}"
     );
     assert_eq!(state_of(p, "truncated"), "failed");
@@ -220,7 +232,13 @@ fn models_load_on_demand_serve_side_by_side_and_survive_a_broken_one() {
     assert_eq!(health["models"][4]["state"], "failed");
     let (status, one) = call(p, "GET", "/models/truncated/health", &Value::Null);
     assert_eq!((status, one["status"].as_str()), (503, Some("failed")), "{one}");
-    assert!(one["error"].as_str().unwrap_or_default().contains("truncated or corrupt"), "{one}");
+    assert!(
+        one["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("truncated or corrupt"),
+        "{one}"
+    );
     // Asking again answers the same error at once, without a second load.
     let (status, _) = chat(p, "truncated");
     assert_eq!(status, 500);
@@ -259,7 +277,10 @@ fn models_load_on_demand_serve_side_by_side_and_survive_a_broken_one() {
         &json!({"model": "nope", "messages": [{"role": "user", "content": "hi"}]}),
     );
     assert_eq!(status, 404);
-    assert!(v["error"].as_str().is_some_and(|e| e.contains("'nope'")), "Ollama's error shape: {v}");
+    assert!(
+        v["error"].as_str().is_some_and(|e| e.contains("'nope'")),
+        "Ollama's error shape: {v}"
+    );
     // A body over --max-body-bytes is refused before any model is chosen.
     let big = json!({"model": "chat-a", "prompt": "x".repeat(serving::BODY_LIMIT)});
     assert_eq!(call(p, "POST", "/v1/completions", &big).0, 413);
@@ -298,16 +319,14 @@ fn models_load_on_demand_serve_side_by_side_and_survive_a_broken_one() {
     assert_eq!(status, 200, "{v}");
     let t = Instant::now();
     while state_of(p, "chat-b") == "loaded" {
-        assert!(t.elapsed() < Duration::from_secs(20), "keep_alive 1s did not unload chat-b");
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "keep_alive 1s did not unload chat-b"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     assert_eq!(state_of(p, "chat-a"), "loaded", "only chat-b had a keep_alive");
-    let (status, v) = call(
-        p,
-        "POST",
-        "/api/generate",
-        &json!({"model": "chat-a", "keep_alive": 0}),
-    );
+    let (status, v) = call(p, "POST", "/api/generate", &json!({"model": "chat-a", "keep_alive": 0}));
     assert_eq!((status, v["done_reason"].as_str()), (200, Some("unload")), "{v}");
     assert_eq!(state_of(p, "chat-a"), "unloaded");
     let (status, v) = generate(json!("soon"), "Hi");
@@ -346,7 +365,10 @@ fn a_budget_unloads_the_least_recently_used_model() {
     let (status, v) = chat(p, "chat-b");
     assert_eq!(status, 503, "{v}");
     let msg = v["error"]["message"].as_str().unwrap_or_default();
-    assert!(msg.contains("'chat-b' cannot be loaded") && msg.contains("busy or pinned"), "{msg}");
+    assert!(
+        msg.contains("'chat-b' cannot be loaded") && msg.contains("busy or pinned"),
+        "{msg}"
+    );
     assert_eq!(state_of(p, "chat-a"), "loaded");
     // Unloading forgets the pin; then chat-b loads.
     assert_eq!(call(p, "POST", "/v1/models/chat-a/unload", &Value::Null).0, 200);
@@ -378,7 +400,10 @@ fn the_command_line_says_what_is_wrong() {
     let model = smollm();
     let s = model.to_str().expect("utf-8 path");
     let err = fails(&["--model", s, "--model", s]);
-    assert!(err.contains("two models are named 'SmolLM2-135M-Instruct.Q4_1'"), "{err}");
+    assert!(
+        err.contains("two models are named 'SmolLM2-135M-Instruct.Q4_1'"),
+        "{err}"
+    );
     let err = fails(&["--model", s, "--model", m]);
     assert!(err.contains("--model") && err.contains("cannot read it"), "{err}");
     let err = fails(&["--model", s, "--max-loaded-bytes", "1000"]);

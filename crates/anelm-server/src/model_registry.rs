@@ -586,8 +586,10 @@ impl ModelRegistry {
                 *e.slot() = Slot::Loaded(Arc::new(Loaded { state, router }));
                 e.touch();
                 e.loads.fetch_add(1, Ordering::Relaxed);
-                e.last_load_ms
-                    .store(u64::try_from(t0.elapsed().as_millis()).unwrap_or(u64::MAX), Ordering::Relaxed);
+                e.last_load_ms.store(
+                    u64::try_from(t0.elapsed().as_millis()).unwrap_or(u64::MAX),
+                    Ordering::Relaxed,
+                );
                 eprintln!(
                     "anelm serve: model '{}' loaded in {:.1} s",
                     e.spec.id,
@@ -704,7 +706,10 @@ impl ModelRegistry {
     pub fn metrics_text(&self) -> String {
         let mut out = String::new();
         let mut family = |name: &str, kind: &str, help: &str, value: &dyn Fn(&Entry) -> f64| {
-            let _ = write!(out, "# HELP anelm_model_{name} {help}\n# TYPE anelm_model_{name} {kind}\n");
+            let _ = write!(
+                out,
+                "# HELP anelm_model_{name} {help}\n# TYPE anelm_model_{name} {kind}\n"
+            );
             for e in &self.entries {
                 let _ = writeln!(
                     out,
@@ -715,10 +720,22 @@ impl ModelRegistry {
             }
         };
         let is = |s: ModelState| move |e: &Entry| f64::from(u8::from(e.state().0 == s));
-        family("loaded", "gauge", "1 while the model is loaded", &is(ModelState::Loaded));
+        family(
+            "loaded",
+            "gauge",
+            "1 while the model is loaded",
+            &is(ModelState::Loaded),
+        );
         family("loading", "gauge", "1 while the model loads", &is(ModelState::Loading));
-        family("failed", "gauge", "1 when the model's last load failed", &is(ModelState::Failed));
-        family("bytes", "gauge", "the size of the model's files", &|e| e.spec.bytes as f64);
+        family(
+            "failed",
+            "gauge",
+            "1 when the model's last load failed",
+            &is(ModelState::Failed),
+        );
+        family("bytes", "gauge", "the size of the model's files", &|e| {
+            e.spec.bytes as f64
+        });
         family("pinned", "gauge", "1 while keep_alive -1 pins the model", &|e| {
             f64::from(u8::from(e.pinned()))
         });
@@ -731,9 +748,12 @@ impl ModelRegistry {
         family("loads_total", "counter", "loads of the model", &|e| {
             e.loads.load(Ordering::Relaxed) as f64
         });
-        family("unloads_total", "counter", "unloads of the model (asked, idle, or budget)", &|e| {
-            e.unloads.load(Ordering::Relaxed) as f64
-        });
+        family(
+            "unloads_total",
+            "counter",
+            "unloads of the model (asked, idle, or budget)",
+            &|e| e.unloads.load(Ordering::Relaxed) as f64,
+        );
         family(
             "evictions_total",
             "counter",
@@ -743,9 +763,12 @@ impl ModelRegistry {
         family("load_failures_total", "counter", "failed loads of the model", &|e| {
             e.failures.load(Ordering::Relaxed) as f64
         });
-        family("last_load_seconds", "gauge", "how long the model's last load took", &|e| {
-            e.last_load_ms.load(Ordering::Relaxed) as f64 / 1e3
-        });
+        family(
+            "last_load_seconds",
+            "gauge",
+            "how long the model's last load took",
+            &|e| e.last_load_ms.load(Ordering::Relaxed) as f64 / 1e3,
+        );
         let _ = write!(
             out,
             "# HELP anelm_loaded_bytes bytes of the models loaded now\n# TYPE anelm_loaded_bytes gauge\nanelm_loaded_bytes {}\n",
@@ -841,7 +864,11 @@ mod tests {
         assert_eq!(reg.find("llama"), Lookup::Unknown);
         let e = reg.resolve("llama").expect_err("unknown");
         assert_eq!(e.status, StatusCode::NOT_FOUND);
-        assert!(e.message.contains("'SmolLM2-135M', 'smollm2-360m' and 'gemma-3-270m'"), "{}", e.message);
+        assert!(
+            e.message.contains("'SmolLM2-135M', 'smollm2-360m' and 'gemma-3-270m'"),
+            "{}",
+            e.message
+        );
     }
 
     #[tokio::test]
@@ -880,7 +907,10 @@ mod tests {
         assert_eq!(reg.unload(2).await.ok(), Some(true));
         assert_eq!(reg.state(2).0, ModelState::Unloaded);
         assert!(!reg.describe(2)["pinned"].as_bool().unwrap_or(true));
-        assert!(reg.metrics_text().contains("anelm_model_evictions_total{model=\"a\"} 1"));
+        assert!(
+            reg.metrics_text()
+                .contains("anelm_model_evictions_total{model=\"a\"} 1")
+        );
     }
 
     #[tokio::test]

@@ -134,7 +134,13 @@ async fn route_by_model(reg: Arc<ModelRegistry>, req: Request, path: &str) -> Re
             // Ollama's unload request: nothing to generate, keep_alive 0.
             reg.unload(i).await?;
             let name = named.unwrap_or(reg.id(i)).to_string();
-            return Ok(ollama::load_answer(path == "/api/chat", &name, started, Duration::ZERO, "unload"));
+            return Ok(ollama::load_answer(
+                path == "/api/chat",
+                &name,
+                started,
+                Duration::ZERO,
+                "unload",
+            ));
         }
         // As Ollama: each request sets how long its model stays loaded (none: the default).
         reg.set_keep_alive(i, keep);
@@ -241,7 +247,11 @@ async fn metrics(State(reg): State<Arc<ModelRegistry>>, headers: HeaderMap) -> R
     if let Err(e) = check_key(&reg, &headers) {
         return e.into_response();
     }
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], reg.metrics_text()).into_response()
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        reg.metrics_text(),
+    )
+        .into_response()
 }
 
 /// A `GET path` to model `i`'s own router, when it is loaded.
