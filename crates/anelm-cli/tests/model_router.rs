@@ -302,6 +302,20 @@ fn models_load_on_demand_serve_side_by_side_and_survive_a_broken_one() {
     assert_eq!(status, 200);
     assert_eq!(v["models"].as_array().map(Vec::len), Some(5), "{v}");
     assert_eq!(v["models"][0]["name"], "chat-a:latest");
+    // /api/ps: the loaded models only (the failed one is not).
+    let (status, v) = call(p, "GET", "/api/ps", &Value::Null);
+    assert_eq!(status, 200);
+    let loaded: Vec<&str> = v["models"]
+        .as_array()
+        .expect("models")
+        .iter()
+        .filter_map(|m| m["name"].as_str())
+        .collect();
+    assert_eq!(
+        loaded,
+        ["chat-a:latest", "chat-b:latest", "cross-encoder:latest", "minilm:latest"],
+        "{v}"
+    );
     let generate = |keep: Value, prompt: &str| {
         call(
             p,
