@@ -313,7 +313,12 @@ fn models_load_on_demand_serve_side_by_side_and_survive_a_broken_one() {
         .collect();
     assert_eq!(
         loaded,
-        ["chat-a:latest", "chat-b:latest", "cross-encoder:latest", "minilm:latest"],
+        [
+            "chat-a:latest",
+            "chat-b:latest",
+            "cross-encoder:latest",
+            "minilm:latest"
+        ],
         "{v}"
     );
     let generate = |keep: Value, prompt: &str| {

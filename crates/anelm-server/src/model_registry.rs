@@ -415,16 +415,7 @@ impl ModelRegistry {
             return Ok(l);
         }
         self.failed_error(i)?;
-        self.load_locked(i).await?;
-        // Still under the load lock: nothing can unload it before the lease is taken.
-        self.lease_if_loaded(i).ok_or_else(|| {
-            ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "server_error",
-                format!("the model '{}' was unloaded during its load; retry", e.spec.id),
-            )
-            .retry_after(1)
-        })
+        self.load_locked(i).await
     }
 
     /// Load model `i` now (`POST /v1/models/{id}/load`), trying again if its last load failed;
@@ -436,7 +427,7 @@ impl ModelRegistry {
             e.touch();
             return Ok(());
         }
-        self.load_locked(i).await
+        self.load_locked(i).await.map(drop)
     }
 
     /// Unload model `i` now (`POST /v1/models/{id}/unload`), and forget its `keep_alive`;
@@ -563,8 +554,9 @@ impl ModelRegistry {
     }
 
     /// Load model `i` (the caller holds the load lock): make room under the budget, then run
-    /// its loader on a blocking thread. Its slot ends loaded or failed.
-    async fn load_locked(self: &Arc<Self>, i: usize) -> Result<(), ApiError> {
+    /// its loader on a blocking thread. Its slot ends loaded or failed; loaded, it comes with a
+    /// lease taken at once (so the idle reaper cannot unload it before its first request).
+    async fn load_locked(self: &Arc<Self>, i: usize) -> Result<Lease, ApiError> {
         let e = self.entry(i)?;
         self.make_room(i).await?;
         *e.slot() = Slot::Loading;
@@ -583,7 +575,19 @@ impl ModelRegistry {
         match outcome {
             Ok(()) => {
                 let router = crate::router(state.clone());
-                *e.slot() = Slot::Loaded(Arc::new(Loaded { state, router }));
+                {
+                    let mut slot = e.slot();
+                    *slot = Slot::Loaded(Arc::new(Loaded {
+                        state,
+                        router: router.clone(),
+                    }));
+                    e.in_flight.fetch_add(1, Ordering::AcqRel);
+                }
+                let lease = Lease {
+                    registry: self.clone(),
+                    index: i,
+                    router,
+                };
                 e.touch();
                 e.loads.fetch_add(1, Ordering::Relaxed);
                 e.last_load_ms.store(
@@ -595,7 +599,7 @@ impl ModelRegistry {
                     e.spec.id,
                     t0.elapsed().as_secs_f64()
                 );
-                Ok(())
+                Ok(lease)
             }
             Err(msg) => {
                 let msg = msg.replace('\n', " ");
