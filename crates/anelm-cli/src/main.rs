@@ -24,6 +24,7 @@ mod plan_encoder;
 mod priority;
 mod runtime;
 mod serve;
+mod serve_models;
 mod service;
 mod speculate;
 

@@ -29,9 +29,22 @@ use crate::runtime::{load, load_embedder, load_reranker, model_path};
 
 /// Arguments of `anelm serve`.
 #[derive(Args, Debug)]
+// `--model` may be given more than once (several models in one server); `model` keeps the first.
+#[command(mut_arg("model", |a| a.action(clap::ArgAction::Append)))]
 pub struct ServeArgs {
+    /// Every `--model` given (read before `model`, which takes the first).
+    #[command(flatten)]
+    pub models: ModelList,
     #[command(flatten)]
     pub model: ModelArgs,
+    /// Serve every model in DIR (each GGUF file and each model directory, named by its file
+    /// stem or directory name), beside any --model: each is loaded on its first request.
+    #[arg(long, value_name = "DIR")]
+    pub models_dir: Option<PathBuf>,
+    /// With several models: most bytes of model files loaded at once; loading another first
+    /// unloads the least recently used idle, unpinned ones (default: no limit).
+    #[arg(long, value_name = "BYTES")]
+    pub max_loaded_bytes: Option<u64>,
     /// Speculative decoding for requests that do not choose (their `speculate` field does).
     #[command(flatten)]
     pub speculate: SpeculateArgs,
@@ -132,14 +145,46 @@ pub struct ServeArgs {
     pub shutdown_grace: u64,
 }
 
-fn name_of(path: &Path) -> String {
+/// Every `--model` of `anelm serve`, in order (clap's derive keeps only the first in
+/// [`ModelArgs`]; this reads them all from the same argument).
+#[derive(Clone, Debug, Default)]
+pub struct ModelList(pub Vec<PathBuf>);
+
+impl clap::FromArgMatches for ModelList {
+    fn from_arg_matches(m: &clap::ArgMatches) -> std::result::Result<Self, clap::Error> {
+        let all = m
+            .try_get_many::<PathBuf>("model")
+            .ok()
+            .flatten()
+            .map(|v| v.cloned().collect())
+            .unwrap_or_default();
+        Ok(Self(all))
+    }
+
+    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> std::result::Result<(), clap::Error> {
+        *self = Self::from_arg_matches(m)?;
+        Ok(())
+    }
+}
+
+impl clap::Args for ModelList {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        cmd
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        cmd
+    }
+}
+
+pub(crate) fn name_of(path: &Path) -> String {
     path.file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "anelm".into())
 }
 
 /// The `--upstream`, `--upstream-key`, `--private-by-default` and `--fallback` settings.
-fn upstreams(a: &ServeArgs) -> Result<Upstreams> {
+pub(crate) fn upstreams(a: &ServeArgs) -> Result<Upstreams> {
     let mut keys = std::collections::HashMap::new();
     for k in &a.upstream_key {
         let (name, var) = k
@@ -179,29 +224,8 @@ fn upstreams(a: &ServeArgs) -> Result<Upstreams> {
 /// command), else the default (where a failure — another server holds it, no home — only
 /// turns the Files and Batch APIs off, with a warning).
 fn open_jobs(a: &ServeArgs, concurrency: usize) -> Result<Option<(DataDir, Arc<Jobs>)>> {
-    if a.no_data_dir {
+    let Some(dir) = open_data_dir(a, "files and batches are off")? else {
         return Ok(None);
-    }
-    let (path, explicit) = match &a.data_dir {
-        Some(p) => (p.clone(), true),
-        None => match default_data_dir() {
-            Some(p) => (p, false),
-            None => {
-                eprintln!(
-                    "anelm serve: warning: {} (files and batches are off)",
-                    DataDirError::NoDefault
-                );
-                return Ok(None);
-            }
-        },
-    };
-    let dir = match DataDir::open(&path) {
-        Ok(d) => d,
-        Err(e) if !explicit => {
-            eprintln!("anelm serve: warning: {e} (files and batches are off)");
-            return Ok(None);
-        }
-        Err(e) => return Err(e.into()),
     };
     let store = JobStore::open(&dir.jobs_db())
         .with_context(|| format!("could not open the job database in {}", dir.path().display()))?;
@@ -211,10 +235,44 @@ fn open_jobs(a: &ServeArgs, concurrency: usize) -> Result<Option<(DataDir, Arc<J
     Ok(Some((dir, Jobs::new(store, a.max_file_bytes, concurrency))))
 }
 
+/// Open the data directory: the one given (its failure ends the command), else the default
+/// (where a failure only turns off what `off` says, with a warning); `None` with
+/// `--no-data-dir`.
+pub(crate) fn open_data_dir(a: &ServeArgs, off: &str) -> Result<Option<DataDir>> {
+    if a.no_data_dir {
+        return Ok(None);
+    }
+    let (path, explicit) = match &a.data_dir {
+        Some(p) => (p.clone(), true),
+        None => match default_data_dir() {
+            Some(p) => (p, false),
+            None => {
+                eprintln!("anelm serve: warning: {} ({off})", DataDirError::NoDefault);
+                return Ok(None);
+            }
+        },
+    };
+    let dir = match DataDir::open(&path) {
+        Ok(d) => d,
+        Err(e) if !explicit => {
+            eprintln!("anelm serve: warning: {e} ({off})");
+            return Ok(None);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    Ok(Some(dir))
+}
+
 /// Run `anelm serve` until SIGINT/SIGTERM.
 pub fn run(a: ServeArgs) -> Result<()> {
     if a.sessions == 0 {
         anyhow::bail!("--sessions must be at least 1");
+    }
+    if a.models_dir.is_some() || a.models.0.len() > 1 {
+        return crate::serve_models::run(a);
+    }
+    if a.max_loaded_bytes.is_some() {
+        anyhow::bail!("--max-loaded-bytes needs several models: give --models-dir DIR or --model more than once");
     }
 
     let path = model_path(&a.model)?;
@@ -247,23 +305,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         },
         upstreams(&a)?,
     );
-    let threads = a
-        .model
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let sched_cfg = SchedulerConfig {
-        sessions: a.sessions,
-        queue: a.queue,
-        ctx_size: a.model.ctx_size,
-        prefill_chunk: a.prefill_chunk.max(1),
-        max_step_tokens: (a.prefill_chunk.max(1) + a.sessions).max(64),
-        threads,
-        share_prefixes: !a.no_prefix_sharing,
-        cache_mem: a.cache_mem.map(|mib| mib.saturating_mul(1 << 20)),
-        prompt_cache: None,
-        speculate: None,
-        draft_model: None,
-    };
+    let sched_cfg = scheduler_config(&a);
     let (speculate, draft_path) = a.speculate.server_default()?;
     let sched_cfg = SchedulerConfig { speculate, ..sched_cfg };
     let draft = draft_path.map(|p| (p, a.speculate.draft_tokens));
@@ -273,30 +315,18 @@ pub fn run(a: ServeArgs) -> Result<()> {
     if let Some((dir, _)) = &data {
         eprintln!("anelm serve: data directory {}", dir.path().display());
     }
-    let prompt_cache: PromptCacheSetup = match &data {
-        Some((dir, _)) if !a.no_prompt_cache => Some(Arc::new((
-            dir.prompt_cache(),
-            PromptCacheOptions {
-                max_bytes: a.prompt_cache_bytes,
-                min_tokens: a.prompt_cache_min_tokens.max(1),
-                ..PromptCacheOptions::default()
-            },
-        ))),
-        _ => None,
-    };
+    let prompt_cache = prompt_cache_setup(&a, data.as_ref().map(|(d, _)| d));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("could not start the async runtime")?;
     rt.block_on(async move {
-        let addr: SocketAddr = format!("{}:{}", a.host, a.port)
-            .parse()
-            .with_context(|| format!("'{}:{}' is not a valid address", a.host, a.port))?;
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("could not listen on {addr} (is another server using the port?)"))?;
-        eprintln!("anelm serve: listening on http://{addr} (loading the model; /health is 503 until ready)");
+        let listener = listen(&a).await?;
+        eprintln!(
+            "anelm serve: listening on http://{} (loading the model; /health is 503 until ready)",
+            listener.local_addr()?
+        );
         if let Some(secs) = a.idle_unload {
             let (args, cfg, cache, draft) = (a.model.clone(), sched_cfg.clone(), prompt_cache.clone(), draft.clone());
             let loader: anelm_server::idle::Loader = Arc::new(move || {
@@ -390,13 +420,60 @@ pub fn run(a: ServeArgs) -> Result<()> {
     })
 }
 
+/// The scheduler settings of every chat model of `anelm serve` (no prompt cache, speculation
+/// or draft model yet).
+pub(crate) fn scheduler_config(a: &ServeArgs) -> SchedulerConfig {
+    let threads = a
+        .model
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    SchedulerConfig {
+        sessions: a.sessions,
+        queue: a.queue,
+        ctx_size: a.model.ctx_size,
+        prefill_chunk: a.prefill_chunk.max(1),
+        max_step_tokens: (a.prefill_chunk.max(1) + a.sessions).max(64),
+        threads,
+        share_prefixes: !a.no_prefix_sharing,
+        cache_mem: a.cache_mem.map(|mib| mib.saturating_mul(1 << 20)),
+        prompt_cache: None,
+        speculate: None,
+        draft_model: None,
+    }
+}
+
+/// The on-disk prompt cache in the data directory `dir`, unless `--no-prompt-cache`.
+pub(crate) fn prompt_cache_setup(a: &ServeArgs, dir: Option<&DataDir>) -> PromptCacheSetup {
+    match dir {
+        Some(dir) if !a.no_prompt_cache => Some(Arc::new((
+            dir.prompt_cache(),
+            PromptCacheOptions {
+                max_bytes: a.prompt_cache_bytes,
+                min_tokens: a.prompt_cache_min_tokens.max(1),
+                ..PromptCacheOptions::default()
+            },
+        ))),
+        _ => None,
+    }
+}
+
+/// Bind `--host`:`--port`.
+pub(crate) async fn listen(a: &ServeArgs) -> Result<tokio::net::TcpListener> {
+    let addr: SocketAddr = format!("{}:{}", a.host, a.port)
+        .parse()
+        .with_context(|| format!("'{}:{}' is not a valid address", a.host, a.port))?;
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("could not listen on {addr} (is another server using the port?)"))
+}
+
 /// Where the prompt cache lives and how it is sized (`None`: no prompt cache).
-type PromptCacheSetup = Option<Arc<(PathBuf, PromptCacheOptions)>>;
+pub(crate) type PromptCacheSetup = Option<Arc<(PathBuf, PromptCacheOptions)>>;
 
 /// `cfg` with the on-disk prompt cache for `lm` opened in it. Its entries are keyed by the
 /// model files and everything that changes the numbers (device, quantisation, context, chip);
 /// a cache that cannot be opened is a warning, not a failure.
-fn with_prompt_cache(
+pub(crate) fn with_prompt_cache(
     lm: &LoadedModel,
     args: &ModelArgs,
     mut cfg: SchedulerConfig,

@@ -15,6 +15,9 @@ pub mod idle;
 pub mod internal;
 pub mod job_store;
 pub mod logprobs;
+pub mod model_budget;
+pub mod model_registry;
+pub mod model_router;
 pub mod ollama;
 pub mod openai;
 pub mod priority;
@@ -217,23 +220,29 @@ impl AppState {
     /// With `--api-key`, the request must carry it: `Authorization: Bearer <key>` or (as
     /// Anthropic's clients send it) `x-api-key: <key>`.
     fn check_key(&self, headers: &HeaderMap) -> Result<(), ApiError> {
-        let Some(key) = &self.config.api_key else {
-            return Ok(());
-        };
-        let bearer = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        let x_api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
-        if bearer == Some(key.as_str()) || x_api_key == Some(key.as_str()) {
-            Ok(())
-        } else {
-            Err(ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "invalid_request_error",
-                "missing or wrong API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
-            ))
-        }
+        check_api_key(self.config.api_key.as_deref(), headers)
+    }
+}
+
+/// With an API key set, `headers` must carry it: `Authorization: Bearer <key>` or
+/// `x-api-key: <key>`; the 401 otherwise.
+pub(crate) fn check_api_key(key: Option<&str>, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(key) = key else {
+        return Ok(());
+    };
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let x_api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
+    if bearer == Some(key) || x_api_key == Some(key) {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid_request_error",
+            "missing or wrong API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
+        ))
     }
 }
 

@@ -114,7 +114,7 @@ pub fn names_match(name: &str, id: &str) -> bool {
 }
 
 /// The name `/api/tags` lists for `id`: `id:latest` (as is when it has a tag).
-fn tag_name(id: &str) -> String {
+pub(crate) fn tag_name(id: &str) -> String {
     if id.contains(':') {
         id.to_string()
     } else {
@@ -371,7 +371,7 @@ fn go_duration(s: &str) -> Option<f64> {
 
 /// `keep_alive`: `None` when absent; `Some(None)` keeps the model loaded (negative);
 /// `Some(Some(d))` releases it after `d` idle.
-fn keep_alive(v: Option<&Value>) -> OResult<Option<Option<Duration>>> {
+pub(crate) fn keep_alive(v: Option<&Value>) -> OResult<Option<Option<Duration>>> {
     let secs = match v {
         None | Some(Value::Null) => return Ok(None),
         Some(Value::Number(n)) => n.as_f64(),
@@ -449,7 +449,7 @@ struct Translated {
     empty: bool,
 }
 
-fn is_empty_value(v: Option<&Value>) -> bool {
+pub(crate) fn is_empty_value(v: Option<&Value>) -> bool {
     match v {
         None | Some(Value::Null) => true,
         Some(Value::String(s)) => s.is_empty(),
@@ -987,7 +987,7 @@ fn prompt_len(ready: &Ready, body: &Value, chat: bool, ctx: usize) -> OResult<us
 }
 
 /// The whole answer to a load or unload request (no prompt).
-fn load_answer(chat: bool, model: &str, started: Instant, load: Duration, reason: &str) -> Response {
+pub(crate) fn load_answer(chat: bool, model: &str, started: Instant, load: Duration, reason: &str) -> Response {
     let mut t = Translator::new(chat, model, started, load);
     t.finish = Some(reason.to_string());
     Json(t.done(true)).into_response()
@@ -1327,7 +1327,7 @@ pub struct Facts {
 }
 
 /// A 64-hex-digit fingerprint of `parts`.
-fn fingerprint(parts: &str) -> String {
+pub(crate) fn fingerprint(parts: &str) -> String {
     (0u8..4)
         .map(|i| {
             let mut h = DefaultHasher::new();
@@ -1471,7 +1471,7 @@ async fn facts(st: &Arc<AppState>) -> Option<Facts> {
     Some(f)
 }
 
-fn details(format: &str, family: &str, parameter_size: &str, quantization: &str) -> Value {
+pub(crate) fn details(format: &str, family: &str, parameter_size: &str, quantization: &str) -> Value {
     json!({"parent_model": "", "format": format, "family": family, "families": [family],
            "parameter_size": parameter_size, "quantization_level": quantization})
 }
@@ -1597,7 +1597,7 @@ async fn show(
 }
 
 /// A time so far ahead it stands for "never".
-fn never() -> SystemTime {
+pub(crate) fn never() -> SystemTime {
     SystemTime::now() + Duration::from_secs(100 * 365 * 86_400)
 }
 
