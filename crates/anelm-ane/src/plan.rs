@@ -28,8 +28,6 @@ pub struct LinearAttention {
     pub key_head_dim: usize,
     /// `linear_value_head_dim`.
     pub value_head_dim: usize,
-    /// Layer i is full attention when (i + 1) % interval == 0 (`full_attention_interval`).
-    pub full_attention_interval: usize,
 }
 
 /// Sliding-window (local) attention layers, as Gemma 3 has them.
@@ -37,8 +35,6 @@ pub struct LinearAttention {
 pub struct SlidingWindow {
     /// Positions a local layer attends to.
     pub window: usize,
-    /// Layer i is global (full attention) when (i + 1) % global_every == 0; the rest are local.
-    pub global_every: usize,
 }
 
 /// How a decoder block joins its mixer and FFN to the residual stream.
@@ -105,20 +101,6 @@ impl ModelDims {
             block: BlockLayout::PreNorm,
         }
     }
-
-    /// The mixer of layer `i`.
-    pub fn layer_kind(&self, i: usize) -> LayerKind {
-        match self.linear_attention {
-            Some(la) if la.full_attention_interval > 0 && (i + 1) % la.full_attention_interval != 0 => {
-                return LayerKind::LinearAttention;
-            }
-            _ => {}
-        }
-        match self.sliding_window {
-            Some(sw) if sw.global_every > 0 && (i + 1) % sw.global_every != 0 => LayerKind::SlidingAttention,
-            _ => LayerKind::Attention,
-        }
-    }
 }
 
 /// The mixer of a layer.
@@ -133,6 +115,17 @@ pub enum LayerKind {
 }
 
 impl LayerKind {
+    /// `layers` layers where every `n`-th (`(i + 1) % n == 0`) is `nth` and the rest `others`:
+    /// how hybrid and sliding-window models are usually laid out (Qwen3.5: three DeltaNet
+    /// layers then one attention layer; Gemma 3: five local layers then one global), for
+    /// models described by hand.
+    pub fn every_nth(layers: usize, n: usize, nth: LayerKind, others: LayerKind) -> Vec<LayerKind> {
+        let n = n.max(1);
+        (0..layers)
+            .map(|i| if (i + 1) % n == 0 { nth } else { others })
+            .collect()
+    }
+
     /// `attention` / `linear-attention`.
     pub fn name(self) -> &'static str {
         match self {
@@ -264,9 +257,10 @@ fn mb(bytes: u64) -> String {
     format!("{:.1} MB", bytes as f64 / 1e6)
 }
 
-/// Plan `dims` onto the ANE: the kernels [`ModelDims::kernels`] derives from the shapes alone.
-pub fn plan(dims: &ModelDims, opts: &PlanOptions) -> Result<Plan, PlanError> {
-    plan_model(&dims.kernels(), opts)
+/// Plan a model described by hand — its shapes and each layer's mixer — onto the ANE: the
+/// kernels [`ModelDims::kernels`] derives from them.
+pub fn plan(dims: &ModelDims, kinds: &[LayerKind], opts: &PlanOptions) -> Result<Plan, PlanError> {
+    plan_model(&dims.kernels(kinds), opts)
 }
 
 /// Plan a model's kernels onto the ANE: each layer's kernels as the model compiles them (an FFN
@@ -286,11 +280,17 @@ pub fn plan_model(model: &ModelKernels, opts: &PlanOptions) -> Result<Plan, Plan
     // Layers with the same kernels get the same plan: plan each once.
     let mut planned: Vec<(&ModelLayer, Vec<PlannedKernel>)> = Vec::new();
     for (i, layer) in model.layers.iter().enumerate() {
-        let kind = dims.layer_kind(i);
-        if layer.kind != kind {
+        // Each layer's mixer is the kernel list's: any order of kinds plans, as long as the
+        // shapes its host work needs are there.
+        let kind = layer.kind;
+        let missing = match kind {
+            LayerKind::LinearAttention => dims.linear_attention.is_none().then_some("DeltaNet sizes"),
+            LayerKind::SlidingAttention => dims.sliding_window.is_none().then_some("a sliding window"),
+            LayerKind::Attention => None,
+        };
+        if let Some(what) = missing {
             return Err(PlanError::BadDims(format!(
-                "layer {i} is {} in the kernel list but {} in the layer pattern",
-                layer.kind.name(),
+                "layer {i} is {} but the model's shapes have no {what}",
                 kind.name()
             )));
         }
@@ -588,6 +588,11 @@ fn fits(k: &AneKernel, opts: &PlanOptions) -> Result<(), PlanError> {
 }
 
 impl Plan {
+    /// Each layer's mixer, in order.
+    pub fn layer_kinds(&self) -> Vec<LayerKind> {
+        self.layers.iter().map(|l| l.kind).collect()
+    }
+
     /// Every kernel in dispatch order (layers, then LM head).
     pub fn kernels(&self) -> impl Iterator<Item = &PlannedKernel> {
         self.layers.iter().flat_map(|l| &l.kernels).chain(&self.lm_head)

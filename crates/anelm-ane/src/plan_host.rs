@@ -340,8 +340,9 @@ pub struct StreamWork {
     pub sampling: Work,
 }
 
-/// One stream's host work for one token of `dims` at `context` tokens of context.
-pub fn stream_work(dims: &ModelDims, opts: &HostOptions, sample: bool) -> StreamWork {
+/// One stream's host work for one token of `dims`, whose layers' mixers are `kinds`, at
+/// `context` tokens of context.
+pub fn stream_work(dims: &ModelDims, kinds: &[LayerKind], opts: &HostOptions, sample: bool) -> StreamWork {
     let f = |x: usize| x as f64;
     let (h, hd) = (f(dims.hidden), f(dims.head_dim));
     let (nh, nkv) = (f(dims.heads), f(dims.kv_heads));
@@ -349,8 +350,7 @@ pub fn stream_work(dims: &ModelDims, opts: &HostOptions, sample: bool) -> Stream
     // An RMSNorm of n: square-accumulate, scale, weight (4 flops); read x and w, write y.
     let norm = |n: f64| Work::new(4.0 * n, 12.0 * n);
     w.elementwise.add(Work::new(0.0, 8.0 * h)); // embedding row
-    for i in 0..dims.layers {
-        let kind = dims.layer_kind(i);
+    for &kind in kinds {
         match dims.block {
             BlockLayout::PreNorm => {
                 w.elementwise.add(norm(h).scaled(2.0));
@@ -683,7 +683,7 @@ impl Plan {
         }
         add_streams(
             &mut cost,
-            &stream_work(&self.dims, host, true),
+            &stream_work(&self.dims, &self.layer_kinds(), host, true),
             streams,
             &self.dims,
             chip,
@@ -722,7 +722,7 @@ impl Plan {
         }
         add_streams(
             &mut cost,
-            &stream_work(&self.dims, host, false),
+            &stream_work(&self.dims, &self.layer_kinds(), host, false),
             lanes,
             &self.dims,
             chip,
@@ -740,7 +740,7 @@ impl Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{LinearAttention, PlanOptions, plan};
+    use crate::plan::{LinearAttention, PlanOptions};
 
     fn qwen35_4b() -> ModelDims {
         ModelDims {
@@ -750,10 +750,15 @@ mod tests {
                 value_heads: 32,
                 key_head_dim: 128,
                 value_head_dim: 128,
-                full_attention_interval: 4,
             }),
             ..ModelDims::dense(2560, 9216, 16, 4, 256, 248_320, 32)
         }
+    }
+
+    /// Qwen3.5's layout: three DeltaNet layers, then one attention layer.
+    fn plan(dims: &ModelDims, opts: &PlanOptions) -> Result<Plan, crate::plan::PlanError> {
+        let kinds = LayerKind::every_nth(dims.layers, 4, LayerKind::Attention, LayerKind::LinearAttention);
+        crate::plan::plan(dims, &kinds, opts)
     }
 
     #[test]

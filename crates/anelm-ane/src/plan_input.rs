@@ -46,14 +46,15 @@ pub struct ModelKernels {
 }
 
 impl ModelDims {
-    /// The kernels a model of these shapes compiles, derived from the shapes alone: per layer a
-    /// fused input projection (q ‖ k ‖ v, or DeltaNet's qkv ‖ z ‖ b ‖ a), the output projection
-    /// (with the residual add, or plain in the sandwich block), and the FFN (SwiGLU with the
-    /// residual add, or gate ‖ up and a plain down projection in the sandwich block).
-    pub fn kernels(&self) -> ModelKernels {
-        let layers = (0..self.layers)
-            .map(|i| {
-                let kind = self.layer_kind(i);
+    /// The kernels a model of these shapes whose layers are `kinds` compiles, derived from the
+    /// shapes alone (models described by hand): per layer a fused input projection (q ‖ k ‖ v,
+    /// or DeltaNet's qkv ‖ z ‖ b ‖ a), the output projection (with the residual add, or plain in
+    /// the sandwich block), and the FFN (SwiGLU with the residual add, or gate ‖ up and a plain
+    /// down projection in the sandwich block).
+    pub fn kernels(&self, kinds: &[LayerKind]) -> ModelKernels {
+        let layers = kinds
+            .iter()
+            .map(|&kind| {
                 let mut kernels = vec![self.input_proj(kind), self.output_proj(kind)];
                 kernels.extend(self.ffn());
                 ModelLayer { kind, kernels }

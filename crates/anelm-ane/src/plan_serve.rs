@@ -82,7 +82,8 @@ mod tests {
     #[test]
     fn prefill_lowers_the_aggregate_and_the_fit_inverts_it() {
         let dims = crate::plan::ModelDims::dense(2560, 9728, 32, 8, 128, 151_936, 36);
-        let p = plan(&dims, &PlanOptions::default()).expect("plan");
+        let kinds = vec![crate::plan::LayerKind::Attention; dims.layers];
+        let p = plan(&dims, &kinds, &PlanOptions::default()).expect("plan");
         let chip = ChipProfile::m3_max();
         let host = HostOptions {
             runtime: HostRuntime::AneCpp,

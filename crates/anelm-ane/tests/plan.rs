@@ -5,8 +5,19 @@ use std::time::Instant;
 
 use anelm_ane::{
     AneDevice, AneKernel, ChipProfile, EmuAne, HostOptions, HostRuntime, KernelRole, LayerKind, LinearAttention,
-    ModelDims, PlanError, PlanOptions, ServeLoad, WeightMode, lower, plan,
+    ModelDims, Plan, PlanError, PlanOptions, ServeLoad, WeightMode, lower,
 };
+
+/// Plan a model described by hand: a hybrid's layers as Qwen3.5 lays them out (three DeltaNet
+/// layers, then one attention layer), every layer attention otherwise.
+fn plan(dims: &ModelDims, opts: &PlanOptions) -> Result<Plan, PlanError> {
+    let kinds = if dims.linear_attention.is_some() {
+        LayerKind::every_nth(dims.layers, 4, LayerKind::Attention, LayerKind::LinearAttention)
+    } else {
+        vec![LayerKind::Attention; dims.layers]
+    };
+    anelm_ane::plan(dims, &kinds, opts)
+}
 
 fn smollm2_135m() -> ModelDims {
     ModelDims::dense(576, 1536, 9, 3, 64, 49152, 30)
@@ -22,7 +33,6 @@ fn qwen35_4b() -> ModelDims {
             value_heads: 32,
             key_head_dim: 128,
             value_head_dim: 128,
-            full_attention_interval: 4,
         }),
         ..ModelDims::dense(2560, 9216, 16, 4, 256, 248_320, 32)
     }

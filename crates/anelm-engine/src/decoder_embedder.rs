@@ -1,6 +1,7 @@
-//! The trunk of a decoder embedder (Qwen3-Embedding style): the Llama-family forward
-//! (`arch/llama.rs`, loaded without its LM head) run over each input in its own session, and
-//! the final-normed hidden states pooled (last token, or mean/max/first over all tokens).
+//! The trunk of a decoder embedder (Qwen3-Embedding style): any registered decoder
+//! ([`crate::arch::registry`], loaded without its LM head) run over each input in its own
+//! session, and the final-normed hidden states pooled (last token, or mean/max/first over all
+//! tokens).
 //!
 //! Inputs are never padded: every input of a call is an item of the same batched forward (its
 //! own session, so attention stays causal and inside the input), as many tokens per forward as
@@ -14,18 +15,17 @@ use anelm_model::gguf::GgufFile;
 use anelm_model::hf_config::HfConfig;
 use anelm_model::tensor_store::TensorStore;
 
-use crate::arch::llama::{Llama, LlamaConfig};
-use crate::arch::tensor_names::{Family, TensorNames};
+use crate::arch::registry::{self, DecoderModel, Head};
 use crate::backend::Backend;
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
-use crate::model::{LanguageModel, LogitsMode, StepItem};
+use crate::model::{LogitsMode, StepItem};
 use crate::pooling::{PoolingMode, pool};
 use crate::prefixed_store::PrefixedStore;
 
 /// A loaded decoder trunk.
 pub struct DecoderTrunk {
-    model: Llama,
+    model: Box<dyn DecoderModel>,
     /// Most tokens per forward.
     step_tokens: usize,
 }
@@ -34,46 +34,38 @@ pub struct DecoderTrunk {
 const MAX_STEP_TOKENS: usize = 2048;
 
 impl DecoderTrunk {
-    /// Load a Llama-family `config.json` (`qwen3`, `llama`, `mistral`) from `store`, without
-    /// its LM head. A trunk saved without the causal-LM `model.` prefix (sentence-transformers
-    /// saves a bare `Qwen3Model`) is read through it.
+    /// Load a decoder's `config.json` (`qwen3`, `llama`, … any registered architecture) from
+    /// `store`, without its LM head. A trunk saved without the causal-LM `model.` prefix
+    /// (sentence-transformers saves a bare `Qwen3Model`) is read through it.
     pub fn load(
         hf: &HfConfig,
         store: Arc<dyn TensorStore>,
         backend: &dyn Backend,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
-        let cfg = LlamaConfig::from_hf(hf)?;
+        let arch = registry::for_hf(&hf.model_type)?;
         let store: Arc<dyn TensorStore> =
             if !store.contains("model.embed_tokens.weight") && store.contains("embed_tokens.weight") {
                 Arc::new(PrefixedStore::new(store, "model."))
             } else {
                 store
             };
-        let model = Llama::load_trunk(
-            cfg,
-            &store,
-            &TensorNames::hugging_face(Family::Llama),
-            backend,
-            progress,
-        )?;
+        let model = (arch.load_hf)(hf, &store, backend, Head::HiddenStates, progress)?;
         Ok(Self::with_model(model, backend))
     }
 
-    /// Load a Llama-family GGUF (`qwen3`, `llama`) without its LM head (embedding models'
-    /// GGUFs have none).
+    /// Load a decoder's GGUF without its LM head (embedding models' GGUFs have none).
     pub fn load_gguf(
         gguf: &Arc<GgufFile>,
         backend: &dyn Backend,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
-        let cfg = LlamaConfig::from_gguf(gguf)?;
-        let store: Arc<dyn TensorStore> = gguf.clone();
-        let model = Llama::load_trunk(cfg, &store, &TensorNames::gguf(Family::Llama), backend, progress)?;
+        let arch = registry::for_gguf(gguf.architecture().unwrap_or(""))?;
+        let model = (arch.load_gguf)(gguf, backend, Head::HiddenStates, progress)?;
         Ok(Self::with_model(model, backend))
     }
 
-    fn with_model(model: Llama, backend: &dyn Backend) -> Self {
+    fn with_model(model: Box<dyn DecoderModel>, backend: &dyn Backend) -> Self {
         Self {
             model,
             step_tokens: backend.max_lanes().clamp(1, MAX_STEP_TOKENS),
@@ -82,17 +74,17 @@ impl DecoderTrunk {
 
     /// Hidden width (the length of one pooled vector per mode).
     pub fn hidden_size(&self) -> usize {
-        self.model.config().hidden_size
+        self.model.info().hidden_size
     }
 
     /// Vocabulary size.
     pub fn vocab_size(&self) -> usize {
-        self.model.config().vocab_size
+        self.model.info().vocab_size
     }
 
     /// Training context length.
     pub fn context_length(&self) -> usize {
-        self.model.config().context_length
+        self.model.info().context_length
     }
 
     /// One pooled vector per sequence (`modes` concatenated in order). Each sequence must be

@@ -16,6 +16,7 @@ use anelm_model::tensor_store::TensorStore;
 use anelm_model::tokenizer::Tokenizer;
 
 use crate::arch::bert::{Bert, BertConfig, spans};
+use crate::arch::registry;
 use crate::backend::Backend;
 use crate::decoder_embedder::DecoderTrunk;
 use crate::error::{EngineError, Result};
@@ -147,7 +148,7 @@ impl Embedder {
                 };
                 (trunk, info)
             }
-            "qwen3" | "llama" | "mistral" => {
+            decoder if registry::is_hf_decoder(decoder) => {
                 let model = DecoderTrunk::load(&hf, store, backend, progress)?;
                 let tokenizer = Tokenizer::from_hf_dir(dir)?;
                 check_vocab(tokenizer.vocab_size(), model.vocab_size())?;
@@ -173,7 +174,13 @@ impl Embedder {
             }
             other => {
                 return Err(EngineError::Config(format!(
-                    "embedding models of type '{other}' are not supported (bert, or a qwen3/llama/mistral decoder)"
+                    "embedding models of type '{other}' are not supported (bert, or a decoder anelm runs: {})",
+                    registry::ARCHITECTURES
+                        .iter()
+                        .flat_map(|a| a.hf_model_types)
+                        .copied()
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 )));
             }
         };
@@ -209,11 +216,6 @@ impl Embedder {
             ))
         })?;
         let pooling = pooling_from_gguf(code)?;
-        if !matches!(arch.as_str(), "qwen3" | "llama") {
-            return Err(EngineError::Config(format!(
-                "embedding GGUFs of architecture '{arch}' are not supported (qwen3 or llama decoders; BERT encoders as a sentence-transformers directory)"
-            )));
-        }
         let tokenizer = gguf_tokenizer(&gguf)?;
         let model = DecoderTrunk::load_gguf(&gguf, backend, progress)?;
         check_vocab(tokenizer.vocab_size(), model.vocab_size())?;

@@ -28,10 +28,13 @@ pub enum EngineError {
     #[error("model configuration: {0}")]
     Config(String),
     /// The model's architecture is not implemented.
-    #[error(
-        "unsupported model architecture '{0}': anelm runs llama (incl. SmolLM2, mistral), qwen3, gemma3 and qwen3_5 (safetensors) today"
-    )]
-    UnsupportedArchitecture(String),
+    #[error("unsupported model architecture '{name}': anelm runs {known}")]
+    UnsupportedArchitecture {
+        /// The architecture the file names.
+        name: String,
+        /// The ones this kind of model can be.
+        known: String,
+    },
     /// A tensor has a shape other than the configuration implies.
     #[error(
         "tensor '{name}' has shape {found:?}, expected {expected:?}: the file does not match its own configuration"

@@ -12,10 +12,7 @@ use anelm_model::safetensors_dir::SafetensorsDir;
 use anelm_model::tensor_store::TensorStore;
 use anelm_model::tokenizer::{GgufVocab, Tokenizer};
 
-use crate::arch::gemma3::{Gemma3, Gemma3Config};
-use crate::arch::llama::{Llama, LlamaConfig};
-use crate::arch::qwen3_5::{Qwen35, Qwen35Config};
-use crate::arch::tensor_names::{Family, Layout, TensorNames};
+use crate::arch::registry::{self, Head};
 use crate::backend::Backend;
 use crate::constraint::{Constraint, ConstraintError, ConstraintFactory, Grammar};
 use crate::error::{EngineError, Result};
@@ -189,32 +186,8 @@ fn gguf_model(
     backend: &dyn Backend,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Box<dyn LanguageModel>> {
-    let arch = gguf.architecture().unwrap_or("").to_string();
-    let store: Arc<dyn TensorStore> = gguf.clone();
-    Ok(match arch.as_str() {
-        "llama" | "qwen3" => Box::new(Llama::load(
-            LlamaConfig::from_gguf(gguf)?,
-            &store,
-            &TensorNames::gguf(Family::Llama),
-            backend,
-            progress,
-        )?),
-        "gemma3" => Box::new(Gemma3::load(
-            Gemma3Config::from_gguf(gguf)?,
-            &store,
-            &TensorNames::gguf(Family::Gemma3),
-            backend,
-            progress,
-        )?),
-        "qwen35" => Box::new(Qwen35::load(
-            Qwen35Config::from_gguf(gguf)?,
-            &store,
-            &TensorNames::gguf(Family::Qwen35),
-            backend,
-            progress,
-        )?),
-        other => return Err(EngineError::UnsupportedArchitecture(other.to_string())),
-    })
+    let arch = registry::for_gguf(gguf.architecture().unwrap_or(""))?;
+    Ok((arch.load_gguf)(gguf, backend, Head::Logits, progress)?)
 }
 
 fn hf_model(
@@ -223,44 +196,7 @@ fn hf_model(
     backend: &dyn Backend,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Box<dyn LanguageModel>> {
+    let arch = registry::for_hf(&config.model_type)?;
     let store: Arc<dyn TensorStore> = Arc::new(SafetensorsDir::open(dir)?);
-    Ok(match config.model_type.as_str() {
-        "llama" | "mistral" | "qwen3" => Box::new(Llama::load(
-            LlamaConfig::from_hf(config)?,
-            &store,
-            &TensorNames::hugging_face(Family::Llama),
-            backend,
-            progress,
-        )?),
-        "gemma3_text" | "gemma3" => {
-            // The multimodal checkpoint keeps the text model under `model.language_model.`.
-            let prefix = if store.contains("model.language_model.embed_tokens.weight") {
-                "model.language_model."
-            } else {
-                "model."
-            };
-            Box::new(Gemma3::load(
-                Gemma3Config::from_hf(config)?,
-                &store,
-                &TensorNames::new(Family::Gemma3, Layout::HuggingFace(prefix.into())),
-                backend,
-                progress,
-            )?)
-        }
-        "qwen3_5" | "qwen3_5_text" => {
-            let prefix = if store.contains("model.language_model.embed_tokens.weight") {
-                "model.language_model."
-            } else {
-                "model."
-            };
-            Box::new(Qwen35::load(
-                Qwen35Config::from_hf(config)?,
-                &store,
-                &TensorNames::new(Family::Qwen35, Layout::HuggingFace(prefix.into())),
-                backend,
-                progress,
-            )?)
-        }
-        other => return Err(EngineError::UnsupportedArchitecture(other.to_string())),
-    })
+    Ok((arch.load_hf)(config, &store, backend, Head::Logits, progress)?)
 }

@@ -105,9 +105,16 @@ fn compiled_and_planned(path: &Path) -> (Vec<AneKernel>, Vec<AneKernel>) {
         .flat_map(|l| l.kernels.iter().map(|k| k.kernel.clone()))
         .chain([described.lm_head.kernel.clone()])
         .collect();
-    // The planner's hand derivation (its tests, the calibration table) agrees too.
+    // The planner's hand derivation (its tests, the calibration table) agrees too, given the
+    // layers' kinds.
     let dims = model_dims(path).expect("dims");
-    assert_eq!(described, dims.kernels(), "{}: ModelDims::kernels", path.display());
+    let kinds: Vec<_> = described.layers.iter().map(|l| l.kind).collect();
+    assert_eq!(
+        described,
+        dims.kernels(&kinds),
+        "{}: ModelDims::kernels",
+        path.display()
+    );
     (compiled, planned)
 }
 

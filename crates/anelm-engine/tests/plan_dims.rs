@@ -88,6 +88,16 @@ fn common(hidden: u32, ffn: u32, layers: u32, heads: u32, kv: u32, head_dim: u32
     ]
 }
 
+/// Each layer's mixer as the architecture's kernel list has it.
+fn layer_kinds(path: &Path) -> Vec<LayerKind> {
+    model_kernels(path)
+        .expect("kernels")
+        .layers
+        .iter()
+        .map(|l| l.kind)
+        .collect()
+}
+
 fn kernels_of_layer(path: &Path, layer: usize) -> Vec<(KernelRole, AneKernel)> {
     let p = plan_model(&model_kernels(path).expect("kernels"), &PlanOptions::default()).expect("plan");
     p.layers[layer]
@@ -134,14 +144,8 @@ fn every_hf_fixture_plans_with_its_loader_kernels() {
     // Gemma 3: 4 kernels per layer, local layers from layer_types (global every 3rd here).
     let d = model_dims(&hf("gemma3")).expect("gemma3");
     assert_eq!(d.block, BlockLayout::Sandwich);
-    assert_eq!(
-        d.sliding_window,
-        Some(SlidingWindow {
-            window: 6,
-            global_every: 3
-        })
-    );
-    let kinds: Vec<_> = (0..d.layers).map(|i| d.layer_kind(i)).collect();
+    assert_eq!(d.sliding_window, Some(SlidingWindow { window: 6 }));
+    let kinds = layer_kinds(&hf("gemma3"));
     assert_eq!(
         kinds,
         [
@@ -207,7 +211,15 @@ fn every_gguf_architecture_plans_from_its_metadata() {
         (la.value_heads, la.key_heads, la.key_head_dim, la.value_head_dim),
         (4, 2, 16, 16)
     );
-    assert_eq!(la.full_attention_interval, 4);
+    assert_eq!(
+        layer_kinds(&f.0),
+        [
+            LayerKind::LinearAttention,
+            LayerKind::LinearAttention,
+            LayerKind::LinearAttention,
+            LayerKind::Attention
+        ]
+    );
     assert_eq!(d.vocab, 300);
     assert!(d.attn_output_gate);
     assert_eq!(
@@ -223,13 +235,18 @@ fn every_gguf_architecture_plans_from_its_metadata() {
     ]);
     let f = gguf("gemma3", "gemma3", &gemma, 64, 300);
     let d = model_dims(&f.0).expect("gemma3");
-    assert_eq!(
-        d.sliding_window,
-        Some(SlidingWindow {
-            window: 512,
-            global_every: 3
+    assert_eq!(d.sliding_window, Some(SlidingWindow { window: 512 }));
+    let global = |i: usize| (i + 1) % 3 == 0;
+    let want: Vec<_> = (0..6)
+        .map(|i| {
+            if global(i) {
+                LayerKind::Attention
+            } else {
+                LayerKind::SlidingAttention
+            }
         })
-    );
+        .collect();
+    assert_eq!(layer_kinds(&f.0), want);
     assert_eq!(d.block, BlockLayout::Sandwich);
     assert_eq!(kernels_of_layer(&f.0, 2).len(), 4);
 
@@ -239,8 +256,10 @@ fn every_gguf_architecture_plans_from_its_metadata() {
     assert!(err.contains("'falcon'") && err.contains("gemma3"), "{err}");
 }
 
+/// Layer kinds in any order plan: each layer's kind comes from the architecture's own kernel
+/// list, not from a periodic pattern (a Qwen3.5 whose attention layer is second, not fourth).
 #[test]
-fn a_layer_pattern_the_planner_cannot_describe_is_an_error() {
+fn an_irregular_layer_order_plans_layer_by_layer() {
     let mut qwen35 = common(64, 128, 4, 4, 2, 32);
     qwen35.extend([
         ("ssm.time_step_rank", Val::U32(4)),
@@ -251,8 +270,22 @@ fn a_layer_pattern_the_planner_cannot_describe_is_an_error() {
         ("attention.recurrent_layers", Val::Bools(vec![true, false, true, true])),
     ]);
     let f = gguf("qwen35-odd", "qwen35", &qwen35, 64, 300);
-    let err = format!("{:#}", model_dims(&f.0).expect_err("irregular"));
-    assert!(err.contains("layer 3 breaks") && err.contains("layer_types"), "{err}");
+    let want = [
+        LayerKind::LinearAttention,
+        LayerKind::Attention,
+        LayerKind::LinearAttention,
+        LayerKind::LinearAttention,
+    ];
+    assert_eq!(layer_kinds(&f.0), want);
+    let p = plan_model(&model_kernels(&f.0).expect("kernels"), &PlanOptions::default()).expect("plan");
+    let planned: Vec<_> = p.layers.iter().map(|l| l.kind).collect();
+    assert_eq!(planned, want);
+    // The attention layer's input projection carries the output gate; the DeltaNet ones do not.
+    assert_eq!(
+        kernels_of_layer(&f.0, 1)[0].1.output_channels(),
+        2 * 4 * 32 + 2 * 2 * 32
+    );
+    assert_ne!(kernels_of_layer(&f.0, 0)[0].1, kernels_of_layer(&f.0, 1)[0].1);
 }
 
 /// The Gemma 3 270M GGUF (`scripts/fetch-gemma3.sh`; `scripts/test.sh` fetches it).

@@ -75,7 +75,10 @@ impl BertConfig {
     /// From a Hugging Face `config.json` with `model_type` `bert`.
     pub fn from_hf(c: &HfConfig) -> Result<Self> {
         if c.model_type != "bert" {
-            return Err(EngineError::UnsupportedArchitecture(c.model_type.clone()));
+            return Err(EngineError::UnsupportedArchitecture {
+                name: c.model_type.clone(),
+                known: "bert as an encoder".into(),
+            });
         }
         let raw = c.raw();
         if let Some(kind) = raw.get("position_embedding_type").and_then(|v| v.as_str())

@@ -16,7 +16,7 @@
 
 use std::sync::Arc;
 
-use anelm_ane::{KernelRole, LayerKind};
+use anelm_ane::{BlockLayout, KernelRole, LayerKind, ModelDims, ModelKernels, SlidingWindow};
 
 use anelm_model::gguf::GgufFile;
 use anelm_model::hf_config::HfConfig;
@@ -28,7 +28,9 @@ use crate::arch::config_read::{GgufMeta, check_heads, check_plausible, check_siz
 use crate::arch::decoder::{Decoder, DecoderEnds, DecoderLayers, EndsSpec};
 use crate::arch::kernel_compile::CompiledLayer;
 use crate::arch::kernel_list::{KernelDesc, KernelList, LayerKernels};
+use crate::arch::registry::{Architecture, DecoderModel, Head, Progress, hf_text_prefix};
 use crate::arch::step::LaneRef;
+use crate::arch::tensor_names::Layout;
 use crate::arch::tensor_names::{Family, LayerTensor, TensorNames};
 use crate::arch::trunk::norm_vector;
 use crate::backend::{Backend, ForwardCost, Kernel};
@@ -227,6 +229,81 @@ impl Gemma3Config {
     }
 }
 
+impl Gemma3Config {
+    /// The host shapes `anelm plan` models between the kernels: the sandwich block and the
+    /// sliding window (which layers are local is each layer's kind in the kernel list).
+    pub fn plan_dims(&self) -> ModelDims {
+        ModelDims {
+            sliding_window: Some(SlidingWindow {
+                window: self.sliding_window,
+            }),
+            block: BlockLayout::Sandwich,
+            ..ModelDims::dense(
+                self.hidden_size,
+                self.intermediate_size,
+                self.n_heads,
+                self.n_kv_heads,
+                self.head_dim,
+                self.vocab_size,
+                self.n_layers(),
+            )
+        }
+    }
+}
+
+/// The registry entry: Gemma 3 text models (and the text part of the multimodal checkpoints).
+pub static ARCHITECTURE: Architecture = Architecture {
+    name: "gemma3",
+    gguf_names: &["gemma3"],
+    hf_model_types: &["gemma3_text", "gemma3"],
+    load_gguf,
+    load_hf,
+    kernels_gguf,
+    kernels_hf,
+};
+
+fn load_gguf(
+    g: &Arc<GgufFile>,
+    backend: &dyn Backend,
+    head: Head,
+    progress: Progress<'_>,
+) -> Result<Box<dyn DecoderModel>> {
+    let store: Arc<dyn TensorStore> = g.clone();
+    let names = TensorNames::gguf(Family::Gemma3);
+    let cfg = Gemma3Config::from_gguf(g)?;
+    Ok(Box::new(Gemma3::load_with(
+        cfg, &store, &names, backend, head, progress,
+    )?))
+}
+
+fn load_hf(
+    c: &HfConfig,
+    store: &Arc<dyn TensorStore>,
+    backend: &dyn Backend,
+    head: Head,
+    progress: Progress<'_>,
+) -> Result<Box<dyn DecoderModel>> {
+    let names = TensorNames::new(Family::Gemma3, Layout::HuggingFace(hf_text_prefix(store).into()));
+    let cfg = Gemma3Config::from_hf(c)?;
+    Ok(Box::new(Gemma3::load_with(
+        cfg, store, &names, backend, head, progress,
+    )?))
+}
+
+fn kernels_gguf(g: &GgufFile) -> Result<ModelKernels> {
+    let cfg = Gemma3Config::from_gguf(g)?;
+    Ok(cfg
+        .kernel_specs(&TensorNames::gguf(Family::Gemma3))?
+        .model_kernels(cfg.plan_dims()))
+}
+
+fn kernels_hf(c: &HfConfig) -> Result<ModelKernels> {
+    let cfg = Gemma3Config::from_hf(c)?;
+    Ok(cfg
+        .kernel_specs(&TensorNames::hugging_face(Family::Gemma3))?
+        .model_kernels(cfg.plan_dims()))
+}
+
 struct Layer {
     input_norm: Vec<f32>,
     post_attn_norm: Vec<f32>,
@@ -261,6 +338,18 @@ impl Decoder<Gemma3Layers> {
         store: &Arc<dyn TensorStore>,
         names: &TensorNames,
         backend: &dyn Backend,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self> {
+        Self::load_with(cfg, store, names, backend, Head::Logits, progress)
+    }
+
+    /// Compile the layers and, for [`Head::Logits`], the LM head.
+    pub fn load_with(
+        cfg: Gemma3Config,
+        store: &Arc<dyn TensorStore>,
+        names: &TensorNames,
+        backend: &dyn Backend,
+        head: Head,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
         let h = cfg.hidden_size;
@@ -299,7 +388,7 @@ impl Decoder<Gemma3Layers> {
                 norm_eps: cfg.rms_eps,
                 embed_scale: (h as f32).sqrt(),
                 final_softcap: cfg.final_softcap,
-                lm_head: Some(&list.lm_head),
+                lm_head: (head == Head::Logits).then_some(&list.lm_head),
             },
         )?;
         progress(n_layers + 1, n_layers + 1);

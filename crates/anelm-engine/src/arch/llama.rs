@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use anelm_ane::{KernelRole, LayerKind};
+use anelm_ane::{KernelRole, LayerKind, ModelDims, ModelKernels};
 
 use anelm_model::gguf::GgufFile;
 use anelm_model::hf_config::HfConfig;
@@ -15,6 +15,7 @@ use crate::arch::config_read::{GgufMeta, check_heads, check_plausible, check_siz
 use crate::arch::decoder::{Decoder, DecoderEnds, DecoderLayers, EndsSpec};
 use crate::arch::kernel_compile::CompiledLayer;
 use crate::arch::kernel_list::{KernelDesc, KernelList, LayerKernels};
+use crate::arch::registry::{Architecture, DecoderModel, Head, Progress};
 use crate::arch::step::LaneRef;
 use crate::arch::tensor_names::{Family, LayerTensor, TensorNames};
 use crate::arch::trunk::norm_vector;
@@ -170,6 +171,72 @@ impl LlamaConfig {
     }
 }
 
+impl LlamaConfig {
+    /// The host shapes `anelm plan` models between the kernels: every layer attention.
+    pub fn plan_dims(&self) -> ModelDims {
+        ModelDims::dense(
+            self.hidden_size,
+            self.intermediate_size,
+            self.n_heads,
+            self.n_kv_heads,
+            self.head_dim,
+            self.vocab_size,
+            self.n_layers,
+        )
+    }
+}
+
+/// The registry entry: Llama 2/3, SmolLM2, Mistral and Qwen3 (per-head QK-norm).
+pub static ARCHITECTURE: Architecture = Architecture {
+    name: "llama",
+    gguf_names: &["llama", "qwen3"],
+    hf_model_types: &["llama", "mistral", "qwen3"],
+    load_gguf,
+    load_hf,
+    kernels_gguf,
+    kernels_hf,
+};
+
+fn load_gguf(
+    g: &Arc<GgufFile>,
+    backend: &dyn Backend,
+    head: Head,
+    progress: Progress<'_>,
+) -> Result<Box<dyn DecoderModel>> {
+    let store: Arc<dyn TensorStore> = g.clone();
+    let names = TensorNames::gguf(Family::Llama);
+    let cfg = LlamaConfig::from_gguf(g)?;
+    Ok(Box::new(Llama::load_with(
+        cfg, &store, &names, backend, head, progress,
+    )?))
+}
+
+fn load_hf(
+    c: &HfConfig,
+    store: &Arc<dyn TensorStore>,
+    backend: &dyn Backend,
+    head: Head,
+    progress: Progress<'_>,
+) -> Result<Box<dyn DecoderModel>> {
+    let names = TensorNames::hugging_face(Family::Llama);
+    let cfg = LlamaConfig::from_hf(c)?;
+    Ok(Box::new(Llama::load_with(cfg, store, &names, backend, head, progress)?))
+}
+
+fn kernels_gguf(g: &GgufFile) -> Result<ModelKernels> {
+    let cfg = LlamaConfig::from_gguf(g)?;
+    Ok(cfg
+        .kernel_specs(&TensorNames::gguf(Family::Llama))?
+        .model_kernels(cfg.plan_dims()))
+}
+
+fn kernels_hf(c: &HfConfig) -> Result<ModelKernels> {
+    let cfg = LlamaConfig::from_hf(c)?;
+    Ok(cfg
+        .kernel_specs(&TensorNames::hugging_face(Family::Llama))?
+        .model_kernels(cfg.plan_dims()))
+}
+
 struct Layer {
     attn_norm: Vec<f32>,
     ffn_norm: Vec<f32>,
@@ -200,7 +267,7 @@ impl Decoder<LlamaLayers> {
         backend: &dyn Backend,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
-        Self::load_inner(cfg, store, names, backend, progress, true)
+        Self::load_with(cfg, store, names, backend, Head::Logits, progress)
     }
 
     /// [`Llama::load`] without the LM head: the trunk of a decoder embedder, whose output is
@@ -212,16 +279,17 @@ impl Decoder<LlamaLayers> {
         backend: &dyn Backend,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
-        Self::load_inner(cfg, store, names, backend, progress, false)
+        Self::load_with(cfg, store, names, backend, Head::HiddenStates, progress)
     }
 
-    fn load_inner(
+    /// Compile the layers and, for [`Head::Logits`], the LM head.
+    pub fn load_with(
         cfg: LlamaConfig,
         store: &Arc<dyn TensorStore>,
         names: &TensorNames,
         backend: &dyn Backend,
+        head: Head,
         progress: &mut dyn FnMut(usize, usize),
-        with_head: bool,
     ) -> Result<Self> {
         let h = cfg.hidden_size;
         let list = cfg.kernel_specs(names)?.for_store(store, names)?;
@@ -261,7 +329,7 @@ impl Decoder<LlamaLayers> {
                 norm_eps: cfg.rms_eps,
                 embed_scale: 1.0,
                 final_softcap: None,
-                lm_head: with_head.then_some(&list.lm_head),
+                lm_head: (head == Head::Logits).then_some(&list.lm_head),
             },
         )?;
         progress(cfg.n_layers + 1, cfg.n_layers + 1);

@@ -18,7 +18,7 @@
 
 use std::sync::Arc;
 
-use anelm_ane::{KernelRole, LayerKind};
+use anelm_ane::{KernelRole, LayerKind, LinearAttention, ModelDims, ModelKernels};
 
 use anelm_model::gguf::GgufFile;
 use anelm_model::hf_config::HfConfig;
@@ -31,7 +31,9 @@ use crate::arch::decoder::{Decoder, DecoderEnds, DecoderLayers, EndsSpec};
 use crate::arch::deltanet::{DeltaNetShape, GatedDeltaNet, VHeadOrder};
 use crate::arch::kernel_compile::CompiledLayer;
 use crate::arch::kernel_list::{KernelDesc, KernelList, LayerKernels};
+use crate::arch::registry::{Architecture, DecoderModel, Head, Progress, hf_text_prefix};
 use crate::arch::step::LaneRef;
+use crate::arch::tensor_names::Layout;
 use crate::arch::tensor_names::{Family, LayerTensor, TensorNames};
 use crate::backend::{Backend, ForwardCost, Kernel};
 use crate::batch::Batch;
@@ -297,6 +299,86 @@ impl Qwen35Config {
     }
 }
 
+impl Qwen35Config {
+    /// The host shapes `anelm plan` models between the kernels: the gated attention and the
+    /// DeltaNet layers' sizes (which layers are DeltaNet is each layer's kind in the kernel list,
+    /// so any `layer_types` order plans).
+    pub fn plan_dims(&self) -> ModelDims {
+        let d = self.deltanet;
+        ModelDims {
+            attn_output_gate: true,
+            linear_attention: Some(LinearAttention {
+                key_heads: d.n_k_heads,
+                value_heads: d.n_v_heads,
+                key_head_dim: d.k_dim,
+                value_head_dim: d.v_dim,
+            }),
+            ..ModelDims::dense(
+                self.hidden_size,
+                self.intermediate_size,
+                self.n_heads,
+                self.n_kv_heads,
+                self.head_dim,
+                self.vocab_size,
+                self.linear.len(),
+            )
+        }
+    }
+}
+
+/// The registry entry: Qwen3.5 dense text models (`qwen35` in llama.cpp's GGUF).
+pub static ARCHITECTURE: Architecture = Architecture {
+    name: "qwen3_5",
+    gguf_names: &["qwen35"],
+    hf_model_types: &["qwen3_5", "qwen3_5_text"],
+    load_gguf,
+    load_hf,
+    kernels_gguf,
+    kernels_hf,
+};
+
+fn load_gguf(
+    g: &Arc<GgufFile>,
+    backend: &dyn Backend,
+    head: Head,
+    progress: Progress<'_>,
+) -> Result<Box<dyn DecoderModel>> {
+    let store: Arc<dyn TensorStore> = g.clone();
+    let names = TensorNames::gguf(Family::Qwen35);
+    let cfg = Qwen35Config::from_gguf(g)?;
+    Ok(Box::new(Qwen35::load_with(
+        cfg, &store, &names, backend, head, progress,
+    )?))
+}
+
+fn load_hf(
+    c: &HfConfig,
+    store: &Arc<dyn TensorStore>,
+    backend: &dyn Backend,
+    head: Head,
+    progress: Progress<'_>,
+) -> Result<Box<dyn DecoderModel>> {
+    let names = TensorNames::new(Family::Qwen35, Layout::HuggingFace(hf_text_prefix(store).into()));
+    let cfg = Qwen35Config::from_hf(c)?;
+    Ok(Box::new(Qwen35::load_with(
+        cfg, store, &names, backend, head, progress,
+    )?))
+}
+
+fn kernels_gguf(g: &GgufFile) -> Result<ModelKernels> {
+    let cfg = Qwen35Config::from_gguf(g)?;
+    Ok(cfg
+        .kernel_specs(&TensorNames::gguf(Family::Qwen35))?
+        .model_kernels(cfg.plan_dims()))
+}
+
+fn kernels_hf(c: &HfConfig) -> Result<ModelKernels> {
+    let cfg = Qwen35Config::from_hf(c)?;
+    Ok(cfg
+        .kernel_specs(&TensorNames::hugging_face(Family::Qwen35))?
+        .model_kernels(cfg.plan_dims()))
+}
+
 enum Mixer {
     /// Gated DeltaNet: fused `[qkv | z | b | a]` projection, CPU recurrence, out_proj + residual.
     Linear {
@@ -355,6 +437,18 @@ impl Decoder<Qwen35Layers> {
         store: &Arc<dyn TensorStore>,
         names: &TensorNames,
         backend: &dyn Backend,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self> {
+        Self::load_with(cfg, store, names, backend, Head::Logits, progress)
+    }
+
+    /// Compile the layers and, for [`Head::Logits`], the LM head.
+    pub fn load_with(
+        cfg: Qwen35Config,
+        store: &Arc<dyn TensorStore>,
+        names: &TensorNames,
+        backend: &dyn Backend,
+        head: Head,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
         let h = cfg.hidden_size;
@@ -423,7 +517,7 @@ impl Decoder<Qwen35Layers> {
                 norm_eps: cfg.rms_eps,
                 embed_scale: 1.0,
                 final_softcap: None,
-                lm_head: Some(&list.lm_head),
+                lm_head: (head == Head::Logits).then_some(&list.lm_head),
             },
         )?;
         progress(n_layers + 1, n_layers + 1);

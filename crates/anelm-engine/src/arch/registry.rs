@@ -1,0 +1,118 @@
+//! Every decoder architecture anelm runs, one [`Architecture`] entry each: the names its files
+//! carry and what to do with them — load it (with or without its LM head, so any decoder can be
+//! an embedder or a reranker), and describe its kernels and host shapes for `anelm plan`. The
+//! loader, the planner's input and the embedders all look architectures up here; adding one is
+//! its own file (its config reader, layers and entry) and a line in [`ARCHITECTURES`].
+
+use std::sync::Arc;
+
+use anelm_ane::ModelKernels;
+use anelm_model::gguf::GgufFile;
+use anelm_model::hf_config::HfConfig;
+use anelm_model::tensor_store::TensorStore;
+
+use crate::arch::decoder::{Decoder, DecoderLayers};
+use crate::arch::{gemma3, llama, qwen3_5};
+use crate::backend::Backend;
+use crate::batch::Batch;
+use crate::error::{EngineError, Result};
+use crate::model::{LanguageModel, StepItem};
+
+/// A loaded decoder: a language model whose trunk can also give its final hidden states.
+pub trait DecoderModel: LanguageModel {
+    /// The final-normed hidden states of the rows the items ask for (what an embedder pools).
+    fn hidden_states(&self, items: &mut [StepItem<'_>]) -> Result<Batch>;
+}
+
+impl<L: DecoderLayers> DecoderModel for Decoder<L> {
+    fn hidden_states(&self, items: &mut [StepItem<'_>]) -> Result<Batch> {
+        Decoder::hidden_states(self, items)
+    }
+}
+
+/// Whether to compile the LM head (a chat model) or stop at the final norm (an embedder's trunk).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Head {
+    /// With the LM head.
+    Logits,
+    /// Without it: [`LanguageModel::forward`] fails, [`DecoderModel::hidden_states`] works.
+    HiddenStates,
+}
+
+/// Progress callback of a load: `(done, total)` after each layer.
+pub type Progress<'a> = &'a mut dyn FnMut(usize, usize);
+
+/// A loaded decoder, or why not.
+pub type Loaded = Result<Box<dyn DecoderModel>>;
+
+/// Loads a GGUF file: `(file, backend, head, progress)`.
+pub type LoadGguf = fn(&Arc<GgufFile>, &dyn Backend, Head, Progress<'_>) -> Loaded;
+
+/// Loads a Hugging Face directory's tensors: `(config, tensors, backend, head, progress)`.
+pub type LoadHf = fn(&HfConfig, &Arc<dyn TensorStore>, &dyn Backend, Head, Progress<'_>) -> Loaded;
+
+/// One architecture.
+pub struct Architecture {
+    /// Its name as users know it (for messages).
+    pub name: &'static str,
+    /// The `general.architecture` values of its GGUF files.
+    pub gguf_names: &'static [&'static str],
+    /// The `model_type` values of its Hugging Face configs.
+    pub hf_model_types: &'static [&'static str],
+    /// Load a GGUF file.
+    pub load_gguf: LoadGguf,
+    /// Load a Hugging Face directory's tensors with its parsed `config.json`.
+    pub load_hf: LoadHf,
+    /// The kernels and host shapes `anelm plan` plans, from a GGUF file's metadata.
+    pub kernels_gguf: fn(&GgufFile) -> Result<ModelKernels>,
+    /// The same from a `config.json`.
+    pub kernels_hf: fn(&HfConfig) -> Result<ModelKernels>,
+}
+
+/// Every decoder architecture, in the order messages list them.
+pub static ARCHITECTURES: &[&Architecture] = &[&llama::ARCHITECTURE, &gemma3::ARCHITECTURE, &qwen3_5::ARCHITECTURE];
+
+/// The architecture of a GGUF file's `general.architecture`.
+pub fn for_gguf(name: &str) -> Result<&'static Architecture> {
+    ARCHITECTURES
+        .iter()
+        .copied()
+        .find(|a| a.gguf_names.contains(&name))
+        .ok_or_else(|| unsupported(name))
+}
+
+/// The architecture of a Hugging Face `model_type`.
+pub fn for_hf(model_type: &str) -> Result<&'static Architecture> {
+    ARCHITECTURES
+        .iter()
+        .copied()
+        .find(|a| a.hf_model_types.contains(&model_type))
+        .ok_or_else(|| unsupported(model_type))
+}
+
+/// Whether `model_type` names a decoder architecture anelm runs.
+pub fn is_hf_decoder(model_type: &str) -> bool {
+    for_hf(model_type).is_ok()
+}
+
+/// The error for an architecture no entry names, listing the ones that exist.
+fn unsupported(name: &str) -> EngineError {
+    let known: Vec<String> = ARCHITECTURES
+        .iter()
+        .map(|a| format!("{} ({})", a.name, a.hf_model_types.join(", ")))
+        .collect();
+    EngineError::UnsupportedArchitecture {
+        name: name.to_string(),
+        known: known.join("; "),
+    }
+}
+
+/// Where a Hugging Face checkpoint keeps its text model's tensors: under `model.language_model.`
+/// in a multimodal checkpoint, else `model.`.
+pub(crate) fn hf_text_prefix(store: &Arc<dyn TensorStore>) -> &'static str {
+    if store.contains("model.language_model.embed_tokens.weight") {
+        "model.language_model."
+    } else {
+        "model."
+    }
+}
