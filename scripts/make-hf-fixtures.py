@@ -189,6 +189,25 @@ def make_qwen3():
     save(model, "qwen3", reference_for(model, 102, incremental=True))
 
 
+def make_qwen2():
+    # Qwen2 / Qwen2.5: Llama with biases on the q, k and v projections.
+    cfg = transformers.Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+    )
+    model = build(cfg, transformers.Qwen2ForCausalLM, 6)
+    save(model, "qwen2", reference_for(model, 106, incremental=True))
+
+
 def make_gemma3():
     cfg = transformers.Gemma3TextConfig(
         vocab_size=VOCAB,
@@ -279,6 +298,7 @@ def make_qwen3_5():
 MAKERS = {
     "llama": make_llama,
     "qwen3": make_qwen3,
+    "qwen2": make_qwen2,
     "gemma3": make_gemma3,
     "qwen3_5": make_qwen3_5,
 }

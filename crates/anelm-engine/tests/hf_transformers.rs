@@ -68,8 +68,8 @@ fn fixture_from(name: &'static str, model: &std::path::Path) -> Fixture {
     Fixture { name, reference, model }
 }
 
-/// The Qwen3.5 fixture converted to llama.cpp's GGUF `qwen35` layout (tiled value heads,
-/// `ssm_a`, `1 + w` norms) by `scripts/qwen35-to-gguf.py`.
+/// A fixture converted to llama.cpp's GGUF layout: Qwen3.5's `qwen35` (tiled value heads,
+/// `ssm_a`, `1 + w` norms) by `scripts/qwen35-to-gguf.py`, Qwen2's by `scripts/qwen2-to-gguf.py`.
 fn gguf_fixture(name: &'static str) -> Fixture {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/gguf")
@@ -427,6 +427,41 @@ fn llama_matches_transformers() {
 #[test]
 fn qwen3_matches_transformers() {
     run_all("qwen3");
+}
+
+#[test]
+fn qwen2_matches_transformers() {
+    run_all("qwen2");
+}
+
+/// The Qwen2 fixture in llama.cpp's `qwen2` GGUF layout (`scripts/qwen2-to-gguf.py`: biases as
+/// `attn_{q,k,v}.bias`, NeoX rope without permuted rows, tied head). A Llama-family GGUF rounds
+/// K/V to f16 as llama.cpp's cache does; here attention runs in f32, as for the safetensors
+/// file, so only the layout is under test and the same tolerance applies.
+#[test]
+fn qwen2_gguf_layout_matches_transformers() {
+    use anelm_engine::arch::llama::{Llama, LlamaConfig};
+    use anelm_engine::arch::tensor_names::{Family, TensorNames};
+    use anelm_model::tensor_store::TensorStore;
+
+    let mut f = fixture("qwen2");
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf/qwen2.gguf");
+    let gguf = std::sync::Arc::new(anelm_model::gguf::GgufFile::open(&path).expect("open the GGUF"));
+    let mut cfg = LlamaConfig::from_gguf(&gguf).expect("qwen2 config");
+    assert!(cfg.qkv_bias && cfg.architecture == "qwen2", "{cfg:?}");
+    cfg.attention_precision = anelm_engine::ops::AttentionPrecision::F32;
+    let store: std::sync::Arc<dyn TensorStore> = gguf;
+    f.model = Box::new(
+        Llama::load(
+            cfg,
+            &store,
+            &TensorNames::gguf(Family::Llama),
+            &CpuBackend::new(),
+            &mut |_, _| {},
+        )
+        .expect("load the GGUF"),
+    );
+    run_checks(&f);
 }
 
 #[test]

@@ -128,6 +128,7 @@ fn fixture(rel: &str) -> PathBuf {
 fn every_architecture_compiles_what_the_planner_plans() {
     for rel in [
         "hf/llama",
+        "hf/qwen2",
         "hf/qwen3",
         "hf/qwen3_5",
         "hf/qwen3_5_text",

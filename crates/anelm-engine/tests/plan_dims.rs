@@ -109,8 +109,9 @@ fn kernels_of_layer(path: &Path, layer: usize) -> Vec<(KernelRole, AneKernel)> {
 
 #[test]
 fn every_hf_fixture_plans_with_its_loader_kernels() {
-    // Llama and Qwen3: fused QKV, output + residual, SwiGLU + residual.
-    for (name, q, kv) in [("llama", 64, 32), ("qwen3", 128, 64)] {
+    // Llama, Qwen2 and Qwen3: fused QKV, output + residual, SwiGLU + residual (Qwen2's biases
+    // are added on the host).
+    for (name, q, kv) in [("llama", 64, 32), ("qwen2", 64, 32), ("qwen3", 128, 64)] {
         let d = model_dims(&hf(name)).expect(name);
         assert_eq!(d.block, BlockLayout::PreNorm, "{name}");
         let ks = kernels_of_layer(&hf(name), 0);

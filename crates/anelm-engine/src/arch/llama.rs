@@ -1,6 +1,7 @@
-//! Llama-family forward (Llama 2/3, SmolLM2, Mistral, and Qwen3, which adds per-head QK-norm):
-//! RMSNorm, RoPE, GQA attention with a KV cache, SwiGLU FFN, tied or untied LM head. Matmuls are
-//! backend kernels; the rest runs on the CPU in f32.
+//! Llama-family forward (Llama 2/3, SmolLM2, Mistral; Qwen2/2.5, which adds biases to the q, k
+//! and v projections; Qwen3, which adds per-head QK-norm): RMSNorm, RoPE, GQA attention with a
+//! KV cache, SwiGLU FFN, tied or untied LM head. Matmuls are backend kernels; the rest (the
+//! biases included) runs on the CPU in f32.
 
 use std::sync::Arc;
 
@@ -55,6 +56,8 @@ pub struct LlamaConfig {
     pub rope_pairing: RopePairing,
     /// Per-head RMSNorm of q and k before RoPE (Qwen3).
     pub qk_norm: bool,
+    /// Biases on the q, k and v projections (Qwen2), added on the host after the fused kernel.
+    pub qkv_bias: bool,
     /// How attention rounds K/V, q and probabilities.
     pub attention_precision: AttentionPrecision,
     /// Architecture name reported in [`ModelInfo`] (`llama`, `qwen3`, ...).
@@ -67,6 +70,7 @@ impl LlamaConfig {
         let m = GgufMeta::new(g, "llama");
         let arch = m.arch().to_string();
         let qwen3 = arch == "qwen3";
+        let qwen2 = arch == "qwen2";
         let hidden_size = m.usize("embedding_length")?;
         let n_heads = m.heads()?;
         let head_dim = m.head_dim(hidden_size, n_heads);
@@ -82,14 +86,15 @@ impl LlamaConfig {
             rope_theta: m.opt_f32("rope.freq_base").unwrap_or(10000.0),
             rms_eps: m.opt_f32("attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
             context_length: m.opt_usize("context_length").unwrap_or(4096),
-            // llama.cpp's converter permutes Llama's Q/K rows for adjacent-pair RoPE; Qwen3 keeps
-            // the Hugging Face order and runs NeoX (rotate-half) RoPE.
-            rope_pairing: if qwen3 {
+            // llama.cpp's converter permutes Llama's Q/K rows for adjacent-pair RoPE; Qwen2 and
+            // Qwen3 keep the Hugging Face order and run NeoX (rotate-half) RoPE.
+            rope_pairing: if qwen3 || qwen2 {
                 RopePairing::Halves
             } else {
                 RopePairing::Adjacent
             },
             qk_norm: qwen3,
+            qkv_bias: qwen2,
             attention_precision: AttentionPrecision::F16,
             architecture: arch,
         };
@@ -97,9 +102,16 @@ impl LlamaConfig {
         Ok(cfg)
     }
 
-    /// From a Hugging Face `config.json` (`llama`, `mistral`, `qwen3`).
+    /// From a Hugging Face `config.json` (`llama`, `mistral`, `qwen2`, `qwen3`).
     pub fn from_hf(c: &HfConfig) -> Result<Self> {
-        for key in ["attention_bias", "mlp_bias"] {
+        let qwen2 = c.model_type == "qwen2";
+        // Qwen2's q/k/v biases are part of the architecture (its config has no flag for them).
+        let unsupported: &[&str] = if qwen2 {
+            &["mlp_bias"]
+        } else {
+            &["attention_bias", "mlp_bias"]
+        };
+        for &key in unsupported {
             if c.raw().get(key).and_then(serde_json::Value::as_bool) == Some(true) {
                 return Err(EngineError::Config(format!(
                     "'{key}' is true: linear-layer biases are not supported for this architecture"
@@ -123,6 +135,7 @@ impl LlamaConfig {
             context_length: c.max_position_embeddings.unwrap_or(4096),
             rope_pairing: RopePairing::Halves,
             qk_norm: c.model_type == "qwen3",
+            qkv_bias: qwen2,
             attention_precision: AttentionPrecision::F32,
             architecture: c.model_type.clone(),
         };
@@ -186,11 +199,12 @@ impl LlamaConfig {
     }
 }
 
-/// The registry entry: Llama 2/3, SmolLM2, Mistral and Qwen3 (per-head QK-norm).
+/// The registry entry: Llama 2/3, SmolLM2, Mistral, Qwen2/2.5 (q/k/v biases) and Qwen3
+/// (per-head QK-norm).
 pub static ARCHITECTURE: Architecture = Architecture {
     name: "llama",
-    gguf_names: &["llama", "qwen3"],
-    hf_model_types: &["llama", "mistral", "qwen3"],
+    gguf_names: &["llama", "qwen2", "qwen3"],
+    hf_model_types: &["llama", "mistral", "qwen2", "qwen3"],
     load_gguf,
     load_hf,
     kernels_gguf,
@@ -242,6 +256,8 @@ struct Layer {
     ffn_norm: Vec<f32>,
     /// QK-norm weights (q, k), each `head_dim` long.
     qk_norm: Option<(Vec<f32>, Vec<f32>)>,
+    /// The q ‖ k ‖ v biases (Qwen2), as one row the width of the fused projection's output.
+    qkv_bias: Option<Vec<f32>>,
     qkv: Box<dyn Kernel>,
     out_residual: Box<dyn Kernel>,
     ffn_residual: Box<dyn Kernel>,
@@ -308,10 +324,19 @@ impl Decoder<LlamaLayers> {
             } else {
                 None
             };
+            let qkv_bias = if cfg.qkv_bias {
+                let mut b = vector(&name(AttnQBias)?, cfg.n_heads * cfg.head_dim)?;
+                b.extend(vector(&name(AttnKBias)?, cfg.n_kv_heads * cfg.head_dim)?);
+                b.extend(vector(&name(AttnVBias)?, cfg.n_kv_heads * cfg.head_dim)?);
+                Some(b)
+            } else {
+                None
+            };
             layers.push(Layer {
                 attn_norm: norm(&name(AttnNorm)?)?,
                 ffn_norm: norm(&name(FfnNorm)?)?,
                 qk_norm,
+                qkv_bias,
                 qkv: compiled.take(KernelRole::InputProj)?,
                 out_residual: compiled.take(KernelRole::OutputProjResidual)?,
                 ffn_residual: compiled.take(KernelRole::FfnResidual)?,
@@ -419,6 +444,13 @@ impl DecoderLayers for LlamaLayers {
             rms_norm(x.lane(lane), &layer.attn_norm, cfg.rms_eps, 0.0, xn.lane_mut(lane));
         }
         cost.add(layer.qkv.run(&[&*xn], qkv)?);
+        if let Some(bias) = &layer.qkv_bias {
+            for lane in 0..n {
+                for (v, b) in qkv.lane_mut(lane).iter_mut().zip(bias) {
+                    *v += b;
+                }
+            }
+        }
         // Decode steps: QK-norm, RoPE and the cache append inside the attention tasks.
         let prep = |lane: usize, head: &mut [f32], is_query: bool| {
             if let Some((wq, wk)) = &layer.qk_norm {

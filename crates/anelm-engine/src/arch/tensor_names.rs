@@ -41,6 +41,12 @@ pub enum LayerTensor {
     AttnQNorm,
     /// Per-head RMSNorm of the keys [head_dim].
     AttnKNorm,
+    /// Qwen2: bias of the query projection [heads·head_dim].
+    AttnQBias,
+    /// Qwen2: bias of the key projection [kv_heads·head_dim].
+    AttnKBias,
+    /// Qwen2: bias of the value projection [kv_heads·head_dim].
+    AttnVBias,
     /// Gemma 3: the norm of the attention output before the residual add [hidden].
     PostAttnNorm,
     /// The norm before the FFN [hidden].
@@ -75,7 +81,7 @@ pub enum LayerTensor {
 
 impl LayerTensor {
     /// Every role, for walking the tables (add a new role here too).
-    pub const ALL: [LayerTensor; 22] = {
+    pub const ALL: [LayerTensor; 25] = {
         use LayerTensor::*;
         [
             AttnNorm,
@@ -85,6 +91,9 @@ impl LayerTensor {
             AttnOutput,
             AttnQNorm,
             AttnKNorm,
+            AttnQBias,
+            AttnKBias,
+            AttnVBias,
             PostAttnNorm,
             FfnNorm,
             PostFfnNorm,
@@ -240,6 +249,9 @@ fn gguf_llama(l: LayerTensor) -> Option<&'static str> {
         AttnOutput => "attn_output.weight",
         AttnQNorm => "attn_q_norm.weight",
         AttnKNorm => "attn_k_norm.weight",
+        AttnQBias => "attn_q.bias",
+        AttnKBias => "attn_k.bias",
+        AttnVBias => "attn_v.bias",
         FfnNorm => "ffn_norm.weight",
         FfnGate => "ffn_gate.weight",
         FfnUp => "ffn_up.weight",
@@ -259,6 +271,9 @@ fn hf_llama(l: LayerTensor) -> Option<&'static str> {
         AttnOutput => "self_attn.o_proj.weight",
         AttnQNorm => "self_attn.q_norm.weight",
         AttnKNorm => "self_attn.k_norm.weight",
+        AttnQBias => "self_attn.q_proj.bias",
+        AttnKBias => "self_attn.k_proj.bias",
+        AttnVBias => "self_attn.v_proj.bias",
         FfnNorm => "post_attention_layernorm.weight",
         FfnGate => "mlp.gate_proj.weight",
         FfnUp => "mlp.up_proj.weight",
@@ -284,7 +299,8 @@ fn gguf_gemma3(l: LayerTensor) -> Option<&'static str> {
         FfnGate => "ffn_gate.weight",
         FfnUp => "ffn_up.weight",
         FfnDown => "ffn_down.weight",
-        SsmQkv | SsmZ | SsmBeta | SsmAlpha | SsmConv | SsmA | SsmDtBias | SsmNorm | SsmOut => return None,
+        AttnQBias | AttnKBias | AttnVBias | SsmQkv | SsmZ | SsmBeta | SsmAlpha | SsmConv | SsmA | SsmDtBias
+        | SsmNorm | SsmOut => return None,
     })
 }
 
@@ -304,7 +320,8 @@ fn hf_gemma3(l: LayerTensor) -> Option<&'static str> {
         FfnGate => "mlp.gate_proj.weight",
         FfnUp => "mlp.up_proj.weight",
         FfnDown => "mlp.down_proj.weight",
-        SsmQkv | SsmZ | SsmBeta | SsmAlpha | SsmConv | SsmA | SsmDtBias | SsmNorm | SsmOut => return None,
+        AttnQBias | AttnKBias | AttnVBias | SsmQkv | SsmZ | SsmBeta | SsmAlpha | SsmConv | SsmA | SsmDtBias
+        | SsmNorm | SsmOut => return None,
     })
 }
 
@@ -332,7 +349,7 @@ fn gguf_qwen35(l: LayerTensor) -> Option<&'static str> {
         SsmDtBias => "ssm_dt.bias",
         SsmNorm => "ssm_norm.weight",
         SsmOut => "ssm_out.weight",
-        PostAttnNorm | PostFfnNorm => return None,
+        PostAttnNorm | PostFfnNorm | AttnQBias | AttnKBias | AttnVBias => return None,
     })
 }
 
@@ -359,7 +376,7 @@ fn hf_qwen35(l: LayerTensor) -> Option<&'static str> {
         SsmDtBias => "linear_attn.dt_bias",
         SsmNorm => "linear_attn.norm.weight",
         SsmOut => "linear_attn.out_proj.weight",
-        PostAttnNorm | PostFfnNorm => return None,
+        PostAttnNorm | PostFfnNorm | AttnQBias | AttnKBias | AttnVBias => return None,
     })
 }
 

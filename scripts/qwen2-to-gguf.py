@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Convert a (tiny) Qwen2 safetensors directory to a GGUF file in llama.cpp's `qwen2` layout.
+
+Lays the tensors out as llama.cpp's converter (convert_hf_to_gguf.py, Qwen2Model) does — no
+permutation of the q/k rows (Qwen2 runs NeoX rope), the q/k/v biases as `attn_{q,k,v}.bias`, the
+LM head omitted when the embedding is tied — so anelm's GGUF path for Qwen2 is tested against the
+same transformers reference as the safetensors one. All tensors are written as F32; the fixtures
+have no tokenizer, so the placeholder vocabulary of scripts/qwen35_gguf.py is written.
+
+Usage: python scripts/qwen2-to-gguf.py <safetensors dir> <out.gguf>
+Needs numpy, safetensors and gguf, e.g. the fixtures virtualenv of scripts/make-hf-fixtures.sh.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+from safetensors.numpy import load_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import qwen35_gguf  # noqa: E402
+
+ARCH = "qwen2"
+
+LAYER = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def gguf_name(hf):
+    if hf == "model.embed_tokens.weight":
+        return "token_embd.weight"
+    if hf == "model.norm.weight":
+        return "output_norm.weight"
+    if hf == "lm_head.weight":
+        return "output.weight"
+    parts = hf.split(".")
+    if parts[:2] == ["model", "layers"]:
+        return f"blk.{parts[2]}.{LAYER['.'.join(parts[3:])]}"
+    raise KeyError(f"unexpected tensor {hf}")
+
+
+def main(src, out):
+    src = Path(src)
+    cfg = json.loads((src / "config.json").read_text())
+    tensors = load_file(str(src / "model.safetensors"))
+    if cfg.get("tie_word_embeddings", False):
+        tensors.pop("lm_head.weight", None)
+    rope = cfg.get("rope_parameters") or {}
+    w = gguf.GGUFWriter(out, ARCH)
+    w.add_type("model")
+    w.add_name(src.name)
+    u32 = lambda key, v: w.add_uint32(f"{ARCH}.{key}", int(v))
+    u32("block_count", cfg["num_hidden_layers"])
+    u32("context_length", cfg.get("max_position_embeddings", 32768))
+    u32("embedding_length", cfg["hidden_size"])
+    u32("feed_forward_length", cfg["intermediate_size"])
+    u32("attention.head_count", cfg["num_attention_heads"])
+    u32("attention.head_count_kv", cfg.get("num_key_value_heads", cfg["num_attention_heads"]))
+    w.add_float32(f"{ARCH}.rope.freq_base", float(rope.get("rope_theta", cfg.get("rope_theta", 1e6))))
+    w.add_float32(f"{ARCH}.attention.layer_norm_rms_epsilon", float(cfg.get("rms_norm_eps", 1e-6)))
+    w.add_uint32("general.file_type", int(gguf.LlamaFileType.ALL_F32))
+    w.add_uint32("general.quantization_version", gguf.GGML_QUANT_VERSION)
+    vocab = cfg["vocab_size"]
+    tokens, merges = qwen35_gguf.placeholder_vocabulary(vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([int(gguf.TokenType.NORMAL)] * vocab)
+    w.add_token_merges(merges)
+    for hf in sorted(tensors):
+        w.add_tensor(gguf_name(hf), np.ascontiguousarray(tensors[hf], dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    main(sys.argv[1], sys.argv[2])
