@@ -208,6 +208,30 @@ def make_qwen2():
     save(model, "qwen2", reference_for(model, 106, incremental=True))
 
 
+def make_lfm2():
+    # LFM2: gated short convolutions (conv layers) beside GQA attention with QK-norm; the FFN
+    # width is adjusted from intermediate_size as transformers does (2/3, multiplier, rounding).
+    cfg = transformers.Lfm2Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=192,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        conv_L_cache=3,
+        block_multiple_of=32,
+        block_ffn_dim_multiplier=1.0,
+        block_auto_adjust_ff_dim=True,
+        layer_types=["conv", "full_attention", "conv", "conv"],
+        tie_word_embeddings=True,
+    )
+    model = build(cfg, transformers.Lfm2ForCausalLM, 7)
+    save(model, "lfm2", reference_for(model, 107, incremental=True))
+
+
 def make_gemma3():
     cfg = transformers.Gemma3TextConfig(
         vocab_size=VOCAB,
@@ -299,6 +323,7 @@ MAKERS = {
     "llama": make_llama,
     "qwen3": make_qwen3,
     "qwen2": make_qwen2,
+    "lfm2": make_lfm2,
     "gemma3": make_gemma3,
     "qwen3_5": make_qwen3_5,
 }

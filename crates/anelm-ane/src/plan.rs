@@ -112,6 +112,9 @@ pub enum LayerKind {
     LinearAttention,
     /// Softmax attention over a sliding window (Gemma 3 local layers).
     SlidingAttention,
+    /// A gated short convolution (LFM2): `B ⊙ x` through a depthwise causal conv of a few taps,
+    /// gated by `C`, on the CPU between the in and out projections.
+    ShortConv,
 }
 
 impl LayerKind {
@@ -132,6 +135,7 @@ impl LayerKind {
             LayerKind::Attention => "attention",
             LayerKind::LinearAttention => "linear-attention",
             LayerKind::SlidingAttention => "sliding-attention",
+            LayerKind::ShortConv => "short-conv",
         }
     }
 }
@@ -286,7 +290,7 @@ pub fn plan_model(model: &ModelKernels, opts: &PlanOptions) -> Result<Plan, Plan
         let missing = match kind {
             LayerKind::LinearAttention => dims.linear_attention.is_none().then_some("DeltaNet sizes"),
             LayerKind::SlidingAttention => dims.sliding_window.is_none().then_some("a sliding window"),
-            LayerKind::Attention => None,
+            LayerKind::Attention | LayerKind::ShortConv => None,
         };
         if let Some(what) = missing {
             return Err(PlanError::BadDims(format!(
@@ -410,6 +414,9 @@ fn plan_layer(d: &ModelDims, layer: &ModelLayer, opts: &PlanOptions) -> Result<V
 
 fn input_proj_reason(d: &ModelDims, kind: LayerKind, parts: &[usize]) -> String {
     match (kind, parts) {
+        (LayerKind::ShortConv, &[bcx]) => {
+            format!("in_proj ({bcx} rows: the B and C gates and the conv input, one matrix in the file): 1 dispatch")
+        }
         (LayerKind::LinearAttention, &[qkv, z, b, _]) => {
             let k = qkv.saturating_sub(z) / 2;
             format!(

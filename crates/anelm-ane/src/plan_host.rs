@@ -340,6 +340,10 @@ pub struct StreamWork {
     pub sampling: Work,
 }
 
+/// Taps of a short-convolution layer (LFM2's `conv_L_cache`; its host work is small enough that
+/// the published models' 3 stands for all).
+const SHORT_CONV_TAPS: usize = 3;
+
 /// One stream's host work for one token of `dims`, whose layers' mixers are `kinds`, at
 /// `context` tokens of context.
 pub fn stream_work(dims: &ModelDims, kinds: &[LayerKind], opts: &HostOptions, sample: bool) -> StreamWork {
@@ -386,6 +390,13 @@ pub fn stream_work(dims: &ModelDims, kinds: &[LayerKind], opts: &HostOptions, sa
                 // read and written once (fp32).
                 d.add(Work::new(7.0 * hv * dk * dv, 8.0 * hv * dk * dv));
                 d.add(Work::new(10.0 * v, 12.0 * v)); // gated RMSNorm · SiLU(z)
+            }
+            (LayerKind::ShortConv, _) => {
+                // B ⊙ x, a depthwise causal conv of SHORT_CONV_TAPS taps (its ring state read and
+                // written), C ⊙ y: a few flops per hidden channel.
+                let taps = f(SHORT_CONV_TAPS);
+                w.elementwise
+                    .add(Work::new(h * (2.0 * taps + 2.0), h * 4.0 * (2.0 * taps + 4.0)));
             }
             _ => {
                 let ctx = match kind {

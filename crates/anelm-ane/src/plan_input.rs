@@ -80,6 +80,7 @@ impl ModelDims {
                 let v = la.value_heads * la.value_head_dim;
                 vec![2 * k + v, v, la.value_heads, la.value_heads]
             }
+            (LayerKind::ShortConv, _) => vec![3 * self.hidden],
             _ => {
                 let q = self.heads * self.head_dim * if self.attn_output_gate { 2 } else { 1 };
                 let kv = self.kv_heads * self.head_dim;
@@ -98,6 +99,7 @@ impl ModelDims {
     fn output_proj(&self, kind: LayerKind) -> ModelKernel {
         let cols = match (kind, self.linear_attention) {
             (LayerKind::LinearAttention, Some(la)) => la.value_heads * la.value_head_dim,
+            (LayerKind::ShortConv, _) => self.hidden,
             _ => self.heads * self.head_dim,
         };
         let rows = self.hidden;

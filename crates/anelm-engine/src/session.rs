@@ -27,6 +27,11 @@ impl RecurrentLayer {
         }
     }
 
+    /// Whether the layer carries nothing from token to token (an attention layer's entry).
+    pub fn is_stateless(&self) -> bool {
+        self.conv.is_empty() && self.state.is_empty()
+    }
+
     fn reset(&mut self) {
         self.conv.fill(0.0);
         self.state.fill(0.0);
@@ -74,7 +79,7 @@ impl Session {
     /// Whether the session carries recurrent state, which cannot be rewound to an earlier
     /// position (only reset): see [`Session::truncate`].
     pub fn is_recurrent(&self) -> bool {
-        self.recurrent.iter().any(|r| !r.state.is_empty())
+        self.recurrent.iter().any(|r| !r.is_stateless())
     }
 
     /// Tokens whose state is cached.
@@ -224,7 +229,10 @@ impl Session {
         let traced = self
             .recurrent
             .iter()
-            .all(|r| r.state.is_empty() || r.trace.as_ref().is_some_and(|t| t.lanes() >= keep));
+            // A layer with recurrent state (DeltaNet) or only a conv history (LFM2's short
+            // convolutions, which record no trace) must be replayable, else the kept tokens run
+            // again.
+            .all(|r| r.is_stateless() || r.trace.as_ref().is_some_and(|t| t.lanes() >= keep));
         if target > self.tokens.len() || before.len() != self.recurrent.len() || self.kv.truncate(target) != target {
             self.stop_trace();
             return self.truncate(0);

@@ -132,7 +132,7 @@ impl Session {
         if r.remaining() != 0 {
             return Err(SnapshotError::Invalid(format!("{} bytes after the end", r.remaining())));
         }
-        let rewindable = recurrent.iter().all(|l| l.state.is_empty()) && self.prefix_rewindable();
+        let rewindable = recurrent.iter().all(|l| l.is_stateless()) && self.prefix_rewindable();
         if keep == 0 || keep > len || (keep < len && !rewindable) {
             return Err(SnapshotError::Invalid(format!(
                 "cannot keep {keep} of {len} saved positions (only all of a recurrent or windowed state)"

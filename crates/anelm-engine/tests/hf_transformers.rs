@@ -434,6 +434,11 @@ fn qwen2_matches_transformers() {
     run_all("qwen2");
 }
 
+#[test]
+fn lfm2_matches_transformers() {
+    run_all("lfm2");
+}
+
 /// The Qwen2 fixture in llama.cpp's `qwen2` GGUF layout (`scripts/qwen2-to-gguf.py`: biases as
 /// `attn_{q,k,v}.bias`, NeoX rope without permuted rows, tied head). A Llama-family GGUF rounds
 /// K/V to f16 as llama.cpp's cache does; here attention runs in f32, as for the safetensors

@@ -130,6 +130,7 @@ fn every_architecture_compiles_what_the_planner_plans() {
         "hf/llama",
         "hf/qwen2",
         "hf/qwen3",
+        "hf/lfm2",
         "hf/qwen3_5",
         "hf/qwen3_5_text",
         "hf/gemma3",

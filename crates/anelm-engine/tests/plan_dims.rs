@@ -257,6 +257,49 @@ fn every_gguf_architecture_plans_from_its_metadata() {
     assert!(err.contains("'falcon'") && err.contains("gemma3"), "{err}");
 }
 
+/// LFM2: short-convolution layers (in projection B ‖ C ‖ x, out projection plus residual) beside
+/// attention layers, each with the SwiGLU FFN; planned layer by layer in the fixture's order.
+#[test]
+fn lfm2_plans_its_short_convolutions_and_attention() {
+    let path = hf("lfm2");
+    assert_eq!(
+        layer_kinds(&path),
+        [
+            LayerKind::ShortConv,
+            LayerKind::Attention,
+            LayerKind::ShortConv,
+            LayerKind::ShortConv
+        ]
+    );
+    let d = model_dims(&path).expect("dims");
+    assert_eq!(
+        (d.hidden, d.intermediate),
+        (64, 128),
+        "the FFN width transformers derives"
+    );
+    let conv = kernels_of_layer(&path, 0);
+    assert_eq!(
+        conv[0],
+        (
+            KernelRole::InputProj,
+            AneKernel::FusedLinear {
+                parts: vec![3 * 64],
+                cols: 64
+            }
+        )
+    );
+    assert_eq!(
+        conv[1],
+        (
+            KernelRole::OutputProjResidual,
+            AneKernel::LinearResidual { rows: 64, cols: 64 }
+        )
+    );
+    let p = plan_model(&model_kernels(&path).expect("kernels"), &PlanOptions::default()).expect("plan");
+    assert_eq!(p.layers[0].kind, LayerKind::ShortConv);
+    assert_eq!(p.dispatches_per_token(), 4 * 3 + 1);
+}
+
 /// Layer kinds in any order plan: each layer's kind comes from the architecture's own kernel
 /// list, not from a periodic pattern (a Qwen3.5 whose attention layer is second, not fourth).
 #[test]

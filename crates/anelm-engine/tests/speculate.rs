@@ -231,7 +231,7 @@ fn lookup_speculation_keeps_the_output_of_plain_decoding() {
     check("smollm2", lm.model.as_ref(), &lm.tokenizer, &prompt);
     // The fixtures carry no tokenizer: SmolLM2's decodes their ids (all below 512) and its
     // end-of-generation ids (0 and 2) are masked by ignore_eos as usual.
-    for name in ["gemma3", "qwen3_5"] {
+    for name in ["gemma3", "qwen3_5", "lfm2"] {
         let model = load_model_weights(&fixture(name), &backend, &mut |_, _| {}).expect("load fixture");
         let vocab = model.info().vocab_size;
         check(name, model.as_ref(), &lm.tokenizer, &repetitive_prompt(vocab));
@@ -466,7 +466,7 @@ fn lookup_speculation_keeps_the_output_on_the_emulated_neural_engine() {
     let tokenizer = load_model(&smollm2, &CpuBackend::new(), &mut |_, _| {})
         .expect("load SmolLM2")
         .tokenizer;
-    for name in ["llama", "gemma3", "qwen3_5"] {
+    for name in ["llama", "gemma3", "qwen3_5", "lfm2"] {
         let backend = AneBackend::new(
             Arc::new(EmuAne::default()),
             AneOptions {

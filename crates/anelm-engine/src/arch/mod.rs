@@ -11,6 +11,7 @@ pub mod deltanet;
 pub mod gemma3;
 pub mod kernel_compile;
 pub mod kernel_list;
+pub mod lfm2;
 pub mod llama;
 pub mod qwen3_5;
 pub mod registry;

@@ -12,7 +12,7 @@ use anelm_model::hf_config::HfConfig;
 use anelm_model::tensor_store::TensorStore;
 
 use crate::arch::decoder::{Decoder, DecoderLayers};
-use crate::arch::{gemma3, llama, qwen3_5};
+use crate::arch::{gemma3, lfm2, llama, qwen3_5};
 use crate::backend::Backend;
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
@@ -70,7 +70,12 @@ pub struct Architecture {
 }
 
 /// Every decoder architecture, in the order messages list them.
-pub static ARCHITECTURES: &[&Architecture] = &[&llama::ARCHITECTURE, &gemma3::ARCHITECTURE, &qwen3_5::ARCHITECTURE];
+pub static ARCHITECTURES: &[&Architecture] = &[
+    &llama::ARCHITECTURE,
+    &gemma3::ARCHITECTURE,
+    &qwen3_5::ARCHITECTURE,
+    &lfm2::ARCHITECTURE,
+];
 
 /// The architecture of a GGUF file's `general.architecture`.
 pub fn for_gguf(name: &str) -> Result<&'static Architecture> {

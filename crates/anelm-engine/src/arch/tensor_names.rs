@@ -77,11 +77,18 @@ pub enum LayerTensor {
     SsmNorm,
     /// DeltaNet output projection [hidden, V].
     SsmOut,
+    /// LFM2 short convolution: the input projection to the B and C gates and the conv input
+    /// [3·hidden, hidden].
+    ConvInProj,
+    /// LFM2 short convolution: the depthwise causal conv weights [hidden, 1, taps].
+    ConvWeight,
+    /// LFM2 short convolution: the output projection [hidden, hidden].
+    ConvOutProj,
 }
 
 impl LayerTensor {
     /// Every role, for walking the tables (add a new role here too).
-    pub const ALL: [LayerTensor; 25] = {
+    pub const ALL: [LayerTensor; 28] = {
         use LayerTensor::*;
         [
             AttnNorm,
@@ -109,6 +116,9 @@ impl LayerTensor {
             SsmDtBias,
             SsmNorm,
             SsmOut,
+            ConvInProj,
+            ConvWeight,
+            ConvOutProj,
         ]
     };
 }
@@ -122,6 +132,8 @@ pub enum Family {
     Gemma3,
     /// Qwen3.5 text (Gated DeltaNet hybrid).
     Qwen35,
+    /// LFM2 (gated short-convolution hybrid).
+    Lfm2,
 }
 
 /// How a file names its tensors.
@@ -204,6 +216,8 @@ impl TensorNames {
         };
         Ok(match (&self.layout, t) {
             (Layout::Gguf, Tensor::TokenEmbedding) => "token_embd.weight".into(),
+            // llama.cpp keeps LFM2's final norm (`embedding_norm`) as `token_embd_norm`.
+            (Layout::Gguf, Tensor::OutputNorm) if self.family == Family::Lfm2 => "token_embd_norm.weight".into(),
             (Layout::Gguf, Tensor::OutputNorm) => "output_norm.weight".into(),
             (Layout::Gguf, Tensor::Output) => "output.weight".into(),
             (Layout::Gguf, Tensor::Layer(i, l)) => {
@@ -211,10 +225,14 @@ impl TensorNames {
                     Family::Llama => gguf_llama(l),
                     Family::Gemma3 => gguf_gemma3(l),
                     Family::Qwen35 => gguf_qwen35(l),
+                    Family::Lfm2 => gguf_lfm2(l),
                 };
                 format!("blk.{i}.{}", s.ok_or_else(missing)?)
             }
             (Layout::HuggingFace(p), Tensor::TokenEmbedding) => format!("{p}embed_tokens.weight"),
+            (Layout::HuggingFace(p), Tensor::OutputNorm) if self.family == Family::Lfm2 => {
+                format!("{p}embedding_norm.weight")
+            }
             (Layout::HuggingFace(p), Tensor::OutputNorm) => format!("{p}norm.weight"),
             (Layout::HuggingFace(_), Tensor::Output) => "lm_head.weight".into(),
             (Layout::HuggingFace(p), Tensor::Layer(i, l)) => {
@@ -222,6 +240,7 @@ impl TensorNames {
                     Family::Llama => hf_llama(l),
                     Family::Gemma3 => hf_gemma3(l),
                     Family::Qwen35 => hf_qwen35(l),
+                    Family::Lfm2 => hf_lfm2(l),
                 };
                 format!("{p}layers.{i}.{}", s.ok_or_else(missing)?)
             }
@@ -257,7 +276,7 @@ fn gguf_llama(l: LayerTensor) -> Option<&'static str> {
         FfnUp => "ffn_up.weight",
         FfnDown => "ffn_down.weight",
         PostAttnNorm | PostFfnNorm | SsmQkv | SsmZ | SsmBeta | SsmAlpha | SsmConv | SsmA | SsmDtBias | SsmNorm
-        | SsmOut => return None,
+        | SsmOut | ConvInProj | ConvWeight | ConvOutProj => return None,
     })
 }
 
@@ -279,7 +298,7 @@ fn hf_llama(l: LayerTensor) -> Option<&'static str> {
         FfnUp => "mlp.up_proj.weight",
         FfnDown => "mlp.down_proj.weight",
         PostAttnNorm | PostFfnNorm | SsmQkv | SsmZ | SsmBeta | SsmAlpha | SsmConv | SsmA | SsmDtBias | SsmNorm
-        | SsmOut => return None,
+        | SsmOut | ConvInProj | ConvWeight | ConvOutProj => return None,
     })
 }
 
@@ -300,7 +319,7 @@ fn gguf_gemma3(l: LayerTensor) -> Option<&'static str> {
         FfnUp => "ffn_up.weight",
         FfnDown => "ffn_down.weight",
         AttnQBias | AttnKBias | AttnVBias | SsmQkv | SsmZ | SsmBeta | SsmAlpha | SsmConv | SsmA | SsmDtBias
-        | SsmNorm | SsmOut => return None,
+        | SsmNorm | SsmOut | ConvInProj | ConvWeight | ConvOutProj => return None,
     })
 }
 
@@ -321,7 +340,7 @@ fn hf_gemma3(l: LayerTensor) -> Option<&'static str> {
         FfnUp => "mlp.up_proj.weight",
         FfnDown => "mlp.down_proj.weight",
         AttnQBias | AttnKBias | AttnVBias | SsmQkv | SsmZ | SsmBeta | SsmAlpha | SsmConv | SsmA | SsmDtBias
-        | SsmNorm | SsmOut => return None,
+        | SsmNorm | SsmOut | ConvInProj | ConvWeight | ConvOutProj => return None,
     })
 }
 
@@ -349,7 +368,9 @@ fn gguf_qwen35(l: LayerTensor) -> Option<&'static str> {
         SsmDtBias => "ssm_dt.bias",
         SsmNorm => "ssm_norm.weight",
         SsmOut => "ssm_out.weight",
-        PostAttnNorm | PostFfnNorm | AttnQBias | AttnKBias | AttnVBias => return None,
+        PostAttnNorm | PostFfnNorm | AttnQBias | AttnKBias | AttnVBias | ConvInProj | ConvWeight | ConvOutProj => {
+            return None;
+        }
     })
 }
 
@@ -376,7 +397,53 @@ fn hf_qwen35(l: LayerTensor) -> Option<&'static str> {
         SsmDtBias => "linear_attn.dt_bias",
         SsmNorm => "linear_attn.norm.weight",
         SsmOut => "linear_attn.out_proj.weight",
-        PostAttnNorm | PostFfnNorm | AttnQBias | AttnKBias | AttnVBias => return None,
+        PostAttnNorm | PostFfnNorm | AttnQBias | AttnKBias | AttnVBias | ConvInProj | ConvWeight | ConvOutProj => {
+            return None;
+        }
+    })
+}
+
+fn gguf_lfm2(l: LayerTensor) -> Option<&'static str> {
+    use LayerTensor::*;
+    Some(match l {
+        AttnNorm => "attn_norm.weight",
+        AttnQ => "attn_q.weight",
+        AttnK => "attn_k.weight",
+        AttnV => "attn_v.weight",
+        AttnOutput => "attn_output.weight",
+        AttnQNorm => "attn_q_norm.weight",
+        AttnKNorm => "attn_k_norm.weight",
+        FfnNorm => "ffn_norm.weight",
+        FfnGate => "ffn_gate.weight",
+        FfnUp => "ffn_up.weight",
+        FfnDown => "ffn_down.weight",
+        ConvInProj => "shortconv.in_proj.weight",
+        ConvWeight => "shortconv.conv.weight",
+        ConvOutProj => "shortconv.out_proj.weight",
+        AttnQBias | AttnKBias | AttnVBias | PostAttnNorm | PostFfnNorm | SsmQkv | SsmZ | SsmBeta | SsmAlpha
+        | SsmConv | SsmA | SsmDtBias | SsmNorm | SsmOut => return None,
+    })
+}
+
+fn hf_lfm2(l: LayerTensor) -> Option<&'static str> {
+    use LayerTensor::*;
+    Some(match l {
+        AttnNorm => "operator_norm.weight",
+        AttnQ => "self_attn.q_proj.weight",
+        AttnK => "self_attn.k_proj.weight",
+        AttnV => "self_attn.v_proj.weight",
+        AttnOutput => "self_attn.out_proj.weight",
+        AttnQNorm => "self_attn.q_layernorm.weight",
+        AttnKNorm => "self_attn.k_layernorm.weight",
+        FfnNorm => "ffn_norm.weight",
+        FfnGate => "feed_forward.w1.weight",
+        FfnUp => "feed_forward.w3.weight",
+        FfnDown => "feed_forward.w2.weight",
+        ConvInProj => "conv.in_proj.weight",
+        ConvWeight => "conv.conv.weight",
+        ConvOutProj => "conv.out_proj.weight",
+        AttnQBias | AttnKBias | AttnVBias | PostAttnNorm | PostFfnNorm | SsmQkv | SsmZ | SsmBeta | SsmAlpha
+        | SsmConv | SsmA | SsmDtBias | SsmNorm | SsmOut => return None,
     })
 }
 
