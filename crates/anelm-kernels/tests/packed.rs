@@ -146,6 +146,8 @@ fn packed_k_quant_and_legacy_kernels_match_their_row_major_kernels() {
         WeightFormat::Q5_0,
         WeightFormat::Q4_0,
         WeightFormat::IQ4_NL,
+        WeightFormat::Q3_K,
+        WeightFormat::IQ4_XS,
     ] {
         let block = fmt.block_elems();
         for (rows, blocks) in [(8usize, 1usize), (16, 2), (24, 3), (64, 5), (200, 4), (13, 2), (100, 1)] {
@@ -156,12 +158,10 @@ fn packed_k_quant_and_legacy_kernels_match_their_row_major_kernels() {
                 assert!(packed.is_none(), "{fmt:?} {rows} rows: no group layout, must not pack");
                 continue;
             }
-            // IQ4_NL has packed kernels on x86-64 only; aarch64 keeps it row-major.
-            if cfg!(target_arch = "aarch64") && fmt == WeightFormat::IQ4_NL {
-                assert!(
-                    packed.is_none(),
-                    "the NEON kernels do not read IQ4_NL: it must not pack"
-                );
+            // IQ4_NL, Q3_K and IQ4_XS have packed kernels on x86-64 only; aarch64 keeps them
+            // row-major.
+            if cfg!(target_arch = "aarch64") && x86_only(fmt) {
+                assert!(packed.is_none(), "the NEON kernels do not read {fmt:?}: it must not pack");
                 continue;
             }
             let Some(packed) = packed else {
@@ -181,10 +181,16 @@ fn packed_k_quant_and_legacy_kernels_match_their_row_major_kernels() {
                 .filter_map(|g| PackedMatrix::pack_with_group_rows(fmt, &w, rows, cols, g).expect("pack"))
                 .collect();
             assert_eq!(layouts.len(), if wide_expected { 2 } else { 1 }, "{fmt:?} {rows} rows");
-            // Q4_K and Q5_K unpack their 12 bytes of 6-bit scales into 16.
-            let unpacked = matches!(fmt, WeightFormat::Q4_K | WeightFormat::Q5_K);
-            let stored_per_row_block = fmt.block_bytes() + if unpacked { 4 } else { 0 };
+            // Q4_K, Q5_K and Q3_K unpack their 12 bytes of 6-bit scales into 16; IQ4_XS its 6
+            // bytes into 8. No layout grows by more than 4 %.
+            let unpacked = match fmt {
+                WeightFormat::Q4_K | WeightFormat::Q5_K | WeightFormat::Q3_K => 4,
+                WeightFormat::IQ4_XS => 2,
+                _ => 0,
+            };
+            let stored_per_row_block = fmt.block_bytes() + unpacked;
             assert_eq!(packed.bytes(), rows * blocks * stored_per_row_block, "{fmt:?} size");
+            assert!(packed.bytes() * 100 <= w.len() * 104, "{fmt:?} grows by more than 4 %");
             for lanes in [1usize, 2, 3, 4, 5, 7, 17, 40] {
                 let x: Vec<f32> = rng.vec(lanes * cols).iter().map(|v| v * 3.0).collect();
                 let mut act = Activations::new();
@@ -210,9 +216,7 @@ fn packed_k_quant_and_legacy_kernels_match_their_row_major_kernels() {
                             "{what}: differs from the row-major {} kernel",
                             isa.name()
                         );
-                        if exact_to_scalar(isa)
-                            || matches!(fmt, WeightFormat::Q4_K | WeightFormat::Q5_K | WeightFormat::Q6_K)
-                        {
+                        if exact_to_scalar(isa) || exact_integer_blocks(fmt) {
                             assert!(same_bits(&got, &scalar), "{what}: differs from the scalar reference");
                         } else {
                             assert_within_tolerance(&got, &scalar, cols, &what);
@@ -222,6 +226,34 @@ fn packed_k_quant_and_legacy_kernels_match_their_row_major_kernels() {
             }
         }
     }
+}
+
+/// The formats packed on x86-64 only (the NEON kernels do not read them).
+fn x86_only(fmt: WeightFormat) -> bool {
+    matches!(fmt, WeightFormat::IQ4_NL | WeightFormat::Q3_K | WeightFormat::IQ4_XS)
+}
+
+/// The formats whose packed and row-major kernels alike reduce each block to one exact integer
+/// and apply its scales in the same f32 operations: bit for bit on every instruction set.
+fn exact_integer_blocks(fmt: WeightFormat) -> bool {
+    matches!(
+        fmt,
+        WeightFormat::Q4_K | WeightFormat::Q5_K | WeightFormat::Q6_K | WeightFormat::Q3_K | WeightFormat::IQ4_XS
+    )
+}
+
+/// `rows × cols` of `fmt` (Q3_K or IQ4_XS) as random bytes — every scale, index, low and high
+/// bit pattern the format can hold, not only those its encoder picks — with each block's `d`
+/// set to a finite f16 (±2⁻⁷).
+fn raw_blocks(fmt: WeightFormat, rng: &mut Rng, rows: usize, cols: usize) -> Vec<u8> {
+    let len = fmt.row_bytes(cols).expect("row bytes") * rows;
+    let mut w: Vec<u8> = (0..len).map(|_| ((rng.f() + 1.0) * 128.0) as u8).collect();
+    let d_at = if fmt == WeightFormat::Q3_K { 108 } else { 0 };
+    for (i, b) in w.chunks_exact_mut(fmt.block_bytes()).enumerate() {
+        let d: u16 = if i % 3 == 0 { 0xA000 } else { 0x2000 };
+        b[d_at..d_at + 2].copy_from_slice(&d.to_le_bytes());
+    }
+    w
 }
 
 /// Extreme blocks (every weight at the top or bottom of its range, activations at ±127) keep
@@ -237,9 +269,13 @@ fn packed_kernels_stay_exact_at_the_ends_of_the_ranges() {
         WeightFormat::Q5_0,
         WeightFormat::Q4_0,
         WeightFormat::IQ4_NL,
+        WeightFormat::Q3_K,
+        WeightFormat::IQ4_XS,
     ] {
-        for pattern in 0..3 {
-            // Weights: alternating ±1 (each block's extremes), all +1, or random.
+        // Q3_K and IQ4_XS also as random raw bytes (every scale from −32 to 31, every level).
+        let patterns = if matches!(fmt, WeightFormat::Q3_K | WeightFormat::IQ4_XS) { 5 } else { 3 };
+        for pattern in 0..patterns {
+            // Weights: alternating ±1 (each block's extremes), all +1, random, or raw bytes.
             let wf: Vec<f32> = match pattern {
                 0 => (0..rows * cols)
                     .map(|i| if (i / 3) % 2 == 0 { 1.0 } else { -1.0 })
@@ -247,7 +283,11 @@ fn packed_kernels_stay_exact_at_the_ends_of_the_ranges() {
                 1 => vec![1.0; rows * cols],
                 _ => rng.vec(rows * cols),
             };
-            let w = encode(fmt, &wf, rows, cols);
+            let w = if pattern >= 3 {
+                raw_blocks(fmt, &mut rng, rows, cols)
+            } else {
+                encode(fmt, &wf, rows, cols)
+            };
             let x: Vec<f32> = (0..2 * cols).map(|i| if i % 2 == 0 { 1.0 } else { -1.0 }).collect();
             let mut act = Activations::new();
             act.quantize(fmt, &x, 2, cols).expect("quantize");
@@ -267,6 +307,19 @@ fn packed_kernels_stay_exact_at_the_ends_of_the_ranges() {
                         "{} {fmt:?} groups of {g} pattern {pattern}",
                         isa.name()
                     );
+                    if exact_integer_blocks(fmt) {
+                        let scalar = row_major(Isa::Scalar, fmt, &w, rows, cols, &act);
+                        // (All +1 against alternating ±1 sums to 0; the other patterns do not.)
+                        assert!(
+                            pattern == 1 || scalar.iter().any(|v| *v != 0.0),
+                            "{fmt:?} pattern {pattern}: all zero"
+                        );
+                        assert!(
+                            same_bits(&got, &scalar),
+                            "{} {fmt:?} groups of {g} pattern {pattern}: differs from the scalar reference",
+                            isa.name()
+                        );
+                    }
                 }
             }
         }
