@@ -74,6 +74,7 @@ fn q3_k_crumb<K: IntLanes, const L: usize, const NJ: usize>(
 /// [`q3_k_crumb`] for crumb `nj` (= `NJ`), a constant once inlined there; a loop variable in
 /// the many-lane tiles, where the shifts then go through a jump table.
 #[inline(always)]
+#[allow(clippy::needless_range_loop)] // `l` indexes the sums and the lanes alike
 fn q3_k_crumb_at<K: IntLanes, const L: usize>(
     k: K,
     nj: usize,
@@ -281,7 +282,12 @@ macro_rules! zmm_group {
 ymm_tile!(q3_k_tile, "avx2,fma,f16c", false, q3_k_kernel);
 ymm_tile!(q3_k_tile_vnni, "avx2,fma,f16c,avx512vnni,avx512vl", true, q3_k_kernel);
 ymm_tile!(iq4_xs_tile, "avx2,fma,f16c", false, iq4_xs_kernel);
-ymm_tile!(iq4_xs_tile_vnni, "avx2,fma,f16c,avx512vnni,avx512vl", true, iq4_xs_kernel);
+ymm_tile!(
+    iq4_xs_tile_vnni,
+    "avx2,fma,f16c,avx512vnni,avx512vl",
+    true,
+    iq4_xs_kernel
+);
 
 // Two registers per lane (the block's integer sum and the f32 sum): two lanes per tile on
 // AVX2's 16 registers, four with AVX-512VL's 32.

@@ -161,7 +161,10 @@ fn packed_k_quant_and_legacy_kernels_match_their_row_major_kernels() {
             // IQ4_NL, Q3_K and IQ4_XS have packed kernels on x86-64 only; aarch64 keeps them
             // row-major.
             if cfg!(target_arch = "aarch64") && x86_only(fmt) {
-                assert!(packed.is_none(), "the NEON kernels do not read {fmt:?}: it must not pack");
+                assert!(
+                    packed.is_none(),
+                    "the NEON kernels do not read {fmt:?}: it must not pack"
+                );
                 continue;
             }
             let Some(packed) = packed else {
@@ -273,7 +276,11 @@ fn packed_kernels_stay_exact_at_the_ends_of_the_ranges() {
         WeightFormat::IQ4_XS,
     ] {
         // Q3_K and IQ4_XS also as random raw bytes (every scale from −32 to 31, every level).
-        let patterns = if matches!(fmt, WeightFormat::Q3_K | WeightFormat::IQ4_XS) { 5 } else { 3 };
+        let patterns = if matches!(fmt, WeightFormat::Q3_K | WeightFormat::IQ4_XS) {
+            5
+        } else {
+            3
+        };
         for pattern in 0..patterns {
             // Weights: alternating ±1 (each block's extremes), all +1, random, or raw bytes.
             let wf: Vec<f32> = match pattern {
