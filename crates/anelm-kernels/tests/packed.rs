@@ -295,9 +295,12 @@ fn packed_kernels_stay_exact_at_the_ends_of_the_ranges() {
             } else {
                 encode(fmt, &wf, rows, cols)
             };
-            let x: Vec<f32> = (0..2 * cols).map(|i| if i % 2 == 0 { 1.0 } else { -1.0 }).collect();
+            // 9 lanes: the 4-, 2- and 1-lane tiles, and the many-lane paths (Q3_K's 16-row
+            // kernel decodes a group once from 8 lanes).
+            let lanes = 9;
+            let x: Vec<f32> = (0..lanes * cols).map(|i| if i % 2 == 0 { 1.0 } else { -1.0 }).collect();
             let mut act = Activations::new();
-            act.quantize(fmt, &x, 2, cols).expect("quantize");
+            act.quantize(fmt, &x, lanes, cols).expect("quantize");
             for g in [PACK_ROWS, WIDE_GROUP_ROWS] {
                 let Some(packed) = PackedMatrix::pack_with_group_rows(fmt, &w, rows, cols, g).expect("pack") else {
                     continue;
@@ -306,7 +309,7 @@ fn packed_kernels_stay_exact_at_the_ends_of_the_ranges() {
                     if !runs_layout(isa, g) {
                         continue;
                     }
-                    let mut got = vec![f32::NAN; 2 * rows];
+                    let mut got = vec![f32::NAN; lanes * rows];
                     packed.matmul_with(isa, &act, &mut got).expect("packed");
                     let tile = row_major(isa, fmt, &w, rows, cols, &act);
                     assert!(
