@@ -60,6 +60,7 @@ fn bit_to_2<K: IntLanes>(k: K, v: K::I, bit: usize) -> K::I {
 /// (`nj = 4n + j`): elements `128n + 32j + 16·half + 4i .. +4` of the rows in vector `i`, from
 /// `qs` vector `8n + 4·half + i` (crumb `j`) and `hmask` vector `4·half + i` (bit `4n + j`).
 #[inline(always)]
+#[allow(clippy::needless_range_loop)] // `i` names the vector in the comment's formula
 fn q3_k_weights<K: IntLanes>(k: K, p: &[u8], nj: usize, half: usize) -> [K::I; 4] {
     let r = K::ROWS;
     let (n, j) = (nj / 4, nj % 4);
