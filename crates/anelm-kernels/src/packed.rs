@@ -130,8 +130,8 @@ impl std::fmt::Debug for PackedMatrix {
 
 impl PackedMatrix {
     /// Repack a row-major `rows × cols` matrix, when this CPU has a kernel for the packed form
-    /// and the shape fits it (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, or on x86-64 IQ4_NL, Q3_K
-    /// and IQ4_XS; rows a multiple of 8); `Ok(None)` otherwise, and the
+    /// and the shape fits it (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, Q3_K, IQ4_XS, or on x86-64
+    /// IQ4_NL; rows a multiple of 8); `Ok(None)` otherwise, and the
     /// row-major kernels serve the matrix as before. Groups of 16 rows where the CPU has the
     /// AVX-512 kernels and the rows allow it (`ANELM_PACK_WIDE=0` keeps 8, for A/B runs).
     pub fn pack(fmt: WeightFormat, w: &[u8], rows: usize, cols: usize) -> Result<Option<Self>, KernelError> {

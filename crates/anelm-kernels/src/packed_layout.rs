@@ -27,14 +27,14 @@
 //! - **Q6_K** (`210R`, as stored): `R` f16 `d`; the 16 int8 sub-block scales, sub-block after
 //!   sub-block; then `ql` for half `h < 2`, part `t < 2`, `k < 8`: bytes `64h + 32t + 4k .. +4`
 //!   of each row; then `qh` for `h < 2`, `k < 8`: bytes `32h + 4k .. +4` of each row.
-//! - **Q3_K** (`114R`, 4 bytes per row more than stored: its 6-bit scales unpacked; x86 only):
+//! - **Q3_K** (`114R`, 4 bytes per row more than stored: its 6-bit scales unpacked):
 //!   `R` f16 `d`; the 16 sub-block scales as signed bytes (`−32 ..= 31`, the offset of 32
 //!   already taken off), sub-block after sub-block (`R` bytes each); then `qs` for `n < 2`,
 //!   `k < 8`: bytes `32n + 4k .. +4` of each row (vector `8n + k`; bits `2j, 2j + 1` of a byte
 //!   are the low two bits of element `128n + 32j + 4k + i`); then `hmask` for `k < 8`: bytes
 //!   `4k .. +4` of each row (bit `4n + j` of a byte: the high bit of that same element). Both
 //!   as stored, so the kernel forms `q + 4 = low | high << 2` (`0 ..= 7`, unsigned).
-//! - **IQ4_XS** (`138R`, 2 bytes per row more than stored; x86 only): `R` f16 `d`; the 8
+//! - **IQ4_XS** (`138R`, 2 bytes per row more than stored): `R` f16 `d`; the 8
 //!   sub-block scales as signed bytes (`−32 ..= 31`), sub-block after sub-block; then for
 //!   `k < 32` bytes `4k .. +4` of each row's 128 index bytes (vector `4j + m` holds in its low
 //!   nibbles elements `32j + 4m ..+4`, in its high nibbles `32j + 16 + 4m ..+4`: IQ4_NL's
@@ -60,9 +60,8 @@ pub(crate) fn row_block_bytes(fmt: WeightFormat) -> Option<usize> {
         WeightFormat::Q4_K => Some(148),
         WeightFormat::Q5_K => Some(180),
         WeightFormat::Q6_K => Some(210),
-        // Only the x86 kernels read these (`packed_x86_scaled.rs`).
-        WeightFormat::Q3_K if cfg!(target_arch = "x86_64") => Some(Q3_K_ROW_BLOCK),
-        WeightFormat::IQ4_XS if cfg!(target_arch = "x86_64") => Some(IQ4_XS_ROW_BLOCK),
+        WeightFormat::Q3_K => Some(Q3_K_ROW_BLOCK),
+        WeightFormat::IQ4_XS => Some(IQ4_XS_ROW_BLOCK),
         _ => None,
     }
 }

@@ -158,8 +158,7 @@ fn packed_k_quant_and_legacy_kernels_match_their_row_major_kernels() {
                 assert!(packed.is_none(), "{fmt:?} {rows} rows: no group layout, must not pack");
                 continue;
             }
-            // IQ4_NL, Q3_K and IQ4_XS have packed kernels on x86-64 only; aarch64 keeps them
-            // row-major.
+            // IQ4_NL has packed kernels on x86-64 only; aarch64 keeps it row-major.
             if cfg!(target_arch = "aarch64") && x86_only(fmt) {
                 assert!(
                     packed.is_none(),
@@ -233,7 +232,7 @@ fn packed_k_quant_and_legacy_kernels_match_their_row_major_kernels() {
 
 /// The formats packed on x86-64 only (the NEON kernels do not read them).
 fn x86_only(fmt: WeightFormat) -> bool {
-    matches!(fmt, WeightFormat::IQ4_NL | WeightFormat::Q3_K | WeightFormat::IQ4_XS)
+    fmt == WeightFormat::IQ4_NL
 }
 
 /// The formats whose packed and row-major kernels alike reduce each block to one exact integer
