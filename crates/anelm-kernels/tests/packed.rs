@@ -1,6 +1,7 @@
 //! The interleaved (packed) kernels against the row-major ones: Q4_1 and Q8_0 against the scalar
 //! reference with the tolerance rule of `simd_vs_scalar.rs` (integer block dots are exact, only
-//! the f32 accumulation order differs), Q4_K, Q5_K, Q6_K, Q5_0 and Q4_0 bit for bit (see their test). Shapes cover several pool tasks, lane counts across the kernel's lane tiles
+//! the f32 accumulation order differs), Q4_K, Q5_K, Q6_K, Q3_K, IQ4_XS, Q5_0 and Q4_0 bit for bit
+//! (see their test). Shapes cover several pool tasks, lane counts across the kernel's lane tiles
 //! (1, 2, 4 and remainders, more than one call's `MAX_LANES`), and a width that is not a multiple
 //! of 256. Packing refuses what it has no kernel for. On aarch64 every format is bit for bit
 //! against the scalar reference, on both NEON paths (`smull` and, where the CPU has dotprod,
@@ -559,4 +560,57 @@ fn k_quants_of_different_formats_share_one_fused_loop() {
     assert!(!WeightFormat::Q4_K.shares_activations(WeightFormat::Q8_0));
     assert!(!WeightFormat::Q4_0.shares_activations(WeightFormat::Q8_0));
     assert!(WeightFormat::Q6_K.shares_activations(WeightFormat::Q4_K));
+}
+
+/// A Q3_K_M-like layer: Q3_K, IQ4_XS, Q4_K and Q6_K projections in one fused loop on one set of
+/// Q8_K activations, and a Q3_K gate/up pair, give exactly the separate results.
+#[test]
+fn q3_k_and_iq4_xs_fuse_with_the_other_k_quants() {
+    let mut rng = Rng(31);
+    let cols = 512;
+    let (Some(a), Some(b), Some(c), Some(d)) = (
+        packed(WeightFormat::Q3_K, &mut rng, 64, cols),
+        packed(WeightFormat::IQ4_XS, &mut rng, 32, cols),
+        packed(WeightFormat::Q4_K, &mut rng, 16, cols),
+        packed(WeightFormat::Q6_K, &mut rng, 48, cols),
+    ) else {
+        println!("no packed kernel on this CPU");
+        return;
+    };
+    let (Some(gate), Some(up)) = (
+        packed(WeightFormat::Q3_K, &mut rng, 96, cols),
+        packed(WeightFormat::Q3_K, &mut rng, 96, cols),
+    ) else {
+        return;
+    };
+    for lanes in [1usize, 6, 19] {
+        let mut act = Activations::new();
+        act.quantize(WeightFormat::Q3_K, &rng.vec(lanes * cols), lanes, cols)
+            .expect("quantize");
+        let separate = |m: &PackedMatrix| {
+            let mut out = vec![0.0; lanes * m.rows()];
+            m.matmul(&act, &mut out).expect("matmul");
+            out
+        };
+        let width = 64 + 32 + 16 + 48;
+        let mut fused = vec![f32::NAN; lanes * width];
+        PackedMatrix::matmul_concat(&[&a, &b, &c, &d], &act, &mut fused).expect("concat");
+        let mut offset = 0;
+        for m in [&a, &b, &c, &d] {
+            let own = separate(m);
+            for lane in 0..lanes {
+                let got = &fused[lane * width + offset..lane * width + offset + m.rows()];
+                let want = &own[lane * m.rows()..(lane + 1) * m.rows()];
+                assert!(same_bits(got, want), "{:?} lanes {lanes}", m.format());
+            }
+            offset += m.rows();
+        }
+        let (g, u) = (separate(&gate), separate(&up));
+        let mut pair = vec![f32::NAN; lanes * 96];
+        let combine = |a: &mut [f32], b: &[f32]| a.iter_mut().zip(b).for_each(|(a, &b)| *a = *a * 0.5 + b);
+        PackedMatrix::matmul_pair(&gate, &up, &act, &mut pair, &combine, None).expect("pair");
+        for (i, (p, (g, u))) in pair.iter().zip(g.iter().zip(&u)).enumerate() {
+            assert_eq!(p.to_bits(), (*g * 0.5 + *u).to_bits(), "Q3_K pair lanes {lanes} [{i}]");
+        }
+    }
 }
