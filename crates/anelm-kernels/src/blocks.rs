@@ -186,12 +186,7 @@ pub fn unpack_q2_k(b: &[u8], q: &mut [i8; 256], sc: &mut [u8; 16]) -> (f32, f32)
 pub fn unpack_q3_k(b: &[u8], q: &mut [i8; 256], sc: &mut [i8; 16]) -> f32 {
     let hmask = &b[0..32];
     let qs = &b[32..96];
-    let scales = &b[96..108];
-    for (i, s) in sc.iter_mut().enumerate() {
-        let low = if i < 8 { scales[i] & 0x0F } else { scales[i - 8] >> 4 };
-        let high = (scales[8 + i % 4] >> (2 * (i / 4))) & 3;
-        *s = (low | (high << 4)) as i8 - 32;
-    }
+    *sc = q3_k_scales(b);
     for n in 0..2 {
         for j in 0..4 {
             let bit = 1u8 << (4 * n + j);
@@ -204,19 +199,38 @@ pub fn unpack_q3_k(b: &[u8], q: &mut [i8; 256], sc: &mut [i8; 16]) -> f32 {
     f16_at(b, 108)
 }
 
+/// The 16 signed sub-block scales of a Q3_K block (`−32 ..= 31`): scale `i`'s low four bits
+/// are nibble `i / 8` of `scales[i % 8]`, its high two bits `2(i / 4) ..` of `scales[8 + i % 4]`.
+#[inline]
+pub(crate) fn q3_k_scales(b: &[u8]) -> [i8; 16] {
+    let scales = &b[96..108];
+    std::array::from_fn(|i| {
+        let low = if i < 8 { scales[i] & 0x0F } else { scales[i - 8] >> 4 };
+        let high = (scales[8 + i % 4] >> (2 * (i / 4))) & 3;
+        (low | (high << 4)) as i8 - 32
+    })
+}
+
+/// The 8 signed sub-block scales of an IQ4_XS block (`−32 ..= 31`, see [`unpack_iq4_xs`]).
+#[inline]
+pub(crate) fn iq4_xs_scales(b: &[u8]) -> [i8; 8] {
+    let scales_h = u16::from_le_bytes([b[2], b[3]]);
+    std::array::from_fn(|j| {
+        let low = (b[4 + j / 2] >> (4 * (j % 2))) & 0x0F;
+        let high = ((scales_h >> (2 * j)) & 3) as u8;
+        (low | (high << 4)) as i8 - 32
+    })
+}
+
 /// IQ4_XS: { f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128] } → the [`IQ4_NL_VALUES`] of each
 /// 4-bit index and 8 signed 6-bit scales of 32 elements each; value d·sc[j]·q. Sub-block `j`'s
 /// scale is nibble `j % 2` of `scales_l[j / 2]` with bits `2j..2j+2` of `scales_h` on top, offset
 /// 32; its indices are `qs[16j..16j+16]`, low nibbles first as IQ4_NL's.
 #[inline]
 pub fn unpack_iq4_xs(b: &[u8], q: &mut [i8; 256], sc: &mut [i8; 8]) -> f32 {
-    let scales_h = u16::from_le_bytes([b[2], b[3]]);
-    let scales_l = &b[4..8];
     let qs = &b[8..136];
-    for (j, s) in sc.iter_mut().enumerate() {
-        let low = (scales_l[j / 2] >> (4 * (j % 2))) & 0x0F;
-        let high = ((scales_h >> (2 * j)) & 3) as u8;
-        *s = (low | (high << 4)) as i8 - 32;
+    *sc = iq4_xs_scales(b);
+    for j in 0..8 {
         let src = &qs[16 * j..16 * j + 16];
         for l in 0..16 {
             q[32 * j + l] = IQ4_NL_VALUES[usize::from(src[l] & 0x0F)];

@@ -42,9 +42,9 @@ pub(crate) trait IntLanes: Copy {
     fn and(self, a: Self::I, b: Self::I) -> Self::I;
     /// Bitwise or.
     fn or(self, a: Self::I, b: Self::I) -> Self::I;
-    /// Each 16-bit lane shifted left by `N` (1 to 4).
+    /// Each 16-bit lane shifted left by `N` (1 to 7).
     fn shl16<const N: i32>(self, a: Self::I) -> Self::I;
-    /// Each 16-bit lane shifted right (logically) by `N` (1 to 4).
+    /// Each 16-bit lane shifted right (logically) by `N` (1 to 7).
     fn shr16<const N: i32>(self, a: Self::I) -> Self::I;
     /// i32 lanes added.
     fn add32(self, a: Self::I, b: Self::I) -> Self::I;
@@ -86,6 +86,13 @@ pub(crate) trait IntLanes: Copy {
     /// Prefetch `lines` cache lines of the weight stream, this width's distance past `p` (a
     /// prefetch never faults, so the address may lie past the matrix), with its stream hint.
     fn prefetch_stream(self, p: &[u8], lines: usize);
+    /// Part `part` of `parts` of the block of `bytes` bytes two blocks past `p`, with this
+    /// width's stream hint (`packed_x86_wide::prefetch_part_ahead`).
+    fn prefetch_part_ahead(self, p: &[u8], bytes: usize, part: usize, parts: usize);
+    /// i32 lanes multiplied, the low 32 bits of each product kept.
+    fn mullo32(self, a: Self::I, b: Self::I) -> Self::I;
+    /// The first `ROWS` bytes of `b` as signed values, one per i32 lane (panics if shorter).
+    fn i8s_to_i32(self, b: &[u8]) -> Self::I;
 }
 
 /// Bytes ahead of the current block that the 8-row kernels prefetch.
@@ -246,6 +253,21 @@ impl<const VNNI: bool> IntLanes for Ymm<VNNI> {
     fn prefetch_stream(self, p: &[u8], lines: usize) {
         prefetch_lines(p, YMM_PREFETCH, lines, false);
     }
+    #[inline(always)]
+    fn prefetch_part_ahead(self, p: &[u8], bytes: usize, part: usize, parts: usize) {
+        crate::packed_x86_wide::prefetch_part_ahead(p, bytes, part, parts, false);
+    }
+    #[inline(always)]
+    fn mullo32(self, a: __m256i, b: __m256i) -> __m256i {
+        // SAFETY: see the impl.
+        unsafe { _mm256_mullo_epi32(a, b) }
+    }
+    #[inline(always)]
+    fn i8s_to_i32(self, b: &[u8]) -> __m256i {
+        let b = &b[..8];
+        // SAFETY: see the impl; `b` holds 8 bytes (an unaligned 64-bit load).
+        unsafe { _mm256_cvtepi8_epi32(_mm_loadl_epi64(b.as_ptr().cast())) }
+    }
 }
 
 /// 16-row groups in 512-bit registers: AVX2, FMA, F16C, AVX-512F/BW/VL/VNNI; the weight stream
@@ -315,7 +337,10 @@ impl<const NTA: bool, const GFNI: bool> IntLanes for Zmm<NTA, GFNI> {
                 2 => _mm512_slli_epi16::<2>(a),
                 3 => _mm512_slli_epi16::<3>(a),
                 4 => _mm512_slli_epi16::<4>(a),
-                _ => unreachable!("the kernels shift by 1 to 4"),
+                5 => _mm512_slli_epi16::<5>(a),
+                6 => _mm512_slli_epi16::<6>(a),
+                7 => _mm512_slli_epi16::<7>(a),
+                _ => unreachable!("the kernels shift by 1 to 7"),
             }
         }
     }
@@ -328,7 +353,10 @@ impl<const NTA: bool, const GFNI: bool> IntLanes for Zmm<NTA, GFNI> {
                 2 => _mm512_srli_epi16::<2>(a),
                 3 => _mm512_srli_epi16::<3>(a),
                 4 => _mm512_srli_epi16::<4>(a),
-                _ => unreachable!("the kernels shift by 1 to 4"),
+                5 => _mm512_srli_epi16::<5>(a),
+                6 => _mm512_srli_epi16::<6>(a),
+                7 => _mm512_srli_epi16::<7>(a),
+                _ => unreachable!("the kernels shift by 1 to 7"),
             }
         }
     }
@@ -430,6 +458,21 @@ impl<const NTA: bool, const GFNI: bool> IntLanes for Zmm<NTA, GFNI> {
     #[inline(always)]
     fn prefetch_stream(self, p: &[u8], lines: usize) {
         prefetch_lines(p, ZMM_PREFETCH, lines, NTA);
+    }
+    #[inline(always)]
+    fn prefetch_part_ahead(self, p: &[u8], bytes: usize, part: usize, parts: usize) {
+        crate::packed_x86_wide::prefetch_part_ahead(p, bytes, part, parts, NTA);
+    }
+    #[inline(always)]
+    fn mullo32(self, a: __m512i, b: __m512i) -> __m512i {
+        // SAFETY: see the impl.
+        unsafe { _mm512_mullo_epi32(a, b) }
+    }
+    #[inline(always)]
+    fn i8s_to_i32(self, b: &[u8]) -> __m512i {
+        let b = &b[..16];
+        // SAFETY: see the impl; `b` holds 16 bytes (an unaligned load).
+        unsafe { _mm512_cvtepi8_epi32(_mm_loadu_si128(b.as_ptr().cast())) }
     }
 }
 

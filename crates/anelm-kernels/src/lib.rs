@@ -38,6 +38,8 @@ mod packed_x86_kquant;
 #[cfg(target_arch = "x86_64")]
 mod packed_x86_q4_1;
 #[cfg(target_arch = "x86_64")]
+mod packed_x86_scaled;
+#[cfg(target_arch = "x86_64")]
 mod packed_x86_wide;
 mod peak;
 pub mod pool;

@@ -130,8 +130,8 @@ impl std::fmt::Debug for PackedMatrix {
 
 impl PackedMatrix {
     /// Repack a row-major `rows × cols` matrix, when this CPU has a kernel for the packed form
-    /// and the shape fits it (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K or IQ4_NL, rows a multiple of 8);
-    /// `Ok(None)` otherwise, and the
+    /// and the shape fits it (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, Q3_K, IQ4_XS, or on x86-64
+    /// IQ4_NL; rows a multiple of 8); `Ok(None)` otherwise, and the
     /// row-major kernels serve the matrix as before. Groups of 16 rows where the CPU has the
     /// AVX-512 kernels and the rows allow it (`ANELM_PACK_WIDE=0` keeps 8, for A/B runs).
     pub fn pack(fmt: WeightFormat, w: &[u8], rows: usize, cols: usize) -> Result<Option<Self>, KernelError> {
@@ -266,8 +266,8 @@ impl PackedMatrix {
         self.cols
     }
 
-    /// Bytes held (the stored matrix's, plus Q4_K's unpacked sub-block scales: 148 bytes per
-    /// 256 weights instead of 144).
+    /// Bytes held (the stored matrix's, plus the unpacked sub-block scales of Q4_K and Q5_K, 4
+    /// bytes per 256 weights, Q3_K, 4, and IQ4_XS, 2: see `packed_layout.rs`).
     pub fn bytes(&self) -> usize {
         self.data.len()
     }
@@ -519,7 +519,9 @@ impl PackedMatrix {
         // SAFETY: `kernel_available()` held when this matrix was packed (AVX2, FMA, F16C; VNNI
         // only when detected); `tile.len() ≤ MAX_LANES` and the lanes exist (callers loop so).
         unsafe {
-            use crate::{packed_x86 as p8, packed_x86_ggml_order as legacy, packed_x86_kquant as kq};
+            use crate::{
+                packed_x86 as p8, packed_x86_ggml_order as legacy, packed_x86_kquant as kq, packed_x86_scaled as sc,
+            };
             match (self.fmt, vnni) {
                 (WeightFormat::Q4_1, true) => p8::q4_1_group_vnni(blk, x, lane0, tile),
                 (WeightFormat::Q4_1, false) => p8::q4_1_group(blk, x, lane0, tile),
@@ -537,6 +539,10 @@ impl PackedMatrix {
                 (WeightFormat::Q6_K, false) => kq::q6_k_group(blk, x, lane0, tile),
                 (WeightFormat::IQ4_NL, true) => legacy::iq4_nl_group_vnni(blk, x, lane0, tile),
                 (WeightFormat::IQ4_NL, false) => legacy::iq4_nl_group(blk, x, lane0, tile),
+                (WeightFormat::Q3_K, true) => sc::q3_k_group_vnni(blk, x, lane0, tile),
+                (WeightFormat::Q3_K, false) => sc::q3_k_group(blk, x, lane0, tile),
+                (WeightFormat::IQ4_XS, true) => sc::iq4_xs_group_vnni(blk, x, lane0, tile),
+                (WeightFormat::IQ4_XS, false) => sc::iq4_xs_group(blk, x, lane0, tile),
                 // `pack_in_groups` builds nothing else.
                 _ => tile.iter_mut().for_each(|t| t.fill(f32::NAN)),
             }
@@ -552,7 +558,10 @@ impl PackedMatrix {
         // SAFETY: a 16-row layout is only built where `wide_kernel_available()` held (AVX-512
         // F/BW/VL/VNNI besides AVX2, FMA, F16C); `tile.len() ≤ MAX_LANES`, the lanes exist.
         unsafe {
-            use crate::{packed_x86_ggml_order as legacy, packed_x86_kquant as kq, packed_x86_wide as wide};
+            use crate::{
+                packed_x86_ggml_order as legacy, packed_x86_kquant as kq, packed_x86_scaled as sc,
+                packed_x86_wide as wide,
+            };
             match self.fmt {
                 WeightFormat::Q4_K => kq::q4_k_group_wide(blk, x, lane0, tile),
                 WeightFormat::Q5_K => kq::q5_k_group_wide(blk, x, lane0, tile),
@@ -562,6 +571,8 @@ impl PackedMatrix {
                 WeightFormat::Q4_0 => legacy::q4_0_group_wide(blk, x, lane0, tile),
                 WeightFormat::Q5_0 => legacy::q5_0_group_wide(blk, x, lane0, tile),
                 WeightFormat::IQ4_NL => legacy::iq4_nl_group_wide(blk, x, lane0, tile),
+                WeightFormat::Q3_K => sc::q3_k_group_wide(blk, x, lane0, tile),
+                WeightFormat::IQ4_XS => sc::iq4_xs_group_wide(blk, x, lane0, tile),
                 // `pack_in_groups` builds no other 16-row layout (`has_wide_kernel`).
                 _ => tile.iter_mut().for_each(|t| t.fill(f32::NAN)),
             }
@@ -637,6 +648,8 @@ pub(crate) fn has_wide_kernel(fmt: WeightFormat) -> bool {
             | WeightFormat::Q5_K
             | WeightFormat::Q6_K
             | WeightFormat::IQ4_NL
+            | WeightFormat::Q3_K
+            | WeightFormat::IQ4_XS
     )
 }
 

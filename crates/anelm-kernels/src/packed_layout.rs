@@ -27,8 +27,26 @@
 //! - **Q6_K** (`210R`, as stored): `R` f16 `d`; the 16 int8 sub-block scales, sub-block after
 //!   sub-block; then `ql` for half `h < 2`, part `t < 2`, `k < 8`: bytes `64h + 32t + 4k .. +4`
 //!   of each row; then `qh` for `h < 2`, `k < 8`: bytes `32h + 4k .. +4` of each row.
+//! - **Q3_K** (`114R`, 4 bytes per row more than stored: its 6-bit scales unpacked):
+//!   `R` f16 `d`; the 16 sub-block scales as signed bytes (`−32 ..= 31`, the offset of 32
+//!   already taken off), sub-block after sub-block (`R` bytes each); then `qs` for `n < 2`,
+//!   `k < 8`: bytes `32n + 4k .. +4` of each row (vector `8n + k`; bits `2j, 2j + 1` of a byte
+//!   are the low two bits of element `128n + 32j + 4k + i`); then `hmask` for `k < 8`: bytes
+//!   `4k .. +4` of each row (bit `4n + j` of a byte: the high bit of that same element). Both
+//!   as stored, so the kernel forms `q + 4 = low | high << 2` (`0 ..= 7`, unsigned).
+//! - **IQ4_XS** (`138R`, 2 bytes per row more than stored): `R` f16 `d`; the 8
+//!   sub-block scales as signed bytes (`−32 ..= 31`), sub-block after sub-block; then for
+//!   `k < 32` bytes `4k .. +4` of each row's 128 index bytes (vector `4j + m` holds in its low
+//!   nibbles elements `32j + 4m ..+4`, in its high nibbles `32j + 16 + 4m ..+4`: IQ4_NL's
+//!   order within each 32-element sub-block `j`).
 
 use crate::format::WeightFormat;
+
+/// Bytes of one row's Q3_K block in the packed layout (110 stored, its 12 bytes of scales as 16).
+pub(crate) const Q3_K_ROW_BLOCK: usize = 114;
+
+/// Bytes of one row's IQ4_XS block in the packed layout (136 stored, its scales as 8 bytes).
+pub(crate) const IQ4_XS_ROW_BLOCK: usize = 138;
 
 /// Bytes of one row's block in the packed layout, for the formats that pack; `None` otherwise.
 pub(crate) fn row_block_bytes(fmt: WeightFormat) -> Option<usize> {
@@ -42,6 +60,8 @@ pub(crate) fn row_block_bytes(fmt: WeightFormat) -> Option<usize> {
         WeightFormat::Q4_K => Some(148),
         WeightFormat::Q5_K => Some(180),
         WeightFormat::Q6_K => Some(210),
+        WeightFormat::Q3_K => Some(Q3_K_ROW_BLOCK),
+        WeightFormat::IQ4_XS => Some(IQ4_XS_ROW_BLOCK),
         _ => None,
     }
 }
@@ -134,6 +154,27 @@ pub(crate) fn pack_block(fmt: WeightFormat, rows: &[&[u8]], b: usize, dst: &mut 
             // `qh` vector `8h + k` bytes `128 + 32h + 4k`: 16.
             interleave(dst, 18 * r_n, 0, 32, 0);
             interleave(dst, 146 * r_n, 128, 16, 0);
+        }
+        WeightFormat::Q3_K => {
+            halves(dst, 0, 108);
+            for r in 0..r_n {
+                for (s, &v) in crate::blocks::q3_k_scales(src(r)).iter().enumerate() {
+                    dst[2 * r_n + s * r_n + r] = v as u8;
+                }
+            }
+            // `qs` vector `8n + k` holds bytes `32 + 32n + 4k`: 16 consecutive groups; `hmask`
+            // vector `k` bytes `4k`: 8.
+            interleave(dst, 18 * r_n, 32, 16, 0);
+            interleave(dst, 82 * r_n, 0, 8, 0);
+        }
+        WeightFormat::IQ4_XS => {
+            halves(dst, 0, 0);
+            for r in 0..r_n {
+                for (j, &v) in crate::blocks::iq4_xs_scales(src(r)).iter().enumerate() {
+                    dst[2 * r_n + j * r_n + r] = v as u8;
+                }
+            }
+            interleave(dst, 10 * r_n, 8, 32, 0);
         }
         // `pack_in_groups` calls this only for formats with a `row_block_bytes`.
         _ => debug_assert!(false, "{fmt:?} has no packed layout"),

@@ -1,7 +1,7 @@
 //! The aarch64 kernels of [`crate::packed`]: one group of 8 interleaved rows (the layout of
 //! `packed_layout.rs`, the same bytes the x86 AVX2 kernels read) against up to [`MAX_LANES`]
-//! activation lanes, for Q4_1, Q8_0, Q4_0 and Q5_0 here and the K-quants in
-//! `packed_neon_kquant.rs`. Each block's weights are decoded once per group and dotted with
+//! activation lanes, for Q4_1, Q8_0, Q4_0 and Q5_0 here and the K-quants (with Q3_K and IQ4_XS)
+//! in `packed_neon_kquant.rs`. Each block's weights are decoded once per group and dotted with
 //! every lane of a tile of up to four.
 //!
 //! The kernels exist twice, from one macro: [`sdot`] (compiled for dotprod, block dots with
@@ -32,6 +32,8 @@ pub(crate) fn serves(fmt: WeightFormat) -> bool {
             | WeightFormat::Q4_K
             | WeightFormat::Q5_K
             | WeightFormat::Q6_K
+            | WeightFormat::Q3_K
+            | WeightFormat::IQ4_XS
     )
 }
 
@@ -165,6 +167,8 @@ macro_rules! neon_kernels {
                 WeightFormat::Q4_K => in_tiles!(q4_k_tile, blk, x, lane0, out),
                 WeightFormat::Q5_K => in_tiles!(q5_k_tile, blk, x, lane0, out),
                 WeightFormat::Q6_K => in_tiles!(q6_k_tile, blk, x, lane0, out),
+                WeightFormat::Q3_K => in_tiles!(q3_k_tile, blk, x, lane0, out),
+                WeightFormat::IQ4_XS => in_tiles!(iq4_xs_tile, blk, x, lane0, out),
                 // `pack_in_groups` builds nothing else here (`serves`).
                 _ => out.iter_mut().for_each(|t| t.fill(f32::NAN)),
             }

@@ -1,5 +1,5 @@
-//! The aarch64 packed kernels of the K-quants (Q4_K, Q5_K, Q6_K; 256-element super-blocks and
-//! Q8_K activations), in the 8-row layouts of `packed_layout.rs`. Per super-block and lane each
+//! The aarch64 packed kernels of the K-quants (Q4_K, Q5_K, Q6_K, and Q3_K and IQ4_XS;
+//! 256-element super-blocks and Q8_K activations), in the 8-row layouts of `packed_layout.rs`. Per super-block and lane each
 //! row's sub-block dots are weighted by their scales into one exact integer (and Q4_K/Q5_K's
 //! minimums against the activations' 16-value sums into another), then scaled in f32 in the
 //! scalar reference's order, so the results have the row-major kernels' bits.
@@ -222,6 +222,103 @@ macro_rules! kquant_kernels {
                 for (j, a) in acc.iter_mut().enumerate() {
                     let dx = xs.d[j * xs.nb + b];
                     let si = to_f32(sumi[j]);
+                    for h in 0..2 {
+                        a[h] = vaddq_f32(a[h], vmulq_f32(vmulq_n_f32(d[h], dx), si[h]));
+                    }
+                }
+            }
+            store(&acc, out);
+        }
+
+        /// Q3_K: 16 sub-blocks of 16, signed scales, weights `low | high << 2` minus 4 (the
+        /// layout's `qs` crumbs and `hmask` bits); `acc += (d · dx) · sumi`.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn q3_k_tile<const L: usize>(blk: &[u8], x: &Activations, lane: usize, out: &mut [[f32; PACK_ROWS]]) {
+            const R: usize = PACK_ROWS;
+            let xs = Q8kLanes::new(x, lane, L);
+            let mut acc = [[vdupq_n_f32(0.0); 2]; L];
+            let (three, four) = (vdupq_n_u8(3), vdupq_n_u8(4));
+            let mut w = no_weights();
+            for (b, p) in blk
+                .chunks_exact(crate::packed_layout::Q3_K_ROW_BLOCK * R)
+                .enumerate()
+                .take(xs.nb)
+            {
+                let d = f16x8(p);
+                let mut sumi = [[vdupq_n_s32(0); 2]; L];
+                // Crumb `j` of `qs` half `n`: columns `128n + 32j ..+32`, sub-blocks `8n + 2j`
+                // (`w[0]`, vectors 0–3) and the next (`w[1]`, vectors 4–7); their high bits are
+                // bit `4n + j` of the `hmask` vectors.
+                for n in 0..2 {
+                    for j in 0..4 {
+                        let bit = vdupq_n_u8(1 << (4 * n + j));
+                        for (v, wk) in w.as_flattened_mut().iter_mut().enumerate() {
+                            let qs = load_rows8(&p[18 * R + 32 * (8 * n + v)..]);
+                            let hm = load_rows8(&p[82 * R + 32 * v..]);
+                            for ((dst, q), h) in wk.iter_mut().zip(qs).zip(hm) {
+                                let low = vandq_u8(shift_right(q, 2 * j), three);
+                                let u = vorrq_u8(low, vandq_u8(vtstq_u8(h, bit), four));
+                                *dst = vreinterpretq_s8_u8(vsubq_u8(u, four));
+                            }
+                        }
+                        let sub = 8 * n + 2 * j;
+                        let sc = [
+                            bytes8_to_i32(&p[2 * R + R * sub..], true),
+                            bytes8_to_i32(&p[2 * R + R * (sub + 1)..], true),
+                        ];
+                        for (l, s) in sumi.iter_mut().enumerate() {
+                            let xq = &xs.quants(l, b)[128 * n + 32 * j..];
+                            add_scaled(s, &sc[0], dot16(&w[0], xq));
+                            add_scaled(s, &sc[1], dot16(&w[1], &xq[16..]));
+                        }
+                    }
+                }
+                for (l, a) in acc.iter_mut().enumerate() {
+                    let dx = xs.d[l * xs.nb + b];
+                    let si = to_f32(sumi[l]);
+                    for h in 0..2 {
+                        a[h] = vaddq_f32(a[h], vmulq_f32(vmulq_n_f32(d[h], dx), si[h]));
+                    }
+                }
+            }
+            store(&acc, out);
+        }
+
+        /// IQ4_XS: 8 sub-blocks of 32, signed scales, weights IQ4_NL's levels of the nibbles
+        /// (one table lookup per register); `acc += (d · dx) · sumi`.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn iq4_xs_tile<const L: usize>(blk: &[u8], x: &Activations, lane: usize, out: &mut [[f32; PACK_ROWS]]) {
+            const R: usize = PACK_ROWS;
+            let xs = Q8kLanes::new(x, lane, L);
+            let table = load16_i8(&crate::blocks::IQ4_NL_VALUES);
+            let mut acc = [[vdupq_n_f32(0.0); 2]; L];
+            let mut w = no_weights();
+            for (b, p) in blk
+                .chunks_exact(crate::packed_layout::IQ4_XS_ROW_BLOCK * R)
+                .enumerate()
+                .take(xs.nb)
+            {
+                let d = f16x8(p);
+                let mut sumi = [[vdupq_n_s32(0); 2]; L];
+                for sub in 0..8 {
+                    // Columns `32·sub ..`: low nibbles of vectors `4·sub ..+4` (`w[0]`), high
+                    // nibbles (`w[1]`), as indices; then their levels.
+                    nibble_weights(&p[10 * R + 128 * sub..], 0, &mut w);
+                    for wk in w.as_flattened_mut() {
+                        for v in wk.iter_mut() {
+                            *v = vqtbl1q_s8(table, vreinterpretq_u8_s8(*v));
+                        }
+                    }
+                    let sc = bytes8_to_i32(&p[2 * R + R * sub..], true);
+                    for (l, s) in sumi.iter_mut().enumerate() {
+                        add_scaled(s, &sc, dot32(&w, &xs.quants(l, b)[32 * sub..32 * sub + 32]));
+                    }
+                }
+                for (l, a) in acc.iter_mut().enumerate() {
+                    let dx = xs.d[l * xs.nb + b];
+                    let si = to_f32(sumi[l]);
                     for h in 0..2 {
                         a[h] = vaddq_f32(a[h], vmulq_f32(vmulq_n_f32(d[h], dx), si[h]));
                     }

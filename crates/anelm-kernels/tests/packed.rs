@@ -1,6 +1,7 @@
 //! The interleaved (packed) kernels against the row-major ones: Q4_1 and Q8_0 against the scalar
 //! reference with the tolerance rule of `simd_vs_scalar.rs` (integer block dots are exact, only
-//! the f32 accumulation order differs), Q4_K, Q5_K, Q6_K, Q5_0 and Q4_0 bit for bit (see their test). Shapes cover several pool tasks, lane counts across the kernel's lane tiles
+//! the f32 accumulation order differs), Q4_K, Q5_K, Q6_K, Q3_K, IQ4_XS, Q5_0 and Q4_0 bit for bit
+//! (see their test). Shapes cover several pool tasks, lane counts across the kernel's lane tiles
 //! (1, 2, 4 and remainders, more than one call's `MAX_LANES`), and a width that is not a multiple
 //! of 256. Packing refuses what it has no kernel for. On aarch64 every format is bit for bit
 //! against the scalar reference, on both NEON paths (`smull` and, where the CPU has dotprod,
@@ -146,6 +147,8 @@ fn packed_k_quant_and_legacy_kernels_match_their_row_major_kernels() {
         WeightFormat::Q5_0,
         WeightFormat::Q4_0,
         WeightFormat::IQ4_NL,
+        WeightFormat::Q3_K,
+        WeightFormat::IQ4_XS,
     ] {
         let block = fmt.block_elems();
         for (rows, blocks) in [(8usize, 1usize), (16, 2), (24, 3), (64, 5), (200, 4), (13, 2), (100, 1)] {
@@ -157,10 +160,10 @@ fn packed_k_quant_and_legacy_kernels_match_their_row_major_kernels() {
                 continue;
             }
             // IQ4_NL has packed kernels on x86-64 only; aarch64 keeps it row-major.
-            if cfg!(target_arch = "aarch64") && fmt == WeightFormat::IQ4_NL {
+            if cfg!(target_arch = "aarch64") && x86_only(fmt) {
                 assert!(
                     packed.is_none(),
-                    "the NEON kernels do not read IQ4_NL: it must not pack"
+                    "the NEON kernels do not read {fmt:?}: it must not pack"
                 );
                 continue;
             }
@@ -181,10 +184,16 @@ fn packed_k_quant_and_legacy_kernels_match_their_row_major_kernels() {
                 .filter_map(|g| PackedMatrix::pack_with_group_rows(fmt, &w, rows, cols, g).expect("pack"))
                 .collect();
             assert_eq!(layouts.len(), if wide_expected { 2 } else { 1 }, "{fmt:?} {rows} rows");
-            // Q4_K and Q5_K unpack their 12 bytes of 6-bit scales into 16.
-            let unpacked = matches!(fmt, WeightFormat::Q4_K | WeightFormat::Q5_K);
-            let stored_per_row_block = fmt.block_bytes() + if unpacked { 4 } else { 0 };
+            // Q4_K, Q5_K and Q3_K unpack their 12 bytes of 6-bit scales into 16; IQ4_XS its 6
+            // bytes into 8. No layout grows by more than 4 %.
+            let unpacked = match fmt {
+                WeightFormat::Q4_K | WeightFormat::Q5_K | WeightFormat::Q3_K => 4,
+                WeightFormat::IQ4_XS => 2,
+                _ => 0,
+            };
+            let stored_per_row_block = fmt.block_bytes() + unpacked;
             assert_eq!(packed.bytes(), rows * blocks * stored_per_row_block, "{fmt:?} size");
+            assert!(packed.bytes() * 100 <= w.len() * 104, "{fmt:?} grows by more than 4 %");
             for lanes in [1usize, 2, 3, 4, 5, 7, 17, 40] {
                 let x: Vec<f32> = rng.vec(lanes * cols).iter().map(|v| v * 3.0).collect();
                 let mut act = Activations::new();
@@ -210,9 +219,7 @@ fn packed_k_quant_and_legacy_kernels_match_their_row_major_kernels() {
                             "{what}: differs from the row-major {} kernel",
                             isa.name()
                         );
-                        if exact_to_scalar(isa)
-                            || matches!(fmt, WeightFormat::Q4_K | WeightFormat::Q5_K | WeightFormat::Q6_K)
-                        {
+                        if exact_to_scalar(isa) || exact_integer_blocks(fmt) {
                             assert!(same_bits(&got, &scalar), "{what}: differs from the scalar reference");
                         } else {
                             assert_within_tolerance(&got, &scalar, cols, &what);
@@ -222,6 +229,34 @@ fn packed_k_quant_and_legacy_kernels_match_their_row_major_kernels() {
             }
         }
     }
+}
+
+/// The formats packed on x86-64 only (the NEON kernels do not read them).
+fn x86_only(fmt: WeightFormat) -> bool {
+    fmt == WeightFormat::IQ4_NL
+}
+
+/// The formats whose packed and row-major kernels alike reduce each block to one exact integer
+/// and apply its scales in the same f32 operations: bit for bit on every instruction set.
+fn exact_integer_blocks(fmt: WeightFormat) -> bool {
+    matches!(
+        fmt,
+        WeightFormat::Q4_K | WeightFormat::Q5_K | WeightFormat::Q6_K | WeightFormat::Q3_K | WeightFormat::IQ4_XS
+    )
+}
+
+/// `rows × cols` of `fmt` (Q3_K or IQ4_XS) as random bytes — every scale, index, low and high
+/// bit pattern the format can hold, not only those its encoder picks — with each block's `d`
+/// set to a finite f16 (±2⁻⁷).
+fn raw_blocks(fmt: WeightFormat, rng: &mut Rng, rows: usize, cols: usize) -> Vec<u8> {
+    let len = fmt.row_bytes(cols).expect("row bytes") * rows;
+    let mut w: Vec<u8> = (0..len).map(|_| ((rng.f() + 1.0) * 128.0) as u8).collect();
+    let d_at = if fmt == WeightFormat::Q3_K { 108 } else { 0 };
+    for (i, b) in w.chunks_exact_mut(fmt.block_bytes()).enumerate() {
+        let d: u16 = if i % 3 == 0 { 0xA000 } else { 0x2000 };
+        b[d_at..d_at + 2].copy_from_slice(&d.to_le_bytes());
+    }
+    w
 }
 
 /// Extreme blocks (every weight at the top or bottom of its range, activations at ±127) keep
@@ -237,9 +272,17 @@ fn packed_kernels_stay_exact_at_the_ends_of_the_ranges() {
         WeightFormat::Q5_0,
         WeightFormat::Q4_0,
         WeightFormat::IQ4_NL,
+        WeightFormat::Q3_K,
+        WeightFormat::IQ4_XS,
     ] {
-        for pattern in 0..3 {
-            // Weights: alternating ±1 (each block's extremes), all +1, or random.
+        // Q3_K and IQ4_XS also as random raw bytes (every scale from −32 to 31, every level).
+        let patterns = if matches!(fmt, WeightFormat::Q3_K | WeightFormat::IQ4_XS) {
+            5
+        } else {
+            3
+        };
+        for pattern in 0..patterns {
+            // Weights: alternating ±1 (each block's extremes), all +1, random, or raw bytes.
             let wf: Vec<f32> = match pattern {
                 0 => (0..rows * cols)
                     .map(|i| if (i / 3) % 2 == 0 { 1.0 } else { -1.0 })
@@ -247,10 +290,17 @@ fn packed_kernels_stay_exact_at_the_ends_of_the_ranges() {
                 1 => vec![1.0; rows * cols],
                 _ => rng.vec(rows * cols),
             };
-            let w = encode(fmt, &wf, rows, cols);
-            let x: Vec<f32> = (0..2 * cols).map(|i| if i % 2 == 0 { 1.0 } else { -1.0 }).collect();
+            let w = if pattern >= 3 {
+                raw_blocks(fmt, &mut rng, rows, cols)
+            } else {
+                encode(fmt, &wf, rows, cols)
+            };
+            // 9 lanes: the 4-, 2- and 1-lane tiles, and the many-lane paths (Q3_K's 16-row
+            // kernel decodes a group once from 8 lanes).
+            let lanes = 9;
+            let x: Vec<f32> = (0..lanes * cols).map(|i| if i % 2 == 0 { 1.0 } else { -1.0 }).collect();
             let mut act = Activations::new();
-            act.quantize(fmt, &x, 2, cols).expect("quantize");
+            act.quantize(fmt, &x, lanes, cols).expect("quantize");
             for g in [PACK_ROWS, WIDE_GROUP_ROWS] {
                 let Some(packed) = PackedMatrix::pack_with_group_rows(fmt, &w, rows, cols, g).expect("pack") else {
                     continue;
@@ -259,7 +309,7 @@ fn packed_kernels_stay_exact_at_the_ends_of_the_ranges() {
                     if !runs_layout(isa, g) {
                         continue;
                     }
-                    let mut got = vec![f32::NAN; 2 * rows];
+                    let mut got = vec![f32::NAN; lanes * rows];
                     packed.matmul_with(isa, &act, &mut got).expect("packed");
                     let tile = row_major(isa, fmt, &w, rows, cols, &act);
                     assert!(
@@ -267,6 +317,19 @@ fn packed_kernels_stay_exact_at_the_ends_of_the_ranges() {
                         "{} {fmt:?} groups of {g} pattern {pattern}",
                         isa.name()
                     );
+                    if exact_integer_blocks(fmt) {
+                        let scalar = row_major(Isa::Scalar, fmt, &w, rows, cols, &act);
+                        // (All +1 against alternating ±1 sums to 0; the other patterns do not.)
+                        assert!(
+                            pattern == 1 || scalar.iter().any(|v| *v != 0.0),
+                            "{fmt:?} pattern {pattern}: all zero"
+                        );
+                        assert!(
+                            same_bits(&got, &scalar),
+                            "{} {fmt:?} groups of {g} pattern {pattern}: differs from the scalar reference",
+                            isa.name()
+                        );
+                    }
                 }
             }
         }
@@ -497,4 +560,57 @@ fn k_quants_of_different_formats_share_one_fused_loop() {
     assert!(!WeightFormat::Q4_K.shares_activations(WeightFormat::Q8_0));
     assert!(!WeightFormat::Q4_0.shares_activations(WeightFormat::Q8_0));
     assert!(WeightFormat::Q6_K.shares_activations(WeightFormat::Q4_K));
+}
+
+/// A Q3_K_M-like layer: Q3_K, IQ4_XS, Q4_K and Q6_K projections in one fused loop on one set of
+/// Q8_K activations, and a Q3_K gate/up pair, give exactly the separate results.
+#[test]
+fn q3_k_and_iq4_xs_fuse_with_the_other_k_quants() {
+    let mut rng = Rng(31);
+    let cols = 512;
+    let (Some(a), Some(b), Some(c), Some(d)) = (
+        packed(WeightFormat::Q3_K, &mut rng, 64, cols),
+        packed(WeightFormat::IQ4_XS, &mut rng, 32, cols),
+        packed(WeightFormat::Q4_K, &mut rng, 16, cols),
+        packed(WeightFormat::Q6_K, &mut rng, 48, cols),
+    ) else {
+        println!("no packed kernel on this CPU");
+        return;
+    };
+    let (Some(gate), Some(up)) = (
+        packed(WeightFormat::Q3_K, &mut rng, 96, cols),
+        packed(WeightFormat::Q3_K, &mut rng, 96, cols),
+    ) else {
+        return;
+    };
+    for lanes in [1usize, 6, 19] {
+        let mut act = Activations::new();
+        act.quantize(WeightFormat::Q3_K, &rng.vec(lanes * cols), lanes, cols)
+            .expect("quantize");
+        let separate = |m: &PackedMatrix| {
+            let mut out = vec![0.0; lanes * m.rows()];
+            m.matmul(&act, &mut out).expect("matmul");
+            out
+        };
+        let width = 64 + 32 + 16 + 48;
+        let mut fused = vec![f32::NAN; lanes * width];
+        PackedMatrix::matmul_concat(&[&a, &b, &c, &d], &act, &mut fused).expect("concat");
+        let mut offset = 0;
+        for m in [&a, &b, &c, &d] {
+            let own = separate(m);
+            for lane in 0..lanes {
+                let got = &fused[lane * width + offset..lane * width + offset + m.rows()];
+                let want = &own[lane * m.rows()..(lane + 1) * m.rows()];
+                assert!(same_bits(got, want), "{:?} lanes {lanes}", m.format());
+            }
+            offset += m.rows();
+        }
+        let (g, u) = (separate(&gate), separate(&up));
+        let mut pair = vec![f32::NAN; lanes * 96];
+        let combine = |a: &mut [f32], b: &[f32]| a.iter_mut().zip(b).for_each(|(a, &b)| *a = *a * 0.5 + b);
+        PackedMatrix::matmul_pair(&gate, &up, &act, &mut pair, &combine, None).expect("pair");
+        for (i, (p, (g, u))) in pair.iter().zip(g.iter().zip(&u)).enumerate() {
+            assert_eq!(p.to_bits(), (*g * 0.5 + *u).to_bits(), "Q3_K pair lanes {lanes} [{i}]");
+        }
+    }
 }
