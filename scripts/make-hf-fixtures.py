@@ -232,6 +232,33 @@ def make_lfm2():
     save(model, "lfm2", reference_for(model, 107, incremental=True))
 
 
+def make_qwen3_moe():
+    # Qwen3-MoE: Qwen3 attention; layer 1 keeps a dense FFN (mlp_only_layers), the others route
+    # each token to 2 of 8 experts with renormalised probabilities.
+    cfg = transformers.Qwen3MoeConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[1],
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        tie_word_embeddings=False,
+        use_sliding_window=False,
+    )
+    model = build(cfg, transformers.Qwen3MoeForCausalLM, 8)
+    save(model, "qwen3_moe", reference_for(model, 108, incremental=True))
+
+
 def make_gemma3():
     cfg = transformers.Gemma3TextConfig(
         vocab_size=VOCAB,
@@ -324,6 +351,7 @@ MAKERS = {
     "qwen3": make_qwen3,
     "qwen2": make_qwen2,
     "lfm2": make_lfm2,
+    "qwen3_moe": make_qwen3_moe,
     "gemma3": make_gemma3,
     "qwen3_5": make_qwen3_5,
 }

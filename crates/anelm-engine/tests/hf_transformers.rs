@@ -435,6 +435,11 @@ fn qwen2_matches_transformers() {
 }
 
 #[test]
+fn qwen3_moe_matches_transformers() {
+    run_all("qwen3_moe");
+}
+
+#[test]
 fn lfm2_matches_transformers() {
     run_all("lfm2");
 }

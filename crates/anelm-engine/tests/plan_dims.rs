@@ -300,6 +300,17 @@ fn lfm2_plans_its_short_convolutions_and_attention() {
     assert_eq!(p.dispatches_per_token(), 4 * 3 + 1);
 }
 
+/// A mixture-of-experts model says why the ANE planner does not take it (experts chosen per
+/// token at run time) instead of planning every expert as if all ran.
+#[test]
+fn a_mixture_of_experts_is_refused_by_the_planner_with_the_reason() {
+    let err = format!("{:#}", model_kernels(&hf("qwen3_moe")).expect_err("MoE"));
+    assert!(
+        err.contains("mixture-of-experts") && err.contains("2 of 8") && err.contains("--device cpu"),
+        "{err}"
+    );
+}
+
 /// Layer kinds in any order plan: each layer's kind comes from the architecture's own kernel
 /// list, not from a periodic pattern (a Qwen3.5 whose attention layer is second, not fourth).
 #[test]

@@ -153,6 +153,38 @@ impl KernelDesc {
         })
     }
 
+    /// Expert `expert` of layer `layer`'s mixture-of-experts FFN: its gate ‖ up projection
+    /// (`FfnGateUp`, the SwiGLU on the host) and its down projection (`FfnDown`, no residual: the
+    /// host weighs and sums the chosen experts' outputs).
+    pub fn expert(names: &TensorNames, layer: usize, expert: usize, hidden: usize, inter: usize) -> Result<[Self; 2]> {
+        use crate::arch::tensor_names::ExpertTensor::{Down, Gate, Up};
+        let t = |m| Tensor::Expert(layer, expert, m);
+        let id = |m| names.name(t(m)).map(WeightId::new);
+        let w = |m, rows, cols| KernelWeight {
+            tensor: t(m),
+            rows,
+            cols,
+        };
+        Ok([
+            Self {
+                role: KernelRole::FfnGateUp,
+                spec: KernelSpec::Concat {
+                    ws: vec![id(Gate)?, id(Up)?],
+                },
+                weights: vec![w(Gate, inter, hidden), w(Up, inter, hidden)],
+                rows: 2 * inter,
+                cols: hidden,
+            },
+            Self {
+                role: KernelRole::FfnDown,
+                spec: KernelSpec::Linear { w: id(Down)? },
+                weights: vec![w(Down, hidden, inter)],
+                rows: hidden,
+                cols: inter,
+            },
+        ])
+    }
+
     /// The `vocab × hidden` LM head over the output tensor.
     pub fn lm_head(names: &TensorNames, vocab: usize, hidden: usize) -> Result<Self> {
         Ok(Self {

@@ -16,6 +16,7 @@ use crate::arch::config_read::{GgufMeta, check_heads, check_plausible, check_siz
 use crate::arch::decoder::{Decoder, DecoderEnds, DecoderLayers, EndsSpec};
 use crate::arch::kernel_compile::CompiledLayer;
 use crate::arch::kernel_list::{KernelDesc, KernelList, LayerKernels};
+use crate::arch::moe::{MoeConfig, MoeFfn};
 use crate::arch::registry::{Architecture, DecoderModel, Head, Progress};
 use crate::arch::step::LaneRef;
 use crate::arch::tensor_names::{Family, LayerTensor, TensorNames};
@@ -62,6 +63,8 @@ pub struct LlamaConfig {
     pub attention_precision: AttentionPrecision,
     /// Architecture name reported in [`ModelInfo`] (`llama`, `qwen3`, ...).
     pub architecture: String,
+    /// The mixture-of-experts FFNs (Qwen3-MoE), where the model has them.
+    pub moe: Option<MoeConfig>,
 }
 
 impl LlamaConfig {
@@ -97,6 +100,7 @@ impl LlamaConfig {
             qkv_bias: qwen2,
             attention_precision: AttentionPrecision::F16,
             architecture: arch,
+            moe: None,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -121,11 +125,13 @@ impl LlamaConfig {
         let hidden_size = need(c.hidden_size, "hidden_size")?;
         let n_heads = hf_heads(c)?;
         let head_dim = c.head_dim.unwrap_or(hidden_size / n_heads);
+        let n_layers = need(c.num_hidden_layers, "num_hidden_layers")?;
+        let qwen3 = matches!(c.model_type.as_str(), "qwen3" | "qwen3_moe");
         let cfg = Self {
             vocab_size: need(c.vocab_size, "vocab_size")?,
             hidden_size,
             intermediate_size: need(c.intermediate_size, "intermediate_size")?,
-            n_layers: need(c.num_hidden_layers, "num_hidden_layers")?,
+            n_layers,
             n_heads,
             n_kv_heads: c.num_key_value_heads.unwrap_or(n_heads),
             head_dim,
@@ -134,10 +140,11 @@ impl LlamaConfig {
             rms_eps: c.rms_norm_eps.unwrap_or(1e-6) as f32,
             context_length: c.max_position_embeddings.unwrap_or(4096),
             rope_pairing: RopePairing::Halves,
-            qk_norm: c.model_type == "qwen3",
+            qk_norm: qwen3,
             qkv_bias: qwen2,
             attention_precision: AttentionPrecision::F32,
             architecture: c.model_type.clone(),
+            moe: MoeConfig::from_hf(c, n_layers)?,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -167,13 +174,21 @@ impl LlamaConfig {
         let kv_dim = self.n_kv_heads * self.head_dim;
         let layers = (0..self.n_layers)
             .map(|i| {
+                let mut kernels = vec![
+                    KernelDesc::qkv(names, i, q_dim, kv_dim, h)?,
+                    KernelDesc::linear(KernelRole::OutputProjResidual, names, i, AttnOutput, h, q_dim, true)?,
+                ];
+                match &self.moe {
+                    Some(moe) if moe.sparse[i] => {
+                        for e in 0..moe.experts {
+                            kernels.extend(KernelDesc::expert(names, i, e, h, moe.expert_ffn)?);
+                        }
+                    }
+                    _ => kernels.push(KernelDesc::swiglu_residual(names, i, h, self.intermediate_size)?),
+                }
                 Ok(LayerKernels {
                     kind: LayerKind::Attention,
-                    kernels: vec![
-                        KernelDesc::qkv(names, i, q_dim, kv_dim, h)?,
-                        KernelDesc::linear(KernelRole::OutputProjResidual, names, i, AttnOutput, h, q_dim, true)?,
-                        KernelDesc::swiglu_residual(names, i, h, self.intermediate_size)?,
-                    ],
+                    kernels,
                 })
             })
             .collect::<Result<_>>()?;
@@ -199,12 +214,12 @@ impl LlamaConfig {
     }
 }
 
-/// The registry entry: Llama 2/3, SmolLM2, Mistral, Qwen2/2.5 (q/k/v biases) and Qwen3
-/// (per-head QK-norm).
+/// The registry entry: Llama 2/3, SmolLM2, Mistral, Qwen2/2.5 (q/k/v biases), Qwen3 (per-head
+/// QK-norm) and Qwen3-MoE (Qwen3 with mixture-of-experts FFNs; safetensors only).
 pub static ARCHITECTURE: Architecture = Architecture {
     name: "llama",
     gguf_names: &["llama", "qwen2", "qwen3"],
-    hf_model_types: &["llama", "mistral", "qwen2", "qwen3"],
+    hf_model_types: &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe"],
     load_gguf,
     load_hf,
     kernels_gguf,
@@ -246,6 +261,16 @@ fn kernels_gguf(g: &GgufFile) -> Result<ModelKernels> {
 
 fn kernels_hf(c: &HfConfig) -> Result<ModelKernels> {
     let cfg = LlamaConfig::from_hf(c)?;
+    if let Some(moe) = &cfg.moe {
+        return Err(EngineError::Config(format!(
+            "the ANE planner does not take mixture-of-experts models: the router picks {} of {} expert FFNs per token \
+             at run time, so each expert would be its own program ({} per layer) dispatched on demand, which the \
+             planner's fixed per-layer kernel list does not model; run it on the CPU (--device cpu)",
+            moe.top_k,
+            moe.experts,
+            2 * moe.experts
+        )));
+    }
     Ok(cfg
         .kernel_specs(&TensorNames::hugging_face(Family::Llama))?
         .model_kernels(cfg.plan_dims()))
@@ -260,7 +285,15 @@ struct Layer {
     qkv_bias: Option<Vec<f32>>,
     qkv: Box<dyn Kernel>,
     out_residual: Box<dyn Kernel>,
-    ffn_residual: Box<dyn Kernel>,
+    ffn: Ffn,
+}
+
+/// A layer's FFN.
+enum Ffn {
+    /// SwiGLU plus the residual, one kernel.
+    Dense(Box<dyn Kernel>),
+    /// A mixture of experts (the residual added on the host).
+    Moe(MoeFfn),
 }
 
 /// The layers of a Llama-family model (the rest is the shared [`Decoder`] trunk).
@@ -339,7 +372,12 @@ impl Decoder<LlamaLayers> {
                 qkv_bias,
                 qkv: compiled.take(KernelRole::InputProj)?,
                 out_residual: compiled.take(KernelRole::OutputProjResidual)?,
-                ffn_residual: compiled.take(KernelRole::FfnResidual)?,
+                ffn: match &cfg.moe {
+                    Some(moe) if moe.sparse[i] => {
+                        Ffn::Moe(MoeFfn::load(moe, h, store, &name(FfnRouter)?, &mut compiled)?)
+                    }
+                    _ => Ffn::Dense(compiled.take(KernelRole::FfnResidual)?),
+                },
             });
             progress(i + 1, cfg.n_layers + 1);
         }
@@ -480,8 +518,13 @@ impl DecoderLayers for LlamaLayers {
         for lane in 0..n {
             rms_norm(x.lane(lane), &layer.ffn_norm, cfg.rms_eps, 0.0, xn.lane_mut(lane));
         }
-        cost.add(layer.ffn_residual.run(&[&*xn, &*x], y)?);
-        std::mem::swap(x, y);
+        match &layer.ffn {
+            Ffn::Dense(ffn_residual) => {
+                cost.add(ffn_residual.run(&[&*xn, &*x], y)?);
+                std::mem::swap(x, y);
+            }
+            Ffn::Moe(moe) => moe.forward(xn, x, cost)?,
+        }
         Ok(())
     }
 

@@ -22,9 +22,22 @@ pub enum Tensor {
     Output,
     /// Tensor `.1` of decoder layer `.0`.
     Layer(usize, LayerTensor),
+    /// Matrix `t` of expert `e` of layer `i`'s mixture-of-experts FFN (Qwen3-MoE).
+    Expert(usize, usize, ExpertTensor),
 }
 
 /// A tensor of one decoder layer, by what it is for.
+/// One matrix of an expert of a mixture-of-experts FFN.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ExpertTensor {
+    /// Gate projection [expert ffn, hidden].
+    Gate,
+    /// Up projection [expert ffn, hidden].
+    Up,
+    /// Down projection [hidden, expert ffn].
+    Down,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LayerTensor {
     /// The norm before the mixer (attention or DeltaNet) [hidden].
@@ -84,11 +97,13 @@ pub enum LayerTensor {
     ConvWeight,
     /// LFM2 short convolution: the output projection [hidden, hidden].
     ConvOutProj,
+    /// A mixture-of-experts FFN's router [experts, hidden] (Qwen3-MoE).
+    FfnRouter,
 }
 
 impl LayerTensor {
     /// Every role, for walking the tables (add a new role here too).
-    pub const ALL: [LayerTensor; 28] = {
+    pub const ALL: [LayerTensor; 29] = {
         use LayerTensor::*;
         [
             AttnNorm,
@@ -119,6 +134,7 @@ impl LayerTensor {
             ConvInProj,
             ConvWeight,
             ConvOutProj,
+            FfnRouter,
         ]
     };
 }
@@ -229,6 +245,22 @@ impl TensorNames {
                 };
                 format!("blk.{i}.{}", s.ok_or_else(missing)?)
             }
+            (Layout::Gguf, Tensor::Expert(..)) => {
+                return Err(EngineError::Config(
+                    "llama.cpp's GGUF keeps each mixture-of-experts layer's experts in 3-D tensors \
+                     (ffn_{gate,up,down}_exps), which anelm does not read yet: use the model's \
+                     safetensors directory"
+                        .into(),
+                ));
+            }
+            (Layout::HuggingFace(p), Tensor::Expert(i, e, t)) => {
+                let m = match t {
+                    ExpertTensor::Gate => "gate_proj",
+                    ExpertTensor::Up => "up_proj",
+                    ExpertTensor::Down => "down_proj",
+                };
+                format!("{p}layers.{i}.mlp.experts.{e}.{m}.weight")
+            }
             (Layout::HuggingFace(p), Tensor::TokenEmbedding) => format!("{p}embed_tokens.weight"),
             (Layout::HuggingFace(p), Tensor::OutputNorm) if self.family == Family::Lfm2 => {
                 format!("{p}embedding_norm.weight")
@@ -271,6 +303,7 @@ fn gguf_llama(l: LayerTensor) -> Option<&'static str> {
         AttnQBias => "attn_q.bias",
         AttnKBias => "attn_k.bias",
         AttnVBias => "attn_v.bias",
+        FfnRouter => "ffn_gate_inp.weight",
         FfnNorm => "ffn_norm.weight",
         FfnGate => "ffn_gate.weight",
         FfnUp => "ffn_up.weight",
@@ -293,6 +326,7 @@ fn hf_llama(l: LayerTensor) -> Option<&'static str> {
         AttnQBias => "self_attn.q_proj.bias",
         AttnKBias => "self_attn.k_proj.bias",
         AttnVBias => "self_attn.v_proj.bias",
+        FfnRouter => "mlp.gate.weight",
         FfnNorm => "post_attention_layernorm.weight",
         FfnGate => "mlp.gate_proj.weight",
         FfnUp => "mlp.up_proj.weight",
@@ -319,7 +353,7 @@ fn gguf_gemma3(l: LayerTensor) -> Option<&'static str> {
         FfnUp => "ffn_up.weight",
         FfnDown => "ffn_down.weight",
         AttnQBias | AttnKBias | AttnVBias | SsmQkv | SsmZ | SsmBeta | SsmAlpha | SsmConv | SsmA | SsmDtBias
-        | SsmNorm | SsmOut | ConvInProj | ConvWeight | ConvOutProj => return None,
+        | SsmNorm | SsmOut | ConvInProj | ConvWeight | ConvOutProj | FfnRouter => return None,
     })
 }
 
@@ -340,7 +374,7 @@ fn hf_gemma3(l: LayerTensor) -> Option<&'static str> {
         FfnUp => "mlp.up_proj.weight",
         FfnDown => "mlp.down_proj.weight",
         AttnQBias | AttnKBias | AttnVBias | SsmQkv | SsmZ | SsmBeta | SsmAlpha | SsmConv | SsmA | SsmDtBias
-        | SsmNorm | SsmOut | ConvInProj | ConvWeight | ConvOutProj => return None,
+        | SsmNorm | SsmOut | ConvInProj | ConvWeight | ConvOutProj | FfnRouter => return None,
     })
 }
 
@@ -368,7 +402,8 @@ fn gguf_qwen35(l: LayerTensor) -> Option<&'static str> {
         SsmDtBias => "ssm_dt.bias",
         SsmNorm => "ssm_norm.weight",
         SsmOut => "ssm_out.weight",
-        PostAttnNorm | PostFfnNorm | AttnQBias | AttnKBias | AttnVBias | ConvInProj | ConvWeight | ConvOutProj => {
+        PostAttnNorm | PostFfnNorm | AttnQBias | AttnKBias | AttnVBias | ConvInProj | ConvWeight | ConvOutProj
+        | FfnRouter => {
             return None;
         }
     })
@@ -397,7 +432,8 @@ fn hf_qwen35(l: LayerTensor) -> Option<&'static str> {
         SsmDtBias => "linear_attn.dt_bias",
         SsmNorm => "linear_attn.norm.weight",
         SsmOut => "linear_attn.out_proj.weight",
-        PostAttnNorm | PostFfnNorm | AttnQBias | AttnKBias | AttnVBias | ConvInProj | ConvWeight | ConvOutProj => {
+        PostAttnNorm | PostFfnNorm | AttnQBias | AttnKBias | AttnVBias | ConvInProj | ConvWeight | ConvOutProj
+        | FfnRouter => {
             return None;
         }
     })
@@ -421,7 +457,7 @@ fn gguf_lfm2(l: LayerTensor) -> Option<&'static str> {
         ConvWeight => "shortconv.conv.weight",
         ConvOutProj => "shortconv.out_proj.weight",
         AttnQBias | AttnKBias | AttnVBias | PostAttnNorm | PostFfnNorm | SsmQkv | SsmZ | SsmBeta | SsmAlpha
-        | SsmConv | SsmA | SsmDtBias | SsmNorm | SsmOut => return None,
+        | SsmConv | SsmA | SsmDtBias | SsmNorm | SsmOut | FfnRouter => return None,
     })
 }
 
@@ -443,7 +479,7 @@ fn hf_lfm2(l: LayerTensor) -> Option<&'static str> {
         ConvWeight => "conv.conv.weight",
         ConvOutProj => "conv.out_proj.weight",
         AttnQBias | AttnKBias | AttnVBias | PostAttnNorm | PostFfnNorm | SsmQkv | SsmZ | SsmBeta | SsmAlpha
-        | SsmConv | SsmA | SsmDtBias | SsmNorm | SsmOut => return None,
+        | SsmConv | SsmA | SsmDtBias | SsmNorm | SsmOut | FfnRouter => return None,
     })
 }
 
