@@ -5,8 +5,9 @@
 # Creates (once) a virtualenv under the user cache with pinned CPU-only torch and transformers
 # from PyPI, then runs scripts/make-hf-fixtures.py in it. Arguments are passed to the script
 # (e.g. `scripts/make-hf-fixtures.sh llama qwen3`). Afterwards the Qwen3.5 fixtures are also
-# converted to llama.cpp's GGUF `qwen35` layout (scripts/qwen35-to-gguf.py) and the Qwen2 one to
-# its `qwen2` layout (scripts/qwen2-to-gguf.py), with the PyPI `gguf` package, under
+# converted to llama.cpp's GGUF `qwen35` layout (scripts/qwen35-to-gguf.py) and the Qwen2 and
+# Qwen3-MoE ones to their `qwen2` / `qwen3moe` layouts (scripts/llama-family-to-gguf.py), with the
+# PyPI `gguf` package, under
 # crates/anelm-engine/tests/fixtures/gguf/.
 #
 # The PyPI torch wheel for Linux is a CUDA build: `import torch` preloads the CUDA runtime
@@ -49,4 +50,6 @@ mkdir -p crates/anelm-engine/tests/fixtures/gguf
 for name in qwen3_5_text qwen3_5; do
   "$venv/bin/python" scripts/qwen35-to-gguf.py "$hf/$name" "crates/anelm-engine/tests/fixtures/gguf/$name.gguf"
 done
-"$venv/bin/python" scripts/qwen2-to-gguf.py "$hf/qwen2" crates/anelm-engine/tests/fixtures/gguf/qwen2.gguf
+for name in qwen2 qwen3_moe; do
+  "$venv/bin/python" scripts/llama-family-to-gguf.py "$hf/$name" "crates/anelm-engine/tests/fixtures/gguf/$name.gguf"
+done

@@ -15,6 +15,7 @@ pub mod default_model;
 pub mod draft_model;
 pub mod embedder;
 pub mod error;
+pub mod expert_slices;
 pub mod generate;
 pub mod json_schema;
 pub mod kv_cache;

@@ -69,7 +69,7 @@ fn fixture_from(name: &'static str, model: &std::path::Path) -> Fixture {
 }
 
 /// A fixture converted to llama.cpp's GGUF layout: Qwen3.5's `qwen35` (tiled value heads,
-/// `ssm_a`, `1 + w` norms) by `scripts/qwen35-to-gguf.py`, Qwen2's by `scripts/qwen2-to-gguf.py`.
+/// `ssm_a`, `1 + w` norms) by `scripts/qwen35-to-gguf.py`, Qwen2's by `scripts/llama-family-to-gguf.py`.
 fn gguf_fixture(name: &'static str) -> Fixture {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/gguf")
@@ -444,33 +444,53 @@ fn lfm2_matches_transformers() {
     run_all("lfm2");
 }
 
-/// The Qwen2 fixture in llama.cpp's `qwen2` GGUF layout (`scripts/qwen2-to-gguf.py`: biases as
-/// `attn_{q,k,v}.bias`, NeoX rope without permuted rows, tied head). A Llama-family GGUF rounds
-/// K/V to f16 as llama.cpp's cache does; here attention runs in f32, as for the safetensors
-/// file, so only the layout is under test and the same tolerance applies.
-#[test]
-fn qwen2_gguf_layout_matches_transformers() {
+/// A Llama-family fixture in llama.cpp's GGUF layout (`scripts/llama-family-to-gguf.py`): Qwen2's
+/// biases as `attn_{q,k,v}.bias`, Qwen3-MoE's experts stacked into 3-D `ffn_*_exps` tensors, NeoX
+/// rope without permuted rows. A Llama-family GGUF rounds K/V to f16 as llama.cpp's cache does;
+/// here attention runs in f32, as for the safetensors file, so only the layout is under test and
+/// the same tolerance applies.
+fn llama_family_gguf_fixture(name: &'static str, arch: &str) -> Fixture {
     use anelm_engine::arch::llama::{Llama, LlamaConfig};
+    use anelm_engine::arch::registry::{self, Head};
     use anelm_engine::arch::tensor_names::{Family, TensorNames};
     use anelm_model::tensor_store::TensorStore;
 
-    let mut f = fixture("qwen2");
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf/qwen2.gguf");
+    let mut f = fixture(name);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/gguf/{name}.gguf"));
     let gguf = std::sync::Arc::new(anelm_model::gguf::GgufFile::open(&path).expect("open the GGUF"));
-    let mut cfg = LlamaConfig::from_gguf(&gguf).expect("qwen2 config");
-    assert!(cfg.qkv_bias && cfg.architecture == "qwen2", "{cfg:?}");
+    let mut cfg = LlamaConfig::from_gguf(&gguf).expect("config");
+    assert_eq!(cfg.architecture, arch);
     cfg.attention_precision = anelm_engine::ops::AttentionPrecision::F32;
-    let store: std::sync::Arc<dyn TensorStore> = gguf;
+    let store: std::sync::Arc<dyn TensorStore> = if cfg.moe.is_some() {
+        std::sync::Arc::new(anelm_engine::expert_slices::ExpertSlices::new(gguf.clone()))
+    } else {
+        gguf.clone()
+    };
     f.model = Box::new(
-        Llama::load(
+        Llama::load_with(
             cfg,
             &store,
             &TensorNames::gguf(Family::Llama),
             &CpuBackend::new(),
+            Head::Logits,
             &mut |_, _| {},
         )
         .expect("load the GGUF"),
     );
+    // The registry finds the architecture by its GGUF name too.
+    assert!(registry::for_gguf(arch).is_ok());
+    f
+}
+
+#[test]
+fn qwen2_gguf_layout_matches_transformers() {
+    let f = llama_family_gguf_fixture("qwen2", "qwen2");
+    run_checks(&f);
+}
+
+#[test]
+fn qwen3_moe_gguf_layout_matches_transformers() {
+    let f = llama_family_gguf_fixture("qwen3_moe", "qwen3moe");
     run_checks(&f);
 }
 

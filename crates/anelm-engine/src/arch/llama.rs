@@ -24,6 +24,7 @@ use crate::arch::trunk::norm_vector;
 use crate::backend::{Backend, ForwardCost, Kernel};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
+use crate::expert_slices::ExpertSlices;
 use crate::model::{ModelInfo, StepItem};
 use crate::ops::{AttentionPrecision, Rope, RopePairing, rms_norm, rms_norm_in_place};
 use crate::session::Session;
@@ -72,16 +73,23 @@ impl LlamaConfig {
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
         let m = GgufMeta::new(g, "llama");
         let arch = m.arch().to_string();
-        let qwen3 = arch == "qwen3";
+        let qwen3 = matches!(arch.as_str(), "qwen3" | "qwen3moe");
         let qwen2 = arch == "qwen2";
+        let n_layers = m.usize("block_count")?;
+        let moe = MoeConfig::from_gguf(&m, g, n_layers)?;
         let hidden_size = m.usize("embedding_length")?;
         let n_heads = m.heads()?;
         let head_dim = m.head_dim(hidden_size, n_heads);
         let cfg = Self {
             vocab_size: m.vocab()?,
             hidden_size,
-            intermediate_size: m.usize("feed_forward_length")?,
-            n_layers: m.usize("block_count")?,
+            // An all-MoE file may carry no dense FFN width.
+            intermediate_size: match (m.opt_usize("feed_forward_length"), &moe) {
+                (Some(f), _) => f,
+                (None, Some(moe)) => moe.expert_ffn,
+                (None, None) => m.usize("feed_forward_length")?,
+            },
+            n_layers,
             n_heads,
             n_kv_heads: m.opt_usize("attention.head_count_kv").unwrap_or(n_heads),
             head_dim,
@@ -100,7 +108,7 @@ impl LlamaConfig {
             qkv_bias: qwen2,
             attention_precision: AttentionPrecision::F16,
             architecture: arch,
-            moe: None,
+            moe,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -215,10 +223,10 @@ impl LlamaConfig {
 }
 
 /// The registry entry: Llama 2/3, SmolLM2, Mistral, Qwen2/2.5 (q/k/v biases), Qwen3 (per-head
-/// QK-norm) and Qwen3-MoE (Qwen3 with mixture-of-experts FFNs; safetensors only).
+/// QK-norm) and Qwen3-MoE (Qwen3 with mixture-of-experts FFNs).
 pub static ARCHITECTURE: Architecture = Architecture {
     name: "llama",
-    gguf_names: &["llama", "qwen2", "qwen3"],
+    gguf_names: &["llama", "qwen2", "qwen3", "qwen3moe"],
     hf_model_types: &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe"],
     load_gguf,
     load_hf,
@@ -232,9 +240,14 @@ fn load_gguf(
     head: Head,
     progress: Progress<'_>,
 ) -> Result<Box<dyn DecoderModel>> {
-    let store: Arc<dyn TensorStore> = g.clone();
     let names = TensorNames::gguf(Family::Llama);
     let cfg = LlamaConfig::from_gguf(g)?;
+    // llama.cpp stacks each MoE layer's experts: show each as its own matrix.
+    let store: Arc<dyn TensorStore> = if cfg.moe.is_some() {
+        Arc::new(ExpertSlices::new(g.clone()))
+    } else {
+        g.clone()
+    };
     Ok(Box::new(Llama::load_with(
         cfg, &store, &names, backend, head, progress,
     )?))
@@ -252,8 +265,24 @@ fn load_hf(
     Ok(Box::new(Llama::load_with(cfg, store, &names, backend, head, progress)?))
 }
 
+/// The ANE planner's answer for a mixture of experts: why it does not take one.
+fn refuse_moe_plan(cfg: &LlamaConfig) -> Result<()> {
+    match &cfg.moe {
+        Some(moe) => Err(EngineError::Config(format!(
+            "the ANE planner does not take mixture-of-experts models: the router picks {} of {} expert FFNs per token \
+             at run time, so each expert would be its own program ({} per layer) dispatched on demand, which the \
+             planner's fixed per-layer kernel list does not model; run it on the CPU (--device cpu)",
+            moe.top_k,
+            moe.experts,
+            2 * moe.experts
+        ))),
+        None => Ok(()),
+    }
+}
+
 fn kernels_gguf(g: &GgufFile) -> Result<ModelKernels> {
     let cfg = LlamaConfig::from_gguf(g)?;
+    refuse_moe_plan(&cfg)?;
     Ok(cfg
         .kernel_specs(&TensorNames::gguf(Family::Llama))?
         .model_kernels(cfg.plan_dims()))
@@ -261,16 +290,7 @@ fn kernels_gguf(g: &GgufFile) -> Result<ModelKernels> {
 
 fn kernels_hf(c: &HfConfig) -> Result<ModelKernels> {
     let cfg = LlamaConfig::from_hf(c)?;
-    if let Some(moe) = &cfg.moe {
-        return Err(EngineError::Config(format!(
-            "the ANE planner does not take mixture-of-experts models: the router picks {} of {} expert FFNs per token \
-             at run time, so each expert would be its own program ({} per layer) dispatched on demand, which the \
-             planner's fixed per-layer kernel list does not model; run it on the CPU (--device cpu)",
-            moe.top_k,
-            moe.experts,
-            2 * moe.experts
-        )));
-    }
+    refuse_moe_plan(&cfg)?;
     Ok(cfg
         .kernel_specs(&TensorNames::hugging_face(Family::Llama))?
         .model_kernels(cfg.plan_dims()))

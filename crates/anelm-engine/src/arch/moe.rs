@@ -11,10 +11,12 @@
 use std::sync::Arc;
 
 use anelm_ane::KernelRole;
+use anelm_model::gguf::GgufFile;
 use anelm_model::hf_config::HfConfig;
 use anelm_model::tensor_store::TensorStore;
 use serde_json::Value;
 
+use crate::arch::config_read::GgufMeta;
 use crate::arch::kernel_compile::CompiledLayer;
 use crate::backend::{ForwardCost, Kernel};
 use crate::batch::Batch;
@@ -70,6 +72,33 @@ impl MoeConfig {
             norm_topk_prob: raw.get("norm_topk_prob").and_then(Value::as_bool).unwrap_or(false),
             sparse: (0..n_layers)
                 .map(|i| !dense_only.contains(&(i as u64)) && (i + 1) % step == 0)
+                .collect(),
+        }))
+    }
+}
+
+impl MoeConfig {
+    /// From a GGUF file's `<arch>.expert_*` metadata (llama.cpp's `qwen3moe`: probabilities
+    /// always renormalised); a layer is a mixture where the file has its router
+    /// (`blk.N.ffn_gate_inp.weight`). `None` without `expert_count`.
+    pub(crate) fn from_gguf(m: &GgufMeta<'_>, g: &GgufFile, n_layers: usize) -> Result<Option<Self>> {
+        let Some(experts) = m.opt_usize("expert_count").filter(|&e| e > 0) else {
+            return Ok(None);
+        };
+        let top_k = m.usize("expert_used_count")?;
+        let expert_ffn = m.usize("expert_feed_forward_length")?;
+        if top_k == 0 || top_k > experts || experts > 4096 || expert_ffn == 0 || expert_ffn > 1 << 20 {
+            return Err(EngineError::Config(format!(
+                "implausible mixture of experts: {top_k} of {experts} experts of width {expert_ffn}"
+            )));
+        }
+        Ok(Some(Self {
+            experts,
+            top_k,
+            expert_ffn,
+            norm_topk_prob: true,
+            sparse: (0..n_layers)
+                .map(|i| g.tensor_info(&format!("blk.{i}.ffn_gate_inp.weight")).is_some())
                 .collect(),
         }))
     }

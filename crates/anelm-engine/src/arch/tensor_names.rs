@@ -245,13 +245,15 @@ impl TensorNames {
                 };
                 format!("blk.{i}.{}", s.ok_or_else(missing)?)
             }
-            (Layout::Gguf, Tensor::Expert(..)) => {
-                return Err(EngineError::Config(
-                    "llama.cpp's GGUF keeps each mixture-of-experts layer's experts in 3-D tensors \
-                     (ffn_{gate,up,down}_exps), which anelm does not read yet: use the model's \
-                     safetensors directory"
-                        .into(),
-                ));
+            // llama.cpp stacks each layer's experts into one 3-D tensor per projection; an
+            // `ExpertSlices` store shows expert `e` of it as `<tensor>#<e>`.
+            (Layout::Gguf, Tensor::Expert(i, e, t)) => {
+                let m = match t {
+                    ExpertTensor::Gate => "ffn_gate_exps",
+                    ExpertTensor::Up => "ffn_up_exps",
+                    ExpertTensor::Down => "ffn_down_exps",
+                };
+                crate::expert_slices::expert_slice_name(&format!("blk.{i}.{m}.weight"), e)
             }
             (Layout::HuggingFace(p), Tensor::Expert(i, e, t)) => {
                 let m = match t {

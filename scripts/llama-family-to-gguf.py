@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
-"""Convert a (tiny) Qwen2 safetensors directory to a GGUF file in llama.cpp's `qwen2` layout.
+"""Convert a (tiny) Qwen2 or Qwen3-MoE safetensors directory to a GGUF file in llama.cpp's `qwen2`
+or `qwen3moe` layout.
 
-Lays the tensors out as llama.cpp's converter (convert_hf_to_gguf.py, Qwen2Model) does — no
-permutation of the q/k rows (Qwen2 runs NeoX rope), the q/k/v biases as `attn_{q,k,v}.bias`, the
-LM head omitted when the embedding is tied — so anelm's GGUF path for Qwen2 is tested against the
-same transformers reference as the safetensors one. All tensors are written as F32; the fixtures
-have no tokenizer, so the placeholder vocabulary of scripts/qwen35_gguf.py is written.
+Lays the tensors out as llama.cpp's converter (convert_hf_to_gguf.py: Qwen2Model, Qwen3MoeModel)
+does — no permutation of the q/k rows (both run NeoX rope), Qwen2's q/k/v biases as
+`attn_{q,k,v}.bias`, Qwen3's q/k norms as `attn_{q,k}_norm`, each MoE layer's router as
+`ffn_gate_inp` and its experts stacked into 3-D `ffn_{gate,up,down}_exps` tensors, the LM head
+omitted when the embedding is tied — so anelm's GGUF path is tested against the same transformers
+reference as the safetensors one. A layer with a dense FFN (`mlp_only_layers`) keeps
+`ffn_{gate,up,down}` (llama.cpp's own qwen3moe has none). All tensors are written as F32; the
+fixtures have no tokenizer, so the placeholder vocabulary of scripts/qwen35_gguf.py is written.
 
-Usage: python scripts/qwen2-to-gguf.py <safetensors dir> <out.gguf>
+Usage: python scripts/llama-family-to-gguf.py <safetensors dir> <out.gguf>
 Needs numpy, safetensors and gguf, e.g. the fixtures virtualenv of scripts/make-hf-fixtures.sh.
 """
 
@@ -22,7 +26,7 @@ from safetensors.numpy import load_file
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import qwen35_gguf  # noqa: E402
 
-ARCH = "qwen2"
+ARCHES = {"qwen2": "qwen2", "qwen3_moe": "qwen3moe"}
 
 LAYER = {
     "input_layernorm.weight": "attn_norm.weight",
@@ -33,6 +37,9 @@ LAYER = {
     "self_attn.v_proj.weight": "attn_v.weight",
     "self_attn.v_proj.bias": "attn_v.bias",
     "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "mlp.gate.weight": "ffn_gate_inp.weight",
     "post_attention_layernorm.weight": "ffn_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
@@ -41,6 +48,8 @@ LAYER = {
 
 
 def gguf_name(hf):
+    if hf.startswith("@"):
+        return hf[1:]
     if hf == "model.embed_tokens.weight":
         return "token_embd.weight"
     if hf == "model.norm.weight":
@@ -53,13 +62,27 @@ def gguf_name(hf):
     raise KeyError(f"unexpected tensor {hf}")
 
 
+def stack_experts(tensors, n_layers, n_experts):
+    """Each MoE layer's per-expert matrices stacked into one [experts, rows, cols] tensor."""
+    for i in range(n_layers):
+        for proj, name in (("gate_proj", "ffn_gate_exps"), ("up_proj", "ffn_up_exps"), ("down_proj", "ffn_down_exps")):
+            keys = [f"model.layers.{i}.mlp.experts.{e}.{proj}.weight" for e in range(n_experts)]
+            if keys[0] not in tensors:
+                continue
+            tensors[f"@blk.{i}.{name}.weight"] = np.stack([tensors.pop(k) for k in keys])
+
+
 def main(src, out):
     src = Path(src)
     cfg = json.loads((src / "config.json").read_text())
+    ARCH = ARCHES[cfg["model_type"]]
     tensors = load_file(str(src / "model.safetensors"))
     if cfg.get("tie_word_embeddings", False):
         tensors.pop("lm_head.weight", None)
     rope = cfg.get("rope_parameters") or {}
+    n_experts = cfg.get("num_experts") or cfg.get("num_local_experts") or 0
+    if n_experts:
+        stack_experts(tensors, cfg["num_hidden_layers"], n_experts)
     w = gguf.GGUFWriter(out, ARCH)
     w.add_type("model")
     w.add_name(src.name)
@@ -72,6 +95,13 @@ def main(src, out):
     u32("attention.head_count_kv", cfg.get("num_key_value_heads", cfg["num_attention_heads"]))
     w.add_float32(f"{ARCH}.rope.freq_base", float(rope.get("rope_theta", cfg.get("rope_theta", 1e6))))
     w.add_float32(f"{ARCH}.attention.layer_norm_rms_epsilon", float(cfg.get("rms_norm_eps", 1e-6)))
+    if "head_dim" in cfg:
+        u32("attention.key_length", cfg["head_dim"])
+        u32("attention.value_length", cfg["head_dim"])
+    if n_experts:
+        u32("expert_count", n_experts)
+        u32("expert_used_count", cfg["num_experts_per_tok"])
+        u32("expert_feed_forward_length", cfg["moe_intermediate_size"])
     w.add_uint32("general.file_type", int(gguf.LlamaFileType.ALL_F32))
     w.add_uint32("general.quantization_version", gguf.GGML_QUANT_VERSION)
     vocab = cfg["vocab_size"]
