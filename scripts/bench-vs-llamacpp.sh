@@ -7,7 +7,10 @@
 # streaming-read bandwidth, measured with the same thread count in every round
 # (`cargo bench -p anelm-kernels --bench matmul -- --bandwidth-only`).
 #
-#   scripts/bench-vs-llamacpp.sh [--model M.gguf] [--threads N] [--rounds K]
+#   scripts/bench-vs-llamacpp.sh [--model M.gguf | --moe] [--threads N] [--rounds K]
+#
+# --moe benchmarks the mixture-of-experts shape: a random-weight GGUF with Qwen3-30B-A3B's layer
+# shapes and 4 layers, made (once) by scripts/make-qwen3moe-bench-gguf.sh.
 #
 # Builds llama-bench first if needed (scripts/build-llama-bench.sh; not part of CI).
 set -euo pipefail
@@ -18,6 +21,7 @@ ROUNDS=3
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --model) MODEL="$2"; shift 2 ;;
+    --moe) MODEL="$(scripts/make-qwen3moe-bench-gguf.sh | tail -n 1)"; shift ;;
     --threads) THREADS="$2"; shift 2 ;;
     --rounds) ROUNDS="$2"; shift 2 ;;
     *) echo "unknown argument: $1 (see the header of $0)" >&2; exit 2 ;;

@@ -322,19 +322,27 @@ fn prefill_once(model: &dyn LanguageModel, tokens: &[u32]) -> Result<(f64, Forwa
 
 /// Bytes of weights one decode step streams, for a GGUF file (else `None`): every tensor of two
 /// or more dimensions, except the token table when a separate output matrix exists (then only
-/// one row of it is read). The bandwidth bound of `scripts/bench-vs-llamacpp.sh` divides by it.
+/// one row of it is read), and of a mixture of experts' stacked 3-D tensors only the experts a
+/// token uses (`expert_used_count` of `expert_count`). The bandwidth bound of
+/// `scripts/bench-vs-llamacpp.sh` divides by it.
 fn streamed_weight_bytes(path: &std::path::Path) -> Option<u64> {
     if path.extension().is_none_or(|e| e != "gguf") {
         return None;
     }
     let file = anelm_model::gguf::GgufFile::open(path).ok()?;
     let untied = file.tensor_info("output.weight").is_some();
+    let arch = file.architecture().unwrap_or("").to_string();
+    let experts = file.get_u64(&format!("{arch}.expert_count")).filter(|&e| e > 0);
+    let used = file.get_u64(&format!("{arch}.expert_used_count"));
     Some(
         file.tensors()
             .iter()
             .filter(|t| t.dims.iter().filter(|&&d| d > 1).count() >= 2)
             .filter(|t| !(untied && t.name == "token_embd.weight"))
-            .map(|t| t.size)
+            .map(|t| match (experts, used) {
+                (Some(e), Some(u)) if t.dims.len() == 3 && t.dims[2] == e => t.size / e * u.min(e),
+                _ => t.size,
+            })
             .sum(),
     )
 }

@@ -16,7 +16,7 @@
 
 use std::sync::Arc;
 
-use anelm_ane::{BlockLayout, KernelRole, LayerKind, ModelDims, ModelKernels, SlidingWindow};
+use anelm_ane::{BlockLayout, KernelRole, LayerKind, ModelDims, SlidingWindow};
 
 use anelm_model::gguf::GgufFile;
 use anelm_model::hf_config::HfConfig;
@@ -28,9 +28,8 @@ use crate::arch::config_read::{GgufMeta, check_heads, check_plausible, check_siz
 use crate::arch::decoder::{Decoder, DecoderEnds, DecoderLayers, EndsSpec};
 use crate::arch::kernel_compile::CompiledLayer;
 use crate::arch::kernel_list::{KernelDesc, KernelList, LayerKernels};
-use crate::arch::registry::{Architecture, DecoderModel, Head, Progress, hf_text_prefix};
-use crate::arch::step::LaneRef;
-use crate::arch::tensor_names::Layout;
+use crate::arch::registry::{self, Architecture, DecoderConfig, Head, Progress};
+use crate::arch::step::{LaneRef, lane_angles};
 use crate::arch::tensor_names::{Family, LayerTensor, TensorNames};
 use crate::arch::trunk::norm_vector;
 use crate::backend::{Backend, ForwardCost, Kernel};
@@ -256,52 +255,42 @@ pub static ARCHITECTURE: Architecture = Architecture {
     name: "gemma3",
     gguf_names: &["gemma3"],
     hf_model_types: &["gemma3_text", "gemma3"],
-    load_gguf,
-    load_hf,
-    kernels_gguf,
-    kernels_hf,
+    load_gguf: registry::load_gguf::<Gemma3Config>,
+    load_hf: registry::load_hf::<Gemma3Config>,
+    kernels_gguf: registry::kernels_gguf::<Gemma3Config>,
+    kernels_hf: registry::kernels_hf::<Gemma3Config>,
 };
 
-fn load_gguf(
-    g: &Arc<GgufFile>,
-    backend: &dyn Backend,
-    head: Head,
-    progress: Progress<'_>,
-) -> Result<Box<dyn DecoderModel>> {
-    let store: Arc<dyn TensorStore> = g.clone();
-    let names = TensorNames::gguf(Family::Gemma3);
-    let cfg = Gemma3Config::from_gguf(g)?;
-    Ok(Box::new(Gemma3::load_with(
-        cfg, &store, &names, backend, head, progress,
-    )?))
-}
+impl DecoderConfig for Gemma3Config {
+    type Layers = Gemma3Layers;
+    const FAMILY: Family = Family::Gemma3;
 
-fn load_hf(
-    c: &HfConfig,
-    store: &Arc<dyn TensorStore>,
-    backend: &dyn Backend,
-    head: Head,
-    progress: Progress<'_>,
-) -> Result<Box<dyn DecoderModel>> {
-    let names = TensorNames::new(Family::Gemma3, Layout::HuggingFace(hf_text_prefix(store).into()));
-    let cfg = Gemma3Config::from_hf(c)?;
-    Ok(Box::new(Gemma3::load_with(
-        cfg, store, &names, backend, head, progress,
-    )?))
-}
+    fn read_gguf(g: &GgufFile) -> Result<Self> {
+        Self::from_gguf(g)
+    }
 
-fn kernels_gguf(g: &GgufFile) -> Result<ModelKernels> {
-    let cfg = Gemma3Config::from_gguf(g)?;
-    Ok(cfg
-        .kernel_specs(&TensorNames::gguf(Family::Gemma3))?
-        .model_kernels(cfg.plan_dims()))
-}
+    fn read_hf(c: &HfConfig) -> Result<Self> {
+        Self::from_hf(c)
+    }
 
-fn kernels_hf(c: &HfConfig) -> Result<ModelKernels> {
-    let cfg = Gemma3Config::from_hf(c)?;
-    Ok(cfg
-        .kernel_specs(&TensorNames::hugging_face(Family::Gemma3))?
-        .model_kernels(cfg.plan_dims()))
+    fn kernels(&self, names: &TensorNames) -> Result<KernelList> {
+        self.kernel_specs(names)
+    }
+
+    fn host_dims(&self) -> Result<ModelDims> {
+        Ok(self.plan_dims())
+    }
+
+    fn load(
+        self,
+        store: &Arc<dyn TensorStore>,
+        names: &TensorNames,
+        backend: &dyn Backend,
+        head: Head,
+        progress: Progress<'_>,
+    ) -> Result<Gemma3> {
+        Gemma3::load_with(self, store, names, backend, head, progress)
+    }
 }
 
 struct Layer {
@@ -444,19 +433,9 @@ impl DecoderLayers for Gemma3Layers {
     fn begin(&self, lanes: &[LaneRef]) -> Gemma3Step {
         let cfg = &self.cfg;
         let n = lanes.len();
-        let angles = |rope: &Rope| -> Vec<Vec<(f32, f32)>> {
-            lanes
-                .iter()
-                .map(|l| {
-                    let mut cs = Vec::new();
-                    rope.angles(l.pos, &mut cs);
-                    cs
-                })
-                .collect()
-        };
         Gemma3Step {
-            angles_global: angles(&self.rope_global),
-            angles_local: angles(&self.rope_local),
+            angles_global: lane_angles(&self.rope_global, lanes),
+            angles_local: lane_angles(&self.rope_local, lanes),
             xn: Batch::zeros(n, cfg.hidden_size),
             qkv: Batch::default(),
             attn: Batch::zeros(n, cfg.n_heads * cfg.head_dim),

@@ -19,7 +19,7 @@
 
 use std::sync::Arc;
 
-use anelm_ane::{KernelRole, LayerKind, ModelDims, ModelKernels};
+use anelm_ane::{KernelRole, LayerKind, ModelDims};
 use anelm_model::gguf::GgufFile;
 use anelm_model::hf_config::HfConfig;
 use anelm_model::tensor_store::TensorStore;
@@ -30,10 +30,10 @@ use crate::arch::config_read::{check_heads, check_plausible, check_sizes, hf_hea
 use crate::arch::decoder::{Decoder, DecoderEnds, DecoderLayers, EndsSpec};
 use crate::arch::kernel_compile::CompiledLayer;
 use crate::arch::kernel_list::{KernelDesc, KernelList, LayerKernels};
-use crate::arch::registry::{Architecture, DecoderModel, Head, Progress, hf_text_prefix};
-use crate::arch::step::LaneRef;
-use crate::arch::tensor_names::{Family, LayerTensor, Layout, TensorNames};
-use crate::arch::trunk::norm_vector;
+use crate::arch::registry::{self, Architecture, DecoderConfig, Head, Progress};
+use crate::arch::step::{LaneRef, lane_angles};
+use crate::arch::tensor_names::{Family, LayerTensor, TensorNames};
+use crate::arch::trunk::{norm_vector, small_tensor};
 use crate::backend::{Backend, ForwardCost, Kernel};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
@@ -217,41 +217,44 @@ pub static ARCHITECTURE: Architecture = Architecture {
     name: "lfm2",
     gguf_names: &[],
     hf_model_types: &["lfm2"],
-    load_gguf,
-    load_hf,
-    kernels_gguf,
-    kernels_hf,
+    load_gguf: registry::load_gguf::<Lfm2Config>,
+    load_hf: registry::load_hf::<Lfm2Config>,
+    kernels_gguf: registry::kernels_gguf::<Lfm2Config>,
+    kernels_hf: registry::kernels_hf::<Lfm2Config>,
 };
 
-fn gguf_unsupported() -> EngineError {
-    EngineError::Config("LFM2 GGUF files are not supported yet: use the Hugging Face safetensors directory".into())
-}
+impl DecoderConfig for Lfm2Config {
+    type Layers = Lfm2Layers;
+    const FAMILY: Family = Family::Lfm2;
 
-fn load_gguf(_: &Arc<GgufFile>, _: &dyn Backend, _: Head, _: Progress<'_>) -> Result<Box<dyn DecoderModel>> {
-    Err(gguf_unsupported())
-}
+    fn read_gguf(_: &GgufFile) -> Result<Self> {
+        Err(EngineError::Config(
+            "LFM2 GGUF files are not supported yet: use the Hugging Face safetensors directory".into(),
+        ))
+    }
 
-fn kernels_gguf(_: &GgufFile) -> Result<ModelKernels> {
-    Err(gguf_unsupported())
-}
+    fn read_hf(c: &HfConfig) -> Result<Self> {
+        Self::from_hf(c)
+    }
 
-fn load_hf(
-    c: &HfConfig,
-    store: &Arc<dyn TensorStore>,
-    backend: &dyn Backend,
-    head: Head,
-    progress: Progress<'_>,
-) -> Result<Box<dyn DecoderModel>> {
-    let names = TensorNames::new(Family::Lfm2, Layout::HuggingFace(hf_text_prefix(store).into()));
-    let cfg = Lfm2Config::from_hf(c)?;
-    Ok(Box::new(Lfm2::load_with(cfg, store, &names, backend, head, progress)?))
-}
+    fn kernels(&self, names: &TensorNames) -> Result<KernelList> {
+        self.kernel_specs(names)
+    }
 
-fn kernels_hf(c: &HfConfig) -> Result<ModelKernels> {
-    let cfg = Lfm2Config::from_hf(c)?;
-    Ok(cfg
-        .kernel_specs(&TensorNames::hugging_face(Family::Lfm2))?
-        .model_kernels(cfg.plan_dims()))
+    fn host_dims(&self) -> Result<ModelDims> {
+        Ok(self.plan_dims())
+    }
+
+    fn load(
+        self,
+        store: &Arc<dyn TensorStore>,
+        names: &TensorNames,
+        backend: &dyn Backend,
+        head: Head,
+        progress: Progress<'_>,
+    ) -> Result<Lfm2> {
+        Lfm2::load_with(self, store, names, backend, head, progress)
+    }
 }
 
 enum Mixer {
@@ -288,21 +291,6 @@ pub struct Lfm2Layers {
 
 /// A loaded LFM2 model.
 pub type Lfm2 = Decoder<Lfm2Layers>;
-
-/// Decode a small tensor of any rank to f32 (the conv weights are `[hidden, 1, taps]`).
-fn small_tensor(store: &Arc<dyn TensorStore>, name: &str, len: usize) -> Result<Vec<f32>> {
-    let view = store.tensor(name)?;
-    if view.n_elements() != len {
-        return Err(EngineError::TensorShape {
-            name: name.to_string(),
-            found: view.shape.clone(),
-            expected: vec![len],
-        });
-    }
-    let mut out = vec![0.0; len];
-    anelm_kernels::dequantize_row(view.format, view.data, &mut out)?;
-    Ok(out)
-}
 
 impl Decoder<Lfm2Layers> {
     /// Compile the layers and, for [`Head::Logits`], the LM head. `progress(done, total)` is
@@ -406,16 +394,8 @@ impl DecoderLayers for Lfm2Layers {
     fn begin(&self, lanes: &[LaneRef]) -> Lfm2Step {
         let cfg = &self.cfg;
         let n = lanes.len();
-        let angles = lanes
-            .iter()
-            .map(|l| {
-                let mut cs = Vec::new();
-                self.rope.angles(l.pos, &mut cs);
-                cs
-            })
-            .collect();
         Lfm2Step {
-            angles,
+            angles: lane_angles(&self.rope, lanes),
             xn: Batch::zeros(n, cfg.hidden_size),
             proj: Batch::default(),
             mixed: Batch::zeros(n, cfg.hidden_size.max(cfg.n_heads * cfg.head_dim)),

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use anelm_ane::{KernelRole, LayerKind, ModelDims, ModelKernels};
+use anelm_ane::{KernelRole, LayerKind, ModelDims};
 
 use anelm_model::gguf::GgufFile;
 use anelm_model::hf_config::HfConfig;
@@ -17,8 +17,8 @@ use crate::arch::decoder::{Decoder, DecoderEnds, DecoderLayers, EndsSpec};
 use crate::arch::kernel_compile::CompiledLayer;
 use crate::arch::kernel_list::{KernelDesc, KernelList, LayerKernels};
 use crate::arch::moe::{MoeConfig, MoeFfn};
-use crate::arch::registry::{Architecture, DecoderModel, Head, Progress};
-use crate::arch::step::LaneRef;
+use crate::arch::registry::{self, Architecture, DecoderConfig, Head, Progress};
+use crate::arch::step::{LaneRef, lane_angles};
 use crate::arch::tensor_names::{Family, LayerTensor, TensorNames};
 use crate::arch::trunk::norm_vector;
 use crate::backend::{Backend, ForwardCost, Kernel};
@@ -228,72 +228,61 @@ pub static ARCHITECTURE: Architecture = Architecture {
     name: "llama",
     gguf_names: &["llama", "qwen2", "qwen3", "qwen3moe"],
     hf_model_types: &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe"],
-    load_gguf,
-    load_hf,
-    kernels_gguf,
-    kernels_hf,
+    load_gguf: registry::load_gguf::<LlamaConfig>,
+    load_hf: registry::load_hf::<LlamaConfig>,
+    kernels_gguf: registry::kernels_gguf::<LlamaConfig>,
+    kernels_hf: registry::kernels_hf::<LlamaConfig>,
 };
 
-fn load_gguf(
-    g: &Arc<GgufFile>,
-    backend: &dyn Backend,
-    head: Head,
-    progress: Progress<'_>,
-) -> Result<Box<dyn DecoderModel>> {
-    let names = TensorNames::gguf(Family::Llama);
-    let cfg = LlamaConfig::from_gguf(g)?;
-    // llama.cpp stacks each MoE layer's experts: show each as its own matrix.
-    let store: Arc<dyn TensorStore> = if cfg.moe.is_some() {
-        Arc::new(ExpertSlices::new(g.clone()))
-    } else {
-        g.clone()
-    };
-    Ok(Box::new(Llama::load_with(
-        cfg, &store, &names, backend, head, progress,
-    )?))
-}
+impl DecoderConfig for LlamaConfig {
+    type Layers = LlamaLayers;
+    const FAMILY: Family = Family::Llama;
 
-fn load_hf(
-    c: &HfConfig,
-    store: &Arc<dyn TensorStore>,
-    backend: &dyn Backend,
-    head: Head,
-    progress: Progress<'_>,
-) -> Result<Box<dyn DecoderModel>> {
-    let names = TensorNames::hugging_face(Family::Llama);
-    let cfg = LlamaConfig::from_hf(c)?;
-    Ok(Box::new(Llama::load_with(cfg, store, &names, backend, head, progress)?))
-}
-
-/// The ANE planner's answer for a mixture of experts: why it does not take one.
-fn refuse_moe_plan(cfg: &LlamaConfig) -> Result<()> {
-    match &cfg.moe {
-        Some(moe) => Err(EngineError::Config(format!(
-            "the ANE planner does not take mixture-of-experts models: the router picks {} of {} expert FFNs per token \
-             at run time, so each expert would be its own program ({} per layer) dispatched on demand, which the \
-             planner's fixed per-layer kernel list does not model; run it on the CPU (--device cpu)",
-            moe.top_k,
-            moe.experts,
-            2 * moe.experts
-        ))),
-        None => Ok(()),
+    fn read_gguf(g: &GgufFile) -> Result<Self> {
+        Self::from_gguf(g)
     }
-}
 
-fn kernels_gguf(g: &GgufFile) -> Result<ModelKernels> {
-    let cfg = LlamaConfig::from_gguf(g)?;
-    refuse_moe_plan(&cfg)?;
-    Ok(cfg
-        .kernel_specs(&TensorNames::gguf(Family::Llama))?
-        .model_kernels(cfg.plan_dims()))
-}
+    fn read_hf(c: &HfConfig) -> Result<Self> {
+        Self::from_hf(c)
+    }
 
-fn kernels_hf(c: &HfConfig) -> Result<ModelKernels> {
-    let cfg = LlamaConfig::from_hf(c)?;
-    refuse_moe_plan(&cfg)?;
-    Ok(cfg
-        .kernel_specs(&TensorNames::hugging_face(Family::Llama))?
-        .model_kernels(cfg.plan_dims()))
+    fn kernels(&self, names: &TensorNames) -> Result<KernelList> {
+        self.kernel_specs(names)
+    }
+
+    fn host_dims(&self) -> Result<ModelDims> {
+        match &self.moe {
+            Some(moe) => Err(EngineError::Config(format!(
+                "the ANE planner does not take mixture-of-experts models: the router picks {} of {} expert FFNs per \
+                 token at run time, so each expert would be its own program ({} per layer) dispatched on demand, \
+                 which the planner's fixed per-layer kernel list does not model; run it on the CPU (--device cpu)",
+                moe.top_k,
+                moe.experts,
+                2 * moe.experts
+            ))),
+            None => Ok(self.plan_dims()),
+        }
+    }
+
+    fn load(
+        self,
+        store: &Arc<dyn TensorStore>,
+        names: &TensorNames,
+        backend: &dyn Backend,
+        head: Head,
+        progress: Progress<'_>,
+    ) -> Result<Llama> {
+        Llama::load_with(self, store, names, backend, head, progress)
+    }
+
+    /// llama.cpp stacks each MoE layer's experts: show each as its own matrix.
+    fn gguf_store(&self, g: &Arc<GgufFile>) -> Arc<dyn TensorStore> {
+        if self.moe.is_some() {
+            Arc::new(ExpertSlices::new(g.clone()))
+        } else {
+            g.clone()
+        }
+    }
 }
 
 struct Layer {
@@ -461,14 +450,8 @@ impl DecoderLayers for LlamaLayers {
     fn begin(&self, lanes: &[LaneRef]) -> LlamaStep {
         let cfg = &self.cfg;
         let n = lanes.len();
-        let mut angles: Vec<Vec<(f32, f32)>> = Vec::with_capacity(n);
-        for l in lanes {
-            let mut cs = Vec::new();
-            self.rope.angles(l.pos, &mut cs);
-            angles.push(cs);
-        }
         LlamaStep {
-            angles,
+            angles: lane_angles(&self.rope, lanes),
             xn: Batch::zeros(n, cfg.hidden_size),
             qkv: Batch::default(),
             attn: Batch::zeros(n, cfg.n_heads * cfg.head_dim),

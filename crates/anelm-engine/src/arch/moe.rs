@@ -155,7 +155,7 @@ impl MoeFfn {
         for lane in 0..n {
             let xl = xn.lane(lane);
             for (p, w) in probs.iter_mut().zip(self.router.chunks_exact(h)) {
-                *p = w.iter().zip(xl).map(|(a, b)| a * b).sum();
+                *p = anelm_kernels::dot_f32(w, xl);
             }
             softmax(&mut probs);
             order.clear();

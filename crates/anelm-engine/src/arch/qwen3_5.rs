@@ -18,7 +18,7 @@
 
 use std::sync::Arc;
 
-use anelm_ane::{KernelRole, LayerKind, LinearAttention, ModelDims, ModelKernels};
+use anelm_ane::{KernelRole, LayerKind, LinearAttention, ModelDims};
 
 use anelm_model::gguf::GgufFile;
 use anelm_model::hf_config::HfConfig;
@@ -31,10 +31,10 @@ use crate::arch::decoder::{Decoder, DecoderEnds, DecoderLayers, EndsSpec};
 use crate::arch::deltanet::{DeltaNetShape, GatedDeltaNet, VHeadOrder};
 use crate::arch::kernel_compile::CompiledLayer;
 use crate::arch::kernel_list::{KernelDesc, KernelList, LayerKernels};
-use crate::arch::registry::{Architecture, DecoderModel, Head, Progress, hf_text_prefix};
-use crate::arch::step::LaneRef;
-use crate::arch::tensor_names::Layout;
+use crate::arch::registry::{self, Architecture, DecoderConfig, Head, Progress};
+use crate::arch::step::{LaneRef, lane_angles};
 use crate::arch::tensor_names::{Family, LayerTensor, TensorNames};
+use crate::arch::trunk::small_tensor;
 use crate::backend::{Backend, ForwardCost, Kernel};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
@@ -331,52 +331,42 @@ pub static ARCHITECTURE: Architecture = Architecture {
     name: "qwen3_5",
     gguf_names: &["qwen35"],
     hf_model_types: &["qwen3_5", "qwen3_5_text"],
-    load_gguf,
-    load_hf,
-    kernels_gguf,
-    kernels_hf,
+    load_gguf: registry::load_gguf::<Qwen35Config>,
+    load_hf: registry::load_hf::<Qwen35Config>,
+    kernels_gguf: registry::kernels_gguf::<Qwen35Config>,
+    kernels_hf: registry::kernels_hf::<Qwen35Config>,
 };
 
-fn load_gguf(
-    g: &Arc<GgufFile>,
-    backend: &dyn Backend,
-    head: Head,
-    progress: Progress<'_>,
-) -> Result<Box<dyn DecoderModel>> {
-    let store: Arc<dyn TensorStore> = g.clone();
-    let names = TensorNames::gguf(Family::Qwen35);
-    let cfg = Qwen35Config::from_gguf(g)?;
-    Ok(Box::new(Qwen35::load_with(
-        cfg, &store, &names, backend, head, progress,
-    )?))
-}
+impl DecoderConfig for Qwen35Config {
+    type Layers = Qwen35Layers;
+    const FAMILY: Family = Family::Qwen35;
 
-fn load_hf(
-    c: &HfConfig,
-    store: &Arc<dyn TensorStore>,
-    backend: &dyn Backend,
-    head: Head,
-    progress: Progress<'_>,
-) -> Result<Box<dyn DecoderModel>> {
-    let names = TensorNames::new(Family::Qwen35, Layout::HuggingFace(hf_text_prefix(store).into()));
-    let cfg = Qwen35Config::from_hf(c)?;
-    Ok(Box::new(Qwen35::load_with(
-        cfg, store, &names, backend, head, progress,
-    )?))
-}
+    fn read_gguf(g: &GgufFile) -> Result<Self> {
+        Self::from_gguf(g)
+    }
 
-fn kernels_gguf(g: &GgufFile) -> Result<ModelKernels> {
-    let cfg = Qwen35Config::from_gguf(g)?;
-    Ok(cfg
-        .kernel_specs(&TensorNames::gguf(Family::Qwen35))?
-        .model_kernels(cfg.plan_dims()))
-}
+    fn read_hf(c: &HfConfig) -> Result<Self> {
+        Self::from_hf(c)
+    }
 
-fn kernels_hf(c: &HfConfig) -> Result<ModelKernels> {
-    let cfg = Qwen35Config::from_hf(c)?;
-    Ok(cfg
-        .kernel_specs(&TensorNames::hugging_face(Family::Qwen35))?
-        .model_kernels(cfg.plan_dims()))
+    fn kernels(&self, names: &TensorNames) -> Result<KernelList> {
+        self.kernel_specs(names)
+    }
+
+    fn host_dims(&self) -> Result<ModelDims> {
+        Ok(self.plan_dims())
+    }
+
+    fn load(
+        self,
+        store: &Arc<dyn TensorStore>,
+        names: &TensorNames,
+        backend: &dyn Backend,
+        head: Head,
+        progress: Progress<'_>,
+    ) -> Result<Qwen35> {
+        Qwen35::load_with(self, store, names, backend, head, progress)
+    }
 }
 
 enum Mixer {
@@ -413,21 +403,6 @@ pub struct Qwen35Layers {
 
 /// A loaded Qwen3.5 text model.
 pub type Qwen35 = Decoder<Qwen35Layers>;
-
-/// Decode a small tensor of any rank to f32 (conv weights are `[C, 1, k]`).
-fn small_tensor(store: &Arc<dyn TensorStore>, name: &str, len: usize) -> Result<Vec<f32>> {
-    let view = store.tensor(name)?;
-    if view.n_elements() != len {
-        return Err(EngineError::TensorShape {
-            name: name.to_string(),
-            found: view.shape.clone(),
-            expected: vec![len],
-        });
-    }
-    let mut out = vec![0.0; len];
-    anelm_kernels::dequantize_row(view.format, view.data, &mut out)?;
-    Ok(out)
-}
 
 impl Decoder<Qwen35Layers> {
     /// Compile every kernel on `backend`; `names` says where the file keeps the text
@@ -569,16 +544,8 @@ impl DecoderLayers for Qwen35Layers {
     fn begin(&self, lanes: &[LaneRef]) -> Qwen35Step {
         let cfg = &self.cfg;
         let n = lanes.len();
-        let angles: Vec<Vec<(f32, f32)>> = lanes
-            .iter()
-            .map(|l| {
-                let mut cs = Vec::new();
-                self.rope.angles(l.pos, &mut cs);
-                cs
-            })
-            .collect();
         Qwen35Step {
-            angles,
+            angles: lane_angles(&self.rope, lanes),
             lane_items: lanes.iter().map(|l| l.item).collect(),
             xn: Batch::zeros(n, cfg.hidden_size),
             proj: Batch::default(),

@@ -6,12 +6,14 @@
 
 use std::sync::Arc;
 
-use anelm_ane::ModelKernels;
+use anelm_ane::{ModelDims, ModelKernels};
 use anelm_model::gguf::GgufFile;
 use anelm_model::hf_config::HfConfig;
 use anelm_model::tensor_store::TensorStore;
 
 use crate::arch::decoder::{Decoder, DecoderLayers};
+use crate::arch::kernel_list::KernelList;
+use crate::arch::tensor_names::{Family, Layout, TensorNames};
 use crate::arch::{gemma3, lfm2, llama, qwen3_5};
 use crate::backend::Backend;
 use crate::batch::Batch;
@@ -67,6 +69,84 @@ pub struct Architecture {
     pub kernels_gguf: fn(&GgufFile) -> Result<ModelKernels>,
     /// The same from a `config.json`.
     pub kernels_hf: fn(&HfConfig) -> Result<ModelKernels>,
+}
+
+/// What an architecture's configuration gives the registry's shared loaders ([`load_gguf`],
+/// [`load_hf`], [`kernels_gguf`], [`kernels_hf`]), so an entry is only its names and these.
+pub trait DecoderConfig: Sized {
+    /// The architecture's layers.
+    type Layers: DecoderLayers + 'static;
+    /// Its tensor-name family.
+    const FAMILY: Family;
+    /// From a GGUF file's metadata.
+    fn read_gguf(g: &GgufFile) -> Result<Self>;
+    /// From a Hugging Face `config.json`.
+    fn read_hf(c: &HfConfig) -> Result<Self>;
+    /// The kernels loading compiles and the planner plans.
+    fn kernels(&self, names: &TensorNames) -> Result<KernelList>;
+    /// The planner's host-work shapes, or why the planner does not take this model.
+    fn host_dims(&self) -> Result<ModelDims>;
+    /// Load the model from `store`.
+    fn load(
+        self,
+        store: &Arc<dyn TensorStore>,
+        names: &TensorNames,
+        backend: &dyn Backend,
+        head: Head,
+        progress: Progress<'_>,
+    ) -> Result<Decoder<Self::Layers>>;
+    /// The store a GGUF file is read through (the file itself, unless its tensors need another
+    /// view: a mixture of experts' stacked tensors are sliced per expert).
+    fn gguf_store(&self, g: &Arc<GgufFile>) -> Arc<dyn TensorStore> {
+        g.clone()
+    }
+}
+
+/// [`Architecture::load_gguf`] for configurations of type `C`.
+pub fn load_gguf<C: DecoderConfig>(
+    g: &Arc<GgufFile>,
+    backend: &dyn Backend,
+    head: Head,
+    progress: Progress<'_>,
+) -> Loaded {
+    let cfg = C::read_gguf(g)?;
+    let store = cfg.gguf_store(g);
+    Ok(Box::new(cfg.load(
+        &store,
+        &TensorNames::gguf(C::FAMILY),
+        backend,
+        head,
+        progress,
+    )?))
+}
+
+/// [`Architecture::load_hf`] for configurations of type `C` (the text model under
+/// `model.language_model.` in a multimodal checkpoint, else `model.`).
+pub fn load_hf<C: DecoderConfig>(
+    c: &HfConfig,
+    store: &Arc<dyn TensorStore>,
+    backend: &dyn Backend,
+    head: Head,
+    progress: Progress<'_>,
+) -> Loaded {
+    let names = TensorNames::new(C::FAMILY, Layout::HuggingFace(hf_text_prefix(store).into()));
+    Ok(Box::new(C::read_hf(c)?.load(store, &names, backend, head, progress)?))
+}
+
+/// [`Architecture::kernels_gguf`] for configurations of type `C`.
+pub fn kernels_gguf<C: DecoderConfig>(g: &GgufFile) -> Result<ModelKernels> {
+    let cfg = C::read_gguf(g)?;
+    Ok(cfg
+        .kernels(&TensorNames::gguf(C::FAMILY))?
+        .model_kernels(cfg.host_dims()?))
+}
+
+/// [`Architecture::kernels_hf`] for configurations of type `C`.
+pub fn kernels_hf<C: DecoderConfig>(c: &HfConfig) -> Result<ModelKernels> {
+    let cfg = C::read_hf(c)?;
+    Ok(cfg
+        .kernels(&TensorNames::hugging_face(C::FAMILY))?
+        .model_kernels(cfg.host_dims()?))
 }
 
 /// Every decoder architecture, in the order messages list them.

@@ -4,6 +4,7 @@
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
 use crate::model::{LogitsMode, StepItem};
+use crate::ops::Rope;
 use crate::stored_matrix::StoredMatrix;
 
 /// Where one lane of a step comes from.
@@ -66,6 +67,18 @@ pub(crate) fn embed_lanes(embed: &StoredMatrix, items: &[StepItem<'_>], n: usize
         }
     }
     Ok(x)
+}
+
+/// Each lane's RoPE angles under `rope`, by its position.
+pub(crate) fn lane_angles(rope: &Rope, lanes: &[LaneRef]) -> Vec<Vec<(f32, f32)>> {
+    lanes
+        .iter()
+        .map(|l| {
+            let mut cs = Vec::new();
+            rope.angles(l.pos, &mut cs);
+            cs
+        })
+        .collect()
 }
 
 /// Lanes whose logits the items asked for, in output order.

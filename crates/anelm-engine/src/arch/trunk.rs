@@ -33,3 +33,19 @@ pub(crate) fn norm_vector(store: &Arc<dyn TensorStore>, name: &str, len: usize, 
     }
     Ok(v)
 }
+
+/// Decode a small tensor of any rank to f32 (conv weights are `[channels, 1, taps]`), checking
+/// it holds `len` values.
+pub(crate) fn small_tensor(store: &Arc<dyn TensorStore>, name: &str, len: usize) -> Result<Vec<f32>> {
+    let view = store.tensor(name)?;
+    if view.n_elements() != len {
+        return Err(crate::error::EngineError::TensorShape {
+            name: name.to_string(),
+            found: view.shape.clone(),
+            expected: vec![len],
+        });
+    }
+    let mut out = vec![0.0; len];
+    anelm_kernels::dequantize_row(view.format, view.data, &mut out)?;
+    Ok(out)
+}
