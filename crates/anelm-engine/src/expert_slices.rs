@@ -25,6 +25,12 @@ pub struct ExpertSlices {
 }
 
 impl ExpertSlices {
+    /// `inner` seen through an `ExpertSlices` when it has 3-D tensors, else `inner` itself.
+    pub fn over(inner: Arc<dyn TensorStore>) -> Arc<dyn TensorStore> {
+        let stacked = (inner.tensor_names().iter()).any(|&n| inner.tensor(n).is_ok_and(|v| v.shape.len() == 3));
+        if stacked { Arc::new(Self::new(inner)) } else { inner }
+    }
+
     /// Wrap `inner`, naming a slice for each expert of each 3-D tensor.
     pub fn new(inner: Arc<dyn TensorStore>) -> Self {
         let mut names: Vec<String> = inner.tensor_names().iter().map(|n| n.to_string()).collect();

@@ -40,6 +40,19 @@ pub struct Attention {
 }
 
 impl Attention {
+    /// Full causal attention over every position, scores scaled by `head_dim^-½`.
+    pub fn causal(n_heads: usize, n_kv_heads: usize, head_dim: usize, precision: AttentionPrecision) -> Self {
+        Self {
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            window: None,
+            softcap: None,
+            precision,
+        }
+    }
+
     /// Floats per cached position: all KV heads.
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim

@@ -28,7 +28,7 @@ use crate::arch::config_read::{GgufMeta, check_heads, check_plausible, check_siz
 use crate::arch::decoder::{Decoder, DecoderEnds, DecoderLayers, EndsSpec};
 use crate::arch::kernel_compile::CompiledLayer;
 use crate::arch::kernel_list::{KernelDesc, KernelList, LayerKernels};
-use crate::arch::registry::{self, Architecture, DecoderConfig, Head, Progress};
+use crate::arch::registry::{self, Architecture, Head};
 use crate::arch::step::{LaneRef, lane_angles};
 use crate::arch::tensor_names::{Family, LayerTensor, TensorNames};
 use crate::arch::trunk::norm_vector;
@@ -231,8 +231,8 @@ impl Gemma3Config {
 impl Gemma3Config {
     /// The host shapes `anelm plan` models between the kernels: the sandwich block and the
     /// sliding window (which layers are local is each layer's kind in the kernel list).
-    pub fn plan_dims(&self) -> ModelDims {
-        ModelDims {
+    pub fn plan_dims(&self) -> Result<ModelDims> {
+        Ok(ModelDims {
             sliding_window: Some(SlidingWindow {
                 window: self.sliding_window,
             }),
@@ -246,7 +246,7 @@ impl Gemma3Config {
                 self.vocab_size,
                 self.n_layers(),
             )
-        }
+        })
     }
 }
 
@@ -261,37 +261,7 @@ pub static ARCHITECTURE: Architecture = Architecture {
     kernels_hf: registry::kernels_hf::<Gemma3Config>,
 };
 
-impl DecoderConfig for Gemma3Config {
-    type Layers = Gemma3Layers;
-    const FAMILY: Family = Family::Gemma3;
-
-    fn read_gguf(g: &GgufFile) -> Result<Self> {
-        Self::from_gguf(g)
-    }
-
-    fn read_hf(c: &HfConfig) -> Result<Self> {
-        Self::from_hf(c)
-    }
-
-    fn kernels(&self, names: &TensorNames) -> Result<KernelList> {
-        self.kernel_specs(names)
-    }
-
-    fn host_dims(&self) -> Result<ModelDims> {
-        Ok(self.plan_dims())
-    }
-
-    fn load(
-        self,
-        store: &Arc<dyn TensorStore>,
-        names: &TensorNames,
-        backend: &dyn Backend,
-        head: Head,
-        progress: Progress<'_>,
-    ) -> Result<Gemma3> {
-        Gemma3::load_with(self, store, names, backend, head, progress)
-    }
-}
+registry::decoder_config!(Gemma3Config, Gemma3Layers, Family::Gemma3);
 
 struct Layer {
     input_norm: Vec<f32>,
@@ -321,17 +291,6 @@ pub struct Gemma3Layers {
 pub type Gemma3 = Decoder<Gemma3Layers>;
 
 impl Decoder<Gemma3Layers> {
-    /// Compile every kernel on `backend`. `progress(done, total)` is called after each layer.
-    pub fn load(
-        cfg: Gemma3Config,
-        store: &Arc<dyn TensorStore>,
-        names: &TensorNames,
-        backend: &dyn Backend,
-        progress: &mut dyn FnMut(usize, usize),
-    ) -> Result<Self> {
-        Self::load_with(cfg, store, names, backend, Head::Logits, progress)
-    }
-
     /// Compile the layers and, for [`Head::Logits`], the LM head.
     pub fn load_with(
         cfg: Gemma3Config,

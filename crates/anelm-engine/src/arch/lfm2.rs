@@ -30,7 +30,7 @@ use crate::arch::config_read::{check_heads, check_plausible, check_sizes, hf_hea
 use crate::arch::decoder::{Decoder, DecoderEnds, DecoderLayers, EndsSpec};
 use crate::arch::kernel_compile::CompiledLayer;
 use crate::arch::kernel_list::{KernelDesc, KernelList, LayerKernels};
-use crate::arch::registry::{self, Architecture, DecoderConfig, Head, Progress};
+use crate::arch::registry::{self, Architecture, Head};
 use crate::arch::step::{LaneRef, lane_angles};
 use crate::arch::tensor_names::{Family, LayerTensor, TensorNames};
 use crate::arch::trunk::{norm_vector, small_tensor};
@@ -69,6 +69,14 @@ pub struct Lfm2Config {
 }
 
 impl Lfm2Config {
+    /// llama.cpp's `lfm2` GGUF layout is not read yet (its per-layer KV head counts mark the conv
+    /// layers): a clear error.
+    pub fn from_gguf(_: &GgufFile) -> Result<Self> {
+        Err(EngineError::Config(
+            "LFM2 GGUF files are not supported yet: use the Hugging Face safetensors directory".into(),
+        ))
+    }
+
     /// From a Hugging Face `config.json` (`model_type` `lfm2`).
     pub fn from_hf(c: &HfConfig) -> Result<Self> {
         let raw = c.raw();
@@ -180,8 +188,8 @@ impl Lfm2Config {
 
     /// The host shapes `anelm plan` models between the kernels (which layers are convolutions
     /// is each layer's kind in the kernel list).
-    pub fn plan_dims(&self) -> ModelDims {
-        ModelDims::dense(
+    pub fn plan_dims(&self) -> Result<ModelDims> {
+        Ok(ModelDims::dense(
             self.hidden_size,
             self.intermediate_size,
             self.n_heads,
@@ -189,7 +197,7 @@ impl Lfm2Config {
             self.head_dim,
             self.vocab_size,
             self.n_layers(),
-        )
+        ))
     }
 }
 
@@ -223,39 +231,7 @@ pub static ARCHITECTURE: Architecture = Architecture {
     kernels_hf: registry::kernels_hf::<Lfm2Config>,
 };
 
-impl DecoderConfig for Lfm2Config {
-    type Layers = Lfm2Layers;
-    const FAMILY: Family = Family::Lfm2;
-
-    fn read_gguf(_: &GgufFile) -> Result<Self> {
-        Err(EngineError::Config(
-            "LFM2 GGUF files are not supported yet: use the Hugging Face safetensors directory".into(),
-        ))
-    }
-
-    fn read_hf(c: &HfConfig) -> Result<Self> {
-        Self::from_hf(c)
-    }
-
-    fn kernels(&self, names: &TensorNames) -> Result<KernelList> {
-        self.kernel_specs(names)
-    }
-
-    fn host_dims(&self) -> Result<ModelDims> {
-        Ok(self.plan_dims())
-    }
-
-    fn load(
-        self,
-        store: &Arc<dyn TensorStore>,
-        names: &TensorNames,
-        backend: &dyn Backend,
-        head: Head,
-        progress: Progress<'_>,
-    ) -> Result<Lfm2> {
-        Lfm2::load_with(self, store, names, backend, head, progress)
-    }
-}
+registry::decoder_config!(Lfm2Config, Lfm2Layers, Family::Lfm2);
 
 enum Mixer {
     /// Gated short convolution: in projection, depthwise causal conv `[hidden][taps]`, out
@@ -358,15 +334,7 @@ impl Decoder<Lfm2Layers> {
         };
         let layers = Lfm2Layers {
             rope: Rope::new(hd, cfg.rope_theta, RopePairing::Halves),
-            attention: Attention {
-                n_heads: cfg.n_heads,
-                n_kv_heads: cfg.n_kv_heads,
-                head_dim: hd,
-                scale: 1.0 / (hd as f32).sqrt(),
-                window: None,
-                softcap: None,
-                precision: AttentionPrecision::F32,
-            },
+            attention: Attention::causal(cfg.n_heads, cfg.n_kv_heads, hd, AttentionPrecision::F32),
             layers,
             cfg,
         };

@@ -17,14 +17,13 @@ use crate::arch::decoder::{Decoder, DecoderEnds, DecoderLayers, EndsSpec};
 use crate::arch::kernel_compile::CompiledLayer;
 use crate::arch::kernel_list::{KernelDesc, KernelList, LayerKernels};
 use crate::arch::moe::{MoeConfig, MoeFfn};
-use crate::arch::registry::{self, Architecture, DecoderConfig, Head, Progress};
+use crate::arch::registry::{self, Architecture, Head};
 use crate::arch::step::{LaneRef, lane_angles};
 use crate::arch::tensor_names::{Family, LayerTensor, TensorNames};
 use crate::arch::trunk::norm_vector;
 use crate::backend::{Backend, ForwardCost, Kernel};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
-use crate::expert_slices::ExpertSlices;
 use crate::model::{ModelInfo, StepItem};
 use crate::ops::{AttentionPrecision, Rope, RopePairing, rms_norm, rms_norm_in_place};
 use crate::session::Session;
@@ -209,8 +208,18 @@ impl LlamaConfig {
 
 impl LlamaConfig {
     /// The host shapes `anelm plan` models between the kernels: every layer attention.
-    pub fn plan_dims(&self) -> ModelDims {
-        ModelDims::dense(
+    pub fn plan_dims(&self) -> Result<ModelDims> {
+        if let Some(moe) = &self.moe {
+            return Err(EngineError::Config(format!(
+                "the ANE planner does not take mixture-of-experts models: the router picks {} of {} expert FFNs per \
+                 token at run time, so each expert would be its own program ({} per layer) dispatched on demand, \
+                 which the planner's fixed per-layer kernel list does not model; run it on the CPU (--device cpu)",
+                moe.top_k,
+                moe.experts,
+                2 * moe.experts
+            )));
+        }
+        Ok(ModelDims::dense(
             self.hidden_size,
             self.intermediate_size,
             self.n_heads,
@@ -218,7 +227,7 @@ impl LlamaConfig {
             self.head_dim,
             self.vocab_size,
             self.n_layers,
-        )
+        ))
     }
 }
 
@@ -234,56 +243,7 @@ pub static ARCHITECTURE: Architecture = Architecture {
     kernels_hf: registry::kernels_hf::<LlamaConfig>,
 };
 
-impl DecoderConfig for LlamaConfig {
-    type Layers = LlamaLayers;
-    const FAMILY: Family = Family::Llama;
-
-    fn read_gguf(g: &GgufFile) -> Result<Self> {
-        Self::from_gguf(g)
-    }
-
-    fn read_hf(c: &HfConfig) -> Result<Self> {
-        Self::from_hf(c)
-    }
-
-    fn kernels(&self, names: &TensorNames) -> Result<KernelList> {
-        self.kernel_specs(names)
-    }
-
-    fn host_dims(&self) -> Result<ModelDims> {
-        match &self.moe {
-            Some(moe) => Err(EngineError::Config(format!(
-                "the ANE planner does not take mixture-of-experts models: the router picks {} of {} expert FFNs per \
-                 token at run time, so each expert would be its own program ({} per layer) dispatched on demand, \
-                 which the planner's fixed per-layer kernel list does not model; run it on the CPU (--device cpu)",
-                moe.top_k,
-                moe.experts,
-                2 * moe.experts
-            ))),
-            None => Ok(self.plan_dims()),
-        }
-    }
-
-    fn load(
-        self,
-        store: &Arc<dyn TensorStore>,
-        names: &TensorNames,
-        backend: &dyn Backend,
-        head: Head,
-        progress: Progress<'_>,
-    ) -> Result<Llama> {
-        Llama::load_with(self, store, names, backend, head, progress)
-    }
-
-    /// llama.cpp stacks each MoE layer's experts: show each as its own matrix.
-    fn gguf_store(&self, g: &Arc<GgufFile>) -> Arc<dyn TensorStore> {
-        if self.moe.is_some() {
-            Arc::new(ExpertSlices::new(g.clone()))
-        } else {
-            g.clone()
-        }
-    }
-}
+registry::decoder_config!(LlamaConfig, LlamaLayers, Family::Llama);
 
 struct Layer {
     attn_norm: Vec<f32>,
@@ -326,18 +286,6 @@ impl Decoder<LlamaLayers> {
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
         Self::load_with(cfg, store, names, backend, Head::Logits, progress)
-    }
-
-    /// [`Llama::load`] without the LM head: the trunk of a decoder embedder, whose output is
-    /// the final-normed hidden state ([`Decoder::hidden_states`]); `forward` then fails.
-    pub fn load_trunk(
-        cfg: LlamaConfig,
-        store: &Arc<dyn TensorStore>,
-        names: &TensorNames,
-        backend: &dyn Backend,
-        progress: &mut dyn FnMut(usize, usize),
-    ) -> Result<Self> {
-        Self::load_with(cfg, store, names, backend, Head::HiddenStates, progress)
     }
 
     /// Compile the layers and, for [`Head::Logits`], the LM head.
@@ -414,15 +362,7 @@ impl Decoder<LlamaLayers> {
         };
         let layers = LlamaLayers {
             rope: Rope::new(cfg.rope_dims, cfg.rope_theta, cfg.rope_pairing),
-            attention: Attention {
-                n_heads: cfg.n_heads,
-                n_kv_heads: cfg.n_kv_heads,
-                head_dim: cfg.head_dim,
-                scale: 1.0 / (cfg.head_dim as f32).sqrt(),
-                window: None,
-                softcap: None,
-                precision: cfg.attention_precision,
-            },
+            attention: Attention::causal(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.attention_precision),
             layers,
             cfg,
         };

@@ -31,7 +31,7 @@ use crate::arch::decoder::{Decoder, DecoderEnds, DecoderLayers, EndsSpec};
 use crate::arch::deltanet::{DeltaNetShape, GatedDeltaNet, VHeadOrder};
 use crate::arch::kernel_compile::CompiledLayer;
 use crate::arch::kernel_list::{KernelDesc, KernelList, LayerKernels};
-use crate::arch::registry::{self, Architecture, DecoderConfig, Head, Progress};
+use crate::arch::registry::{self, Architecture, Head};
 use crate::arch::step::{LaneRef, lane_angles};
 use crate::arch::tensor_names::{Family, LayerTensor, TensorNames};
 use crate::arch::trunk::small_tensor;
@@ -303,9 +303,9 @@ impl Qwen35Config {
     /// The host shapes `anelm plan` models between the kernels: the gated attention and the
     /// DeltaNet layers' sizes (which layers are DeltaNet is each layer's kind in the kernel list,
     /// so any `layer_types` order plans).
-    pub fn plan_dims(&self) -> ModelDims {
+    pub fn plan_dims(&self) -> Result<ModelDims> {
         let d = self.deltanet;
-        ModelDims {
+        Ok(ModelDims {
             attn_output_gate: true,
             linear_attention: Some(LinearAttention {
                 key_heads: d.n_k_heads,
@@ -322,7 +322,7 @@ impl Qwen35Config {
                 self.vocab_size,
                 self.linear.len(),
             )
-        }
+        })
     }
 }
 
@@ -337,37 +337,7 @@ pub static ARCHITECTURE: Architecture = Architecture {
     kernels_hf: registry::kernels_hf::<Qwen35Config>,
 };
 
-impl DecoderConfig for Qwen35Config {
-    type Layers = Qwen35Layers;
-    const FAMILY: Family = Family::Qwen35;
-
-    fn read_gguf(g: &GgufFile) -> Result<Self> {
-        Self::from_gguf(g)
-    }
-
-    fn read_hf(c: &HfConfig) -> Result<Self> {
-        Self::from_hf(c)
-    }
-
-    fn kernels(&self, names: &TensorNames) -> Result<KernelList> {
-        self.kernel_specs(names)
-    }
-
-    fn host_dims(&self) -> Result<ModelDims> {
-        Ok(self.plan_dims())
-    }
-
-    fn load(
-        self,
-        store: &Arc<dyn TensorStore>,
-        names: &TensorNames,
-        backend: &dyn Backend,
-        head: Head,
-        progress: Progress<'_>,
-    ) -> Result<Qwen35> {
-        Qwen35::load_with(self, store, names, backend, head, progress)
-    }
-}
+registry::decoder_config!(Qwen35Config, Qwen35Layers, Family::Qwen35);
 
 enum Mixer {
     /// Gated DeltaNet: fused `[qkv | z | b | a]` projection, CPU recurrence, out_proj + residual.
@@ -405,18 +375,6 @@ pub struct Qwen35Layers {
 pub type Qwen35 = Decoder<Qwen35Layers>;
 
 impl Decoder<Qwen35Layers> {
-    /// Compile every kernel on `backend`; `names` says where the file keeps the text
-    /// model's tensors. `progress(done, total)` is called after each layer.
-    pub fn load(
-        cfg: Qwen35Config,
-        store: &Arc<dyn TensorStore>,
-        names: &TensorNames,
-        backend: &dyn Backend,
-        progress: &mut dyn FnMut(usize, usize),
-    ) -> Result<Self> {
-        Self::load_with(cfg, store, names, backend, Head::Logits, progress)
-    }
-
     /// Compile the layers and, for [`Head::Logits`], the LM head.
     pub fn load_with(
         cfg: Qwen35Config,
@@ -505,15 +463,7 @@ impl Decoder<Qwen35Layers> {
         };
         let layers = Qwen35Layers {
             rope: Rope::new(cfg.rope_dims, cfg.rope_theta, RopePairing::Halves),
-            attention: Attention {
-                n_heads: cfg.n_heads,
-                n_kv_heads: cfg.n_kv_heads,
-                head_dim: hd,
-                scale: 1.0 / (hd as f32).sqrt(),
-                window: None,
-                softcap: None,
-                precision: AttentionPrecision::F32,
-            },
+            attention: Attention::causal(cfg.n_heads, cfg.n_kv_heads, hd, AttentionPrecision::F32),
             layers,
             cfg,
         };

@@ -18,6 +18,7 @@ use crate::arch::{gemma3, lfm2, llama, qwen3_5};
 use crate::backend::Backend;
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
+use crate::expert_slices::ExpertSlices;
 use crate::model::{LanguageModel, StepItem};
 
 /// A loaded decoder: a language model whose trunk can also give its final hidden states.
@@ -95,12 +96,50 @@ pub trait DecoderConfig: Sized {
         head: Head,
         progress: Progress<'_>,
     ) -> Result<Decoder<Self::Layers>>;
-    /// The store a GGUF file is read through (the file itself, unless its tensors need another
-    /// view: a mixture of experts' stacked tensors are sliced per expert).
-    fn gguf_store(&self, g: &Arc<GgufFile>) -> Arc<dyn TensorStore> {
-        g.clone()
-    }
 }
+
+/// `impl DecoderConfig` for a configuration type `$cfg` whose inherent `from_gguf`, `from_hf`,
+/// `kernel_specs` and `plan_dims` have the trait's signatures and whose model type
+/// `Decoder<$layers>` has `load_with`: the one spelling of that glue for every architecture.
+macro_rules! decoder_config {
+    ($cfg:ty, $layers:ty, $family:expr) => {
+        impl $crate::arch::registry::DecoderConfig for $cfg {
+            type Layers = $layers;
+            const FAMILY: $crate::arch::tensor_names::Family = $family;
+
+            fn read_gguf(g: &anelm_model::gguf::GgufFile) -> $crate::error::Result<Self> {
+                Self::from_gguf(g)
+            }
+
+            fn read_hf(c: &anelm_model::hf_config::HfConfig) -> $crate::error::Result<Self> {
+                Self::from_hf(c)
+            }
+
+            fn kernels(
+                &self,
+                names: &$crate::arch::tensor_names::TensorNames,
+            ) -> $crate::error::Result<$crate::arch::kernel_list::KernelList> {
+                self.kernel_specs(names)
+            }
+
+            fn host_dims(&self) -> $crate::error::Result<anelm_ane::ModelDims> {
+                self.plan_dims()
+            }
+
+            fn load(
+                self,
+                store: &std::sync::Arc<dyn anelm_model::tensor_store::TensorStore>,
+                names: &$crate::arch::tensor_names::TensorNames,
+                backend: &dyn $crate::backend::Backend,
+                head: $crate::arch::registry::Head,
+                progress: $crate::arch::registry::Progress<'_>,
+            ) -> $crate::error::Result<$crate::arch::decoder::Decoder<$layers>> {
+                $crate::arch::decoder::Decoder::<$layers>::load_with(self, store, names, backend, head, progress)
+            }
+        }
+    };
+}
+pub(crate) use decoder_config;
 
 /// [`Architecture::load_gguf`] for configurations of type `C`.
 pub fn load_gguf<C: DecoderConfig>(
@@ -110,7 +149,9 @@ pub fn load_gguf<C: DecoderConfig>(
     progress: Progress<'_>,
 ) -> Loaded {
     let cfg = C::read_gguf(g)?;
-    let store = cfg.gguf_store(g);
+    // llama.cpp stacks a mixture of experts' matrices into 3-D tensors: each expert is then
+    // also its own matrix.
+    let store = ExpertSlices::over(g.clone());
     Ok(Box::new(cfg.load(
         &store,
         &TensorNames::gguf(C::FAMILY),
