@@ -259,6 +259,35 @@ def make_qwen3_moe():
     save(model, "qwen3_moe", reference_for(model, 108, incremental=True))
 
 
+def make_phi3():
+    # Phi-3 / Phi-4-mini: fused qkv and gate-up projections, three quarters of each head rotated,
+    # long-RoPE frequency factors (the short ones below original_max_position_embeddings) with
+    # their attention scaling.
+    half_rotary = int(16 * 0.75) // 2
+    cfg = transformers.Phi3Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        original_max_position_embeddings=64,
+        rms_norm_eps=1e-5,
+        rope_parameters={
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.75,
+            "short_factor": [1.0 + 0.25 * i for i in range(half_rotary)],
+            "long_factor": [2.0 + 0.5 * i for i in range(half_rotary)],
+        },
+        tie_word_embeddings=True,
+        pad_token_id=0,
+    )
+    model = build(cfg, transformers.Phi3ForCausalLM, 9)
+    save(model, "phi3", reference_for(model, 109, incremental=True))
+
+
 def make_gemma3():
     cfg = transformers.Gemma3TextConfig(
         vocab_size=VOCAB,
@@ -352,6 +381,7 @@ MAKERS = {
     "qwen2": make_qwen2,
     "lfm2": make_lfm2,
     "qwen3_moe": make_qwen3_moe,
+    "phi3": make_phi3,
     "gemma3": make_gemma3,
     "qwen3_5": make_qwen3_5,
 }

@@ -436,6 +436,9 @@ fn input_proj_reason(d: &ModelDims, kind: LayerKind, parts: &[usize]) -> String 
                  conv program with a channel concat: 1 dispatch instead of 3"
             )
         }
+        (_, &[rows]) => format!(
+            "one matrix of {rows} rows in the file (its projections fused there, as Phi-3's q ‖ k ‖ v): 1 dispatch"
+        ),
         _ => format!(
             "{} projections read the same normed input: one conv program with a channel concat",
             parts.len()

@@ -2,7 +2,9 @@
 //! llama.cpp's GGUF stacks a mixture-of-experts layer's experts into one tensor per projection
 //! (`blk.N.ffn_gate_exps.weight`, `[experts, rows, cols]` outermost first), and each expert's rows
 //! are contiguous in it, so expert `e` is the byte range `e · rows · row_bytes ..` — no copy. The
-//! slice is named `<tensor>#<e>` ([`expert_slice_name`]); everything else passes through.
+//! slice is named `<tensor>#<e>` ([`expert_slice_name`]); everything else passes through. A 2-D
+//! tensor that fuses equal row blocks (Phi-3's gate ‖ up) can be split the same way
+//! ([`ExpertSlices::with_row_splits`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,6 +24,8 @@ pub struct ExpertSlices {
     names: Vec<String>,
     /// Slice name → (index of its name in `names`, the 3-D tensor's name, expert).
     slices: HashMap<String, (usize, String, usize)>,
+    /// 2-D tensors read as `parts` equal row blocks.
+    row_splits: HashMap<String, usize>,
 }
 
 impl ExpertSlices {
@@ -48,7 +52,27 @@ impl ExpertSlices {
                 names.push(name);
             }
         }
-        Self { inner, names, slices }
+        Self {
+            inner,
+            names,
+            slices,
+            row_splits: HashMap::new(),
+        }
+    }
+
+    /// [`ExpertSlices::new`], and each 2-D tensor of `tensors` read as `parts` equal blocks of
+    /// rows, block `k` named `<tensor>#<k>`.
+    pub fn with_row_splits(inner: Arc<dyn TensorStore>, tensors: &[String], parts: usize) -> Self {
+        let mut s = Self::new(inner);
+        for t in tensors {
+            for k in 0..parts {
+                let name = expert_slice_name(t, k);
+                s.slices.insert(name.clone(), (s.names.len(), t.clone(), k));
+                s.names.push(name);
+            }
+            s.row_splits.insert(t.clone(), parts);
+        }
+        s
     }
 }
 
@@ -62,8 +86,10 @@ impl TensorStore for ExpertSlices {
             file: format!("expert tensor `{tensor}`"),
             what: why.to_string(),
         };
-        let [experts, rows, cols] = whole.shape[..] else {
-            return Err(bad("not 3-D"));
+        let (experts, rows, cols) = match (&whole.shape[..], self.row_splits.get(tensor)) {
+            (&[experts, rows, cols], _) => (experts, rows, cols),
+            (&[rows, cols], Some(&parts)) if parts > 0 && rows % parts == 0 => (parts, rows / parts, cols),
+            _ => return Err(bad("not 3-D, nor a 2-D tensor of equal row blocks")),
         };
         let per_expert = whole
             .format

@@ -133,6 +133,8 @@ pub struct Rope {
     dims: usize,
     pairing: RopePairing,
     theta_scale: f32,
+    /// Long-RoPE: each pair's frequency divided by its factor, and cos/sin times `mscale`.
+    scaling: Option<(Vec<f32>, f32)>,
 }
 
 impl Rope {
@@ -142,7 +144,15 @@ impl Rope {
             dims,
             pairing,
             theta_scale: theta.powf(-2.0 / dims as f32),
+            scaling: None,
         }
+    }
+
+    /// Long-RoPE (Phi-3): pair `i`'s frequency divided by `factors[i]`, and the cos and sin
+    /// multiplied by `mscale` (transformers' `attention_factor`).
+    pub fn with_scaling(mut self, factors: Vec<f32>, mscale: f32) -> Self {
+        self.scaling = Some((factors, mscale));
+        self
     }
 
     /// Fill `cs` with (cos, sin) for each of the `dims/2` pairs at position `pos`
@@ -150,9 +160,20 @@ impl Rope {
     pub fn angles(&self, pos: usize, cs: &mut Vec<(f32, f32)>) {
         cs.clear();
         let mut theta = pos as f32;
-        for _ in 0..self.dims / 2 {
-            cs.push((theta.cos(), theta.sin()));
-            theta *= self.theta_scale;
+        match &self.scaling {
+            None => {
+                for _ in 0..self.dims / 2 {
+                    cs.push((theta.cos(), theta.sin()));
+                    theta *= self.theta_scale;
+                }
+            }
+            Some((factors, mscale)) => {
+                for i in 0..self.dims / 2 {
+                    let t = theta / factors.get(i).copied().unwrap_or(1.0);
+                    cs.push((t.cos() * mscale, t.sin() * mscale));
+                    theta *= self.theta_scale;
+                }
+            }
         }
     }
 

@@ -435,6 +435,11 @@ fn qwen2_matches_transformers() {
 }
 
 #[test]
+fn phi3_matches_transformers() {
+    run_all("phi3");
+}
+
+#[test]
 fn qwen3_moe_matches_transformers() {
     run_all("qwen3_moe");
 }

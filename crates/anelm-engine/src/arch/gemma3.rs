@@ -261,7 +261,7 @@ pub static ARCHITECTURE: Architecture = Architecture {
     kernels_hf: registry::kernels_hf::<Gemma3Config>,
 };
 
-registry::decoder_config!(Gemma3Config, Gemma3Layers, Family::Gemma3);
+registry::decoder_config!(Gemma3Config, Gemma3Layers, |_| Family::Gemma3);
 
 struct Layer {
     input_norm: Vec<f32>,

@@ -231,7 +231,7 @@ pub static ARCHITECTURE: Architecture = Architecture {
     kernels_hf: registry::kernels_hf::<Lfm2Config>,
 };
 
-registry::decoder_config!(Lfm2Config, Lfm2Layers, Family::Lfm2);
+registry::decoder_config!(Lfm2Config, Lfm2Layers, |_| Family::Lfm2);
 
 enum Mixer {
     /// Gated short convolution: in projection, depthwise causal conv `[hidden][taps]`, out

@@ -1,6 +1,8 @@
 //! Llama-family forward (Llama 2/3, SmolLM2, Mistral; Qwen2/2.5, which adds biases to the q, k
-//! and v projections; Qwen3, which adds per-head QK-norm): RMSNorm, RoPE, GQA attention with a
-//! KV cache, SwiGLU FFN, tied or untied LM head. Matmuls are backend kernels; the rest (the
+//! and v projections; Qwen3, which adds per-head QK-norm; Qwen3-MoE, whose FFNs are mixtures of
+//! experts; Phi-3/Phi-4-mini, whose files fuse q ‖ k ‖ v and gate ‖ up and whose RoPE is partial
+//! and long-RoPE scaled): RMSNorm, RoPE, GQA attention with a KV cache, SwiGLU FFN, tied or
+//! untied LM head. Matmuls are backend kernels; the rest (the
 //! biases included) runs on the CPU in f32.
 
 use std::sync::Arc;
@@ -24,6 +26,7 @@ use crate::arch::trunk::norm_vector;
 use crate::backend::{Backend, ForwardCost, Kernel};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
+use crate::expert_slices::ExpertSlices;
 use crate::model::{ModelInfo, StepItem};
 use crate::ops::{AttentionPrecision, Rope, RopePairing, rms_norm, rms_norm_in_place};
 use crate::session::Session;
@@ -65,6 +68,10 @@ pub struct LlamaConfig {
     pub architecture: String,
     /// The mixture-of-experts FFNs (Qwen3-MoE), where the model has them.
     pub moe: Option<MoeConfig>,
+    /// Which tensor names the files use: `Llama`, or `Phi3` (fused q ‖ k ‖ v and gate ‖ up).
+    pub family: Family,
+    /// Long-RoPE (Phi-3): each rotated pair's frequency factor and the cos/sin scale.
+    pub rope_scaling: Option<(Vec<f32>, f32)>,
 }
 
 impl LlamaConfig {
@@ -108,6 +115,8 @@ impl LlamaConfig {
             attention_precision: AttentionPrecision::F16,
             architecture: arch,
             moe,
+            family: Family::Llama,
+            rope_scaling: None,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -134,6 +143,7 @@ impl LlamaConfig {
         let head_dim = c.head_dim.unwrap_or(hidden_size / n_heads);
         let n_layers = need(c.num_hidden_layers, "num_hidden_layers")?;
         let qwen3 = matches!(c.model_type.as_str(), "qwen3" | "qwen3_moe");
+        let phi3 = c.model_type == "phi3";
         let cfg = Self {
             vocab_size: need(c.vocab_size, "vocab_size")?,
             hidden_size,
@@ -142,7 +152,11 @@ impl LlamaConfig {
             n_heads,
             n_kv_heads: c.num_key_value_heads.unwrap_or(n_heads),
             head_dim,
-            rope_dims: head_dim,
+            // Phi-4-mini rotates three quarters of each head.
+            rope_dims: match c.partial_rotary_factor {
+                Some(f) if f > 0.0 && f <= 1.0 => ((head_dim as f64 * f) as usize) & !1,
+                _ => head_dim,
+            },
             rope_theta: c.rope_theta.unwrap_or(10000.0) as f32,
             rms_eps: c.rms_norm_eps.unwrap_or(1e-6) as f32,
             context_length: c.max_position_embeddings.unwrap_or(4096),
@@ -152,9 +166,66 @@ impl LlamaConfig {
             attention_precision: AttentionPrecision::F32,
             architecture: c.model_type.clone(),
             moe: MoeConfig::from_hf(c, n_layers)?,
+            family: if phi3 { Family::Phi3 } else { Family::Llama },
+            rope_scaling: None,
         };
+        let cfg = if phi3 { cfg.with_long_rope(c)? } else { cfg };
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// Phi-3's `rope_parameters` (`longrope`: per-pair short and long frequency factors, an
+    /// attention factor from the context extension): the short factors, valid up to
+    /// `original_max_position_embeddings`, to which the context is capped (the long factors are
+    /// not read yet). Any other RoPE type but `default` is refused.
+    fn with_long_rope(mut self, c: &HfConfig) -> Result<Self> {
+        let rope = c.raw().get("rope_parameters").or_else(|| c.raw().get("rope_scaling"));
+        let kind = rope
+            .and_then(|r| r.get("rope_type").or_else(|| r.get("type")))
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or("default");
+        match kind {
+            "default" => return Ok(self),
+            "longrope" | "su" => {}
+            other => {
+                return Err(EngineError::Config(format!(
+                    "rope type '{other}' is not supported for Phi-3 (default or longrope)"
+                )));
+            }
+        }
+        let get = |k: &str| rope.and_then(|r| r.get(k));
+        let short: Vec<f32> = get("short_factor")
+            .and_then(serde_json::Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(serde_json::Value::as_f64)
+                    .map(|v| v as f32)
+                    .collect()
+            })
+            .unwrap_or_default();
+        if short.len() != self.rope_dims / 2 || short.iter().any(|f| f.is_nan() || *f <= 0.0) {
+            return Err(EngineError::Config(format!(
+                "longrope short_factor must hold {} positive values (one per rotated pair)",
+                self.rope_dims / 2
+            )));
+        }
+        let original = (c
+            .raw()
+            .get("original_max_position_embeddings")
+            .or_else(|| get("original_max_position_embeddings")))
+        .and_then(serde_json::Value::as_u64)
+        .map(|v| v as usize)
+        .filter(|&v| v > 1)
+        .ok_or_else(|| EngineError::Config("longrope needs original_max_position_embeddings".into()))?;
+        let factor = self.context_length as f64 / original as f64;
+        let mscale = match get("attention_factor").and_then(serde_json::Value::as_f64) {
+            Some(a) => a,
+            None if factor <= 1.0 => 1.0,
+            None => (1.0 + factor.ln() / (original as f64).ln()).sqrt(),
+        };
+        self.rope_scaling = Some((short, mscale as f32));
+        self.context_length = self.context_length.min(original);
+        Ok(self)
     }
 
     fn validate(&self) -> Result<()> {
@@ -175,14 +246,19 @@ impl LlamaConfig {
     /// residual; then the LM head. Loading compiles exactly this list and `anelm plan` plans it.
     pub fn kernel_specs(&self, names: &TensorNames) -> Result<KernelList> {
         use LayerTensor::*;
-        names.require(Family::Llama, "a Llama-family model")?;
+        names.require(self.family, "a Llama-family model")?;
         let h = self.hidden_size;
         let q_dim = self.n_heads * self.head_dim;
         let kv_dim = self.n_kv_heads * self.head_dim;
         let layers = (0..self.n_layers)
             .map(|i| {
+                let qkv = if self.family == Family::Phi3 {
+                    KernelDesc::concat(KernelRole::InputProj, names, i, &[(AttnQkv, q_dim + 2 * kv_dim)], h)?
+                } else {
+                    KernelDesc::qkv(names, i, q_dim, kv_dim, h)?
+                };
                 let mut kernels = vec![
-                    KernelDesc::qkv(names, i, q_dim, kv_dim, h)?,
+                    qkv,
                     KernelDesc::linear(KernelRole::OutputProjResidual, names, i, AttnOutput, h, q_dim, true)?,
                 ];
                 match &self.moe {
@@ -232,18 +308,19 @@ impl LlamaConfig {
 }
 
 /// The registry entry: Llama 2/3, SmolLM2, Mistral, Qwen2/2.5 (q/k/v biases), Qwen3 (per-head
-/// QK-norm) and Qwen3-MoE (Qwen3 with mixture-of-experts FFNs).
+/// QK-norm), Qwen3-MoE (Qwen3 with mixture-of-experts FFNs) and Phi-3/Phi-4-mini (fused
+/// projections, partial rotary, long-RoPE; safetensors).
 pub static ARCHITECTURE: Architecture = Architecture {
     name: "llama",
     gguf_names: &["llama", "qwen2", "qwen3", "qwen3moe"],
-    hf_model_types: &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe"],
+    hf_model_types: &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "phi3"],
     load_gguf: registry::load_gguf::<LlamaConfig>,
     load_hf: registry::load_hf::<LlamaConfig>,
     kernels_gguf: registry::kernels_gguf::<LlamaConfig>,
     kernels_hf: registry::kernels_hf::<LlamaConfig>,
 };
 
-registry::decoder_config!(LlamaConfig, LlamaLayers, Family::Llama);
+registry::decoder_config!(LlamaConfig, LlamaLayers, |c: &LlamaConfig| c.family);
 
 struct Layer {
     attn_norm: Vec<f32>,
@@ -298,6 +375,17 @@ impl Decoder<LlamaLayers> {
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
         let h = cfg.hidden_size;
+        // Phi-3's fused gate ‖ up matrix is read as its two halves.
+        let split: Arc<dyn TensorStore>;
+        let store = if cfg.family == Family::Phi3 {
+            let fused = (0..cfg.n_layers)
+                .map(|i| Ok(names.layer(i, LayerTensor::FfnGate)?.trim_end_matches("#0").to_string()))
+                .collect::<Result<Vec<_>>>()?;
+            split = Arc::new(ExpertSlices::with_row_splits(store.clone(), &fused, 2));
+            &split
+        } else {
+            store
+        };
         let list = cfg.kernel_specs(names)?.for_store(store, names)?;
         let vector = |name: &str, len: usize| norm_vector(store, name, len, 0.0);
         let norm = |name: &str| vector(name, h);
@@ -361,7 +449,12 @@ impl Decoder<LlamaLayers> {
             hidden_size: h,
         };
         let layers = LlamaLayers {
-            rope: Rope::new(cfg.rope_dims, cfg.rope_theta, cfg.rope_pairing),
+            rope: match &cfg.rope_scaling {
+                Some((factors, mscale)) => {
+                    Rope::new(cfg.rope_dims, cfg.rope_theta, cfg.rope_pairing).with_scaling(factors.clone(), *mscale)
+                }
+                None => Rope::new(cfg.rope_dims, cfg.rope_theta, cfg.rope_pairing),
+            },
             attention: Attention::causal(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.attention_precision),
             layers,
             cfg,

@@ -337,7 +337,7 @@ pub static ARCHITECTURE: Architecture = Architecture {
     kernels_hf: registry::kernels_hf::<Qwen35Config>,
 };
 
-registry::decoder_config!(Qwen35Config, Qwen35Layers, Family::Qwen35);
+registry::decoder_config!(Qwen35Config, Qwen35Layers, |_| Family::Qwen35);
 
 enum Mixer {
     /// Gated DeltaNet: fused `[qkv | z | b | a]` projection, CPU recurrence, out_proj + residual.

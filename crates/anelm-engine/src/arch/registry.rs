@@ -78,7 +78,7 @@ pub trait DecoderConfig: Sized {
     /// The architecture's layers.
     type Layers: DecoderLayers + 'static;
     /// Its tensor-name family.
-    const FAMILY: Family;
+    fn family(&self) -> Family;
     /// From a GGUF file's metadata.
     fn read_gguf(g: &GgufFile) -> Result<Self>;
     /// From a Hugging Face `config.json`.
@@ -105,7 +105,9 @@ macro_rules! decoder_config {
     ($cfg:ty, $layers:ty, $family:expr) => {
         impl $crate::arch::registry::DecoderConfig for $cfg {
             type Layers = $layers;
-            const FAMILY: $crate::arch::tensor_names::Family = $family;
+            fn family(&self) -> $crate::arch::tensor_names::Family {
+                ($family)(self)
+            }
 
             fn read_gguf(g: &anelm_model::gguf::GgufFile) -> $crate::error::Result<Self> {
                 Self::from_gguf(g)
@@ -152,13 +154,8 @@ pub fn load_gguf<C: DecoderConfig>(
     // llama.cpp stacks a mixture of experts' matrices into 3-D tensors: each expert is then
     // also its own matrix.
     let store = ExpertSlices::over(g.clone());
-    Ok(Box::new(cfg.load(
-        &store,
-        &TensorNames::gguf(C::FAMILY),
-        backend,
-        head,
-        progress,
-    )?))
+    let names = TensorNames::gguf(cfg.family());
+    Ok(Box::new(cfg.load(&store, &names, backend, head, progress)?))
 }
 
 /// [`Architecture::load_hf`] for configurations of type `C` (the text model under
@@ -170,15 +167,16 @@ pub fn load_hf<C: DecoderConfig>(
     head: Head,
     progress: Progress<'_>,
 ) -> Loaded {
-    let names = TensorNames::new(C::FAMILY, Layout::HuggingFace(hf_text_prefix(store).into()));
-    Ok(Box::new(C::read_hf(c)?.load(store, &names, backend, head, progress)?))
+    let cfg = C::read_hf(c)?;
+    let names = TensorNames::new(cfg.family(), Layout::HuggingFace(hf_text_prefix(store).into()));
+    Ok(Box::new(cfg.load(store, &names, backend, head, progress)?))
 }
 
 /// [`Architecture::kernels_gguf`] for configurations of type `C`.
 pub fn kernels_gguf<C: DecoderConfig>(g: &GgufFile) -> Result<ModelKernels> {
     let cfg = C::read_gguf(g)?;
     Ok(cfg
-        .kernels(&TensorNames::gguf(C::FAMILY))?
+        .kernels(&TensorNames::gguf(cfg.family()))?
         .model_kernels(cfg.host_dims()?))
 }
 
@@ -186,7 +184,7 @@ pub fn kernels_gguf<C: DecoderConfig>(g: &GgufFile) -> Result<ModelKernels> {
 pub fn kernels_hf<C: DecoderConfig>(c: &HfConfig) -> Result<ModelKernels> {
     let cfg = C::read_hf(c)?;
     Ok(cfg
-        .kernels(&TensorNames::hugging_face(C::FAMILY))?
+        .kernels(&TensorNames::hugging_face(cfg.family()))?
         .model_kernels(cfg.host_dims()?))
 }
 

@@ -99,11 +99,13 @@ pub enum LayerTensor {
     ConvOutProj,
     /// A mixture-of-experts FFN's router [experts, hidden] (Qwen3-MoE).
     FfnRouter,
+    /// Phi-3: the fused q ‖ k ‖ v projection [(heads + 2·kv_heads)·head_dim, hidden].
+    AttnQkv,
 }
 
 impl LayerTensor {
     /// Every role, for walking the tables (add a new role here too).
-    pub const ALL: [LayerTensor; 29] = {
+    pub const ALL: [LayerTensor; 30] = {
         use LayerTensor::*;
         [
             AttnNorm,
@@ -135,6 +137,7 @@ impl LayerTensor {
             ConvWeight,
             ConvOutProj,
             FfnRouter,
+            AttnQkv,
         ]
     };
 }
@@ -150,6 +153,8 @@ pub enum Family {
     Qwen35,
     /// LFM2 (gated short-convolution hybrid).
     Lfm2,
+    /// Phi-3 / Phi-4-mini (fused q ‖ k ‖ v and gate ‖ up projections).
+    Phi3,
 }
 
 /// How a file names its tensors.
@@ -242,6 +247,7 @@ impl TensorNames {
                     Family::Gemma3 => gguf_gemma3(l),
                     Family::Qwen35 => gguf_qwen35(l),
                     Family::Lfm2 => gguf_lfm2(l),
+                    Family::Phi3 => gguf_phi3(l),
                 };
                 format!("blk.{i}.{}", s.ok_or_else(missing)?)
             }
@@ -275,6 +281,7 @@ impl TensorNames {
                     Family::Gemma3 => hf_gemma3(l),
                     Family::Qwen35 => hf_qwen35(l),
                     Family::Lfm2 => hf_lfm2(l),
+                    Family::Phi3 => hf_phi3(l),
                 };
                 format!("{p}layers.{i}.{}", s.ok_or_else(missing)?)
             }
@@ -311,7 +318,7 @@ fn gguf_llama(l: LayerTensor) -> Option<&'static str> {
         FfnUp => "ffn_up.weight",
         FfnDown => "ffn_down.weight",
         PostAttnNorm | PostFfnNorm | SsmQkv | SsmZ | SsmBeta | SsmAlpha | SsmConv | SsmA | SsmDtBias | SsmNorm
-        | SsmOut | ConvInProj | ConvWeight | ConvOutProj => return None,
+        | SsmOut | ConvInProj | ConvWeight | ConvOutProj | AttnQkv => return None,
     })
 }
 
@@ -334,7 +341,7 @@ fn hf_llama(l: LayerTensor) -> Option<&'static str> {
         FfnUp => "mlp.up_proj.weight",
         FfnDown => "mlp.down_proj.weight",
         PostAttnNorm | PostFfnNorm | SsmQkv | SsmZ | SsmBeta | SsmAlpha | SsmConv | SsmA | SsmDtBias | SsmNorm
-        | SsmOut | ConvInProj | ConvWeight | ConvOutProj => return None,
+        | SsmOut | ConvInProj | ConvWeight | ConvOutProj | AttnQkv => return None,
     })
 }
 
@@ -355,7 +362,7 @@ fn gguf_gemma3(l: LayerTensor) -> Option<&'static str> {
         FfnUp => "ffn_up.weight",
         FfnDown => "ffn_down.weight",
         AttnQBias | AttnKBias | AttnVBias | SsmQkv | SsmZ | SsmBeta | SsmAlpha | SsmConv | SsmA | SsmDtBias
-        | SsmNorm | SsmOut | ConvInProj | ConvWeight | ConvOutProj | FfnRouter => return None,
+        | SsmNorm | SsmOut | ConvInProj | ConvWeight | ConvOutProj | FfnRouter | AttnQkv => return None,
     })
 }
 
@@ -376,7 +383,7 @@ fn hf_gemma3(l: LayerTensor) -> Option<&'static str> {
         FfnUp => "mlp.up_proj.weight",
         FfnDown => "mlp.down_proj.weight",
         AttnQBias | AttnKBias | AttnVBias | SsmQkv | SsmZ | SsmBeta | SsmAlpha | SsmConv | SsmA | SsmDtBias
-        | SsmNorm | SsmOut | ConvInProj | ConvWeight | ConvOutProj | FfnRouter => return None,
+        | SsmNorm | SsmOut | ConvInProj | ConvWeight | ConvOutProj | FfnRouter | AttnQkv => return None,
     })
 }
 
@@ -405,7 +412,7 @@ fn gguf_qwen35(l: LayerTensor) -> Option<&'static str> {
         SsmNorm => "ssm_norm.weight",
         SsmOut => "ssm_out.weight",
         PostAttnNorm | PostFfnNorm | AttnQBias | AttnKBias | AttnVBias | ConvInProj | ConvWeight | ConvOutProj
-        | FfnRouter => {
+        | FfnRouter | AttnQkv => {
             return None;
         }
     })
@@ -435,7 +442,7 @@ fn hf_qwen35(l: LayerTensor) -> Option<&'static str> {
         SsmNorm => "linear_attn.norm.weight",
         SsmOut => "linear_attn.out_proj.weight",
         PostAttnNorm | PostFfnNorm | AttnQBias | AttnKBias | AttnVBias | ConvInProj | ConvWeight | ConvOutProj
-        | FfnRouter => {
+        | FfnRouter | AttnQkv => {
             return None;
         }
     })
@@ -459,7 +466,7 @@ fn gguf_lfm2(l: LayerTensor) -> Option<&'static str> {
         ConvWeight => "shortconv.conv.weight",
         ConvOutProj => "shortconv.out_proj.weight",
         AttnQBias | AttnKBias | AttnVBias | PostAttnNorm | PostFfnNorm | SsmQkv | SsmZ | SsmBeta | SsmAlpha
-        | SsmConv | SsmA | SsmDtBias | SsmNorm | SsmOut | FfnRouter => return None,
+        | SsmConv | SsmA | SsmDtBias | SsmNorm | SsmOut | FfnRouter | AttnQkv => return None,
     })
 }
 
@@ -481,7 +488,38 @@ fn hf_lfm2(l: LayerTensor) -> Option<&'static str> {
         ConvWeight => "conv.conv.weight",
         ConvOutProj => "conv.out_proj.weight",
         AttnQBias | AttnKBias | AttnVBias | PostAttnNorm | PostFfnNorm | SsmQkv | SsmZ | SsmBeta | SsmAlpha
-        | SsmConv | SsmA | SsmDtBias | SsmNorm | SsmOut | FfnRouter => return None,
+        | SsmConv | SsmA | SsmDtBias | SsmNorm | SsmOut | FfnRouter | AttnQkv => return None,
+    })
+}
+
+/// llama.cpp's `phi3`: the fused gate ‖ up matrix is `ffn_up`, its halves read through
+/// [`crate::expert_slices::ExpertSlices`] as `#0` (gate) and `#1` (up).
+fn gguf_phi3(l: LayerTensor) -> Option<&'static str> {
+    use LayerTensor::*;
+    Some(match l {
+        AttnNorm => "attn_norm.weight",
+        AttnQkv => "attn_qkv.weight",
+        AttnOutput => "attn_output.weight",
+        FfnNorm => "ffn_norm.weight",
+        FfnGate => "ffn_up.weight#0",
+        FfnUp => "ffn_up.weight#1",
+        FfnDown => "ffn_down.weight",
+        _ => return None,
+    })
+}
+
+/// Phi-3's Hugging Face names: the fused gate ‖ up matrix's halves as `#0` (gate) and `#1` (up).
+fn hf_phi3(l: LayerTensor) -> Option<&'static str> {
+    use LayerTensor::*;
+    Some(match l {
+        AttnNorm => "input_layernorm.weight",
+        AttnQkv => "self_attn.qkv_proj.weight",
+        AttnOutput => "self_attn.o_proj.weight",
+        FfnNorm => "post_attention_layernorm.weight",
+        FfnGate => "mlp.gate_up_proj.weight#0",
+        FfnUp => "mlp.gate_up_proj.weight#1",
+        FfnDown => "mlp.down_proj.weight",
+        _ => return None,
     })
 }
 
