@@ -6,7 +6,9 @@
 # random-weight Qwen3 decoder embedder with its reference.json
 # (scripts/make-decoder-embedder-fixture.py, checked by tests/decoder_embedder.rs), and the same
 # model as a GGUF in llama.cpp's layout with its pooling type (qwen3-embedder.gguf,
-# scripts/make-decoder-embedder-gguf.py).
+# scripts/make-decoder-embedder-gguf.py); and embeddinggemma/, a tiny random-weight EmbeddingGemma
+# (bidirectional Gemma 3, mean pooling, two Dense modules; scripts/make-embeddinggemma-fixture.py,
+# checked by tests/embeddinggemma.rs).
 #
 # Creates (once) a virtualenv under the user cache with pinned sentence-transformers, transformers
 # and torch from PyPI. The PyPI torch wheel for Linux is a CUDA build whose import needs the CUDA
@@ -28,3 +30,7 @@ HF_HUB_OFFLINE=1 "$venv/bin/python" scripts/make-decoder-embedder-fixture.py "$q
 # sentence-transformers writes a model card; the fixture does not need it.
 rm -f "$qwen/README.md"
 "$venv/bin/python" scripts/make-decoder-embedder-gguf.py "$qwen" "$qwen.gguf"
+gemma=crates/anelm-engine/tests/fixtures/embeddings/embeddinggemma
+rm -rf "$gemma"
+HF_HUB_OFFLINE=1 "$venv/bin/python" scripts/make-embeddinggemma-fixture.py "$gemma"
+rm -f "$gemma/README.md"

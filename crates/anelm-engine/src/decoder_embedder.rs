@@ -109,6 +109,8 @@ impl DecoderTrunk {
         // Rows kept per input: all of them, or its last.
         let mut rows: Vec<Vec<f32>> = seqs.iter().map(|_| Vec::new()).collect();
         let mut done = vec![0usize; seqs.len()];
+        // Bidirectional attention (EmbeddingGemma) sees the whole input at once: never split one.
+        let whole = self.model.bidirectional();
         let mut next = 0;
         while next < seqs.len() {
             // The inputs from `next` on, each with as many of its remaining tokens as fit.
@@ -119,7 +121,18 @@ impl DecoderTrunk {
                 if budget == 0 {
                     break;
                 }
-                let take = (seqs[i].len() - done[i]).min(budget);
+                let remaining = seqs[i].len() - done[i];
+                if whole && remaining > budget {
+                    if items.is_empty() {
+                        return Err(EngineError::InvalidRequest(format!(
+                            "an input has {remaining} tokens but one forward on this backend takes at most {}: this \
+                             model's attention is bidirectional, so an input cannot be split",
+                            self.step_tokens
+                        )));
+                    }
+                    break;
+                }
+                let take = remaining.min(budget);
                 let finishes = done[i] + take == seqs[i].len();
                 let logits = match (all_rows, finishes) {
                     (true, _) => LogitsMode::All,

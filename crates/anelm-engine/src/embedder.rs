@@ -11,7 +11,7 @@ use anelm_model::encoder_tokenizer::EncoderTokenizer;
 use anelm_model::gguf::GgufFile;
 use anelm_model::hf_config::HfConfig;
 use anelm_model::safetensors_dir::SafetensorsDir;
-use anelm_model::sentence_config::SentenceConfig;
+use anelm_model::sentence_config::{DenseLayer, SentenceConfig};
 use anelm_model::tensor_store::TensorStore;
 use anelm_model::tokenizer::Tokenizer;
 
@@ -72,6 +72,8 @@ pub struct Embedder {
     instruction: Option<String>,
     /// Whether pooling covers the instruction's tokens (`include_prompt`).
     include_prompt: bool,
+    /// Dense projections of the pooled vector, before normalising (EmbeddingGemma).
+    dense: Vec<DenseLayer>,
 }
 
 impl std::fmt::Debug for Embedder {
@@ -189,12 +191,24 @@ impl Embedder {
             .as_ref()
             .and_then(|name| st.prompts.iter().find(|(n, _)| n == name))
             .map(|(_, text)| text.clone());
+        let mut info = info;
+        // Each Dense module takes the previous width; the last one sets the embedding's.
+        for (i, d) in st.dense.iter().enumerate() {
+            if d.in_features != info.dimensions {
+                return Err(EngineError::Config(format!(
+                    "Dense module {i} takes {} values but gets {}: the model directory is inconsistent",
+                    d.in_features, info.dimensions
+                )));
+            }
+            info.dimensions = d.out_features;
+        }
         let mut model = Self {
             trunk,
             info,
             prompts: st.prompts,
             instruction: None,
             include_prompt: st.include_prompt,
+            dense: st.dense,
         };
         model.set_instruction(instruction)?;
         Ok(model)
@@ -236,6 +250,7 @@ impl Embedder {
             prompts: Vec::new(),
             instruction: None,
             include_prompt: true,
+            dense: Vec::new(),
         })
     }
 
@@ -314,6 +329,17 @@ impl Embedder {
         }
     }
 
+    /// A pooled vector through the Dense modules, then normalised when the model says so.
+    fn finish(&self, mut v: Vec<f32>) -> Vec<f32> {
+        for d in &self.dense {
+            v = d.apply(&v);
+        }
+        if self.info.normalize {
+            l2_normalize(&mut v);
+        }
+        v
+    }
+
     /// One embedding per text, in order.
     pub fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>> {
         let ids = self.tokenize(texts)?;
@@ -341,11 +367,8 @@ impl Embedder {
             } => (model, *forward_tokens),
             Trunk::Decoder { model, .. } => {
                 let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
-                let mut out = model.embed(&refs, &self.info.pooling)?;
-                if self.info.normalize {
-                    out.iter_mut().for_each(|v| l2_normalize(v));
-                }
-                return Ok(out);
+                let out = model.embed(&refs, &self.info.pooling)?;
+                return Ok(out.into_iter().map(|v| self.finish(v)).collect());
             }
         };
         let mut out = Vec::with_capacity(seqs.len());
@@ -361,11 +384,7 @@ impl Embedder {
             let group: Vec<&[u32]> = seqs[start..end].iter().map(Vec::as_slice).collect();
             let states = model.encode(&group)?;
             for span in spans(&group) {
-                let mut v = pool(&self.info.pooling, &states, span);
-                if self.info.normalize {
-                    l2_normalize(&mut v);
-                }
-                out.push(v);
+                out.push(self.finish(pool(&self.info.pooling, &states, span)));
             }
             start = end;
         }

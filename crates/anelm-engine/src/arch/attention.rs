@@ -37,6 +37,10 @@ pub struct Attention {
     pub softcap: Option<f32>,
     /// How K/V, q and probabilities are rounded.
     pub precision: AttentionPrecision,
+    /// Each position attends to the earlier ones only (a language model); false: to every
+    /// position of its step's input, later ones too (an encoder such as EmbeddingGemma, whose
+    /// input must then come in one step), within `window` either side.
+    pub causal: bool,
 }
 
 impl Attention {
@@ -50,7 +54,21 @@ impl Attention {
             window: None,
             softcap: None,
             precision,
+            causal: true,
         }
+    }
+
+    /// The cached positions position `pos` attends to, of a cache holding `len`: up to itself
+    /// (causal) or every one (bidirectional), within the window either side
+    /// (transformers: `|q − k| < window` for Gemma 3's bidirectional local layers).
+    fn span(&self, pos: usize, len: usize) -> (usize, usize) {
+        let start = self.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+        let end = if self.causal {
+            pos + 1
+        } else {
+            self.window.map_or(len, |w| len.min(pos + w))
+        };
+        (start, end)
     }
 
     /// Floats per cached position: all KV heads.
@@ -152,8 +170,7 @@ impl Attention {
                 *q = &row[at..at + hd];
             }
             let c = caches[l.item];
-            let end = l.pos + 1;
-            let start = self.window.map_or(0, |w| end.saturating_sub(w));
+            let (start, end) = self.span(l.pos, c.len());
             let slots = c.segments(start..end);
             let (stride, offset) = c.row_layout(first / group, hd);
             let p = self.params(stride, offset);
@@ -209,6 +226,7 @@ impl Attention {
         let pool = anelm_kernels::pool::global();
         let single = lanes.len() == items.len() && items.iter().all(|it| it.tokens.len() == 1);
         if !single
+            || !self.causal
             || group == 0
             || group > MAX_TASK_HEADS
             || self.n_heads % self.n_kv_heads.max(1) != 0
@@ -335,6 +353,7 @@ mod tests {
                 window: None,
                 softcap: None,
                 precision,
+                causal: true,
             };
             let (q_dim, kv_dim) = (att.q_dim(), att.kv_dim());
             let width = q_dim + 2 * kv_dim;

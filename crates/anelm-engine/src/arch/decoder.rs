@@ -44,6 +44,11 @@ pub trait DecoderLayers: Send + Sync {
 
     /// A fresh session of `ctx` positions (already clamped to the training context).
     fn new_session(&self, ctx: usize) -> Session;
+
+    /// Whether attention sees later positions too (an encoder: each input in one step).
+    fn bidirectional(&self) -> bool {
+        false
+    }
 }
 
 /// The parts around the layers: embedding, final norm and LM head.
@@ -123,6 +128,11 @@ impl<L: DecoderLayers> Decoder<L> {
     /// decoder embedder pools.
     pub fn hidden_states(&self, items: &mut [StepItem<'_>]) -> Result<Batch> {
         self.trunk(items, &mut ForwardCost::default())
+    }
+
+    /// Whether attention sees later positions too ([`DecoderLayers::bidirectional`]).
+    pub fn bidirectional(&self) -> bool {
+        self.layers.bidirectional()
     }
 
     /// Whether the model has its LM head (false for a trunk loaded for embeddings).

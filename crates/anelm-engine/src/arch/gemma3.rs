@@ -78,6 +78,9 @@ pub struct Gemma3Config {
     /// GELU from f16-rounded input to an f16-rounded value, as llama.cpp's CPU path computes it
     /// (GGUF files); exact f32 GELU otherwise (transformers).
     pub gelu_f16: bool,
+    /// `use_bidirectional_attention` (EmbeddingGemma): every position sees the whole input
+    /// (local layers: within the window either side). An encoder: loads as an embedder only.
+    pub bidirectional: bool,
 }
 
 fn positive_f32(v: Option<&Value>) -> Option<f32> {
@@ -114,11 +117,6 @@ impl Gemma3Config {
             .and_then(|p| p.get("sliding_attention"))
             .and_then(|p| p.get("rope_theta"))
             .or_else(|| raw.get("rope_local_base_freq"));
-        if raw.get("use_bidirectional_attention").and_then(Value::as_bool) == Some(true) {
-            return Err(EngineError::Config(
-                "use_bidirectional_attention is true: that is an encoder (EmbeddingGemma), not a causal LM".into(),
-            ));
-        }
         let cfg = Self {
             vocab_size: need(c.vocab_size, "vocab_size")?,
             hidden_size,
@@ -137,6 +135,17 @@ impl Gemma3Config {
             context_length: c.max_position_embeddings.unwrap_or(8192),
             attention_precision: AttentionPrecision::F32,
             gelu_f16: false,
+            bidirectional: raw.get("use_bidirectional_attention").and_then(Value::as_bool) == Some(true),
+        };
+        // transformers halves a bidirectional model's window on load (`sliding_window // 2 + 1`,
+        // exclusive bound either side): EmbeddingGemma's 512 reaches 256 positions each way.
+        let cfg = if cfg.bidirectional {
+            Self {
+                sliding_window: cfg.sliding_window / 2 + 1,
+                ..cfg
+            }
+        } else {
+            cfg
         };
         cfg.validate()?;
         Ok(cfg)
@@ -169,6 +178,7 @@ impl Gemma3Config {
             context_length: m.opt_usize("context_length").unwrap_or(8192),
             attention_precision: AttentionPrecision::F16,
             gelu_f16: true,
+            bidirectional: false,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -300,6 +310,13 @@ impl Decoder<Gemma3Layers> {
         head: Head,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
+        if cfg.bidirectional && head == Head::Logits {
+            return Err(EngineError::Config(
+                "use_bidirectional_attention is true: this is an encoder (EmbeddingGemma), not a language model; \
+                 serve it as an embedding model (its sentence-transformers directory)"
+                    .into(),
+            ));
+        }
         let h = cfg.hidden_size;
         let hd = cfg.head_dim;
         let n_layers = cfg.n_layers();
@@ -348,6 +365,7 @@ impl Decoder<Gemma3Layers> {
             window,
             softcap: None,
             precision: cfg.attention_precision,
+            causal: !cfg.bidirectional,
         };
         let (attn_global, attn_local) = (attn(None), attn(Some(cfg.sliding_window)));
         let info = ModelInfo {
@@ -471,10 +489,16 @@ impl DecoderLayers for Gemma3Layers {
         Ok(())
     }
 
+    fn bidirectional(&self) -> bool {
+        self.cfg.bidirectional
+    }
+
     fn new_session(&self, ctx: usize) -> Session {
-        // Local layers keep only their window (ring buffers); global layers every position.
+        // Local layers keep only their window (ring buffers); global layers every position. A
+        // bidirectional local layer also looks ahead, so it keeps every position too (the window
+        // is then applied by the attention's span).
         let windows: Vec<Option<usize>> = (self.cfg.sliding.iter())
-            .map(|&s| s.then_some(self.cfg.sliding_window))
+            .map(|&s| (s && !self.cfg.bidirectional).then_some(self.cfg.sliding_window))
             .collect();
         // Local and global attention share heads and precision: either describes the cache.
         Session::new(self.attn_global.cache(&windows), ctx)

@@ -25,11 +25,18 @@ use crate::model::{LanguageModel, StepItem};
 pub trait DecoderModel: LanguageModel {
     /// The final-normed hidden states of the rows the items ask for (what an embedder pools).
     fn hidden_states(&self, items: &mut [StepItem<'_>]) -> Result<Batch>;
+
+    /// Whether attention sees later positions too (an encoder such as EmbeddingGemma).
+    fn bidirectional(&self) -> bool;
 }
 
 impl<L: DecoderLayers> DecoderModel for Decoder<L> {
     fn hidden_states(&self, items: &mut [StepItem<'_>]) -> Result<Batch> {
         Decoder::hidden_states(self, items)
+    }
+
+    fn bidirectional(&self) -> bool {
+        Decoder::bidirectional(self)
     }
 }
 

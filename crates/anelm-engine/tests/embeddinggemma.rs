@@ -1,0 +1,89 @@
+//! EmbeddingGemma against sentence-transformers: `fixtures/embeddings/embeddinggemma/` is a tiny
+//! random-weight model laid out as google/embeddinggemma-300m is (a Gemma 3 text model with
+//! bidirectional attention, mean pooling, Dense 64 → 128 → 64 without bias, Normalize, `query` and
+//! `document` prompts), with its `reference.json` (scripts/make-embeddinggemma-fixture.py through
+//! scripts/make-embedding-fixtures.sh): for texts of different lengths, the token ids and the
+//! embeddings, with and without the query prompt. anelm must give the same ids and cosine ≥
+//! 0.9999 per text, in one batch and alone; the same model as a language model is refused, and an
+//! input longer than one forward is refused rather than split (its attention looks ahead).
+
+use std::path::PathBuf;
+
+use anelm_engine::{CpuBackend, Embedder, load_model_weights};
+use serde_json::Value;
+
+mod common;
+use common::{NarrowCpu, cosine, embedding_cases};
+
+fn model_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/embeddings/embeddinggemma")
+}
+
+fn reference() -> Value {
+    let text = std::fs::read_to_string(model_dir().join("reference.json")).expect("read reference.json");
+    serde_json::from_str(&text).expect("reference JSON")
+}
+
+#[test]
+fn embeddinggemma_matches_sentence_transformers() {
+    let fx = reference();
+    let mut emb = Embedder::load(&model_dir(), &CpuBackend::new()).expect("load EmbeddingGemma");
+    let info = emb.info().clone();
+    assert_eq!(info.architecture, "gemma3_text");
+    assert_eq!(info.dimensions, 64, "the last Dense module's width");
+    assert_eq!(info.pooling, [anelm_engine::pooling::PoolingMode::Mean]);
+    assert!(info.normalize);
+    let prompt = fx["query_prompt"].as_str().expect("query_prompt");
+    assert_eq!(emb.prompt("query"), Some(prompt));
+    for (key, instruction) in [("texts", None), ("query_texts", Some(prompt.to_string()))] {
+        emb.set_instruction(instruction.clone()).expect("set the instruction");
+        let cases = embedding_cases(&fx[key]);
+        let texts: Vec<&str> = cases.iter().map(|c| c.text.as_str()).collect();
+        let ids = emb.tokenize(&texts).expect("tokenize");
+        for (c, got) in cases.iter().zip(&ids) {
+            assert_eq!(got, &c.ids, "{key}: token ids of {:?}", c.text);
+        }
+        let batch = emb.embed(&texts).expect("embed the batch");
+        let mut worst = 1f64;
+        for (i, (c, v)) in cases.iter().zip(&batch).enumerate() {
+            let cos = cosine(v, &c.embedding);
+            assert!(cos >= 0.9999, "{key}: cosine {cos:.7} for text {i} {:?}", c.text);
+            worst = worst.min(cos);
+            let alone = emb.embed(&[c.text.as_str()]).expect("embed alone");
+            assert!(
+                cosine(&alone[0], v) > 0.999_999,
+                "{key}: text {i} alone vs in the batch"
+            );
+        }
+        eprintln!(
+            "embeddinggemma ({key}): lowest cosine 1 - {:.2e} over {} texts",
+            1.0 - worst,
+            cases.len()
+        );
+    }
+}
+
+#[test]
+fn a_bidirectional_model_is_not_a_language_model() {
+    let err = load_model_weights(&model_dir(), &CpuBackend::new(), &mut |_, _| {})
+        .err()
+        .expect("EmbeddingGemma must not load as a language model")
+        .to_string();
+    assert!(
+        err.contains("bidirectional") && err.contains("embedding model"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_input_longer_than_one_forward_is_refused_not_split() {
+    let emb = Embedder::load(&model_dir(), &NarrowCpu(CpuBackend::new())).expect("load");
+    let long = "The quick brown fox jumps over the lazy dog. ".repeat(8);
+    let err = emb
+        .embed(&[long.as_str()])
+        .expect_err("a 32-lane forward cannot hold it")
+        .to_string();
+    assert!(err.contains("bidirectional") && err.contains("split"), "{err}");
+    // A short one still fits.
+    assert_eq!(emb.embed(&["Hello!"]).expect("short input")[0].len(), 64);
+}
