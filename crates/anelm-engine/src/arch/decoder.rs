@@ -18,7 +18,7 @@ use crate::backend::{Backend, ForwardCost, Kernel};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
 use crate::model::{LanguageModel, ModelInfo, StepItem};
-use crate::ops::rms_norm;
+use crate::ops::{layer_norm, rms_norm};
 use crate::session::Session;
 use crate::stored_matrix::StoredMatrix;
 
@@ -61,6 +61,8 @@ pub struct DecoderEnds {
     pub output_norm: Vec<f32>,
     /// Its epsilon.
     pub norm_eps: f32,
+    /// LayerNorm without a bias (ModernBERT) instead of RMSNorm.
+    pub layer_norm: bool,
     /// The LM head; `None` for a trunk loaded for embeddings.
     pub lm_head: Option<Box<dyn Kernel>>,
     /// `cap · tanh(logit / cap)` on the logits (Gemma 3).
@@ -77,6 +79,8 @@ pub struct EndsSpec<'a> {
     pub norm_offset: f32,
     /// RMSNorm epsilon.
     pub norm_eps: f32,
+    /// LayerNorm without a bias (ModernBERT) instead of RMSNorm.
+    pub layer_norm: bool,
     /// Factor on the embedding rows.
     pub embed_scale: f32,
     /// Logit soft-cap.
@@ -104,6 +108,7 @@ impl DecoderEnds {
             embed_scale: spec.embed_scale,
             output_norm: norm_vector(store, &names.name(Tensor::OutputNorm)?, spec.hidden, spec.norm_offset)?,
             norm_eps: spec.norm_eps,
+            layer_norm: spec.layer_norm,
             lm_head,
             final_softcap: spec.final_softcap,
         })
@@ -156,14 +161,14 @@ impl<L: DecoderLayers> Decoder<L> {
         commit_tokens(items);
         let wanted = wanted_lanes(items);
         let mut normed = Batch::zeros(wanted.len(), h);
+        let zeros = if self.ends.layer_norm { vec![0.0; h] } else { Vec::new() };
         for (row, &lane) in wanted.iter().enumerate() {
-            rms_norm(
-                x.lane(lane),
-                &self.ends.output_norm,
-                self.ends.norm_eps,
-                0.0,
-                normed.lane_mut(row),
-            );
+            let (w, eps) = (&self.ends.output_norm, self.ends.norm_eps);
+            if self.ends.layer_norm {
+                layer_norm(x.lane(lane), w, &zeros, eps, normed.lane_mut(row));
+            } else {
+                rms_norm(x.lane(lane), w, eps, 0.0, normed.lane_mut(row));
+            }
         }
         Ok(normed)
     }

@@ -351,6 +351,7 @@ impl Decoder<Gemma3Layers> {
                 hidden: h,
                 norm_offset: cfg.norm_offset,
                 norm_eps: cfg.rms_eps,
+                layer_norm: false,
                 embed_scale: (h as f32).sqrt(),
                 final_softcap: cfg.final_softcap,
                 lm_head: (head == Head::Logits).then_some(&list.lm_head),

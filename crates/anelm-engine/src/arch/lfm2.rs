@@ -319,6 +319,7 @@ impl Decoder<Lfm2Layers> {
                 hidden: h,
                 norm_offset: 0.0,
                 norm_eps: cfg.norm_eps,
+                layer_norm: false,
                 embed_scale: 1.0,
                 final_softcap: None,
                 lm_head: (head == Head::Logits).then_some(&list.lm_head),

@@ -435,6 +435,7 @@ impl Decoder<LlamaLayers> {
                 hidden: h,
                 norm_offset: 0.0,
                 norm_eps: cfg.rms_eps,
+                layer_norm: false,
                 embed_scale: 1.0,
                 final_softcap: None,
                 lm_head: (head == Head::Logits).then_some(&list.lm_head),

@@ -13,6 +13,7 @@ pub mod kernel_compile;
 pub mod kernel_list;
 pub mod lfm2;
 pub mod llama;
+pub mod modernbert;
 pub mod moe;
 pub mod qwen3_5;
 pub mod registry;

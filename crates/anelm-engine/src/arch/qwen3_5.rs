@@ -448,6 +448,7 @@ impl Decoder<Qwen35Layers> {
                 hidden: h,
                 norm_offset: offset,
                 norm_eps: cfg.rms_eps,
+                layer_norm: false,
                 embed_scale: 1.0,
                 final_softcap: None,
                 lm_head: (head == Head::Logits).then_some(&list.lm_head),

@@ -14,7 +14,7 @@ use anelm_model::tensor_store::TensorStore;
 use crate::arch::decoder::{Decoder, DecoderLayers};
 use crate::arch::kernel_list::KernelList;
 use crate::arch::tensor_names::{Family, Layout, TensorNames};
-use crate::arch::{gemma3, lfm2, llama, qwen3_5};
+use crate::arch::{gemma3, lfm2, llama, modernbert, qwen3_5};
 use crate::backend::Backend;
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
@@ -201,6 +201,7 @@ pub static ARCHITECTURES: &[&Architecture] = &[
     &gemma3::ARCHITECTURE,
     &qwen3_5::ARCHITECTURE,
     &lfm2::ARCHITECTURE,
+    &modernbert::ARCHITECTURE,
 ];
 
 /// The architecture of a GGUF file's `general.architecture`.
@@ -239,11 +240,14 @@ fn unsupported(name: &str) -> EngineError {
 }
 
 /// Where a Hugging Face checkpoint keeps its text model's tensors: under `model.language_model.`
-/// in a multimodal checkpoint, else `model.`.
+/// in a multimodal checkpoint, `model.` in a causal LM's, and at the top for a bare base model
+/// (a sentence-transformers encoder such as ModernBERT).
 pub(crate) fn hf_text_prefix(store: &Arc<dyn TensorStore>) -> &'static str {
     if store.contains("model.language_model.embed_tokens.weight") {
         "model.language_model."
-    } else {
+    } else if store.tensor_names().iter().any(|n| n.starts_with("model.")) {
         "model."
+    } else {
+        ""
     }
 }

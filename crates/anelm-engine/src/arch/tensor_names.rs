@@ -155,6 +155,8 @@ pub enum Family {
     Lfm2,
     /// Phi-3 / Phi-4-mini (fused q ‖ k ‖ v and gate ‖ up projections).
     Phi3,
+    /// ModernBERT (an encoder: fused Wqkv, GeGLU's input ‖ gate as one matrix).
+    ModernBert,
 }
 
 /// How a file names its tensors.
@@ -248,6 +250,7 @@ impl TensorNames {
                     Family::Qwen35 => gguf_qwen35(l),
                     Family::Lfm2 => gguf_lfm2(l),
                     Family::Phi3 => gguf_phi3(l),
+                    Family::ModernBert => None,
                 };
                 format!("blk.{i}.{}", s.ok_or_else(missing)?)
             }
@@ -269,6 +272,12 @@ impl TensorNames {
                 };
                 format!("{p}layers.{i}.mlp.experts.{e}.{m}.weight")
             }
+            (Layout::HuggingFace(p), Tensor::TokenEmbedding) if self.family == Family::ModernBert => {
+                format!("{p}embeddings.tok_embeddings.weight")
+            }
+            (Layout::HuggingFace(p), Tensor::OutputNorm) if self.family == Family::ModernBert => {
+                format!("{p}final_norm.weight")
+            }
             (Layout::HuggingFace(p), Tensor::TokenEmbedding) => format!("{p}embed_tokens.weight"),
             (Layout::HuggingFace(p), Tensor::OutputNorm) if self.family == Family::Lfm2 => {
                 format!("{p}embedding_norm.weight")
@@ -282,6 +291,7 @@ impl TensorNames {
                     Family::Qwen35 => hf_qwen35(l),
                     Family::Lfm2 => hf_lfm2(l),
                     Family::Phi3 => hf_phi3(l),
+                    Family::ModernBert => hf_modernbert(l),
                 };
                 format!("{p}layers.{i}.{}", s.ok_or_else(missing)?)
             }
@@ -504,6 +514,20 @@ fn gguf_phi3(l: LayerTensor) -> Option<&'static str> {
         FfnGate => "ffn_up.weight#0",
         FfnUp => "ffn_up.weight#1",
         FfnDown => "ffn_down.weight",
+        _ => return None,
+    })
+}
+
+/// ModernBERT's Hugging Face names (`mlp.Wi` holds GeGLU's input and gate halves).
+fn hf_modernbert(l: LayerTensor) -> Option<&'static str> {
+    use LayerTensor::*;
+    Some(match l {
+        AttnNorm => "attn_norm.weight",
+        AttnQkv => "attn.Wqkv.weight",
+        AttnOutput => "attn.Wo.weight",
+        FfnNorm => "mlp_norm.weight",
+        FfnUp => "mlp.Wi.weight",
+        FfnDown => "mlp.Wo.weight",
         _ => return None,
     })
 }

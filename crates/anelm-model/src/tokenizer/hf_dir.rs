@@ -151,8 +151,14 @@ pub(super) fn load(dir: &Path) -> Result<Tokenizer, TokenizerError> {
 
     let id_of = |name: &str| token_text(config.get(name)).and_then(|t| tk.token_to_id(t));
     let gen_eos = id_list(gen_config.get("eos_token_id"));
-    let bos = id_of("bos_token").or_else(|| id_list(gen_config.get("bos_token_id")).first().copied());
-    let eos = id_of("eos_token").or_else(|| gen_eos.first().copied());
+    // An encoder's tokenizer (ModernBERT's) names its text delimiters `cls_token` / `sep_token`
+    // instead: they are what the post-processor puts around a text, as BOS and EOS are.
+    let bos = id_of("bos_token")
+        .or_else(|| id_list(gen_config.get("bos_token_id")).first().copied())
+        .or_else(|| id_of("cls_token"));
+    let eos = id_of("eos_token")
+        .or_else(|| gen_eos.first().copied())
+        .or_else(|| id_of("sep_token"));
     for id in [bos, eos].into_iter().flatten() {
         if let Some(k) = kinds.get_mut(id as usize)
             && *k == TokenKind::Normal

@@ -1,0 +1,71 @@
+//! A ModernBERT embedder against sentence-transformers: `fixtures/embeddings/modernbert/` is a
+//! tiny random-weight model laid out as gte-modernbert / modernbert-embed are (a ModernBertModel
+//! with global and local layers, mean pooling, Normalize, a `query` prompt), with its
+//! `reference.json` (scripts/make-modernbert-fixture.py through scripts/make-embedding-fixtures.sh):
+//! for texts of 3 to 73 tokens — longer than the local layers' 8 positions either side — the token
+//! ids and the embeddings, with and without the query prompt. anelm must give the same ids and
+//! cosine ≥ 0.9999 per text, in one batch and alone; it is refused as a language model.
+
+use std::path::PathBuf;
+
+use anelm_engine::{CpuBackend, Embedder, load_model_weights};
+use serde_json::Value;
+
+mod common;
+use common::{cosine, embedding_cases};
+
+fn model_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/embeddings/modernbert")
+}
+
+#[test]
+fn modernbert_matches_sentence_transformers() {
+    let text = std::fs::read_to_string(model_dir().join("reference.json")).expect("read reference.json");
+    let fx: Value = serde_json::from_str(&text).expect("reference JSON");
+    let mut emb = Embedder::load(&model_dir(), &CpuBackend::new()).expect("load the ModernBERT embedder");
+    let info = emb.info().clone();
+    assert_eq!(info.architecture, "modernbert");
+    assert_eq!(info.dimensions, 64);
+    assert_eq!(info.pooling, [anelm_engine::pooling::PoolingMode::Mean]);
+    assert!(info.normalize);
+    let prompt = fx["query_prompt"].as_str().expect("query_prompt");
+    for (key, instruction) in [("texts", None), ("query_texts", Some(prompt.to_string()))] {
+        emb.set_instruction(instruction.clone()).expect("set the instruction");
+        let cases = embedding_cases(&fx[key]);
+        assert!(
+            cases.iter().any(|c| c.ids.len() > 2 * 9),
+            "a text longer than the local window"
+        );
+        let texts: Vec<&str> = cases.iter().map(|c| c.text.as_str()).collect();
+        let ids = emb.tokenize(&texts).expect("tokenize");
+        for (c, got) in cases.iter().zip(&ids) {
+            assert_eq!(got, &c.ids, "{key}: token ids of {:?}", c.text);
+        }
+        let batch = emb.embed(&texts).expect("embed the batch");
+        let mut worst = 1f64;
+        for (i, (c, v)) in cases.iter().zip(&batch).enumerate() {
+            let cos = cosine(v, &c.embedding);
+            assert!(cos >= 0.9999, "{key}: cosine {cos:.7} for text {i} {:?}", c.text);
+            worst = worst.min(cos);
+            let alone = emb.embed(&[c.text.as_str()]).expect("embed alone");
+            assert!(
+                cosine(&alone[0], v) > 0.999_999,
+                "{key}: text {i} alone vs in the batch"
+            );
+        }
+        eprintln!(
+            "modernbert ({key}): lowest cosine 1 - {:.2e} over {} texts",
+            1.0 - worst,
+            cases.len()
+        );
+    }
+}
+
+#[test]
+fn modernbert_is_not_a_language_model() {
+    let err = load_model_weights(&model_dir(), &CpuBackend::new(), &mut |_, _| {})
+        .err()
+        .expect("ModernBERT must not load as a language model")
+        .to_string();
+    assert!(err.contains("encoder") && err.contains("embedding model"), "{err}");
+}
