@@ -233,8 +233,9 @@ def make_lfm2():
 
 
 def make_qwen3_moe():
-    # Qwen3-MoE: Qwen3 attention; layer 1 keeps a dense FFN (mlp_only_layers), the others route
-    # each token to 2 of 8 experts with renormalised probabilities.
+    # Qwen3-MoE: Qwen3 attention, every layer routing each token to 2 of 8 experts with
+    # renormalised probabilities (as llama.cpp's qwen3moe has them all, so its GGUF copy loads
+    # there too).
     cfg = transformers.Qwen3MoeConfig(
         vocab_size=VOCAB,
         hidden_size=64,
@@ -248,7 +249,7 @@ def make_qwen3_moe():
         num_experts_per_tok=2,
         norm_topk_prob=True,
         decoder_sparse_step=1,
-        mlp_only_layers=[1],
+        mlp_only_layers=[],
         max_position_embeddings=256,
         rms_norm_eps=1e-6,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
