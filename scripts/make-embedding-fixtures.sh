@@ -7,9 +7,9 @@
 # (scripts/make-decoder-embedder-fixture.py, checked by tests/decoder_embedder.rs), and the same
 # model as a GGUF in llama.cpp's layout with its pooling type (qwen3-embedder.gguf,
 # scripts/make-decoder-embedder-gguf.py); and embeddinggemma/, a tiny random-weight EmbeddingGemma
-# (bidirectional Gemma 3, mean pooling, two Dense modules; scripts/make-embeddinggemma-fixture.py,
+# (bidirectional Gemma 3, mean pooling, two Dense modules; scripts/make-encoder-embedder-fixtures.py,
 # checked by tests/embeddinggemma.rs); and modernbert/, a tiny random-weight ModernBERT embedder
-# (scripts/make-modernbert-fixture.py, checked by tests/modernbert.rs).
+# (the same script, checked by tests/modernbert.rs).
 #
 # Creates (once) a virtualenv under the user cache with pinned sentence-transformers, transformers
 # and torch from PyPI. The PyPI torch wheel for Linux is a CUDA build whose import needs the CUDA
@@ -33,9 +33,7 @@ rm -f "$qwen/README.md"
 "$venv/bin/python" scripts/make-decoder-embedder-gguf.py "$qwen" "$qwen.gguf"
 gemma=crates/anelm-engine/tests/fixtures/embeddings/embeddinggemma
 rm -rf "$gemma"
-HF_HUB_OFFLINE=1 "$venv/bin/python" scripts/make-embeddinggemma-fixture.py "$gemma"
-rm -f "$gemma/README.md"
+HF_HUB_OFFLINE=1 "$venv/bin/python" scripts/make-encoder-embedder-fixtures.py embeddinggemma "$gemma"
 modern=crates/anelm-engine/tests/fixtures/embeddings/modernbert
 rm -rf "$modern"
-HF_HUB_OFFLINE=1 "$venv/bin/python" scripts/make-modernbert-fixture.py "$modern"
-rm -f "$modern/README.md"
+HF_HUB_OFFLINE=1 "$venv/bin/python" scripts/make-encoder-embedder-fixtures.py modernbert "$modern"

@@ -1,7 +1,7 @@
 //! EmbeddingGemma against sentence-transformers: `fixtures/embeddings/embeddinggemma/` is a tiny
 //! random-weight model laid out as google/embeddinggemma-300m is (a Gemma 3 text model with
 //! bidirectional attention, mean pooling, Dense 64 → 128 → 64 without bias, Normalize, `query` and
-//! `document` prompts), with its `reference.json` (scripts/make-embeddinggemma-fixture.py through
+//! `document` prompts), with its `reference.json` (scripts/make-encoder-embedder-fixtures.py through
 //! scripts/make-embedding-fixtures.sh): for texts of different lengths, the token ids and the
 //! embeddings, with and without the query prompt. anelm must give the same ids and cosine ≥
 //! 0.9999 per text, in one batch and alone; the same model as a language model is refused, and an

@@ -17,7 +17,7 @@ use anelm_engine::{
 use anelm_kernels::{WeightFormat, dequantize_row, quantize_row};
 
 mod common;
-use common::cosine;
+use common::{TinyLlama, cosine, write_llama_gguf};
 
 const HIDDEN: usize = 256;
 const HEADS: usize = 4;
@@ -107,69 +107,14 @@ fn encode(t: &Tensor) -> (Vec<u8>, Vec<f32>) {
     (bytes, decoded)
 }
 
-fn put_str(b: &mut Vec<u8>, s: &str) {
-    b.extend((s.len() as u64).to_le_bytes());
-    b.extend(s.as_bytes());
-}
-
-/// A GGUF of `tensors`, each as (name, rows, cols, ggml type, bytes).
-fn write_gguf(path: &Path, tensors: &[(String, usize, usize, u32, Vec<u8>)]) {
-    let mut b = Vec::new();
-    b.extend(b"GGUF");
-    b.extend(3u32.to_le_bytes());
-    b.extend((tensors.len() as u64).to_le_bytes());
-    let kv_u32: [(&str, u32); 7] = [
-        ("llama.embedding_length", HIDDEN as u32),
-        ("llama.feed_forward_length", FFN as u32),
-        ("llama.block_count", LAYERS as u32),
-        ("llama.attention.head_count", HEADS as u32),
-        ("llama.attention.head_count_kv", KV_HEADS as u32),
-        ("llama.context_length", 256),
-        ("llama.vocab_size", VOCAB as u32),
-    ];
-    let kv_f32: [(&str, f32); 2] = [
-        ("llama.rope.freq_base", 10000.0),
-        ("llama.attention.layer_norm_rms_epsilon", 1e-5),
-    ];
-    b.extend(((kv_u32.len() + kv_f32.len() + 1) as u64).to_le_bytes());
-    put_str(&mut b, "general.architecture");
-    b.extend(8u32.to_le_bytes());
-    put_str(&mut b, "llama");
-    for (k, v) in kv_u32 {
-        put_str(&mut b, k);
-        b.extend(4u32.to_le_bytes());
-        b.extend(v.to_le_bytes());
-    }
-    for (k, v) in kv_f32 {
-        put_str(&mut b, k);
-        b.extend(6u32.to_le_bytes());
-        b.extend(v.to_le_bytes());
-    }
-    let mut data = Vec::new();
-    for (name, rows, cols, ggml_type, bytes) in tensors {
-        put_str(&mut b, name);
-        let dims: Vec<u64> = if *rows == 1 {
-            vec![*cols as u64]
-        } else {
-            vec![*cols as u64, *rows as u64]
-        };
-        b.extend((dims.len() as u32).to_le_bytes());
-        for d in dims {
-            b.extend(d.to_le_bytes());
-        }
-        b.extend(ggml_type.to_le_bytes());
-        b.extend((data.len() as u64).to_le_bytes());
-        data.extend(bytes);
-        while data.len() % 32 != 0 {
-            data.push(0);
-        }
-    }
-    while b.len() % 32 != 0 {
-        b.push(0);
-    }
-    b.extend(data);
-    std::fs::write(path, b).expect("write the GGUF");
-}
+const SHAPE: TinyLlama = TinyLlama {
+    hidden: HIDDEN,
+    ffn: FFN,
+    layers: LAYERS,
+    heads: HEADS,
+    kv_heads: KV_HEADS,
+    vocab: VOCAB,
+};
 
 /// Logits at every position of `tokens`.
 fn logits(model: &dyn LanguageModel, tokens: &[u32]) -> Vec<Vec<f32>> {
@@ -203,8 +148,8 @@ fn compare(label: &str, format_of: &dyn Fn(&str) -> WeightFormat) -> (f64, f64) 
         decoded.push((t.name.clone(), t.rows, t.cols, WeightFormat::F32.ggml_type(), f32_bytes));
     }
     let (stored_path, decoded_path) = (dir.join("stored.gguf"), dir.join("decoded.gguf"));
-    write_gguf(&stored_path, &stored);
-    write_gguf(&decoded_path, &decoded);
+    write_llama_gguf(&stored_path, &SHAPE, &stored);
+    write_llama_gguf(&decoded_path, &SHAPE, &decoded);
 
     let cpu = CpuBackend::new();
     let tokens = [3u32, 17, 42, 5, 88, 61, 0, 29];

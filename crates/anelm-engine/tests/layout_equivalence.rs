@@ -14,6 +14,9 @@ use anelm_model::hf_config::HfConfig;
 use anelm_model::safetensors_dir::SafetensorsDir;
 use anelm_model::tensor_store::TensorStore;
 
+mod common;
+use common::{GgufTensor, TinyLlama, write_llama_gguf};
+
 const HIDDEN: usize = 64;
 const HEADS: usize = 4;
 const KV_HEADS: usize = 2;
@@ -119,71 +122,34 @@ fn permute_rows(data: &[f32], heads: usize, cols: usize) -> Vec<f32> {
     out
 }
 
-fn put_str(b: &mut Vec<u8>, s: &str) {
-    b.extend((s.len() as u64).to_le_bytes());
-    b.extend(s.as_bytes());
-}
-
 fn write_gguf(path: &Path, tensors: &[Tensor]) {
-    let mut b = Vec::new();
-    b.extend(b"GGUF");
-    b.extend(3u32.to_le_bytes());
-    b.extend((tensors.len() as u64).to_le_bytes());
-    let kv_u32: [(&str, u32); 7] = [
-        ("llama.embedding_length", HIDDEN as u32),
-        ("llama.feed_forward_length", FFN as u32),
-        ("llama.block_count", LAYERS as u32),
-        ("llama.attention.head_count", HEADS as u32),
-        ("llama.attention.head_count_kv", KV_HEADS as u32),
-        ("llama.context_length", 256),
-        ("llama.vocab_size", VOCAB as u32),
-    ];
-    let kv_f32: [(&str, f32); 2] = [
-        ("llama.rope.freq_base", 10000.0),
-        ("llama.attention.layer_norm_rms_epsilon", 1e-5),
-    ];
-    b.extend(((kv_u32.len() + kv_f32.len() + 1) as u64).to_le_bytes());
-    put_str(&mut b, "general.architecture");
-    b.extend(8u32.to_le_bytes());
-    put_str(&mut b, "llama");
-    for (k, v) in kv_u32 {
-        put_str(&mut b, k);
-        b.extend(4u32.to_le_bytes());
-        b.extend(v.to_le_bytes());
-    }
-    for (k, v) in kv_f32 {
-        put_str(&mut b, k);
-        b.extend(6u32.to_le_bytes());
-        b.extend(v.to_le_bytes());
-    }
-    let mut data = Vec::new();
-    for (hf, gg, shape, values) in tensors {
-        let values = if hf.ends_with("q_proj.weight") {
-            permute_rows(values, HEADS, HIDDEN)
-        } else if hf.ends_with("k_proj.weight") {
-            permute_rows(values, KV_HEADS, HIDDEN)
-        } else {
-            values.clone()
-        };
-        put_str(&mut b, gg);
-        b.extend((shape.len() as u32).to_le_bytes());
-        for d in shape.iter().rev() {
-            b.extend((*d as u64).to_le_bytes());
-        }
-        b.extend(0u32.to_le_bytes()); // F32
-        b.extend((data.len() as u64).to_le_bytes());
-        for v in values {
-            data.extend(v.to_le_bytes());
-        }
-        while data.len() % 32 != 0 {
-            data.push(0);
-        }
-    }
-    while b.len() % 32 != 0 {
-        b.push(0);
-    }
-    b.extend(data);
-    std::fs::write(path, b).unwrap();
+    let tensors: Vec<GgufTensor> = tensors
+        .iter()
+        .map(|(hf, gg, shape, values)| {
+            let values = if hf.ends_with("q_proj.weight") {
+                permute_rows(values, HEADS, HIDDEN)
+            } else if hf.ends_with("k_proj.weight") {
+                permute_rows(values, KV_HEADS, HIDDEN)
+            } else {
+                values.clone()
+            };
+            let (rows, cols) = match shape[..] {
+                [rows, cols] => (rows, cols),
+                _ => (1, shape[0]),
+            };
+            let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            (gg.clone(), rows, cols, 0, bytes) // 0: F32
+        })
+        .collect();
+    let shape = TinyLlama {
+        hidden: HIDDEN,
+        ffn: FFN,
+        layers: LAYERS,
+        heads: HEADS,
+        kv_heads: KV_HEADS,
+        vocab: VOCAB,
+    };
+    write_llama_gguf(path, &shape, &tensors);
 }
 
 fn write_hf_dir(dir: &Path, tensors: &[Tensor]) {

@@ -1,7 +1,7 @@
 //! A ModernBERT embedder against sentence-transformers: `fixtures/embeddings/modernbert/` is a
 //! tiny random-weight model laid out as gte-modernbert / modernbert-embed are (a ModernBertModel
 //! with global and local layers, mean pooling, Normalize, a `query` prompt), with its
-//! `reference.json` (scripts/make-modernbert-fixture.py through scripts/make-embedding-fixtures.sh):
+//! `reference.json` (scripts/make-encoder-embedder-fixtures.py through scripts/make-embedding-fixtures.sh):
 //! for texts of 3 to 73 tokens — longer than the local layers' 8 positions either side — the token
 //! ids and the embeddings, with and without the query prompt. anelm must give the same ids and
 //! cosine ≥ 0.9999 per text, in one batch and alone; it is refused as a language model.

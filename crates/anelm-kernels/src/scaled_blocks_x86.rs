@@ -10,6 +10,7 @@ use crate::activations::Activations;
 use crate::blocks::IQ4_NL_VALUES;
 use crate::format::WeightFormat;
 use crate::fp16::f16_at;
+use crate::simd_x86::{load128, load256};
 
 /// One decoded 256-element block.
 struct Block {
@@ -25,22 +26,6 @@ struct Block {
     min: [i32; 16],
     /// Whether the weights are unsigned with minimums (Q2_K).
     q2k: bool,
-}
-
-#[inline]
-#[target_feature(enable = "avx2")]
-fn load256(b: &[u8]) -> __m256i {
-    assert!(b.len() >= 32);
-    // SAFETY: 32 readable bytes (checked above); unaligned load.
-    unsafe { _mm256_loadu_si256(b.as_ptr().cast()) }
-}
-
-#[inline]
-#[target_feature(enable = "avx2")]
-fn load128(b: &[u8]) -> __m128i {
-    assert!(b.len() >= 16);
-    // SAFETY: 16 readable bytes (checked above); unaligned load.
-    unsafe { _mm_loadu_si128(b.as_ptr().cast()) }
 }
 
 /// Two sub-block scales as one vector of pair-sum multipliers: `lo` for bytes 0..16, `hi` after.

@@ -34,7 +34,7 @@ fn load256_i8(b: &[i8]) -> __m256i {
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn load128(b: &[u8]) -> __m128i {
+pub(crate) fn load128(b: &[u8]) -> __m128i {
     assert!(b.len() >= 16);
     // SAFETY: the assertion guarantees 16 readable bytes; loadu has no alignment requirement.
     unsafe { _mm_loadu_si128(b.as_ptr().cast()) }

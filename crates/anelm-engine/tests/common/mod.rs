@@ -265,3 +265,80 @@ pub fn matrix(v: &Value) -> Vec<Vec<f32>> {
         })
         .collect()
 }
+
+/// The shape of a tiny Llama written by [`write_llama_gguf`].
+pub struct TinyLlama {
+    pub hidden: usize,
+    pub ffn: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub vocab: usize,
+}
+
+/// One tensor for [`write_llama_gguf`]: name, rows (1 for a vector), columns, ggml type id, bytes.
+pub type GgufTensor = (String, usize, usize, u32, Vec<u8>);
+
+/// A GGUF file (version 3) of a Llama with `shape`'s metadata (RoPE base 10000, RMSNorm ε 1e-5,
+/// context 256) and `tensors`, each 32-byte aligned.
+pub fn write_llama_gguf(path: &std::path::Path, shape: &TinyLlama, tensors: &[GgufTensor]) {
+    fn put_str(b: &mut Vec<u8>, s: &str) {
+        b.extend((s.len() as u64).to_le_bytes());
+        b.extend(s.as_bytes());
+    }
+    let mut b = Vec::new();
+    b.extend(b"GGUF");
+    b.extend(3u32.to_le_bytes());
+    b.extend((tensors.len() as u64).to_le_bytes());
+    let kv_u32: [(&str, u32); 7] = [
+        ("llama.embedding_length", shape.hidden as u32),
+        ("llama.feed_forward_length", shape.ffn as u32),
+        ("llama.block_count", shape.layers as u32),
+        ("llama.attention.head_count", shape.heads as u32),
+        ("llama.attention.head_count_kv", shape.kv_heads as u32),
+        ("llama.context_length", 256),
+        ("llama.vocab_size", shape.vocab as u32),
+    ];
+    let kv_f32: [(&str, f32); 2] = [
+        ("llama.rope.freq_base", 10000.0),
+        ("llama.attention.layer_norm_rms_epsilon", 1e-5),
+    ];
+    b.extend(((kv_u32.len() + kv_f32.len() + 1) as u64).to_le_bytes());
+    put_str(&mut b, "general.architecture");
+    b.extend(8u32.to_le_bytes());
+    put_str(&mut b, "llama");
+    for (k, v) in kv_u32 {
+        put_str(&mut b, k);
+        b.extend(4u32.to_le_bytes());
+        b.extend(v.to_le_bytes());
+    }
+    for (k, v) in kv_f32 {
+        put_str(&mut b, k);
+        b.extend(6u32.to_le_bytes());
+        b.extend(v.to_le_bytes());
+    }
+    let mut data = Vec::new();
+    for (name, rows, cols, ggml_type, bytes) in tensors {
+        put_str(&mut b, name);
+        let dims: Vec<u64> = if *rows == 1 {
+            vec![*cols as u64]
+        } else {
+            vec![*cols as u64, *rows as u64]
+        };
+        b.extend((dims.len() as u32).to_le_bytes());
+        for d in dims {
+            b.extend(d.to_le_bytes());
+        }
+        b.extend(ggml_type.to_le_bytes());
+        b.extend((data.len() as u64).to_le_bytes());
+        data.extend(bytes);
+        while data.len() % 32 != 0 {
+            data.push(0);
+        }
+    }
+    while b.len() % 32 != 0 {
+        b.push(0);
+    }
+    b.extend(data);
+    std::fs::write(path, b).expect("write the GGUF");
+}
