@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Convert a (tiny) Qwen2 or Qwen3-MoE safetensors directory to a GGUF file in llama.cpp's `qwen2`
-or `qwen3moe` layout.
+"""Convert a (tiny) Qwen2, Qwen3-MoE or LFM2 safetensors directory to a GGUF file in llama.cpp's
+`qwen2`, `qwen3moe` or `lfm2` layout.
 
 Lays the tensors out as llama.cpp's converter (convert_hf_to_gguf.py: Qwen2Model, Qwen3MoeModel)
 does — no permutation of the q/k rows (both run NeoX rope), Qwen2's q/k/v biases as
-`attn_{q,k,v}.bias`, Qwen3's q/k norms as `attn_{q,k}_norm`, each MoE layer's router as
+`attn_{q,k,v}.bias`, Qwen3's q/k norms as `attn_{q,k}_norm`, LFM2's short convolutions as
+`shortconv.{in_proj,conv,out_proj}` (the conv squeezed to [hidden, taps]), its per-layer KV head
+counts with 0 for a conv layer and its final norm as `token_embd_norm`, each MoE layer's router as
 `ffn_gate_inp` and its experts stacked into 3-D `ffn_{gate,up,down}_exps` tensors, the LM head
 omitted when the embedding is tied — so anelm's GGUF path is tested against the same transformers
 reference as the safetensors one. A layer with a dense FFN (`mlp_only_layers`) keeps
@@ -26,7 +28,7 @@ from safetensors.numpy import load_file
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import qwen35_gguf  # noqa: E402
 
-ARCHES = {"qwen2": "qwen2", "qwen3_moe": "qwen3moe"}
+ARCHES = {"qwen2": "qwen2", "qwen3_moe": "qwen3moe", "lfm2": "lfm2"}
 
 LAYER = {
     "input_layernorm.weight": "attn_norm.weight",
@@ -40,6 +42,18 @@ LAYER = {
     "self_attn.q_norm.weight": "attn_q_norm.weight",
     "self_attn.k_norm.weight": "attn_k_norm.weight",
     "mlp.gate.weight": "ffn_gate_inp.weight",
+    # LFM2
+    "operator_norm.weight": "attn_norm.weight",
+    "feed_forward.w1.weight": "ffn_gate.weight",
+    "feed_forward.w3.weight": "ffn_up.weight",
+    "feed_forward.w2.weight": "ffn_down.weight",
+    "self_attn.out_proj.weight": "attn_output.weight",
+    "self_attn.q_layernorm.weight": "attn_q_norm.weight",
+    "self_attn.k_layernorm.weight": "attn_k_norm.weight",
+    "conv.in_proj.weight": "shortconv.in_proj.weight",
+    "conv.out_proj.weight": "shortconv.out_proj.weight",
+    "conv.conv.weight": "shortconv.conv.weight",
+    "ffn_norm.weight": "ffn_norm.weight",
     "post_attention_layernorm.weight": "ffn_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
@@ -54,6 +68,8 @@ def gguf_name(hf):
         return "token_embd.weight"
     if hf == "model.norm.weight":
         return "output_norm.weight"
+    if hf == "model.embedding_norm.weight":
+        return "token_embd_norm.weight"
     if hf == "lm_head.weight":
         return "output.weight"
     parts = hf.split(".")
@@ -90,11 +106,28 @@ def main(src, out):
     u32("block_count", cfg["num_hidden_layers"])
     u32("context_length", cfg.get("max_position_embeddings", 32768))
     u32("embedding_length", cfg["hidden_size"])
-    u32("feed_forward_length", cfg["intermediate_size"])
+    kv_heads = cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+    if ARCH != "lfm2":
+        u32("feed_forward_length", cfg["intermediate_size"])
     u32("attention.head_count", cfg["num_attention_heads"])
-    u32("attention.head_count_kv", cfg.get("num_key_value_heads", cfg["num_attention_heads"]))
+    if ARCH == "lfm2":
+        ffn = cfg["intermediate_size"]
+        if cfg.get("block_auto_adjust_ff_dim", True):
+            ffn = int(2 * ffn / 3)
+            if cfg.get("block_ffn_dim_multiplier") is not None:
+                ffn = int(cfg["block_ffn_dim_multiplier"] * ffn)
+                m = cfg.get("block_multiple_of", 256)
+                ffn = m * ((ffn + m - 1) // m)
+        u32("feed_forward_length", ffn)
+        w.add_array(f"{ARCH}.attention.head_count_kv",
+                    [0 if t == "conv" else kv_heads for t in cfg["layer_types"]])
+        u32("shortconv.l_cache", cfg.get("conv_L_cache", 3))
+        u32("vocab_size", cfg["vocab_size"])
+        tensors = {k: (v.reshape(v.shape[0], -1) if k.endswith("conv.conv.weight") else v) for k, v in tensors.items()}
+    else:
+        u32("attention.head_count_kv", kv_heads)
     w.add_float32(f"{ARCH}.rope.freq_base", float(rope.get("rope_theta", cfg.get("rope_theta", 1e6))))
-    w.add_float32(f"{ARCH}.attention.layer_norm_rms_epsilon", float(cfg.get("rms_norm_eps", 1e-6)))
+    w.add_float32(f"{ARCH}.attention.layer_norm_rms_epsilon", float(cfg.get("rms_norm_eps", cfg.get("norm_eps", 1e-6))))
     if "head_dim" in cfg:
         u32("attention.key_length", cfg["head_dim"])
         u32("attention.value_length", cfg["head_dim"])

@@ -50,6 +50,6 @@ mkdir -p crates/anelm-engine/tests/fixtures/gguf
 for name in qwen3_5_text qwen3_5; do
   "$venv/bin/python" scripts/qwen35-to-gguf.py "$hf/$name" "crates/anelm-engine/tests/fixtures/gguf/$name.gguf"
 done
-for name in qwen2 qwen3_moe; do
+for name in qwen2 qwen3_moe lfm2; do
   "$venv/bin/python" scripts/llama-family-to-gguf.py "$hf/$name" "crates/anelm-engine/tests/fixtures/gguf/$name.gguf"
 done

@@ -2,7 +2,7 @@
 # Regenerate the llama.cpp reference fixtures in fixtures/llamacpp/ (see its README): greedy
 # continuations of fixed raw prompts with llama.cpp's top-2 log-probabilities per generated
 # token, for the default model (SmolLM2-135M-Instruct Q4_1), Gemma 3 270M Q4_K_M and the tiny
-# random-weight Qwen3.5, Qwen2 and Qwen3-MoE GGUF fixtures.
+# random-weight Qwen3.5, Qwen2, LFM2 and Qwen3-MoE GGUF fixtures.
 #
 #   scripts/make-llamacpp-fixtures.sh [--out DIR] [--threads N]
 #
@@ -69,6 +69,11 @@ SETS = [
      "qwen2.gguf (the tiny random-weight Qwen2 fixture, F32, scripts/llama-family-to-gguf.py)", 16, [
         "hello world",
         "the biases of the tiny model",
+    ]),
+    ("lfm2-fixture-llamacpp-greedy.json", "crates/anelm-engine/tests/fixtures/gguf/lfm2.gguf",
+     "lfm2.gguf (the tiny random-weight LFM2 fixture, F32, scripts/llama-family-to-gguf.py)", 16, [
+        "hello world",
+        "short convolutions of the tiny hybrid",
     ]),
     ("qwen3moe-fixture-llamacpp-greedy.json", "crates/anelm-engine/tests/fixtures/gguf/qwen3_moe.gguf",
      "qwen3_moe.gguf (the tiny random-weight Qwen3-MoE fixture, F32, scripts/llama-family-to-gguf.py)", 16, [

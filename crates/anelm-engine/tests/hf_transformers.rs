@@ -449,6 +449,14 @@ fn lfm2_matches_transformers() {
     run_all("lfm2");
 }
 
+/// The LFM2 fixture in llama.cpp's `lfm2` GGUF layout (`scripts/llama-family-to-gguf.py`: conv
+/// layers marked by a KV head count of 0, the conv squeezed to [hidden, taps], the final norm as
+/// `token_embd_norm`).
+#[test]
+fn lfm2_gguf_layout_matches_transformers() {
+    run_checks(&gguf_fixture("lfm2"));
+}
+
 /// A Llama-family fixture in llama.cpp's GGUF layout (`scripts/llama-family-to-gguf.py`): Qwen2's
 /// biases as `attn_{q,k,v}.bias`, Qwen3-MoE's experts stacked into 3-D `ffn_*_exps` tensors, NeoX
 /// rope without permuted rows. A Llama-family GGUF rounds K/V to f16 as llama.cpp's cache does;

@@ -13,9 +13,8 @@
 //!   (`block_auto_adjust_ff_dim`: two thirds, times `block_ffn_dim_multiplier`, rounded up to
 //!   `block_multiple_of`), and checked against the weights' shapes when they load.
 //!
-//! Layer kinds come from `layer_types` (`conv` / `full_attention`) or `full_attn_idxs`. Hugging
-//! Face safetensors only for now: llama.cpp's `lfm2` GGUF names are in [`TensorNames`] but its
-//! metadata (per-layer KV head counts marking the conv layers) is not read yet.
+//! Layer kinds come from `layer_types` (`conv` / `full_attention`) or `full_attn_idxs`, or in
+//! llama.cpp's `lfm2` GGUF from the per-layer KV head counts (0 marks a conv layer).
 
 use std::sync::Arc;
 
@@ -26,7 +25,7 @@ use anelm_model::tensor_store::TensorStore;
 use serde_json::Value;
 
 use crate::arch::attention::Attention;
-use crate::arch::config_read::{check_heads, check_plausible, check_sizes, hf_heads, need};
+use crate::arch::config_read::{GgufMeta, check_heads, check_plausible, check_sizes, hf_heads, need};
 use crate::arch::decoder::{Decoder, DecoderEnds, DecoderLayers, EndsSpec};
 use crate::arch::kernel_compile::CompiledLayer;
 use crate::arch::kernel_list::{KernelDesc, KernelList, LayerKernels};
@@ -69,12 +68,43 @@ pub struct Lfm2Config {
 }
 
 impl Lfm2Config {
-    /// llama.cpp's `lfm2` GGUF layout is not read yet (its per-layer KV head counts mark the conv
-    /// layers): a clear error.
-    pub fn from_gguf(_: &GgufFile) -> Result<Self> {
-        Err(EngineError::Config(
-            "LFM2 GGUF files are not supported yet: use the Hugging Face safetensors directory".into(),
-        ))
+    /// From a GGUF file's `lfm2.*` metadata (llama.cpp's converter): a layer is a convolution
+    /// where its `attention.head_count_kv` entry is 0, the taps are `shortconv.l_cache`, the
+    /// FFN width is already adjusted, the final norm is stored as `token_embd_norm`.
+    pub fn from_gguf(g: &GgufFile) -> Result<Self> {
+        let m = GgufMeta::new(g, "lfm2");
+        let hidden_size = m.usize("embedding_length")?;
+        let n_layers = m.usize("block_count")?;
+        let n_heads = m.heads()?;
+        let kv = g
+            .get_i32_array("lfm2.attention.head_count_kv")
+            .filter(|a| a.len() == n_layers && a.iter().all(|&k| k >= 0))
+            .ok_or_else(|| {
+                EngineError::Config(format!(
+                    "lfm2.attention.head_count_kv must list {n_layers} head counts (0 for a conv layer)"
+                ))
+            })?;
+        let n_kv_heads = kv.iter().copied().find(|&k| k > 0).unwrap_or(n_heads as i32) as usize;
+        if kv.iter().any(|&k| k > 0 && k as usize != n_kv_heads) {
+            return Err(EngineError::Config(
+                "LFM2 attention layers with different KV head counts are not supported".into(),
+            ));
+        }
+        let cfg = Self {
+            vocab_size: m.vocab()?,
+            hidden_size,
+            intermediate_size: m.usize("feed_forward_length")?,
+            conv: kv.iter().map(|&k| k == 0).collect(),
+            n_heads,
+            n_kv_heads,
+            head_dim: m.head_dim(hidden_size, n_heads),
+            rope_theta: m.opt_f32("rope.freq_base").unwrap_or(1_000_000.0),
+            norm_eps: m.opt_f32("attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
+            conv_taps: m.usize("shortconv.l_cache")?,
+            context_length: m.opt_usize("context_length").unwrap_or(128_000),
+        };
+        cfg.validate()?;
+        Ok(cfg)
     }
 
     /// From a Hugging Face `config.json` (`model_type` `lfm2`).
@@ -220,10 +250,10 @@ fn ffn_width(raw: &Value, intermediate: usize) -> Result<usize> {
     Ok(width)
 }
 
-/// The registry entry: LFM2 (Hugging Face safetensors).
+/// The registry entry: LFM2 (Hugging Face safetensors and llama.cpp's `lfm2` GGUF).
 pub static ARCHITECTURE: Architecture = Architecture {
     name: "lfm2",
-    gguf_names: &[],
+    gguf_names: &["lfm2"],
     hf_model_types: &["lfm2"],
     load_gguf: registry::load_gguf::<Lfm2Config>,
     load_hf: registry::load_hf::<Lfm2Config>,
