@@ -13,18 +13,15 @@ prompt. The batch is embedded with left and with right padding and the two must 
 script stops otherwise), so the reference does not depend on the padding side.
 """
 
-import json
 import os
 import sys
 
-import sentence_transformers
-import tokenizers
 import torch
 import transformers
 from sentence_transformers import SentenceTransformer, models
-from tokenizers import Tokenizer, decoders, pre_tokenizers, processors
-from tokenizers.models import BPE
-from tokenizers.trainers import BpeTrainer
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import st_fixture  # noqa: E402
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -49,23 +46,16 @@ QUERY_PROMPT = "Instruct: find related notes\nQuery: "
 
 
 def make_tokenizer(path: str) -> transformers.PreTrainedTokenizerFast:
-    tk = Tokenizer(BPE(unk_token=None))
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tk.decoder = decoders.ByteLevel()
-    trainer = BpeTrainer(
-        vocab_size=320,
-        special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
+    return st_fixture.bpe_tokenizer(
+        path,
+        CORPUS,
+        ["<|endoftext|>"],
+        "$A <|endoftext|>",
+        "$A <|endoftext|> $B <|endoftext|>",
+        ["<|endoftext|>"],
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
     )
-    tk.train_from_iterator(CORPUS, trainer)
-    eos = tk.token_to_id("<|endoftext|>")
-    tk.post_processor = processors.TemplateProcessing(
-        single="$A <|endoftext|>", pair="$A <|endoftext|> $B <|endoftext|>", special_tokens=[("<|endoftext|>", eos)]
-    )
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
-    fast.save_pretrained(path)
-    return fast
 
 
 def make_model(path: str, vocab: int) -> None:
@@ -128,28 +118,15 @@ def main() -> None:
         if diff > 1e-5:
             sys.exit(f"error: left and right padding give different embeddings (max |diff| {diff})")
         prefix = QUERY_PROMPT if prompt_name else ""
-        rows = []
-        for text, emb in zip(TEXTS, left):
-            ids = model.tokenize([prefix + text])["input_ids"][0].tolist()
-            rows.append({"text": text, "token_ids": [int(i) for i in ids], "embedding": [float(v) for v in emb]})
-        records[prompt_name or "none"] = rows
-    doc = {
-        "model": "tiny random-weight Qwen3 decoder embedder (scripts/make-decoder-embedder-fixture.py)",
-        "pooling": "lasttoken",
-        "query_prompt": QUERY_PROMPT,
-        "made_with": {
-            "sentence_transformers": sentence_transformers.__version__,
-            "transformers": transformers.__version__,
-            "tokenizers": tokenizers.__version__,
-            "torch": torch.__version__,
-        },
-        "texts": records["none"],
-        "query_texts": records["query"],
-    }
-    with open(os.path.join(out, "reference.json"), "w", encoding="utf-8") as f:
-        json.dump(doc, f, ensure_ascii=False, indent=1)
-        f.write("\n")
-    print(f"wrote {out}: {len(TEXTS)} texts, with and without the query prompt", file=sys.stderr)
+        records[prompt_name or "none"] = st_fixture.rows(model, TEXTS, prefix, left)
+    st_fixture.write_reference(
+        out,
+        "tiny random-weight Qwen3 decoder embedder (scripts/make-decoder-embedder-fixture.py)",
+        "lasttoken",
+        QUERY_PROMPT,
+        records["none"],
+        records["query"],
+    )
 
 
 if __name__ == "__main__":

@@ -15,18 +15,15 @@ holds, for texts of different lengths embedded in one batch, the token ids the m
 embeddings, with and without the query prompt.
 """
 
-import json
 import os
 import sys
 
-import sentence_transformers
-import tokenizers
 import torch
 import transformers
 from sentence_transformers import SentenceTransformer, models
-from tokenizers import Tokenizer, decoders, pre_tokenizers, processors
-from tokenizers.models import BPE
-from tokenizers.trainers import BpeTrainer
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import st_fixture  # noqa: E402
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -49,24 +46,9 @@ TEXTS = [
 
 def make_tokenizer(path: str, specials: list, first: str, last: str, **names) -> transformers.PreTrainedTokenizerFast:
     """A BPE tokenizer whose post-processor puts `first` before a text and `last` after it."""
-    tk = Tokenizer(BPE(unk_token=None))
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tk.decoder = decoders.ByteLevel()
-    trainer = BpeTrainer(
-        vocab_size=320,
-        special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
+    return st_fixture.bpe_tokenizer(
+        path, CORPUS, specials, f"{first} $A {last}", f"{first} $A {last} $B {last}", [first, last], **names
     )
-    tk.train_from_iterator(CORPUS, trainer)
-    tk.post_processor = processors.TemplateProcessing(
-        single=f"{first} $A {last}",
-        pair=f"{first} $A {last} $B {last}",
-        special_tokens=[(first, tk.token_to_id(first)), (last, tk.token_to_id(last))],
-    )
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tk, **names)
-    fast.save_pretrained(path)
-    return fast
 
 
 def gemma_model(path: str, vocab: int) -> None:
@@ -188,28 +170,15 @@ def main() -> None:
             TEXTS, batch_size=len(TEXTS), convert_to_numpy=True, prompt_name=prompt_name, precision="float32"
         )
         prefix = query_prompt if prompt_name else ""
-        rows = []
-        for text, emb in zip(TEXTS, embs):
-            ids = model.tokenize([prefix + text])["input_ids"][0].tolist()
-            rows.append({"text": text, "token_ids": [int(i) for i in ids], "embedding": [float(v) for v in emb]})
-        records[prompt_name or "none"] = rows
-    doc = {
-        "model": f"tiny random-weight {kind} embedder (scripts/make-encoder-embedder-fixtures.py)",
-        "pooling": "mean",
-        "query_prompt": query_prompt,
-        "made_with": {
-            "sentence_transformers": sentence_transformers.__version__,
-            "transformers": transformers.__version__,
-            "tokenizers": tokenizers.__version__,
-            "torch": torch.__version__,
-        },
-        "texts": records["none"],
-        "query_texts": records["query"],
-    }
-    with open(os.path.join(out, "reference.json"), "w", encoding="utf-8") as f:
-        json.dump(doc, f, ensure_ascii=False, indent=1)
-        f.write("\n")
-    print(f"wrote {out}: {len(TEXTS)} texts, with and without the query prompt", file=sys.stderr)
+        records[prompt_name or "none"] = st_fixture.rows(model, TEXTS, prefix, embs)
+    st_fixture.write_reference(
+        out,
+        f"tiny random-weight {kind} embedder (scripts/make-encoder-embedder-fixtures.py)",
+        "mean",
+        query_prompt,
+        records["none"],
+        records["query"],
+    )
 
 
 if __name__ == "__main__":

@@ -474,11 +474,7 @@ fn llama_family_gguf_fixture(name: &'static str, arch: &str) -> Fixture {
     let mut cfg = LlamaConfig::from_gguf(&gguf).expect("config");
     assert_eq!(cfg.architecture, arch);
     cfg.attention_precision = anelm_engine::ops::AttentionPrecision::F32;
-    let store: std::sync::Arc<dyn TensorStore> = if cfg.moe.is_some() {
-        std::sync::Arc::new(anelm_engine::expert_slices::ExpertSlices::new(gguf.clone()))
-    } else {
-        gguf.clone()
-    };
+    let store: std::sync::Arc<dyn TensorStore> = anelm_engine::expert_slices::ExpertSlices::over(gguf.clone());
     f.model = Box::new(
         Llama::load_with(
             cfg,

@@ -61,8 +61,9 @@ pub struct DecoderEnds {
     pub output_norm: Vec<f32>,
     /// Its epsilon.
     pub norm_eps: f32,
-    /// LayerNorm without a bias (ModernBERT) instead of RMSNorm.
-    pub layer_norm: bool,
+    /// LayerNorm without a bias (ModernBERT) instead of RMSNorm: its (zero) bias, one per hidden
+    /// value; `None` for RMSNorm.
+    pub layer_norm_bias: Option<Vec<f32>>,
     /// The LM head; `None` for a trunk loaded for embeddings.
     pub lm_head: Option<Box<dyn Kernel>>,
     /// `cap · tanh(logit / cap)` on the logits (Gemma 3).
@@ -108,7 +109,7 @@ impl DecoderEnds {
             embed_scale: spec.embed_scale,
             output_norm: norm_vector(store, &names.name(Tensor::OutputNorm)?, spec.hidden, spec.norm_offset)?,
             norm_eps: spec.norm_eps,
-            layer_norm: spec.layer_norm,
+            layer_norm_bias: spec.layer_norm.then(|| vec![0.0; spec.hidden]),
             lm_head,
             final_softcap: spec.final_softcap,
         })
@@ -161,13 +162,11 @@ impl<L: DecoderLayers> Decoder<L> {
         commit_tokens(items);
         let wanted = wanted_lanes(items);
         let mut normed = Batch::zeros(wanted.len(), h);
-        let zeros = if self.ends.layer_norm { vec![0.0; h] } else { Vec::new() };
         for (row, &lane) in wanted.iter().enumerate() {
             let (w, eps) = (&self.ends.output_norm, self.ends.norm_eps);
-            if self.ends.layer_norm {
-                layer_norm(x.lane(lane), w, &zeros, eps, normed.lane_mut(row));
-            } else {
-                rms_norm(x.lane(lane), w, eps, 0.0, normed.lane_mut(row));
+            match &self.ends.layer_norm_bias {
+                Some(b) => layer_norm(x.lane(lane), w, b, eps, normed.lane_mut(row)),
+                None => rms_norm(x.lane(lane), w, eps, 0.0, normed.lane_mut(row)),
             }
         }
         Ok(normed)

@@ -359,14 +359,10 @@ impl Decoder<Gemma3Layers> {
         )?;
         progress(n_layers + 1, n_layers + 1);
         let attn = |window: Option<usize>| Attention {
-            n_heads: cfg.n_heads,
-            n_kv_heads: cfg.n_kv_heads,
-            head_dim: hd,
             scale: 1.0 / cfg.query_pre_attn_scalar.sqrt(),
             window,
-            softcap: None,
-            precision: cfg.attention_precision,
             causal: !cfg.bidirectional,
+            ..Attention::causal(cfg.n_heads, cfg.n_kv_heads, hd, cfg.attention_precision)
         };
         let (attn_global, attn_local) = (attn(None), attn(Some(cfg.sliding_window)));
         let info = ModelInfo {

@@ -371,11 +371,6 @@ impl Decoder<Lfm2Layers> {
         };
         Ok(Decoder::new(layers, ends, info))
     }
-
-    /// The configuration.
-    pub fn config(&self) -> &Lfm2Config {
-        &self.layers.cfg
-    }
 }
 
 /// One step's shared values: RoPE angles per lane and the scratch rows.

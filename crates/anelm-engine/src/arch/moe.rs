@@ -53,11 +53,7 @@ impl MoeConfig {
         let top_k = uint("num_experts_per_tok").unwrap_or(1);
         let expert_ffn = uint("moe_intermediate_size")
             .ok_or_else(|| EngineError::Config("num_experts is set but moe_intermediate_size is missing".into()))?;
-        if top_k == 0 || top_k > experts || experts > 4096 || expert_ffn == 0 || expert_ffn > 1 << 20 {
-            return Err(EngineError::Config(format!(
-                "implausible mixture of experts: {top_k} of {experts} experts of width {expert_ffn}"
-            )));
-        }
+        check_plausible(experts, top_k, expert_ffn)?;
         let step = uint("decoder_sparse_step").unwrap_or(1).max(1);
         let dense_only: Vec<u64> = raw
             .get("mlp_only_layers")
@@ -87,11 +83,7 @@ impl MoeConfig {
         };
         let top_k = m.usize("expert_used_count")?;
         let expert_ffn = m.usize("expert_feed_forward_length")?;
-        if top_k == 0 || top_k > experts || experts > 4096 || expert_ffn == 0 || expert_ffn > 1 << 20 {
-            return Err(EngineError::Config(format!(
-                "implausible mixture of experts: {top_k} of {experts} experts of width {expert_ffn}"
-            )));
-        }
+        check_plausible(experts, top_k, expert_ffn)?;
         Ok(Some(Self {
             experts,
             top_k,
@@ -102,6 +94,17 @@ impl MoeConfig {
                 .collect(),
         }))
     }
+}
+
+/// An error unless `top_k` of `experts` experts of width `expert_ffn` is a mixture a real file
+/// could hold.
+fn check_plausible(experts: usize, top_k: usize, expert_ffn: usize) -> Result<()> {
+    if top_k == 0 || top_k > experts || experts > 4096 || expert_ffn == 0 || expert_ffn > 1 << 20 {
+        return Err(EngineError::Config(format!(
+            "implausible mixture of experts: {top_k} of {experts} experts of width {expert_ffn}"
+        )));
+    }
+    Ok(())
 }
 
 /// One loaded MoE FFN.
@@ -160,8 +163,10 @@ impl MoeFfn {
             softmax(&mut probs);
             order.clear();
             order.extend(0..probs.len());
-            // Highest probability first; ties to the lower expert index.
-            order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
+            // The top_k by probability, ties to the lower expert index (a total order, so the set
+            // is the one a full sort would keep; their order does not matter: each expert adds
+            // its share in expert order below).
+            order.select_nth_unstable_by(self.top_k - 1, |&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
             let kept = &order[..self.top_k];
             let total: f32 = kept.iter().map(|&e| probs[e]).sum();
             for &e in kept {
