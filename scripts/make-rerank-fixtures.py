@@ -14,6 +14,14 @@ model, its raw logit and `CrossEncoder.predict`'s score (sigmoid, its default fo
 OUT_DIR/classifier/: the same trunk with a 3-label head (id2label negative/neutral/positive);
 reference.json holds transformers' softmax probabilities for single texts.
 
+OUT_DIR/modernbert-cross-encoder/: a ModernBertForSequenceClassification (4 layers, global and
+local attention with 8 positions either side, mean pooling, a dense bias, num_labels 1) with a
+byte-level BPE tokenizer, as gte-reranker-modernbert is laid out; reference.json as for
+cross-encoder/ (CrossEncoder's ids, logits and sigmoid scores, checked against transformers).
+
+OUT_DIR/modernbert-classifier/: the same trunk with a 3-label head ([CLS] pooling, the tanh GELU);
+reference.json holds transformers' softmax probabilities for single texts.
+
 OUT_DIR/decoder-reranker/: a Qwen3ForCausalLM (2 layers, width 64) with a byte-level BPE
 tokenizer that has "yes" and "no" as single tokens, and the chat markers. reference.json holds,
 for (query, document) pairs in Qwen3-Reranker's prompt format, the token ids and P(yes) =
@@ -33,6 +41,9 @@ from sentence_transformers import CrossEncoder
 from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import BPE, WordPiece
 from tokenizers.trainers import BpeTrainer, WordPieceTrainer
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import st_fixture  # noqa: E402
 
 CORPUS = [
     "What is the capital of France? Paris is the capital and largest city of France.",
@@ -250,6 +261,130 @@ def classifier(out: str, tok_dir: str) -> None:
     )
 
 
+def modernbert_tokenizer(path: str) -> transformers.PreTrainedTokenizerFast:
+    """ModernBERT's layout: `[CLS] A [SEP]` and `[CLS] A [SEP] B [SEP]`, no token types fed to the model."""
+    return st_fixture.bpe_tokenizer(
+        path, CORPUS + [LONG_DOC], ["[PAD]", "[SEP]", "[CLS]", "[MASK]", "[UNK]"],
+        "[CLS] $A [SEP]", "[CLS] $A [SEP] $B:1 [SEP]:1", ["[CLS]", "[SEP]"],
+        cls_token="[CLS]", sep_token="[SEP]", pad_token="[PAD]", mask_token="[MASK]", unk_token="[UNK]",
+        model_max_length=MAX_POSITIONS, model_input_names=["input_ids", "attention_mask"],
+    )
+
+
+def modernbert_classifier_model(path: str, fast, labels: list, seed: int, **head) -> None:
+    ids = {t: fast.convert_tokens_to_ids(t) for t in ["[PAD]", "[SEP]", "[CLS]"]}
+    cfg = transformers.ModernBertConfig(
+        vocab_size=len(fast),
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        max_position_embeddings=512,
+        norm_eps=1e-5,
+        local_attention=16,
+        global_attn_every_n_layers=3,
+        global_rope_theta=160000.0,
+        local_rope_theta=10000.0,
+        hidden_activation="gelu",
+        pad_token_id=ids["[PAD]"],
+        sep_token_id=ids["[SEP]"],
+        eos_token_id=ids["[SEP]"],
+        cls_token_id=ids["[CLS]"],
+        bos_token_id=ids["[CLS]"],
+        num_labels=len(labels),
+        id2label=dict(enumerate(labels)),
+        label2id={label: i for i, label in enumerate(labels)},
+        architectures=["ModernBertForSequenceClassification"],
+        **head,
+    )
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = transformers.ModernBertForSequenceClassification(cfg).eval().float()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif "embeddings" in name:
+                p.copy_(0.5 * torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5)
+    model.save_pretrained(path)
+
+
+def modernbert_cross_encoder(out: str) -> None:
+    fast = modernbert_tokenizer(out)
+    modernbert_classifier_model(out, fast, ["LABEL_0"], seed=43, classifier_pooling="mean", classifier_bias=True)
+    cfg_path = os.path.join(out, "config.json")
+    with open(cfg_path, encoding="utf-8") as f:
+        cfg = json.load(f)
+    cfg["sentence_transformers"] = {"activation_fn": "torch.nn.modules.activation.Sigmoid"}
+    write(cfg_path, cfg)
+
+    ce = CrossEncoder(out, device="cpu", model_kwargs={"attn_implementation": "eager"})
+    ce.eval()
+    assert ce.max_seq_length == MAX_POSITIONS, ce.max_seq_length
+    scores = ce.predict(PAIRS, batch_size=8, convert_to_numpy=True)
+    logits = ce.predict(PAIRS, batch_size=8, convert_to_numpy=True, activation_fn=torch.nn.Identity())
+    hf = transformers.ModernBertForSequenceClassification.from_pretrained(out, attn_implementation="eager").eval()
+    records = []
+    for (q, d), score, logit in zip(PAIRS, scores, logits):
+        ids = ce.preprocess([[q, d]])["input_ids"][0].tolist()
+        plain = fast(q, d, truncation="longest_first", max_length=MAX_POSITIONS)
+        if ids != plain["input_ids"]:
+            sys.exit(f"error: CrossEncoder's ids differ from the tokenizer's for {(q, d)!r}")
+        with torch.no_grad():
+            ref = hf(input_ids=torch.tensor([ids])).logits[0, 0].item()
+        if abs(ref - float(logit)) > 1e-5:
+            sys.exit(f"error: transformers' logit {ref} differs from CrossEncoder's {logit}")
+        records.append({"query": q, "document": d, "token_ids": ids, "logit": float(logit), "score": float(score)})
+    truncated = sum(len(r["token_ids"]) == MAX_POSITIONS for r in records)
+    longest = max(len(r["token_ids"]) for r in records)
+    if truncated < 3 or longest <= 2 * 9:
+        sys.exit(f"error: only {truncated} pairs reach {MAX_POSITIONS} tokens")
+    write(
+        os.path.join(out, "reference.json"),
+        {
+            "model": "tiny random ModernBertForSequenceClassification cross-encoder (scripts/make-rerank-fixtures.py)",
+            "max_length": MAX_POSITIONS,
+            "activation": "sigmoid",
+            "made_with": versions(),
+            "pairs": records,
+        },
+    )
+
+
+def modernbert_classifier(out: str, tok_dir: str) -> None:
+    fast = transformers.PreTrainedTokenizerFast.from_pretrained(tok_dir)
+    fast.save_pretrained(out)
+    labels = ["negative", "neutral", "positive"]
+    modernbert_classifier_model(out, fast, labels, seed=44, classifier_pooling="cls",
+                                classifier_activation="gelu_pytorch_tanh")
+    model = transformers.ModernBertForSequenceClassification.from_pretrained(out, attn_implementation="eager").eval()
+    records = []
+    for text in CLASSIFY_TEXTS:
+        enc = fast(text, truncation=True, max_length=MAX_POSITIONS, return_tensors="pt")
+        with torch.no_grad():
+            logits = model(**enc).logits[0]
+        probs = torch.softmax(logits, dim=-1)
+        records.append(
+            {
+                "text": text,
+                "token_ids": enc["input_ids"][0].tolist(),
+                "logits": [float(v) for v in logits],
+                "probabilities": [float(v) for v in probs],
+            }
+        )
+    write(
+        os.path.join(out, "reference.json"),
+        {
+            "model": "tiny random 3-label ModernBertForSequenceClassification (scripts/make-rerank-fixtures.py)",
+            "labels": labels,
+            "made_with": versions(),
+            "texts": records,
+        },
+    )
+
+
 def bpe(path: str) -> transformers.PreTrainedTokenizerFast:
     tk = Tokenizer(BPE(unk_token=None))
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -336,7 +471,13 @@ def main() -> None:
     dec_dir = os.path.join(out, "decoder-reranker")
     os.makedirs(dec_dir, exist_ok=True)
     decoder_reranker(dec_dir)
-    print(f"wrote {ce_dir}, {cls_dir} and {dec_dir}", file=sys.stderr)
+    mb_ce_dir = os.path.join(out, "modernbert-cross-encoder")
+    os.makedirs(mb_ce_dir, exist_ok=True)
+    modernbert_cross_encoder(mb_ce_dir)
+    mb_cls_dir = os.path.join(out, "modernbert-classifier")
+    os.makedirs(mb_cls_dir, exist_ok=True)
+    modernbert_classifier(mb_cls_dir, mb_ce_dir)
+    print(f"wrote {ce_dir}, {cls_dir}, {dec_dir}, {mb_ce_dir} and {mb_cls_dir}", file=sys.stderr)
 
 
 if __name__ == "__main__":

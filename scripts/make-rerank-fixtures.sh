@@ -2,8 +2,8 @@
 # Regenerate crates/anelm-engine/tests/fixtures/rerank/: a tiny random-weight cross-encoder
 # (BertForSequenceClassification, one label) with sentence-transformers' CrossEncoder scores, a
 # 3-label sequence classifier with transformers' probabilities, and a tiny random Qwen3 yes/no
-# reranker with transformers' P(yes) in Qwen3-Reranker's prompt format
-# (scripts/make-rerank-fixtures.py; checked by crates/anelm-engine/tests/rerank.rs).
+# reranker with transformers' P(yes) in Qwen3-Reranker's prompt format, and the same two
+# sequence classifiers on a ModernBERT trunk (scripts/make-rerank-fixtures.py; checked by crates/anelm-engine/tests/rerank.rs).
 #
 # Uses the virtualenv of scripts/make-embedding-fixtures.sh (pinned torch, transformers and
 # sentence-transformers from PyPI), creating it once. The tests read the committed fixtures and

@@ -1,9 +1,14 @@
-//! `CrossEncoder`: a BERT sequence classifier (`BertForSequenceClassification`, the files of a
-//! sentence-transformers CrossEncoder directory) that reads a query and a document together
-//! (`[CLS] query [SEP] document [SEP]`, token types 0 then 1) and gives `num_labels` logits
-//! from the pooler and classifier over `[CLS]`. Pairs longer than the model's limit are
-//! truncated longest-first, as sentence-transformers truncates them. Many pairs are packed into
-//! each forward, unpadded, as the embedder packs texts.
+//! `CrossEncoder`: a sequence classifier (the files of a sentence-transformers CrossEncoder
+//! directory) that reads a query and a document together (`[CLS] query [SEP] document [SEP]`)
+//! and gives `num_labels` logits. Two encoders are read:
+//! - `BertForSequenceClassification`: token types 0 then 1, the pooler and classifier over
+//!   `[CLS]` ([`ClassifierHead`]);
+//! - `ModernBertForSequenceClassification` (gte-reranker-modernbert and ModernBERT classifiers):
+//!   the encoder on the shared trunk, its states pooled as `classifier_pooling` says, then the
+//!   prediction head and classifier ([`ModernBertHead`]).
+//!
+//! Pairs longer than the model's limit are truncated longest-first, as sentence-transformers
+//! truncates them. Many pairs are packed into each forward, unpadded, as the embedder packs texts.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -16,7 +21,9 @@ use serde_json::Value;
 
 use crate::arch::bert::{Bert, BertConfig, spans, tensor_prefix};
 use crate::arch::bert_head::ClassifierHead;
+use crate::arch::modernbert_head::ModernBertHead;
 use crate::backend::Backend;
+use crate::decoder_embedder::DecoderTrunk;
 use crate::embedder::TOKENS_PER_FORWARD;
 use crate::error::{EngineError, Result};
 
@@ -60,7 +67,8 @@ pub fn softmax(logits: &[f32]) -> Vec<f32> {
 /// What a cross-encoder is.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CrossEncoderInfo {
-    /// The architecture in `config.json` (`BertForSequenceClassification`).
+    /// The architecture in `config.json` (`BertForSequenceClassification`,
+    /// `ModernBertForSequenceClassification`).
     pub architecture: String,
     /// Label names in logit order (`id2label`).
     pub labels: Vec<String>,
@@ -79,13 +87,28 @@ pub struct Logits {
     pub tokens: usize,
 }
 
+/// The encoder under the classification head.
+enum Network {
+    /// BERT, with token types; the pooler and classifier over `[CLS]`.
+    Bert {
+        model: Box<Bert>,
+        head: ClassifierHead,
+        /// Most tokens per forward (as the BERT embedder packs them).
+        forward_tokens: usize,
+    },
+    /// ModernBERT on the shared trunk (which packs inputs into forwards itself); token types
+    /// are not an input of it.
+    ModernBert {
+        model: Box<DecoderTrunk>,
+        head: ModernBertHead,
+    },
+}
+
 /// A loaded cross-encoder.
 pub struct CrossEncoder {
-    model: Box<Bert>,
-    head: ClassifierHead,
+    network: Network,
     tokenizer: EncoderTokenizer,
     info: CrossEncoderInfo,
-    forward_tokens: usize,
 }
 
 impl std::fmt::Debug for CrossEncoder {
@@ -111,7 +134,7 @@ pub fn sequence_classifier_architecture(dir: &Path) -> Option<String> {
 impl CrossEncoder {
     /// Whether `path` is a sequence classifier's directory (its `config.json` names a
     /// `…ForSequenceClassification` architecture): the directories [`CrossEncoder::load`] takes
-    /// (other encoders than BERT are refused there, with a message).
+    /// (other encoders than BERT and ModernBERT are refused there, with a message).
     pub fn is_cross_encoder_dir(path: &Path) -> bool {
         path.is_dir() && sequence_classifier_architecture(path).is_some()
     }
@@ -135,12 +158,6 @@ impl CrossEncoder {
             ))
         })?;
         let hf = HfConfig::from_file(&dir.join("config.json"))?;
-        if hf.model_type != "bert" {
-            return Err(EngineError::Config(format!(
-                "cross-encoders of type '{}' ({architecture}) are not supported: anelm runs BertForSequenceClassification",
-                hf.model_type
-            )));
-        }
         let labels = read_labels(hf.raw())?;
         let activation = read_activation(hf.raw(), labels.len())?;
         let store: Arc<dyn TensorStore> = Arc::new(SafetensorsDir::open(dir)?);
@@ -150,24 +167,52 @@ impl CrossEncoder {
                 dir.display()
             )));
         }
-        let cfg = BertConfig::from_hf(&hf)?;
-        let prefix = tensor_prefix(store.as_ref());
-        let head = ClassifierHead::load(&store, prefix, cfg.hidden_size, labels.len())?;
-        let model = Bert::load(cfg, &store, backend, progress)?;
-        let cfg = model.config();
-        let max_tokens = crate::embedder::tokenizer_max_length(dir)
-            .unwrap_or(cfg.max_positions)
-            .min(cfg.max_positions);
+        let (network, max_tokens, vocab_size) = match hf.model_type.as_str() {
+            "bert" => {
+                let cfg = BertConfig::from_hf(&hf)?;
+                let prefix = tensor_prefix(store.as_ref());
+                let head = ClassifierHead::load(&store, prefix, cfg.hidden_size, labels.len())?;
+                let model = Bert::load(cfg, &store, backend, progress)?;
+                let cfg = model.config();
+                let max_tokens = crate::embedder::tokenizer_max_length(dir)
+                    .unwrap_or(cfg.max_positions)
+                    .min(cfg.max_positions);
+                let lanes = model.max_lanes();
+                let forward_tokens = if lanes >= max_tokens { lanes } else { TOKENS_PER_FORWARD };
+                let vocab = cfg.vocab_size;
+                let network = Network::Bert {
+                    model: Box::new(model),
+                    head,
+                    forward_tokens,
+                };
+                (network, max_tokens, vocab)
+            }
+            "modernbert" => {
+                let model = DecoderTrunk::load(&hf, store.clone(), backend, progress)?;
+                let head = ModernBertHead::load(&hf, &store, model.hidden_size(), labels.len())?;
+                let ctx = model.context_length().max(2);
+                let max_tokens = crate::embedder::tokenizer_max_length(dir).unwrap_or(ctx).min(ctx);
+                let vocab = model.vocab_size();
+                let network = Network::ModernBert {
+                    model: Box::new(model),
+                    head,
+                };
+                (network, max_tokens, vocab)
+            }
+            other => {
+                return Err(EngineError::Config(format!(
+                    "cross-encoders of type '{other}' ({architecture}) are not supported: anelm runs \
+                     BertForSequenceClassification and ModernBertForSequenceClassification"
+                )));
+            }
+        };
         // No lower-casing of our own: `tokenizer.json`'s normaliser applies `do_lower_case`, as
         // it does for sentence-transformers' CrossEncoder (which adds none either; doing it
         // twice would differ where `str::to_lowercase` does, e.g. a final sigma).
         let tokenizer = EncoderTokenizer::from_dir(dir, max_tokens, false)?;
-        crate::embedder::check_vocab(tokenizer.vocab_size(), cfg.vocab_size)?;
-        let lanes = model.max_lanes();
-        let forward_tokens = if lanes >= max_tokens { lanes } else { TOKENS_PER_FORWARD };
+        crate::embedder::check_vocab(tokenizer.vocab_size(), vocab_size)?;
         Ok(Self {
-            model: Box::new(model),
-            head,
+            network,
             tokenizer,
             info: CrossEncoderInfo {
                 architecture,
@@ -175,7 +220,6 @@ impl CrossEncoder {
                 max_tokens,
                 activation,
             },
-            forward_tokens,
         })
     }
 
@@ -194,22 +238,41 @@ impl CrossEncoder {
     /// The logits of each encoded input (pairs, or single texts with type ids all 0), packed
     /// into as few forwards as the token budget allows.
     pub fn logits_of(&self, inputs: &[PairEncoding]) -> Result<Vec<Logits>> {
+        let (model, head, forward_tokens) = match &self.network {
+            Network::Bert {
+                model,
+                head,
+                forward_tokens,
+            } => (model, head, *forward_tokens),
+            Network::ModernBert { model, head } => {
+                let ids: Vec<&[u32]> = inputs.iter().map(|e| e.ids.as_slice()).collect();
+                let pooled = model.embed(&ids, &[head.pooling()])?;
+                return Ok(pooled
+                    .iter()
+                    .zip(inputs)
+                    .map(|(p, e)| Logits {
+                        logits: head.logits(p),
+                        tokens: e.ids.len(),
+                    })
+                    .collect());
+            }
+        };
         let mut out = Vec::with_capacity(inputs.len());
         let mut start = 0;
         while start < inputs.len() {
             let mut end = start + 1;
             let mut tokens = inputs[start].ids.len();
-            while end < inputs.len() && tokens + inputs[end].ids.len() <= self.forward_tokens {
+            while end < inputs.len() && tokens + inputs[end].ids.len() <= forward_tokens {
                 tokens += inputs[end].ids.len();
                 end += 1;
             }
             let group = &inputs[start..end];
             let ids: Vec<&[u32]> = group.iter().map(|e| e.ids.as_slice()).collect();
             let types: Vec<&[u32]> = group.iter().map(|e| e.type_ids.as_slice()).collect();
-            let states = self.model.encode_typed(&ids, &types)?;
+            let states = model.encode_typed(&ids, &types)?;
             for (span, e) in spans(&ids).into_iter().zip(group) {
                 out.push(Logits {
-                    logits: self.head.logits(states.lane(span.start)),
+                    logits: head.logits(states.lane(span.start)),
                     tokens: e.ids.len(),
                 });
             }

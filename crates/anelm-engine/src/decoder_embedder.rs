@@ -122,17 +122,12 @@ impl DecoderTrunk {
                     break;
                 }
                 let remaining = seqs[i].len() - done[i];
-                if whole && remaining > budget {
-                    if items.is_empty() {
-                        return Err(EngineError::InvalidRequest(format!(
-                            "an input has {remaining} tokens but one forward on this backend takes at most {}: this \
-                             model's attention is bidirectional, so an input cannot be split",
-                            self.step_tokens
-                        )));
-                    }
+                if whole && remaining > budget && !items.is_empty() {
                     break;
                 }
-                let take = remaining.min(budget);
+                // An input longer than a forward's budget with bidirectional attention runs
+                // alone, whole (the kernels split their dispatches themselves).
+                let take = if whole { remaining } else { remaining.min(budget) };
                 let finishes = done[i] + take == seqs[i].len();
                 let logits = match (all_rows, finishes) {
                     (true, _) => LogitsMode::All,
@@ -145,7 +140,7 @@ impl DecoderTrunk {
                     logits,
                 });
                 owners.push((i, take, logits));
-                budget -= take;
+                budget = budget.saturating_sub(take);
             }
             let states = self.model.hidden_states(&mut items)?;
             drop(items);

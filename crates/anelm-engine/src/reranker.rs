@@ -1,4 +1,4 @@
-//! `Reranker`: what `/v1/rerank` serves, a BERT cross-encoder ([`CrossEncoder`]) or a decoder
+//! `Reranker`: what `/v1/rerank` serves, a cross-encoder ([`CrossEncoder`]: BERT or ModernBERT) or a decoder
 //! that scores a yes/no token ([`DecoderReranker`]), chosen by the model's config: a
 //! `…ForSequenceClassification` directory is a cross-encoder, anything else a causal language
 //! model read as a decoder reranker.
@@ -13,7 +13,7 @@ use crate::error::Result;
 /// A loaded reranker.
 #[derive(Debug)]
 pub enum Reranker {
-    /// A BERT sequence classifier over (query, document) pairs.
+    /// A BERT or ModernBERT sequence classifier over (query, document) pairs.
     Cross(Box<CrossEncoder>),
     /// A causal language model's P(yes).
     Decoder(Box<DecoderReranker>),

@@ -4,6 +4,9 @@
 //!   pairs (non-ASCII, three past the 96-token limit, truncated longest-first) the token and
 //!   type ids CrossEncoder feeds it, the raw logit, and `CrossEncoder.predict`'s sigmoid score.
 //! - `classifier/`: a 3-label head; transformers' softmax probabilities of single texts.
+//! - `modernbert-cross-encoder/` and `modernbert-classifier/`: the same on a ModernBERT trunk
+//!   (ModernBertForSequenceClassification: global and local layers, mean and `[CLS]` pooling,
+//!   the prediction head).
 //! - `decoder-reranker/`: a Qwen3ForCausalLM; P(yes) over the yes/no logits at the last position
 //!   of Qwen3-Reranker's prompt, as its model card computes it.
 //!
@@ -47,11 +50,12 @@ fn f(v: &Value) -> f32 {
     v.as_f64().expect("number") as f32
 }
 
-fn check_cross_encoder(backend: &dyn Backend, label: &str, tol: f32) {
-    let fx = reference("cross-encoder");
-    let ce = CrossEncoder::load(&dir("cross-encoder"), backend).expect("load the cross-encoder");
+fn check_cross_encoder(fixture: &str, architecture: &str, backend: &dyn Backend, label: &str, tol: f32) {
+    let label = &format!("{fixture}, {label}");
+    let fx = reference(fixture);
+    let ce = CrossEncoder::load(&dir(fixture), backend).expect("load the cross-encoder");
     let info = ce.info();
-    assert_eq!(info.architecture, "BertForSequenceClassification");
+    assert_eq!(info.architecture, architecture);
     assert_eq!(info.labels, ["LABEL_0"]);
     assert_eq!(info.activation, ScoreActivation::Sigmoid);
     assert_eq!(info.max_tokens, fx["max_length"].as_u64().expect("max_length") as usize);
@@ -65,7 +69,9 @@ fn check_cross_encoder(backend: &dyn Backend, label: &str, tol: f32) {
         );
         let enc = ce.tokenize_pairs(q, &[d]).expect("tokenize");
         assert_eq!(enc[0].ids, ids(&p["token_ids"]), "ids of {q:?} / {d:?}");
-        assert_eq!(enc[0].type_ids, ids(&p["type_ids"]), "type ids of {q:?} / {d:?}");
+        if !p["type_ids"].is_null() {
+            assert_eq!(enc[0].type_ids, ids(&p["type_ids"]), "type ids of {q:?} / {d:?}");
+        }
         let alone = ce.rerank(q, &[d]).expect("rerank alone");
         let raw = ce.pair_logits(q, &[d]).expect("logits");
         let logit_diff = (raw[0].logits[0] - f(&p["logit"])).abs();
@@ -95,17 +101,32 @@ fn check_cross_encoder(backend: &dyn Backend, label: &str, tol: f32) {
     eprintln!("cross-encoder ({label}): worst |score - CrossEncoder.predict| {worst:.2e}");
 }
 
-#[test]
-fn cross_encoder_matches_sentence_transformers() {
-    check_cross_encoder(&CpuBackend::new(), "f32", TOLERANCE);
-    check_cross_encoder(&NarrowCpu(CpuBackend::new()), "32 lanes", TOLERANCE);
+fn check_cross_encoder_on_every_backend(fixture: &str, architecture: &str) {
+    check_cross_encoder(fixture, architecture, &CpuBackend::new(), "f32", TOLERANCE);
+    check_cross_encoder(
+        fixture,
+        architecture,
+        &NarrowCpu(CpuBackend::new()),
+        "32 lanes",
+        TOLERANCE,
+    );
     let fast = CpuBackend::for_embeddings();
     let (label, tol) = if fast.bf16() {
         ("bf16", 5e-3)
     } else {
         ("f32", TOLERANCE)
     };
-    check_cross_encoder(&fast, label, tol);
+    check_cross_encoder(fixture, architecture, &fast, label, tol);
+}
+
+#[test]
+fn cross_encoder_matches_sentence_transformers() {
+    check_cross_encoder_on_every_backend("cross-encoder", "BertForSequenceClassification");
+}
+
+#[test]
+fn modernbert_cross_encoder_matches_sentence_transformers() {
+    check_cross_encoder_on_every_backend("modernbert-cross-encoder", "ModernBertForSequenceClassification");
 }
 
 #[test]
@@ -123,10 +144,9 @@ fn many_documents_pack_into_shared_forwards() {
     }
 }
 
-#[test]
-fn sequence_classifier_matches_transformers() {
-    let fx = reference("classifier");
-    let ce = CrossEncoder::load(&dir("classifier"), &CpuBackend::new()).expect("load the classifier");
+fn check_classifier(fixture: &str, backend: &dyn Backend) {
+    let fx = reference(fixture);
+    let ce = CrossEncoder::load(&dir(fixture), backend).expect("load the classifier");
     let labels: Vec<String> = fx["labels"]
         .as_array()
         .expect("labels")
@@ -150,13 +170,53 @@ fn sequence_classifier_matches_transformers() {
             .iter()
             .zip(t["probabilities"].as_array().expect("probabilities"))
         {
-            assert!((a - f(b)).abs() < TOLERANCE, "{:?}: {a} vs {b}", t["text"]);
+            assert!((a - f(b)).abs() < TOLERANCE, "{fixture}: {:?}: {a} vs {b}", t["text"]);
         }
     }
     let err = ce
         .rerank("q", &["d"])
         .expect_err("three labels have no relevance score");
     assert!(err.to_string().contains("classify"), "{err}");
+}
+
+#[test]
+fn sequence_classifier_matches_transformers() {
+    check_classifier("classifier", &CpuBackend::new());
+}
+
+#[test]
+fn modernbert_sequence_classifier_matches_transformers() {
+    check_classifier("modernbert-classifier", &CpuBackend::new());
+    check_classifier("modernbert-classifier", &NarrowCpu(CpuBackend::new()));
+}
+
+/// A ModernBERT classifier's config that names a pooling transformers does not define, or a head
+/// bias its checkpoint lacks, is refused naming it.
+#[test]
+fn a_modernbert_classifier_with_a_broken_head_is_refused() {
+    let tmp = std::env::temp_dir().join(format!("anelm-modernbert-head-{}", std::process::id()));
+    let copy = |to: &std::path::Path| {
+        for entry in std::fs::read_dir(dir("modernbert-classifier")).expect("read the fixture") {
+            let entry = entry.expect("entry");
+            std::fs::copy(entry.path(), to.join(entry.file_name())).expect("copy");
+        }
+    };
+    let bad_pooling = tmp.join("pooling");
+    std::fs::create_dir_all(&bad_pooling).expect("mkdir");
+    copy(&bad_pooling);
+    let cfg_path = bad_pooling.join("config.json");
+    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).expect("read")).expect("json");
+    cfg["classifier_pooling"] = Value::from("max");
+    std::fs::write(&cfg_path, cfg.to_string()).expect("write");
+    let err = CrossEncoder::load(&bad_pooling, &CpuBackend::new()).expect_err("max pooling is not ModernBERT's");
+    assert!(err.to_string().contains("classifier_pooling 'max'"), "{err}");
+
+    cfg["classifier_pooling"] = Value::from("cls");
+    cfg["classifier_bias"] = Value::from(true);
+    std::fs::write(&cfg_path, cfg.to_string()).expect("write");
+    let err = CrossEncoder::load(&bad_pooling, &CpuBackend::new()).expect_err("a bias the checkpoint lacks");
+    assert!(err.to_string().contains("head.dense.bias"), "{err}");
+    std::fs::remove_dir_all(&tmp).ok();
 }
 
 fn check_decoder(backend: &dyn Backend, label: &str) {

@@ -64,7 +64,7 @@ impl ClassifierHead {
 }
 
 /// `W · x + b` for a row-major `W` of `b.len()` rows of `cols` values (f64 sums).
-fn affine(w: &[f32], b: &[f32], x: &[f32], cols: usize) -> Vec<f32> {
+pub(crate) fn affine(w: &[f32], b: &[f32], x: &[f32], cols: usize) -> Vec<f32> {
     w.chunks_exact(cols)
         .zip(b)
         .map(|(row, &bias)| {

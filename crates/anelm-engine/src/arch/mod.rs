@@ -14,6 +14,7 @@ pub mod kernel_list;
 pub mod lfm2;
 pub mod llama;
 pub mod modernbert;
+pub mod modernbert_head;
 pub mod moe;
 pub mod qwen3_5;
 pub mod registry;
