@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""Convert a (tiny) Qwen2, Qwen3-MoE or LFM2 safetensors directory to a GGUF file in llama.cpp's
-`qwen2`, `qwen3moe` or `lfm2` layout.
+"""Convert a (tiny) Qwen2, Qwen3-MoE, LFM2 or Phi-3 safetensors directory to a GGUF file in
+llama.cpp's `qwen2`, `qwen3moe`, `lfm2` or `phi3` layout.
 
 Lays the tensors out as llama.cpp's converter (convert_hf_to_gguf.py: Qwen2Model, Qwen3MoeModel)
 does — no permutation of the q/k rows (both run NeoX rope), Qwen2's q/k/v biases as
 `attn_{q,k,v}.bias`, Qwen3's q/k norms as `attn_{q,k}_norm`, LFM2's short convolutions as
 `shortconv.{in_proj,conv,out_proj}` (the conv squeezed to [hidden, taps]), its per-layer KV head
-counts with 0 for a conv layer and its final norm as `token_embd_norm`, each MoE layer's router as
+counts with 0 for a conv layer and its final norm as `token_embd_norm`, Phi-3's fused projections
+as `attn_qkv` and `ffn_up` (gate ‖ up), its rotated width as `rope.dimension_count`, its sliding
+window, and its long-RoPE factors as the `rope_factors_{long,short}` tensors with
+`rope.scaling.{original_context_length,attn_factor}` (Phi3MiniModel), each MoE layer's router as
 `ffn_gate_inp` and its experts stacked into 3-D `ffn_{gate,up,down}_exps` tensors, the LM head
 omitted when the embedding is tied — so anelm's GGUF path is tested against the same transformers
 reference as the safetensors one. A layer with a dense FFN (`mlp_only_layers`) keeps
@@ -18,6 +21,7 @@ Needs numpy, safetensors and gguf, e.g. the fixtures virtualenv of scripts/make-
 """
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -28,7 +32,7 @@ from safetensors.numpy import load_file
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import qwen35_gguf  # noqa: E402
 
-ARCHES = {"qwen2": "qwen2", "qwen3_moe": "qwen3moe", "lfm2": "lfm2"}
+ARCHES = {"qwen2": "qwen2", "qwen3_moe": "qwen3moe", "lfm2": "lfm2", "phi3": "phi3"}
 
 LAYER = {
     "input_layernorm.weight": "attn_norm.weight",
@@ -42,6 +46,9 @@ LAYER = {
     "self_attn.q_norm.weight": "attn_q_norm.weight",
     "self_attn.k_norm.weight": "attn_k_norm.weight",
     "mlp.gate.weight": "ffn_gate_inp.weight",
+    # Phi-3
+    "self_attn.qkv_proj.weight": "attn_qkv.weight",
+    "mlp.gate_up_proj.weight": "ffn_up.weight",
     # LFM2
     "operator_norm.weight": "attn_norm.weight",
     "feed_forward.w1.weight": "ffn_gate.weight",
@@ -88,6 +95,24 @@ def stack_experts(tensors, n_layers, n_experts):
             tensors[f"@blk.{i}.{name}.weight"] = np.stack([tensors.pop(k) for k in keys])
 
 
+def phi3_rope(w, cfg, rope, u32):
+    """Phi3MiniModel's metadata and long-RoPE tensors."""
+    n_embd, n_head = cfg["hidden_size"], cfg["num_attention_heads"]
+    rope_dims = int(rope.get("partial_rotary_factor", 1.0) * n_embd) // n_head
+    orig = cfg.get("original_max_position_embeddings") or rope["original_max_position_embeddings"]
+    u32("rope.dimension_count", rope_dims)
+    u32("rope.scaling.original_context_length", orig)
+    u32("attention.sliding_window", cfg.get("sliding_window") or 0)
+    long, short = rope.get("long_factor"), rope.get("short_factor")
+    if not long:
+        return
+    scale = cfg["max_position_embeddings"] / orig
+    attn_factor = math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1.0 else 1.0
+    w.add_float32("phi3.rope.scaling.attn_factor", attn_factor)
+    w.add_tensor("rope_factors_long.weight", np.asarray(long, dtype=np.float32))
+    w.add_tensor("rope_factors_short.weight", np.asarray(short, dtype=np.float32))
+
+
 def main(src, out):
     src = Path(src)
     cfg = json.loads((src / "config.json").read_text())
@@ -131,6 +156,8 @@ def main(src, out):
     if "head_dim" in cfg:
         u32("attention.key_length", cfg["head_dim"])
         u32("attention.value_length", cfg["head_dim"])
+    if ARCH == "phi3":
+        phi3_rope(w, cfg, rope, u32)
     if n_experts:
         u32("expert_count", n_experts)
         u32("expert_used_count", cfg["num_experts_per_tok"])

@@ -262,8 +262,9 @@ def make_qwen3_moe():
 
 def make_phi3():
     # Phi-3 / Phi-4-mini: fused qkv and gate-up projections, three quarters of each head rotated,
-    # long-RoPE frequency factors (the short ones below original_max_position_embeddings) with
-    # their attention scaling.
+    # long-RoPE frequency factors (the short ones up to original_max_position_embeddings, as far
+    # as llama.cpp's 1024-token reference context reaches too) with their attention scaling, and
+    # Phi-3-mini's sliding window, shorter than the sequence so that it matters.
     half_rotary = int(16 * 0.75) // 2
     cfg = transformers.Phi3Config(
         vocab_size=VOCAB,
@@ -272,8 +273,9 @@ def make_phi3():
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=256,
-        original_max_position_embeddings=64,
+        max_position_embeddings=4096,
+        original_max_position_embeddings=1024,
+        sliding_window=16,
         rms_norm_eps=1e-5,
         rope_parameters={
             "rope_type": "longrope",

@@ -6,7 +6,7 @@
 # from PyPI, then runs scripts/make-hf-fixtures.py in it. Arguments are passed to the script
 # (e.g. `scripts/make-hf-fixtures.sh llama qwen3`). Afterwards the Qwen3.5 fixtures are also
 # converted to llama.cpp's GGUF `qwen35` layout (scripts/qwen35-to-gguf.py) and the Qwen2 and
-# Qwen3-MoE ones to their `qwen2` / `qwen3moe` layouts (scripts/llama-family-to-gguf.py), with the
+# Qwen3-MoE, LFM2 and Phi-3 ones to their `qwen2` / `qwen3moe` / `lfm2` / `phi3` layouts (scripts/llama-family-to-gguf.py), with the
 # PyPI `gguf` package, under
 # crates/anelm-engine/tests/fixtures/gguf/.
 #
@@ -50,6 +50,6 @@ mkdir -p crates/anelm-engine/tests/fixtures/gguf
 for name in qwen3_5_text qwen3_5; do
   "$venv/bin/python" scripts/qwen35-to-gguf.py "$hf/$name" "crates/anelm-engine/tests/fixtures/gguf/$name.gguf"
 done
-for name in qwen2 qwen3_moe lfm2; do
+for name in qwen2 qwen3_moe lfm2 phi3; do
   "$venv/bin/python" scripts/llama-family-to-gguf.py "$hf/$name" "crates/anelm-engine/tests/fixtures/gguf/$name.gguf"
 done

@@ -75,6 +75,13 @@ SETS = [
         "hello world",
         "short convolutions of the tiny hybrid",
     ]),
+    # llama.cpp disables Phi-3's sliding window (anelm follows transformers and keeps it): the
+    # prompt and its 10 tokens stay inside the fixture's 16-position window.
+    ("phi3-fixture-llamacpp-greedy.json", "crates/anelm-engine/tests/fixtures/gguf/phi3.gguf",
+     "phi3.gguf (the tiny random-weight Phi-3 fixture, F32, scripts/llama-family-to-gguf.py)", 10, [
+        "hello",
+        "fused",
+    ]),
     ("qwen3moe-fixture-llamacpp-greedy.json", "crates/anelm-engine/tests/fixtures/gguf/qwen3_moe.gguf",
      "qwen3_moe.gguf (the tiny random-weight Qwen3-MoE fixture, F32, scripts/llama-family-to-gguf.py)", 16, [
         "hello world",

@@ -11,7 +11,7 @@ use anelm_model::encoder_tokenizer::EncoderTokenizer;
 use anelm_model::gguf::GgufFile;
 use anelm_model::hf_config::HfConfig;
 use anelm_model::safetensors_dir::SafetensorsDir;
-use anelm_model::sentence_config::{DenseLayer, SentenceConfig};
+use anelm_model::sentence_config::{DenseActivation, DenseLayer, SentenceConfig};
 use anelm_model::tensor_store::TensorStore;
 use anelm_model::tokenizer::Tokenizer;
 
@@ -233,9 +233,10 @@ impl Embedder {
         let tokenizer = gguf_tokenizer(&gguf)?;
         let model = DecoderTrunk::load_gguf(&gguf, backend, progress)?;
         check_vocab(tokenizer.vocab_size(), model.vocab_size())?;
+        let dense = gguf_dense_layers(&gguf, model.hidden_size())?;
         let info = EmbedderInfo {
             architecture: arch,
-            dimensions: model.hidden_size(),
+            dimensions: dense.last().map_or(model.hidden_size(), |d| d.out_features),
             max_tokens: model.context_length().max(2),
             vocab_size: model.vocab_size(),
             pooling: vec![pooling],
@@ -250,7 +251,7 @@ impl Embedder {
             prompts: Vec::new(),
             instruction: None,
             include_prompt: true,
-            dense: Vec::new(),
+            dense,
         })
     }
 
@@ -390,6 +391,47 @@ impl Embedder {
         }
         Ok(out)
     }
+}
+
+/// The sentence-transformers Dense modules llama.cpp's converter keeps in an EmbeddingGemma GGUF
+/// (`--sentence-transformers-dense-modules`): `dense_2.weight` (hidden → wide) then
+/// `dense_3.weight` (wide → hidden), no bias, no activation. None when the file has neither.
+fn gguf_dense_layers(g: &GgufFile, hidden: usize) -> Result<Vec<DenseLayer>> {
+    let mut layers: Vec<DenseLayer> = Vec::new();
+    for name in ["dense_2.weight", "dense_3.weight"] {
+        if !g.contains(name) {
+            continue;
+        }
+        let in_features = layers.last().map_or(hidden, |d| d.out_features);
+        let view = g.tensor(name)?;
+        let (out_features, cols) = match view.shape[..] {
+            [rows, cols] => (rows, cols),
+            _ => (0, 0),
+        };
+        if cols != in_features || out_features == 0 {
+            return Err(EngineError::TensorShape {
+                name: name.to_string(),
+                found: view.shape.clone(),
+                expected: vec![out_features.max(1), in_features],
+            });
+        }
+        let mut weight = vec![0.0; out_features * in_features];
+        anelm_kernels::dequantize_row(view.format, view.data, &mut weight)?;
+        layers.push(DenseLayer {
+            in_features,
+            out_features,
+            weight,
+            bias: None,
+            activation: DenseActivation::Identity,
+        });
+    }
+    if layers.last().is_some_and(|d| d.out_features != hidden) {
+        return Err(EngineError::Config(format!(
+            "the GGUF's Dense modules end at width {} instead of the hidden width {hidden}: dense_3.weight is missing",
+            layers.last().map_or(0, |d| d.out_features)
+        )));
+    }
+    Ok(layers)
 }
 
 /// `<arch>.pooling_type` of a GGUF, when it has one.

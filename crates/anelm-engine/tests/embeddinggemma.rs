@@ -4,8 +4,9 @@
 //! `document` prompts), with its `reference.json` (scripts/make-encoder-embedder-fixtures.py through
 //! scripts/make-embedding-fixtures.sh): for texts of different lengths, the token ids and the
 //! embeddings, with and without the query prompt. anelm must give the same ids and cosine ≥
-//! 0.9999 per text, in one batch and alone; the same model as a language model is refused, and an
-//! input longer than one forward is refused rather than split (its attention looks ahead).
+//! 0.9999 per text, in one batch and alone; the same model as a language model is refused, an
+//! input longer than one forward runs whole in one (its attention looks ahead, so it is never
+//! split), and llama.cpp's `gemma-embedding` GGUF layout of the same model gives the same embeddings.
 
 use std::path::PathBuf;
 
@@ -76,14 +77,59 @@ fn a_bidirectional_model_is_not_a_language_model() {
 }
 
 #[test]
-fn an_input_longer_than_one_forward_is_refused_not_split() {
-    let emb = Embedder::load(&model_dir(), &NarrowCpu(CpuBackend::new())).expect("load");
+fn an_input_longer_than_one_forward_runs_whole_not_split() {
+    // 32-lane dispatches: the input is longer than a forward's budget, so it runs alone in one
+    // forward whose kernels split their dispatches (its attention looks ahead, so the input
+    // itself is never split): the same embedding as on the CPU's 512-lane dispatches.
+    let narrow = Embedder::load(&model_dir(), &NarrowCpu(CpuBackend::new())).expect("load");
+    let wide = Embedder::load(&model_dir(), &CpuBackend::new()).expect("load");
     let long = "The quick brown fox jumps over the lazy dog. ".repeat(8);
-    let err = emb
-        .embed(&[long.as_str()])
-        .expect_err("a 32-lane forward cannot hold it")
+    let texts = ["Hello!", long.as_str(), "A short one after it."];
+    assert!(narrow.tokenize(&[long.as_str()]).expect("tokenize")[0].len() > 32);
+    let got = narrow.embed(&texts).expect("a long bidirectional input runs whole");
+    let want = wide.embed(&texts).expect("embed");
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        let cos = cosine(g, w);
+        assert!(
+            cos > 0.999_999,
+            "text {i}: cosine {cos} between 32-lane and 512-lane dispatches"
+        );
+    }
+}
+
+/// The fixture in llama.cpp's `gemma-embedding` GGUF layout (scripts/embeddinggemma-to-gguf.py:
+/// norms stored as `1 + w`, the symmetric window, per-layer sliding flags, mean pooling, the Dense
+/// modules as `dense_2` / `dense_3`): the same embeddings for the reference's token ids, within
+/// the f16 rounding of K/V and GELU that a GGUF's llama.cpp numerics bring.
+#[test]
+fn embeddinggemma_gguf_layout_matches_sentence_transformers() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf/embeddinggemma.gguf");
+    assert!(
+        Embedder::is_embedding_model(&path),
+        "a GGUF with a pooling type is an embedding model"
+    );
+    let emb = Embedder::load(&path, &CpuBackend::new()).expect("load the GGUF");
+    let info = emb.info().clone();
+    assert_eq!(info.architecture, "gemma-embedding");
+    assert_eq!(info.dimensions, 64);
+    assert_eq!(info.pooling, [anelm_engine::pooling::PoolingMode::Mean]);
+    let cases = embedding_cases(&reference()["texts"]);
+    let ids: Vec<Vec<u32>> = cases.iter().map(|c| c.ids.clone()).collect();
+    let got = emb.embed_tokens(&ids).expect("embed the reference ids");
+    let mut worst = 1f64;
+    for (i, (c, v)) in cases.iter().zip(&got).enumerate() {
+        let cos = cosine(v, &c.embedding);
+        assert!(cos >= 0.9999, "GGUF: cosine {cos:.7} for text {i} {:?}", c.text);
+        worst = worst.min(cos);
+    }
+    eprintln!(
+        "embeddinggemma GGUF: lowest cosine 1 - {:.2e} over {} texts",
+        1.0 - worst,
+        cases.len()
+    );
+    let err = load_model_weights(&path, &CpuBackend::new(), &mut |_, _| {})
+        .err()
+        .expect("not a language model")
         .to_string();
-    assert!(err.contains("bidirectional") && err.contains("split"), "{err}");
-    // A short one still fits.
-    assert_eq!(emb.embed(&["Hello!"]).expect("short input")[0].len(), 64);
+    assert!(err.contains("bidirectional"), "{err}");
 }

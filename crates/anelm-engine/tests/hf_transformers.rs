@@ -473,13 +473,14 @@ fn llama_family_gguf_fixture(name: &'static str, arch: &str) -> Fixture {
     let gguf = std::sync::Arc::new(anelm_model::gguf::GgufFile::open(&path).expect("open the GGUF"));
     let mut cfg = LlamaConfig::from_gguf(&gguf).expect("config");
     assert_eq!(cfg.architecture, arch);
+    let family = if arch == "phi3" { Family::Phi3 } else { Family::Llama };
     cfg.attention_precision = anelm_engine::ops::AttentionPrecision::F32;
     let store: std::sync::Arc<dyn TensorStore> = anelm_engine::expert_slices::ExpertSlices::over(gguf.clone());
     f.model = Box::new(
         Llama::load_with(
             cfg,
             &store,
-            &TensorNames::gguf(Family::Llama),
+            &TensorNames::gguf(family),
             &CpuBackend::new(),
             Head::Logits,
             &mut |_, _| {},
@@ -495,6 +496,27 @@ fn llama_family_gguf_fixture(name: &'static str, arch: &str) -> Fixture {
 fn qwen2_gguf_layout_matches_transformers() {
     let f = llama_family_gguf_fixture("qwen2", "qwen2");
     run_checks(&f);
+}
+
+/// Phi-3 in llama.cpp's `phi3` layout: fused `attn_qkv` and `ffn_up` (gate ‖ up), the rotated
+/// width as `rope.dimension_count`, the long-RoPE short factors as the `rope_factors_short`
+/// tensor with `rope.scaling.attn_factor`, and the sliding window (16 positions, half the
+/// fixture's sequence) over every layer — which anelm keeps, as transformers does, where
+/// llama.cpp's own Phi-3 drops it.
+#[test]
+fn phi3_gguf_layout_matches_transformers() {
+    let f = llama_family_gguf_fixture("phi3", "phi3");
+    run_checks(&f);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf/phi3.gguf");
+    let gguf = anelm_model::gguf::GgufFile::open(&path).expect("open the GGUF");
+    let cfg = anelm_engine::arch::llama::LlamaConfig::from_gguf(&gguf).expect("config");
+    assert_eq!(cfg.sliding_window, Some(16));
+    assert!(cfg.sliding.iter().all(|&s| s), "every Phi-3 layer slides");
+    assert_eq!(
+        cfg.context_length, 1024,
+        "capped at the short factors' original context"
+    );
+    assert_eq!(cfg.rope_dims, 12, "three quarters of each 16-wide head rotated");
 }
 
 #[test]

@@ -151,15 +151,32 @@ impl Gemma3Config {
         Ok(cfg)
     }
 
-    /// From a GGUF file's `gemma3.*` metadata (llama.cpp conventions: norms stored as `1 + w`,
-    /// local RoPE base 10000, a global layer every 6th unless the file says otherwise).
+    /// From a GGUF file's `gemma3.*` (or EmbeddingGemma's `gemma-embedding.*`) metadata
+    /// (llama.cpp conventions: norms stored as `1 + w`, local RoPE base 10000, a global layer
+    /// every 6th unless the file says otherwise, as a period or one flag per layer).
+    /// `gemma-embedding` is bidirectional, its local layers reaching `sliding_window / 2`
+    /// positions either side (llama.cpp's symmetric window; transformers' halved one).
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
         let m = GgufMeta::new(g, "gemma3");
+        let bidirectional = m.arch() == "gemma-embedding";
         let hidden_size = m.usize("embedding_length")?;
         let n_layers = m.usize("block_count")?;
         let n_heads = m.heads()?;
         let head_dim = m.head_dim(hidden_size, n_heads);
-        let pattern = m.opt_usize("attention.sliding_window_pattern").unwrap_or(6).max(1);
+        let sliding = match m.opt_bool_array("attention.sliding_window_pattern") {
+            Some(flags) if flags.len() == n_layers => flags.to_vec(),
+            Some(flags) => {
+                return Err(EngineError::Config(format!(
+                    "attention.sliding_window_pattern flags {} layers but the model has {n_layers}",
+                    flags.len()
+                )));
+            }
+            None => {
+                let pattern = m.opt_usize("attention.sliding_window_pattern").unwrap_or(6).max(1);
+                (0..n_layers).map(|i| (i + 1) % pattern != 0).collect()
+            }
+        };
+        let window = m.opt_usize("attention.sliding_window").unwrap_or(4096);
         let cfg = Self {
             vocab_size: m.vocab()?,
             hidden_size,
@@ -167,8 +184,8 @@ impl Gemma3Config {
             n_heads,
             n_kv_heads: m.opt_usize("attention.head_count_kv").unwrap_or(n_heads),
             head_dim,
-            sliding: (0..n_layers).map(|i| (i + 1) % pattern != 0).collect(),
-            sliding_window: m.opt_usize("attention.sliding_window").unwrap_or(4096),
+            sliding,
+            sliding_window: if bidirectional { window / 2 + 1 } else { window },
             rope_theta_global: m.opt_f32("rope.freq_base").unwrap_or(1_000_000.0),
             rope_theta_local: m.opt_f32("rope.freq_base_swa").unwrap_or(10_000.0),
             query_pre_attn_scalar: head_dim as f32,
@@ -178,7 +195,7 @@ impl Gemma3Config {
             context_length: m.opt_usize("context_length").unwrap_or(8192),
             attention_precision: AttentionPrecision::F16,
             gelu_f16: true,
-            bidirectional: false,
+            bidirectional,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -263,7 +280,7 @@ impl Gemma3Config {
 /// The registry entry: Gemma 3 text models (and the text part of the multimodal checkpoints).
 pub static ARCHITECTURE: Architecture = Architecture {
     name: "gemma3",
-    gguf_names: &["gemma3"],
+    gguf_names: &["gemma3", "gemma-embedding"],
     hf_model_types: &["gemma3_text", "gemma3"],
     load_gguf: registry::load_gguf::<Gemma3Config>,
     load_hf: registry::load_hf::<Gemma3Config>,

@@ -321,7 +321,7 @@ impl Decoder<Lfm2Layers> {
             let mixer = if conv {
                 Mixer::Conv {
                     in_proj: compiled.take(KernelRole::InputProj)?,
-                    weights: small_tensor(store, &name(ConvWeight)?, h * cfg.conv_taps)?,
+                    weights: small_tensor(store.as_ref(), &name(ConvWeight)?, h * cfg.conv_taps)?,
                     out: compiled.take(KernelRole::OutputProjResidual)?,
                 }
             } else {

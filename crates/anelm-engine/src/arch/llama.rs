@@ -1,13 +1,13 @@
 //! Llama-family forward (Llama 2/3, SmolLM2, Mistral; Qwen2/2.5, which adds biases to the q, k
 //! and v projections; Qwen3, which adds per-head QK-norm; Qwen3-MoE, whose FFNs are mixtures of
 //! experts; Phi-3/Phi-4-mini, whose files fuse q ‖ k ‖ v and gate ‖ up and whose RoPE is partial
-//! and long-RoPE scaled): RMSNorm, RoPE, GQA attention with a KV cache, SwiGLU FFN, tied or
-//! untied LM head. Matmuls are backend kernels; the rest (the
-//! biases included) runs on the CPU in f32.
+//! and long-RoPE scaled): RMSNorm, RoPE, GQA attention with a KV cache (within a sliding window
+//! on the layers the config marks, as Mistral and Phi-3 have them), SwiGLU FFN, tied or untied
+//! LM head. Matmuls are backend kernels; the rest (the biases included) runs on the CPU in f32.
 
 use std::sync::Arc;
 
-use anelm_ane::{KernelRole, LayerKind, ModelDims};
+use anelm_ane::{KernelRole, LayerKind, ModelDims, SlidingWindow};
 
 use anelm_model::gguf::GgufFile;
 use anelm_model::hf_config::HfConfig;
@@ -22,7 +22,7 @@ use crate::arch::moe::{MoeConfig, MoeFfn};
 use crate::arch::registry::{self, Architecture, Head};
 use crate::arch::step::{LaneRef, lane_angles};
 use crate::arch::tensor_names::{Family, LayerTensor, TensorNames};
-use crate::arch::trunk::norm_vector;
+use crate::arch::trunk::{norm_vector, small_tensor};
 use crate::backend::{Backend, ForwardCost, Kernel};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
@@ -72,7 +72,14 @@ pub struct LlamaConfig {
     pub family: Family,
     /// Long-RoPE (Phi-3): each rotated pair's frequency factor and the cos/sin scale.
     pub rope_scaling: Option<(Vec<f32>, f32)>,
+    /// Per layer: whether it attends within [`Self::sliding_window`] only.
+    pub sliding: Vec<bool>,
+    /// The sliding layers' window: each position sees itself and the `window − 1` before it.
+    pub sliding_window: Option<usize>,
 }
+
+/// The GGUF tensor of Phi-3's long-RoPE short factors (llama.cpp's `rope_factors_short`).
+const GGUF_ROPE_SHORT: &str = "rope_factors_short.weight";
 
 impl LlamaConfig {
     /// From a GGUF file's `llama.*` (or `qwen3.*`) metadata.
@@ -81,6 +88,7 @@ impl LlamaConfig {
         let arch = m.arch().to_string();
         let qwen3 = matches!(arch.as_str(), "qwen3" | "qwen3moe");
         let qwen2 = arch == "qwen2";
+        let phi3 = arch == "phi3";
         let n_layers = m.usize("block_count")?;
         let moe = MoeConfig::from_gguf(&m, g, n_layers)?;
         let hidden_size = m.usize("embedding_length")?;
@@ -103,9 +111,9 @@ impl LlamaConfig {
             rope_theta: m.opt_f32("rope.freq_base").unwrap_or(10000.0),
             rms_eps: m.opt_f32("attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
             context_length: m.opt_usize("context_length").unwrap_or(4096),
-            // llama.cpp's converter permutes Llama's Q/K rows for adjacent-pair RoPE; Qwen2 and
-            // Qwen3 keep the Hugging Face order and run NeoX (rotate-half) RoPE.
-            rope_pairing: if qwen3 || qwen2 {
+            // llama.cpp's converter permutes Llama's Q/K rows for adjacent-pair RoPE; Qwen2,
+            // Qwen3 and Phi-3 keep the Hugging Face order and run NeoX (rotate-half) RoPE.
+            rope_pairing: if qwen3 || qwen2 || phi3 {
                 RopePairing::Halves
             } else {
                 RopePairing::Adjacent
@@ -115,11 +123,35 @@ impl LlamaConfig {
             attention_precision: AttentionPrecision::F16,
             architecture: arch,
             moe,
-            family: Family::Llama,
+            family: if phi3 { Family::Phi3 } else { Family::Llama },
             rope_scaling: None,
+            sliding: vec![false; n_layers],
+            sliding_window: None,
         };
+        let cfg = if phi3 { cfg.with_gguf_phi3(g, &m)? } else { cfg };
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// llama.cpp's `phi3` layout: `attention.sliding_window` (0: none, as Phi-4-mini writes it)
+    /// over every layer, and long-RoPE as the `rope_factors_short` tensor with
+    /// `rope.scaling.attn_factor` — the short factors, valid up to
+    /// `rope.scaling.original_context_length`, to which the context is capped (llama.cpp also
+    /// takes them whenever its context is no longer than that).
+    fn with_gguf_phi3(mut self, g: &GgufFile, m: &GgufMeta<'_>) -> Result<Self> {
+        if let Some(w) = m.opt_usize("attention.sliding_window").filter(|&w| w > 0) {
+            self.sliding = vec![true; self.n_layers];
+            self.sliding_window = Some(w);
+        }
+        if g.contains(GGUF_ROPE_SHORT) {
+            let short = small_tensor(g, GGUF_ROPE_SHORT, self.rope_dims / 2)?;
+            check_rope_factors(&short, self.rope_dims)?;
+            let original = m.usize("rope.scaling.original_context_length")?;
+            let mscale = m.opt_f32("rope.scaling.attn_factor").unwrap_or(1.0);
+            self.rope_scaling = Some((short, mscale));
+            self.context_length = self.context_length.min(original.max(2));
+        }
+        Ok(self)
     }
 
     /// From a Hugging Face `config.json` (`llama`, `mistral`, `qwen2`, `qwen3`).
@@ -168,10 +200,57 @@ impl LlamaConfig {
             moe: MoeConfig::from_hf(c, n_layers)?,
             family: if phi3 { Family::Phi3 } else { Family::Llama },
             rope_scaling: None,
+            sliding: vec![false; n_layers],
+            sliding_window: None,
         };
         let cfg = if phi3 { cfg.with_long_rope(c)? } else { cfg };
+        let cfg = cfg.with_hf_sliding_window(c)?;
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// Which layers attend within `sliding_window`, as transformers decides: its `layer_types`
+    /// when the config lists them; else Qwen2/Qwen3's `use_sliding_window` from
+    /// `max_window_layers` on; else (Mistral, Phi-3) every layer when `sliding_window` is set.
+    fn with_hf_sliding_window(mut self, c: &HfConfig) -> Result<Self> {
+        let raw = c.raw();
+        let n = self.n_layers;
+        let sliding: Vec<bool> = if !c.layer_types.is_empty() {
+            if c.layer_types.len() != n {
+                return Err(EngineError::Config(format!(
+                    "layer_types lists {} layers but num_hidden_layers is {n}",
+                    c.layer_types.len()
+                )));
+            }
+            if let Some(t) = c
+                .layer_types
+                .iter()
+                .find(|t| !matches!(t.as_str(), "full_attention" | "sliding_attention"))
+            {
+                return Err(EngineError::Config(format!(
+                    "layer type '{t}' is not supported for this architecture (full_attention or sliding_attention)"
+                )));
+            }
+            c.layer_types.iter().map(|t| t == "sliding_attention").collect()
+        } else if raw.get("use_sliding_window").is_some() {
+            let on = raw.get("use_sliding_window").and_then(serde_json::Value::as_bool) == Some(true);
+            let from = raw
+                .get("max_window_layers")
+                .and_then(serde_json::Value::as_u64)
+                .map_or(0, |v| v as usize);
+            (0..n).map(|i| on && c.sliding_window.is_some() && i >= from).collect()
+        } else {
+            vec![c.sliding_window.is_some(); n]
+        };
+        if sliding.iter().any(|&s| s) {
+            let w = c
+                .sliding_window
+                .filter(|&w| w > 0)
+                .ok_or_else(|| EngineError::Config("sliding-window layers need a positive sliding_window".into()))?;
+            self.sliding_window = Some(w);
+        }
+        self.sliding = sliding;
+        Ok(self)
     }
 
     /// Phi-3's `rope_parameters` (`longrope`: per-pair short and long frequency factors, an
@@ -203,12 +282,7 @@ impl LlamaConfig {
                     .collect()
             })
             .unwrap_or_default();
-        if short.len() != self.rope_dims / 2 || short.iter().any(|f| f.is_nan() || *f <= 0.0) {
-            return Err(EngineError::Config(format!(
-                "longrope short_factor must hold {} positive values (one per rotated pair)",
-                self.rope_dims / 2
-            )));
-        }
+        check_rope_factors(&short, self.rope_dims)?;
         let original = (c
             .raw()
             .get("original_max_position_embeddings")
@@ -230,6 +304,9 @@ impl LlamaConfig {
 
     fn validate(&self) -> Result<()> {
         check_heads(self.n_heads, self.n_kv_heads)?;
+        if self.sliding.len() != self.n_layers {
+            return Err(EngineError::Config("one sliding-window flag per layer".into()));
+        }
         if self.head_dim == 0 || self.rope_dims > self.head_dim || self.rope_dims % 2 != 0 {
             return Err(EngineError::Config(
                 "rope dimension count must be even and at most the head width".into(),
@@ -238,6 +315,17 @@ impl LlamaConfig {
         check_sizes(self.hidden_size, self.vocab_size, self.n_layers)?;
         check_plausible(self.n_layers, self.n_heads, self.head_dim)
     }
+}
+
+/// Long-RoPE factors: one positive value per rotated pair.
+fn check_rope_factors(factors: &[f32], rope_dims: usize) -> Result<()> {
+    if factors.len() != rope_dims / 2 || factors.iter().any(|f| f.is_nan() || *f <= 0.0) {
+        return Err(EngineError::Config(format!(
+            "long-RoPE factors must be {} positive values (one per rotated pair)",
+            rope_dims / 2
+        )));
+    }
+    Ok(())
 }
 
 impl LlamaConfig {
@@ -270,7 +358,11 @@ impl LlamaConfig {
                     _ => kernels.push(KernelDesc::swiglu_residual(names, i, h, self.intermediate_size)?),
                 }
                 Ok(LayerKernels {
-                    kind: LayerKind::Attention,
+                    kind: if self.sliding[i] {
+                        LayerKind::SlidingAttention
+                    } else {
+                        LayerKind::Attention
+                    },
                     kernels,
                 })
             })
@@ -283,7 +375,8 @@ impl LlamaConfig {
 }
 
 impl LlamaConfig {
-    /// The host shapes `anelm plan` models between the kernels: every layer attention.
+    /// The host shapes `anelm plan` models between the kernels: every layer attention (within
+    /// the sliding window on the layers marked so).
     pub fn plan_dims(&self) -> Result<ModelDims> {
         if let Some(moe) = &self.moe {
             return Err(EngineError::Config(format!(
@@ -295,24 +388,27 @@ impl LlamaConfig {
                 2 * moe.experts
             )));
         }
-        Ok(ModelDims::dense(
-            self.hidden_size,
-            self.intermediate_size,
-            self.n_heads,
-            self.n_kv_heads,
-            self.head_dim,
-            self.vocab_size,
-            self.n_layers,
-        ))
+        Ok(ModelDims {
+            sliding_window: self.sliding_window.map(|window| SlidingWindow { window }),
+            ..ModelDims::dense(
+                self.hidden_size,
+                self.intermediate_size,
+                self.n_heads,
+                self.n_kv_heads,
+                self.head_dim,
+                self.vocab_size,
+                self.n_layers,
+            )
+        })
     }
 }
 
 /// The registry entry: Llama 2/3, SmolLM2, Mistral, Qwen2/2.5 (q/k/v biases), Qwen3 (per-head
 /// QK-norm), Qwen3-MoE (Qwen3 with mixture-of-experts FFNs) and Phi-3/Phi-4-mini (fused
-/// projections, partial rotary, long-RoPE; safetensors).
+/// projections, partial rotary, long-RoPE).
 pub static ARCHITECTURE: Architecture = Architecture {
     name: "llama",
-    gguf_names: &["llama", "qwen2", "qwen3", "qwen3moe"],
+    gguf_names: &["llama", "qwen2", "qwen3", "qwen3moe", "phi3"],
     hf_model_types: &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "phi3"],
     load_gguf: registry::load_gguf::<LlamaConfig>,
     load_hf: registry::load_hf::<LlamaConfig>,
@@ -348,6 +444,8 @@ pub struct LlamaLayers {
     layers: Vec<Layer>,
     rope: Rope,
     attention: Attention,
+    /// The sliding-window layers' attention (the same heads, within the window).
+    attention_sliding: Attention,
 }
 
 /// A loaded Llama-family model.
@@ -457,6 +555,10 @@ impl Decoder<LlamaLayers> {
                 None => Rope::new(cfg.rope_dims, cfg.rope_theta, cfg.rope_pairing),
             },
             attention: Attention::causal(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.attention_precision),
+            attention_sliding: Attention {
+                window: cfg.sliding_window,
+                ..Attention::causal(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.attention_precision)
+            },
             layers,
             cfg,
         };
@@ -508,6 +610,11 @@ impl DecoderLayers for LlamaLayers {
         let kv_dim = cfg.n_kv_heads * hd;
         let n = lanes.len();
         let layer = &self.layers[li];
+        let attention = if cfg.sliding[li] {
+            &self.attention_sliding
+        } else {
+            &self.attention
+        };
         let LlamaStep {
             angles,
             xn,
@@ -533,9 +640,7 @@ impl DecoderLayers for LlamaLayers {
             }
             self.rope.apply(head, &angles[lane]);
         };
-        let fused = self
-            .attention
-            .run_decode_fused(items, lanes, li, qkv, q_dim, q_dim + kv_dim, &prep, attn);
+        let fused = attention.run_decode_fused(items, lanes, li, qkv, q_dim, q_dim + kv_dim, &prep, attn);
         if !fused {
             // The same preparation on the caller, then the append and the attention loop.
             for lane in 0..n {
@@ -547,8 +652,8 @@ impl DecoderLayers for LlamaLayers {
                     prep(lane, head, false);
                 }
             }
-            self.attention.append(items, lanes, li, qkv, q_dim, q_dim + kv_dim);
-            self.attention.run(items, lanes, li, qkv, 0, hd, attn);
+            attention.append(items, lanes, li, qkv, q_dim, q_dim + kv_dim);
+            attention.run(items, lanes, li, qkv, 0, hd, attn);
         }
         cost.add(layer.out_residual.run(&[&*attn, &*x], y)?);
         std::mem::swap(x, y);
@@ -566,6 +671,10 @@ impl DecoderLayers for LlamaLayers {
     }
 
     fn new_session(&self, ctx: usize) -> Session {
-        Session::new(self.attention.cache(&vec![None; self.cfg.n_layers]), ctx)
+        // Sliding-window layers keep only their window (ring buffers).
+        let windows: Vec<Option<usize>> = (self.cfg.sliding.iter())
+            .map(|&s| if s { self.cfg.sliding_window } else { None })
+            .collect();
+        Session::new(self.attention.cache(&windows), ctx)
     }
 }

@@ -391,7 +391,7 @@ impl Decoder<Qwen35Layers> {
         // GGUF stores `(1 + w)` norms as `1 + w`, Hugging Face as `w`.
         let offset = if names.is_gguf() { 0.0 } else { 1.0 };
         let vector = |name: &str, len: usize, offset: f32| -> Result<Vec<f32>> {
-            let mut v = small_tensor(store, name, len)?;
+            let mut v = small_tensor(store.as_ref(), name, len)?;
             v.iter_mut().for_each(|w| *w += offset);
             Ok(v)
         };
@@ -402,7 +402,7 @@ impl Decoder<Qwen35Layers> {
             let name = |t: LayerTensor| names.layer(i, t);
             let mut compiled = CompiledLayer::compile(described, backend, store, names)?;
             let mixer = if linear {
-                let stored_a = small_tensor(store, &name(SsmA)?, d.n_v_heads)?;
+                let stored_a = small_tensor(store.as_ref(), &name(SsmA)?, d.n_v_heads)?;
                 let (neg_a, order) = if names.is_gguf() {
                     (stored_a, VHeadOrder::Tiled)
                 } else {
@@ -410,10 +410,10 @@ impl Decoder<Qwen35Layers> {
                 };
                 let net = GatedDeltaNet::new(
                     d,
-                    small_tensor(store, &name(SsmConv)?, d.conv_dim() * d.conv_kernel)?,
+                    small_tensor(store.as_ref(), &name(SsmConv)?, d.conv_dim() * d.conv_kernel)?,
                     neg_a,
-                    small_tensor(store, &name(SsmDtBias)?, d.n_v_heads)?,
-                    small_tensor(store, &name(SsmNorm)?, d.v_dim)?,
+                    small_tensor(store.as_ref(), &name(SsmDtBias)?, d.n_v_heads)?,
+                    small_tensor(store.as_ref(), &name(SsmNorm)?, d.v_dim)?,
                     cfg.rms_eps,
                     order,
                 )?;

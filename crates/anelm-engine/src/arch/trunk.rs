@@ -36,7 +36,7 @@ pub(crate) fn norm_vector(store: &Arc<dyn TensorStore>, name: &str, len: usize, 
 
 /// Decode a small tensor of any rank to f32 (conv weights are `[channels, 1, taps]`), checking
 /// it holds `len` values.
-pub(crate) fn small_tensor(store: &Arc<dyn TensorStore>, name: &str, len: usize) -> Result<Vec<f32>> {
+pub(crate) fn small_tensor(store: &dyn TensorStore, name: &str, len: usize) -> Result<Vec<f32>> {
     let view = store.tensor(name)?;
     if view.n_elements() != len {
         return Err(crate::error::EngineError::TensorShape {
