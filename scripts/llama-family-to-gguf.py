@@ -126,7 +126,9 @@ def main(src, out):
         stack_experts(tensors, cfg["num_hidden_layers"], n_experts)
     w = gguf.GGUFWriter(out, ARCH)
     w.add_type("model")
-    w.add_name(src.name)
+    # llama.cpp gives a model named like Phi-3 the special tokens of Phi-3's own vocabulary
+    # (`</s>`, ...), which the placeholder one lacks.
+    w.add_name("tiny-random-phi" if ARCH == "phi3" else src.name)
     u32 = lambda key, v: w.add_uint32(f"{ARCH}.{key}", int(v))
     u32("block_count", cfg["num_hidden_layers"])
     u32("context_length", cfg.get("max_position_embeddings", 32768))

@@ -27,7 +27,12 @@ static std::string unhex(const std::string & h) {
     return out;
 }
 
-static void quiet(enum ggml_log_level, const char *, void *) {}
+// llama.cpp's log, errors only (why a model does not load).
+static void quiet(enum ggml_log_level level, const char * text, void *) {
+    if (level == GGML_LOG_LEVEL_ERROR) {
+        std::fputs(text, stderr);
+    }
+}
 
 int main(int argc, char ** argv) {
     if (argc != 5) {

@@ -1,13 +1,13 @@
-//! The tiny random-weight Qwen2, Qwen3-MoE and LFM2 fixtures in llama.cpp's GGUF layouts (`qwen2`,
-//! `qwen3moe`, `lfm2`, written by `scripts/llama-family-to-gguf.py`) against llama.cpp itself
-//! (`fixtures/llamacpp/{qwen2,qwen3moe,lfm2}-fixture-llamacpp-greedy.json`, made by
+//! The tiny random-weight Qwen2, Qwen3-MoE, LFM2 and Phi-3 fixtures in llama.cpp's GGUF layouts
+//! (`qwen2`, `qwen3moe`, `lfm2`, `phi3`, written by `scripts/llama-family-to-gguf.py`) against
+//! llama.cpp itself (`fixtures/llamacpp/{qwen2,qwen3moe,lfm2,phi3}-fixture-llamacpp-greedy.json`, made by
 //! `scripts/make-llamacpp-fixtures.sh`): the biases, the routing and experts, and the short
 //! convolutions as llama.cpp computes them, not only as transformers does (`hf_transformers.rs`).
 //!
 //! The weights are F32 and both sides round K/V to f16 (llama.cpp's cache); the rest of
 //! llama.cpp's attention (its f16 paths inside the kernels) and summation order differ from
 //! anelm's f32, so the log-probabilities of llama.cpp's top two agree within `MAX_DLOGPROB` —
-//! measured 5.7e-3 (Qwen2), 2.6e-3 (Qwen3-MoE) and 4.0e-3 (LFM2), against 3.9 average |log p| and a 0.5 bound
+//! measured 5.7e-3 (Qwen2), 2.6e-3 (Qwen3-MoE), 4.0e-3 (LFM2) and 2.8e-3 (Phi-3), against 3.9 average |log p| and a 0.5 bound
 //! for the real SmolLM2 — and the greedy tokens too except at a near-tie. A wrong bias, RoPE
 //! pairing, router or expert slice moves them by tenths.
 
@@ -66,6 +66,14 @@ fn qwen2_gguf_matches_llama_cpp() {
 #[test]
 fn qwen3_moe_gguf_matches_llama_cpp() {
     check("qwen3_moe.gguf", "qwen3moe-fixture-llamacpp-greedy.json");
+}
+
+/// Phi-3's fused projections, partial rotary and long-RoPE short factors with their attention
+/// factor as llama.cpp computes them (the prompts stay inside the sliding window, which
+/// llama.cpp's Phi-3 does not apply).
+#[test]
+fn phi3_gguf_matches_llama_cpp() {
+    check("phi3.gguf", "phi3-fixture-llamacpp-greedy.json");
 }
 
 #[test]
