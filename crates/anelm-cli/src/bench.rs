@@ -8,7 +8,10 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 
-use anelm_engine::{ForwardCost, LanguageModel, LoadedModel, LogitsMode, StepItem, Stream, StreamOptions};
+use anelm_engine::{
+    ForwardCost, GenerateOptions, LanguageModel, LoadedModel, LogitsMode, SamplerParams, StepItem, Stream,
+    StreamOptions,
+};
 
 use crate::args::ModelArgs;
 use crate::runtime::{load, load_reporting, model_path};
@@ -236,6 +239,27 @@ struct Figure {
     modelled: Option<f64>,
     /// Prefill on the CPU: the matmuls' achieved rate on their main unit beside its peak.
     compute: Option<Compute>,
+    /// `generate` rows: per token, the median time inside the decode forward and outside it.
+    split: Option<StepSplit>,
+}
+
+/// Where a generated token's time goes (`anelm generate`'s loop, measured by the engine).
+#[derive(Clone, Copy)]
+struct StepSplit {
+    forward_us: f64,
+    outside_us: f64,
+}
+
+impl StepSplit {
+    fn describe(&self) -> String {
+        let step = (self.forward_us + self.outside_us).max(f64::MIN_POSITIVE);
+        format!(
+            "per token {:.0} µs in the forward + {:.0} µs outside it ({:.1} %: sampling, detokenising)",
+            self.forward_us,
+            self.outside_us,
+            100.0 * self.outside_us / step
+        )
+    }
 }
 
 /// A prefill's matmuls against the physical limit of the unit they ran on.
@@ -388,6 +412,44 @@ fn decode_batch(lm: &LoadedModel, firsts: &[u32], n: usize) -> Result<(f64, Forw
     Ok(((n * firsts.len()) as f64 / t.elapsed().as_secs_f64(), cost))
 }
 
+/// `n` tokens as `anelm generate` makes them after an 8-token prompt: the engine's generation
+/// loop with its default sampling (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05), the
+/// text detokenised piece by piece and stop strings checked, end-of-generation masked so every
+/// run makes `n` tokens. Tokens per second by wall clock after the first token, and the split
+/// of each token's time between the decode forward and the rest (the pieces go to memory, not
+/// to a terminal).
+fn generate_once(lm: &LoadedModel, prompt: &[u32], n: usize) -> Result<(f64, StepSplit)> {
+    let mut session = lm.model.new_session(prompt.len() + n + 1);
+    let opts = GenerateOptions {
+        stream: StreamOptions {
+            ignore_eos: true,
+            sampler: SamplerParams::default(),
+            ..StreamOptions::greedy(n)
+        },
+        ..GenerateOptions::default()
+    };
+    let mut bytes = 0usize;
+    let (_, stats) = anelm_engine::generate(
+        lm.model.as_ref(),
+        &lm.tokenizer,
+        &mut session,
+        prompt,
+        &opts,
+        &mut |p| {
+            bytes += p.len();
+            true
+        },
+    )?;
+    let (forward, outside) = stats.step_split();
+    Ok((
+        stats.generation_tok_per_s(),
+        StepSplit {
+            forward_us: forward.as_secs_f64() * 1e6,
+            outside_us: outside.as_secs_f64() * 1e6,
+        },
+    ))
+}
+
 /// Most streams one `--parallel` level decodes (each holds a session with its own cache).
 const MAX_PARALLEL: usize = 256;
 
@@ -459,6 +521,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             rates,
             modelled: modelled_rate(&cost, p * a.repetitions),
             compute: Compute::of(&cost),
+            split: None,
         });
     }
     for &n in a.n_gen.iter().filter(|&&n| n > 0) {
@@ -492,6 +555,31 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 // Each level's own forwards: their costs say its modelled time.
                 modelled: modelled_rate(cost, n * b * a.repetitions),
                 compute: None,
+                split: None,
+            });
+        }
+        // The same decode through `anelm generate`'s loop: what sampling and detokenising add.
+        let prompt = bench_tokens(8, vocab);
+        if n + prompt.len() < max_ctx && device.chip.is_none() {
+            generate_once(&lm, &prompt, n.min(16))?; // warm-up
+            let runs = (0..a.repetitions)
+                .map(|_| generate_once(&lm, &prompt, n))
+                .collect::<Result<Vec<_>>>()?;
+            let median = |f: &dyn Fn(&StepSplit) -> f64| {
+                let mut v: Vec<f64> = runs.iter().map(|(_, s)| f(s)).collect();
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            };
+            figures.push(Figure {
+                test: format!("tg{n} generate"),
+                tokens: n,
+                rates: runs.iter().map(|(r, _)| *r).collect(),
+                modelled: None,
+                compute: None,
+                split: Some(StepSplit {
+                    forward_us: median(&|s| s.forward_us),
+                    outside_us: median(&|s| s.outside_us),
+                }),
             });
         }
     }
@@ -521,6 +609,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 "matmul_gops": f.compute.as_ref().map(|c| c.gops),
                 "compute_unit": f.compute.as_ref().map(|c| c.unit.describe()),
                 "unit_peak_gops": f.compute.as_ref().and_then(|c| c.peak),
+                "forward_us_per_token": f.split.map(|s| s.forward_us),
+                "outside_forward_us_per_token": f.split.map(|s| s.outside_us),
             });
             writeln!(out, "{v}").context("write to stdout")?;
         }
@@ -546,7 +636,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     } else {
         writeln!(
             out,
-            "| model | size | backend | threads | test | t/s | matmuls vs the unit's peak |"
+            "| model | size | backend | threads | test | t/s | matmuls vs the unit's peak / where a token's time goes |"
         )?;
         writeln!(out, "| --- | ---: | --- | ---: | ---: | ---: | --- |")?;
         for f in &figures {
@@ -556,7 +646,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 f.test,
                 f.median(),
                 f.stdev(),
-                f.compute.as_ref().map_or_else(|| "—".to_string(), Compute::describe)
+                match (&f.compute, &f.split) {
+                    (Some(c), _) => c.describe(),
+                    (None, Some(s)) => s.describe(),
+                    (None, None) => "—".to_string(),
+                }
             )?;
         }
     }

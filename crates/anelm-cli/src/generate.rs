@@ -117,6 +117,16 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         stats.generation_tok_per_s(),
         stats.finish
     );
+    if stats.generated_tokens > 1 {
+        let (forward, outside) = stats.step_split();
+        let step = (forward + outside).as_secs_f64().max(f64::MIN_POSITIVE);
+        eprintln!(
+            "per token: {:.0} µs in the forward, {:.0} µs outside it (sampling, detokenising, writing: {:.1} % of a step)",
+            forward.as_secs_f64() * 1e6,
+            outside.as_secs_f64() * 1e6,
+            100.0 * outside.as_secs_f64() / step
+        );
+    }
     if opts.speculate.is_some() || drafter.is_some() {
         let s = stats.speculation;
         eprintln!(

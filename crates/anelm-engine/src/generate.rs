@@ -58,6 +58,9 @@ pub struct GenerationStats {
     pub generated_tokens: usize,
     /// Time from the first sampled token to the last.
     pub generation_time: Duration,
+    /// Of that, the time inside the model's decode forwards; the rest (sampling, detokenising,
+    /// stop strings, the caller's handling of each piece, drafting) is outside the forward.
+    pub forward_time: Duration,
     /// Why it ended.
     pub finish: FinishReason,
     /// Decode passes, drafted and accepted tokens (passes count without speculation too).
@@ -76,6 +79,14 @@ impl GenerationStats {
     /// Generated tokens per second (decode steps only).
     pub fn generation_tok_per_s(&self) -> f64 {
         rate(self.generated_tokens.saturating_sub(1), self.generation_time)
+    }
+
+    /// Per generated token after the first: the time inside the decode forward and the time
+    /// outside it (sampling, detokenising, stop strings, the caller's handling of the text).
+    pub fn step_split(&self) -> (Duration, Duration) {
+        let steps = self.generated_tokens.saturating_sub(1).max(1) as u32;
+        let outside = self.generation_time.saturating_sub(self.forward_time);
+        (self.forward_time / steps, outside / steps)
     }
 }
 
@@ -184,6 +195,7 @@ fn generate_drafted(
     let mut fed: Vec<u32> = vec![prompt[prompt.len() - 1]];
     let mut rollback: Option<Rollback> = None;
     let mut budget = DraftBudget::default();
+    let mut forward_time = Duration::ZERO;
     loop {
         let verified = verify(&mut stream, &mut rows, 0, &fed, session.tokens(), ctx, &mut |step| {
             step.text.is_empty() || on_text(&step.text)
@@ -222,7 +234,12 @@ fn generate_drafted(
                 LogitsMode::All
             },
         }];
+        let t = Instant::now();
         rows = model.forward(&mut items)?;
+        // Forwards before the first token was taken are not part of generation_time.
+        if first_token_at.is_some() {
+            forward_time += t.elapsed();
+        }
     }
     let generation_time = first_token_at.map_or(Duration::ZERO, |t| t.elapsed());
     let stats = GenerationStats {
@@ -231,6 +248,7 @@ fn generate_drafted(
         prompt_time,
         generated_tokens: stream.generated().len(),
         generation_time,
+        forward_time,
         finish: stream.finished().unwrap_or(FinishReason::Cancelled),
         speculation: spec,
     };
