@@ -31,12 +31,14 @@ from gguf.quants import dequantize
 rng = np.random.default_rng(29)
 BLOCKS = 4
 
+MXFP4_EXPONENTS = [0, 1, 121, 160]
+
 def f16_bytes(v):
     return np.array([v], dtype=np.float16).tobytes()
 
 def block(name):
     size = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "IQ4_NL": 18,
-            "Q5_1": 24, "Q2_K": 84, "Q3_K": 110, "IQ4_XS": 136}[name]
+            "Q5_1": 24, "Q2_K": 84, "Q3_K": 110, "IQ4_XS": 136, "MXFP4": 17}[name]
     b = bytearray(rng.integers(0, 256, size, dtype=np.uint8).tobytes())
     scale = lambda: f16_bytes(rng.uniform(-0.05, 0.05))
     if name == "Q6_K":
@@ -48,6 +50,9 @@ def block(name):
         b[82:84] = scale()
     elif name == "Q3_K":
         b[108:110] = scale()
+    elif name == "MXFP4":
+        # The E8M0 exponents: both subnormal ones (0, 1), weights' usual range, a large one.
+        b[0] = MXFP4_EXPONENTS.pop(0)
     else:
         b[0:2] = scale()
         b[2:4] = scale()
@@ -56,7 +61,8 @@ def block(name):
 out = {}
 # New formats go last, so the earlier blocks keep the generator's earlier draws.
 for name, t in [("Q4_K", T.Q4_K), ("Q5_K", T.Q5_K), ("Q6_K", T.Q6_K), ("IQ4_NL", T.IQ4_NL),
-                ("Q5_1", T.Q5_1), ("Q2_K", T.Q2_K), ("Q3_K", T.Q3_K), ("IQ4_XS", T.IQ4_XS)]:
+                ("Q5_1", T.Q5_1), ("Q2_K", T.Q2_K), ("Q3_K", T.Q3_K), ("IQ4_XS", T.IQ4_XS),
+                ("MXFP4", T.MXFP4)]:
     data = b"".join(block(name) for _ in range(BLOCKS))
     values = dequantize(np.frombuffer(data, dtype=np.uint8), t).astype(np.float32).reshape(-1)
     out[name] = {

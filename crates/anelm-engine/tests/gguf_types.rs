@@ -1,4 +1,4 @@
-//! The GGUF types added for the files users download (Q5_1, Q2_K, Q3_K, IQ4_XS) load and run
+//! The GGUF types added for the files users download (Q5_1, Q2_K, Q3_K, IQ4_XS, MXFP4) load and run
 //! end to end: a random Llama whose matrices are stored in each type (and one mixing them with
 //! the older types, as a Q3_K_M file does) gives the logits of the same model stored as the f32
 //! values those blocks decode to. The block layouts themselves are pinned to the PyPI `gguf`
@@ -185,6 +185,7 @@ fn each_new_type_runs_as_the_values_it_decodes_to() {
         WeightFormat::Q2_K,
         WeightFormat::Q3_K,
         WeightFormat::IQ4_XS,
+        WeightFormat::MXFP4,
     ] {
         let (cpu, ane) = compare(fmt.name(), &|_| fmt);
         assert!(cpu >= MIN_COSINE, "{fmt}: cosine {cpu} on the CPU");
@@ -214,4 +215,23 @@ fn a_file_mixing_old_and_new_types_runs_as_its_decoded_values() {
     let (cpu, ane) = compare("mixed", &format_of);
     assert!(cpu >= MIN_COSINE, "mixed: cosine {cpu} on the CPU");
     assert!(ane >= MIN_COSINE_ANE, "mixed: cosine {ane} on the emulated ANE");
+}
+
+#[test]
+fn an_mxfp4_moe_style_file_runs_as_its_decoded_values() {
+    // As llama.cpp's MXFP4_MOE files: the FFN matrices in MXFP4, attention and the output in Q8_0
+    // (two formats with their own Q8_0 activations each, not shared).
+    let format_of = |name: &str| {
+        if name.contains("ffn_") {
+            WeightFormat::MXFP4
+        } else {
+            WeightFormat::Q8_0
+        }
+    };
+    let (cpu, ane) = compare("mxfp4-moe", &format_of);
+    assert!(cpu >= MIN_COSINE, "MXFP4_MOE-style: cosine {cpu} on the CPU");
+    assert!(
+        ane >= MIN_COSINE_ANE,
+        "MXFP4_MOE-style: cosine {ane} on the emulated ANE"
+    );
 }

@@ -308,7 +308,11 @@ impl ActKind {
             WeightFormat::F32 => Self::F32,
             WeightFormat::F16 => Self::F16,
             WeightFormat::BF16 => Self::BF16,
-            WeightFormat::Q4_0 | WeightFormat::Q5_0 | WeightFormat::Q8_0 | WeightFormat::IQ4_NL => Self::Q8_0,
+            WeightFormat::Q4_0
+            | WeightFormat::Q5_0
+            | WeightFormat::Q8_0
+            | WeightFormat::IQ4_NL
+            | WeightFormat::MXFP4 => Self::Q8_0,
             WeightFormat::Q4_1 | WeightFormat::Q5_1 => Self::Q8_1,
             WeightFormat::Q4_K
             | WeightFormat::Q5_K

@@ -39,6 +39,34 @@ pub fn unpack_iq4_nl(b: &[u8], q: &mut [i8; 32]) -> f32 {
     f16_at(b, 0)
 }
 
+/// MXFP4's values: ggml's `kvalues_mxfp4`, the FP4 (E2M1) numbers 0, ±0.5, ±1, ±1.5, ±2, ±3, ±4,
+/// ±6 doubled into integers (the scale is halved to match).
+pub const MXFP4_VALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// Half of the E8M0 scale `e`: 2^(e − 127) / 2 = 2^(e − 128), exactly (ggml's
+/// `GGML_E8M0_TO_FP32_HALF`; `e` 0 and 1 give subnormal floats).
+#[inline]
+pub fn e8m0_half(e: u8) -> f32 {
+    let bits = if e < 2 {
+        0x0020_0000u32 << e
+    } else {
+        (u32::from(e) - 1) << 23
+    };
+    f32::from_bits(bits)
+}
+
+/// MXFP4: { u8 e; u8 qs[16] } (low nibbles → elements 0..16, high → 16..32), each an index into
+/// [`MXFP4_VALUES`]; value `MXFP4_VALUES[i] · e8m0_half(e)`.
+#[inline]
+pub fn unpack_mxfp4(b: &[u8], q: &mut [i8; 32]) -> f32 {
+    let qs = &b[1..17];
+    for j in 0..16 {
+        q[j] = MXFP4_VALUES[usize::from(qs[j] & 0x0F)];
+        q[j + 16] = MXFP4_VALUES[usize::from(qs[j] >> 4)];
+    }
+    e8m0_half(b[0])
+}
+
 /// Q4_1: { f16 d; f16 m; u8 qs[16] }, value q·d + m, q in 0..16 → (d, m).
 #[inline]
 pub fn unpack_q4_1(b: &[u8], q: &mut [i8; 32]) -> (f32, f32) {

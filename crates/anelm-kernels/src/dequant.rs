@@ -25,13 +25,14 @@ pub fn dequantize_row(fmt: WeightFormat, src: &[u8], dst: &mut [f32]) -> Result<
                 *d = bf16_to_f32(u16::from_le_bytes([c[0], c[1]]));
             }
         }
-        WeightFormat::Q8_0 | WeightFormat::Q4_0 | WeightFormat::Q5_0 | WeightFormat::IQ4_NL => {
+        WeightFormat::Q8_0 | WeightFormat::Q4_0 | WeightFormat::Q5_0 | WeightFormat::IQ4_NL | WeightFormat::MXFP4 => {
             let mut q = [0i8; 32];
             for (out, b) in dst.chunks_exact_mut(32).zip(src.chunks_exact(bb)) {
                 let d = match fmt {
                     WeightFormat::Q8_0 => unpack_q8_0(b, &mut q),
                     WeightFormat::Q4_0 => unpack_q4_0(b, &mut q),
                     WeightFormat::IQ4_NL => unpack_iq4_nl(b, &mut q),
+                    WeightFormat::MXFP4 => unpack_mxfp4(b, &mut q),
                     _ => unpack_q5_0(b, &mut q),
                 };
                 for (o, &v) in out.iter_mut().zip(&q) {

@@ -36,11 +36,14 @@ pub enum WeightFormat {
     Q3_K,
     /// 256 × 4-bit IQ4_NL indices in 8 sub-blocks with 6-bit signed scales.
     IQ4_XS,
+    /// 32 × FP4 (E2M1) values with a shared power-of-two (E8M0) scale: the OCP microscaling
+    /// format of gpt-oss and of llama.cpp's `MXFP4_MOE` files.
+    MXFP4,
 }
 
 impl WeightFormat {
     /// All formats.
-    pub const ALL: [WeightFormat; 15] = [
+    pub const ALL: [WeightFormat; 16] = [
         Self::F32,
         Self::F16,
         Self::BF16,
@@ -56,6 +59,7 @@ impl WeightFormat {
         Self::Q2_K,
         Self::Q3_K,
         Self::IQ4_XS,
+        Self::MXFP4,
     ];
 
     /// From a ggml type id; `None` for types anelm does not run.
@@ -76,6 +80,7 @@ impl WeightFormat {
             20 => Self::IQ4_NL,
             23 => Self::IQ4_XS,
             30 => Self::BF16,
+            39 => Self::MXFP4,
             _ => return None,
         })
     }
@@ -98,10 +103,10 @@ impl WeightFormat {
             Self::IQ4_NL => 20,
             Self::IQ4_XS => 23,
             Self::BF16 => 30,
+            Self::MXFP4 => 39,
         }
     }
 
-    /// Name as llama.cpp spells it.
     /// Whether matrices in `self` and `other` take the same quantised activations, so one
     /// [`crate::Activations::quantize`] serves both (and a fused loop can hold both): the same
     /// format, or two K-quants (Q8_K blocks, which carry the sums every K-quant kernel needs).
@@ -110,6 +115,7 @@ impl WeightFormat {
         self == other || (k_quant(self) && k_quant(other))
     }
 
+    /// Name as llama.cpp spells it.
     pub fn name(self) -> &'static str {
         match self {
             Self::F32 => "F32",
@@ -127,6 +133,7 @@ impl WeightFormat {
             Self::Q2_K => "Q2_K",
             Self::Q3_K => "Q3_K",
             Self::IQ4_XS => "IQ4_XS",
+            Self::MXFP4 => "MXFP4",
         }
     }
 
@@ -134,7 +141,7 @@ impl WeightFormat {
     pub fn block_elems(self) -> usize {
         match self {
             Self::F32 | Self::F16 | Self::BF16 => 1,
-            Self::Q8_0 | Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::IQ4_NL => 32,
+            Self::Q8_0 | Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::IQ4_NL | Self::MXFP4 => 32,
             Self::Q4_K | Self::Q5_K | Self::Q6_K | Self::Q2_K | Self::Q3_K | Self::IQ4_XS => 256,
         }
     }
@@ -155,6 +162,7 @@ impl WeightFormat {
             Self::Q2_K => 84,
             Self::Q3_K => 110,
             Self::IQ4_XS => 136,
+            Self::MXFP4 => 17,
         }
     }
 

@@ -134,6 +134,7 @@ fn dot_row(fmt: WeightFormat, row: &[u8], x: &Activations, lane0: usize, acc: &m
                     WeightFormat::Q8_0 => unpack_q8_0(b, &mut q),
                     WeightFormat::Q4_0 => unpack_q4_0(b, &mut q),
                     WeightFormat::IQ4_NL => unpack_iq4_nl(b, &mut q),
+                    WeightFormat::MXFP4 => unpack_mxfp4(b, &mut q),
                     _ => unpack_q5_0(b, &mut q),
                 };
                 for (l, a) in acc.iter_mut().enumerate() {

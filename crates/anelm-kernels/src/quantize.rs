@@ -137,8 +137,40 @@ pub fn quantize_row(fmt: WeightFormat, src: &[f32], dst: &mut [u8]) -> Result<()
                 quantize_iq4_xs_block(x, b);
             }
         }
+        WeightFormat::MXFP4 => {
+            for (b, x) in dst.chunks_exact_mut(bb).zip(src.chunks_exact(32)) {
+                quantize_mxfp4_block(x, b);
+            }
+        }
     }
     Ok(())
+}
+
+/// MXFP4: the smallest power-of-two scale that puts the largest magnitude within the table's
+/// ±12 (6 after the halving), every value to its nearest level.
+fn quantize_mxfp4_block(x: &[f32], b: &mut [u8]) {
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    // d = 2^(e − 128) with amax / d ≤ 12.
+    let e = if amax > 0.0 && amax.is_finite() {
+        ((amax / 12.0).log2().ceil() as i32 + 128).clamp(0, 254) as u8
+    } else {
+        0
+    };
+    let inv = inverse(crate::blocks::e8m0_half(e));
+    b[0] = e;
+    let level = |v: f32| {
+        let t = v * inv;
+        let levels = crate::blocks::MXFP4_VALUES;
+        (0u8..16)
+            .min_by(|&i, &j| {
+                let (a, c) = (f32::from(levels[usize::from(i)]), f32::from(levels[usize::from(j)]));
+                (a - t).abs().total_cmp(&(c - t).abs())
+            })
+            .unwrap_or(0)
+    };
+    for j in 0..16 {
+        b[1 + j] = level(x[j]) | (level(x[j + 16]) << 4);
+    }
 }
 
 /// `1 / d`, or 0 for a zero scale (a block of zeros).
@@ -422,6 +454,8 @@ mod tests {
                 WeightFormat::Q5_0 | WeightFormat::Q5_1 | WeightFormat::Q5_K => 0.06,
                 WeightFormat::Q4_0 | WeightFormat::Q4_1 | WeightFormat::Q4_K => 0.12,
                 WeightFormat::IQ4_NL | WeightFormat::IQ4_XS => 0.12,
+                // Eight magnitudes under a power-of-two scale.
+                WeightFormat::MXFP4 => 0.2,
                 WeightFormat::Q3_K => 0.25,
                 WeightFormat::Q2_K => 0.45,
             };

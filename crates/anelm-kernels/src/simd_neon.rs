@@ -81,6 +81,10 @@ pub(crate) fn dot_row(fmt: WeightFormat, row: &[u8], x: &Activations, lane0: usi
                         let d = unpack_iq4_nl(b, &mut q);
                         (load_i8(&q[0..16]), load_i8(&q[16..32]), d)
                     }
+                    WeightFormat::MXFP4 => {
+                        let d = crate::blocks::unpack_mxfp4(b, &mut q);
+                        (load_i8(&q[0..16]), load_i8(&q[16..32]), d)
+                    }
                     _ => {
                         let d = unpack_q5_0(b, &mut q);
                         (load_i8(&q[0..16]), load_i8(&q[16..32]), d)

@@ -133,7 +133,14 @@ fn q5_1_weights(b: &[u8]) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2")]
 fn iq4_nl_weights(qs: &[u8]) -> __m256i {
-    let t = crate::blocks::IQ4_NL_VALUES.map(|v| v as u8);
+    table_weights(&crate::blocks::IQ4_NL_VALUES, qs)
+}
+
+/// The 32 values of a 16-byte block of 4-bit indices into `levels`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn table_weights(levels: &[i8; 16], qs: &[u8]) -> __m256i {
+    let t = levels.map(|v| v as u8);
     let table = load128(&t);
     _mm256_shuffle_epi8(_mm256_set_m128i(table, table), nibbles(qs))
 }
@@ -156,6 +163,10 @@ pub(crate) fn dot_row(fmt: WeightFormat, row: &[u8], x: &Activations, lane0: usi
                         WeightFormat::Q8_0 => (load256(&b[2..34]), f16c_at(b, 0)),
                         WeightFormat::Q4_0 => (_mm256_sub_epi8(nibbles(&b[2..18]), _mm256_set1_epi8(8)), f16c_at(b, 0)),
                         WeightFormat::IQ4_NL => (iq4_nl_weights(&b[2..18]), f16c_at(b, 0)),
+                        WeightFormat::MXFP4 => (
+                            table_weights(&crate::blocks::MXFP4_VALUES, &b[1..17]),
+                            crate::blocks::e8m0_half(b[0]),
+                        ),
                         _ => (q5_0_weights(b), f16c_at(b, 0)),
                     };
                     let p = _mm256_cvtepi32_ps(dot_i8_i8(w, load256_i8(xb)));

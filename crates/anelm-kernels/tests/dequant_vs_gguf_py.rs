@@ -1,5 +1,6 @@
-//! K-quant, IQ4 and Q5_1 dequantisation against an independent implementation: random Q4_K,
-//! Q5_K, Q6_K, Q2_K, Q3_K, IQ4_NL, IQ4_XS and Q5_1 blocks and the values the PyPI `gguf` package's numpy dequantizers give for them
+//! K-quant, IQ4, Q5_1 and MXFP4 dequantisation against an independent implementation: random Q4_K,
+//! Q5_K, Q6_K, Q2_K, Q3_K, IQ4_NL, IQ4_XS, Q5_1 and MXFP4 blocks (MXFP4's exponents including both
+//! subnormal ones) and the values the PyPI `gguf` package's numpy dequantizers give for them
 //! (`tests/fixtures/dequant-gguf-py.json`, made by `scripts/make-dequant-fixtures.sh`). This is
 //! where each layout is checked against someone else's reading of it;
 //! the row-major and packed kernels are then checked against the dequantised rows
@@ -31,6 +32,7 @@ fn quantised_blocks_dequantise_as_the_gguf_package_does() {
         WeightFormat::Q2_K,
         WeightFormat::Q3_K,
         WeightFormat::IQ4_XS,
+        WeightFormat::MXFP4,
     ] {
         let case = &fx[fmt.name()];
         let bytes = hex(case["bytes"].as_str().expect("bytes"));

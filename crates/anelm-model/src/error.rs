@@ -85,7 +85,7 @@ pub enum ModelError {
 
     /// A tensor is stored in a format anelm cannot compute with.
     #[error(
-        "tensor `{tensor}` is stored as {format}, which anelm cannot run; use a model stored as F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL or IQ4_XS"
+        "tensor `{tensor}` is stored as {format}, which anelm cannot run; use a model stored as F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS or MXFP4"
     )]
     UnsupportedFormat {
         /// The tensor name.
