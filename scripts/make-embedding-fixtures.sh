@@ -9,9 +9,9 @@
 # scripts/make-decoder-embedder-gguf.py); and embeddinggemma/, a tiny random-weight EmbeddingGemma
 # (bidirectional Gemma 3, mean pooling, two Dense modules; scripts/make-encoder-embedder-fixtures.py,
 # and in llama.cpp's gemma-embedding GGUF layout as fixtures/gguf/embeddinggemma.gguf by
-# scripts/embeddinggemma-to-gguf.py;
+# scripts/embedder-to-gguf.py;
 # checked by tests/embeddinggemma.rs); and modernbert/, a tiny random-weight ModernBERT embedder
-# (the same script, checked by tests/modernbert.rs).
+# (the same script, checked by tests/modernbert.rs; its modern-bert GGUF by the same converter).
 #
 # Creates (once) a virtualenv under the user cache with pinned sentence-transformers, transformers
 # and torch from PyPI. The PyPI torch wheel for Linux is a CUDA build whose import needs the CUDA
@@ -36,7 +36,8 @@ rm -f "$qwen/README.md"
 gemma=crates/anelm-engine/tests/fixtures/embeddings/embeddinggemma
 rm -rf "$gemma"
 HF_HUB_OFFLINE=1 "$venv/bin/python" scripts/make-encoder-embedder-fixtures.py embeddinggemma "$gemma"
-"$venv/bin/python" scripts/embeddinggemma-to-gguf.py "$gemma" crates/anelm-engine/tests/fixtures/gguf/embeddinggemma.gguf
+"$venv/bin/python" scripts/embedder-to-gguf.py "$gemma" crates/anelm-engine/tests/fixtures/gguf/embeddinggemma.gguf
 modern=crates/anelm-engine/tests/fixtures/embeddings/modernbert
 rm -rf "$modern"
 HF_HUB_OFFLINE=1 "$venv/bin/python" scripts/make-encoder-embedder-fixtures.py modernbert "$modern"
+"$venv/bin/python" scripts/embedder-to-gguf.py "$modern" crates/anelm-engine/tests/fixtures/gguf/modernbert.gguf

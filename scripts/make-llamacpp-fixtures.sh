@@ -2,7 +2,8 @@
 # Regenerate the llama.cpp reference fixtures in fixtures/llamacpp/ (see its README): greedy
 # continuations of fixed raw prompts with llama.cpp's top-2 log-probabilities per generated
 # token, for the default model (SmolLM2-135M-Instruct Q4_1), Gemma 3 270M Q4_K_M and the tiny
-# random-weight Qwen3.5, Qwen2, LFM2 and Qwen3-MoE GGUF fixtures.
+# random-weight Qwen3.5, Qwen2, LFM2, Qwen3-MoE and Phi-3 GGUF fixtures; and the pooled embeddings
+# of the tiny EmbeddingGemma and ModernBERT GGUF fixtures (the tool's `embed` mode).
 #
 #   scripts/make-llamacpp-fixtures.sh [--out DIR] [--threads N]
 #
@@ -88,6 +89,22 @@ SETS = [
         "experts of the tiny mixture",
     ]),
 ]
+# Embedding models: llama.cpp's pooled vector (the pooling and Dense modules its GGUF names) of
+# each prompt, one text longer than the local layers' reach.
+LONG = "the encoder reads every token of the text at once, " * 3
+EMBED_SETS = [
+    ("embeddinggemma-fixture-llamacpp-embed.json", "crates/anelm-engine/tests/fixtures/gguf/embeddinggemma.gguf",
+     "embeddinggemma.gguf (the tiny random-weight EmbeddingGemma fixture, F32, scripts/embedder-to-gguf.py)",
+     ["hello world", "Zürich café", LONG]),
+    ("modernbert-fixture-llamacpp-embed.json", "crates/anelm-engine/tests/fixtures/gguf/modernbert.gguf",
+     "modernbert.gguf (the tiny random-weight ModernBERT fixture, F32, scripts/embedder-to-gguf.py)",
+     ["hello world", "Zürich café", LONG]),
+]
+EMBED_FIELDS = {
+    "prompt": "raw text",
+    "prompt_ids": "llama.cpp's tokenization of prompt",
+    "embedding": "llama_get_embeddings_seq: the pooled vector after the GGUF's Dense modules, not normalised",
+}
 FIELDS = {
     "prompt": "raw text, no chat template; special tokens in it are parsed as special",
     "prompt_ids": "llama.cpp's tokenization of prompt, with the BOS the model's metadata asks for",
@@ -132,6 +149,37 @@ for name, model, model_desc, n_predict, prompts in SETS:
         json.dump(doc, f, indent=1, ensure_ascii=False)
         f.write("\n")
     print(f"wrote {path} ({len(cases)} prompts, {n_predict} tokens each)", file=sys.stderr)
+for name, model, model_desc, prompts in EMBED_SETS:
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        for p in prompts:
+            f.write(p.encode().hex() + "\n")
+        listing = f.name
+    try:
+        run = subprocess.run([tool, model, "embed", threads, listing], capture_output=True, text=True)
+    finally:
+        os.unlink(listing)
+    if run.returncode != 0:
+        sys.exit(f"error: {tool} failed on {model}: {run.stderr.strip()}")
+    cases = []
+    for line in run.stdout.splitlines():
+        kind, _, rest = line.partition(" ")
+        if kind == "P":
+            cases.append({"prompt": prompts[len(cases)], "prompt_ids": [int(x) for x in rest.split()]})
+        elif kind == "E":
+            cases[-1]["embedding"] = [float(x) for x in rest.split()]
+    if len(cases) != len(prompts) or any("embedding" not in c for c in cases):
+        sys.exit(f"error: incomplete output from {tool} for {model}")
+    doc = {
+        "source": f"llama.cpp (vendored in llama-cpp-python 0.3.36, build {BUILD}), CPU, embeddings",
+        "model": model_desc,
+        "cases": cases,
+        "fields": EMBED_FIELDS,
+    }
+    path = os.path.join(out, name)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+    print(f"wrote {path} ({len(cases)} embeddings)", file=sys.stderr)
 PYEOF
 if [[ "$(cd "$OUT" && pwd)" != "$(cd fixtures/llamacpp && pwd)" ]]; then
   python3 - "$OUT" fixtures/llamacpp <<'PYEOF'

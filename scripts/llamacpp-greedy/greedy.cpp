@@ -36,10 +36,12 @@ static void quiet(enum ggml_log_level level, const char * text, void *) {
 
 int main(int argc, char ** argv) {
     if (argc != 5) {
-        std::fprintf(stderr, "usage: %s MODEL.gguf N_PREDICT THREADS PROMPTS_FILE\n", argv[0]);
+        std::fprintf(stderr, "usage: %s MODEL.gguf N_PREDICT|embed THREADS PROMPTS_FILE\n", argv[0]);
         return 2;
     }
-    const int n_predict = std::atoi(argv[2]);
+    // `embed`: an embedding model's pooled vector per prompt instead of greedy tokens.
+    const bool embed = std::string(argv[2]) == "embed";
+    const int n_predict = embed ? 0 : std::atoi(argv[2]);
     const int threads = std::atoi(argv[3]);
     llama_log_set(quiet, nullptr);
     llama_backend_init();
@@ -61,6 +63,11 @@ int main(int argc, char ** argv) {
         cp.n_batch = 1024;
         cp.n_threads = threads;
         cp.n_threads_batch = threads;
+        if (embed) {
+            // The pooling the GGUF's metadata names; the whole prompt in one batch.
+            cp.embeddings = true;
+            cp.n_ubatch = 1024;
+        }
         // Flash attention stays at llama.cpp's default (auto: on for the CPU backend).
         llama_context * ctx = llama_init_from_model(model, cp);
         if (!ctx) {
@@ -79,6 +86,24 @@ int main(int argc, char ** argv) {
         std::printf("\n");
         std::vector<llama_token> out;
         llama_batch batch = llama_batch_get_one(ids.data(), (int) ids.size());
+        if (embed) {
+            // As llama.cpp's embedding example runs an encoder-only model: one decode.
+            if (llama_decode(ctx, batch) != 0) {
+                std::fprintf(stderr, "error: llama_decode failed\n");
+                return 1;
+            }
+            const float * e = llama_get_embeddings_seq(ctx, 0);
+            if (!e) {
+                std::fprintf(stderr, "error: no pooled embedding (the GGUF names no pooling type)\n");
+                return 1;
+            }
+            std::printf("E");
+            for (int i = 0; i < llama_model_n_embd_out(model); ++i) std::printf(" %.9g", (double) e[i]);
+            std::printf("\n");
+            std::fflush(stdout);
+            llama_free(ctx);
+            continue;
+        }
         llama_token next = 0;
         for (int step = 0; step < n_predict; ++step) {
             if (llama_decode(ctx, batch) != 0) {

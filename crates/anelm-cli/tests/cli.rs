@@ -186,8 +186,8 @@ fn bench_parallel_reports_one_batched_decode_figure_per_level() {
         .lines()
         .map(|l| serde_json::from_str(l).expect("JSON line"))
         .collect();
-    assert_eq!(rows.len(), 2, "{out}");
-    for (row, (test, tokens)) in rows.iter().zip([("tg4", 4), ("tg4 x3", 12)]) {
+    assert_eq!(rows.len(), 3, "{out}");
+    for (row, (test, tokens)) in rows.iter().zip([("tg4", 4), ("tg4 x3", 12), ("tg4 generate", 4)]) {
         assert_eq!(row["test"], test, "{row}");
         assert_eq!(row["tokens"].as_u64(), Some(tokens), "{row}");
         assert_eq!(
@@ -197,6 +197,12 @@ fn bench_parallel_reports_one_batched_decode_figure_per_level() {
         );
         assert!(row["tok_s_median"].as_f64().is_some_and(|r| r > 0.0), "{row}");
     }
+    // The generate row splits each token's time between the forward and the rest; the batched
+    // rows have no such split.
+    let forward = rows[2]["forward_us_per_token"].as_f64().expect("forward µs");
+    let outside = rows[2]["outside_forward_us_per_token"].as_f64().expect("outside µs");
+    assert!(forward > 0.0 && outside >= 0.0, "{}", rows[2]);
+    assert!(rows[0]["forward_us_per_token"].is_null(), "{}", rows[0]);
     for bad in ["1,0", "100000"] {
         assert_one_line_error(
             &anelm(&["bench", "--parallel", bad]),

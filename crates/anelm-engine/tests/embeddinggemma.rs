@@ -97,7 +97,7 @@ fn an_input_longer_than_one_forward_runs_whole_not_split() {
     }
 }
 
-/// The fixture in llama.cpp's `gemma-embedding` GGUF layout (scripts/embeddinggemma-to-gguf.py:
+/// The fixture in llama.cpp's `gemma-embedding` GGUF layout (scripts/embedder-to-gguf.py:
 /// norms stored as `1 + w`, the symmetric window, per-layer sliding flags, mean pooling, the Dense
 /// modules as `dense_2` / `dense_3`): the same embeddings for the reference's token ids, within
 /// the f16 rounding of K/V and GELU that a GGUF's llama.cpp numerics bring.

@@ -69,3 +69,35 @@ fn modernbert_is_not_a_language_model() {
         .to_string();
     assert!(err.contains("encoder") && err.contains("embedding model"), "{err}");
 }
+
+/// The fixture in llama.cpp's `modern-bert` GGUF layout (scripts/embedder-to-gguf.py: fused
+/// `attn_qkv` and `ffn_up`, `token_embd_norm`, no `attn_norm` in layer 0, the window and the
+/// global-layer period, two RoPE bases, mean pooling): the same embeddings for the reference's
+/// token ids.
+#[test]
+fn modernbert_gguf_layout_matches_sentence_transformers() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf/modernbert.gguf");
+    assert!(
+        Embedder::is_embedding_model(&path),
+        "a GGUF with a pooling type is an embedding model"
+    );
+    let emb = Embedder::load(&path, &CpuBackend::new()).expect("load the GGUF");
+    assert_eq!(emb.info().architecture, "modern-bert");
+    assert_eq!(emb.info().dimensions, 64);
+    let text = std::fs::read_to_string(model_dir().join("reference.json")).expect("read reference.json");
+    let fx: Value = serde_json::from_str(&text).expect("reference JSON");
+    let cases = embedding_cases(&fx["texts"]);
+    let ids: Vec<Vec<u32>> = cases.iter().map(|c| c.ids.clone()).collect();
+    let got = emb.embed_tokens(&ids).expect("embed the reference ids");
+    let mut worst = 1f64;
+    for (i, (c, v)) in cases.iter().zip(&got).enumerate() {
+        let cos = cosine(v, &c.embedding);
+        assert!(cos >= 0.9999, "GGUF: cosine {cos:.7} for text {i} {:?}", c.text);
+        worst = worst.min(cos);
+    }
+    eprintln!(
+        "modernbert GGUF: lowest cosine 1 - {:.2e} over {} texts",
+        1.0 - worst,
+        cases.len()
+    );
+}

@@ -24,7 +24,7 @@ use anelm_model::tensor_store::TensorStore;
 use serde_json::Value;
 
 use crate::arch::attention::Attention;
-use crate::arch::config_read::{check_heads, check_plausible, check_sizes, hf_heads, need};
+use crate::arch::config_read::{GgufMeta, check_heads, check_plausible, check_sizes, hf_heads, need};
 use crate::arch::decoder::{Decoder, DecoderEnds, DecoderLayers, EndsSpec};
 use crate::arch::kernel_compile::CompiledLayer;
 use crate::arch::kernel_list::{KernelDesc, KernelList, LayerKernels};
@@ -67,11 +67,51 @@ pub struct ModernBertConfig {
 }
 
 impl ModernBertConfig {
-    /// GGUF files of ModernBERT are not read.
-    pub fn from_gguf(_: &GgufFile) -> Result<Self> {
-        Err(EngineError::Config(
-            "ModernBERT GGUF files are not supported: use the sentence-transformers directory".into(),
-        ))
+    /// From llama.cpp's `modern-bert` GGUF metadata: the local layers' whole window as
+    /// `attention.sliding_window` (`local_attention`, reaching half of it either side), a global
+    /// layer every `attention.sliding_window_pattern`-th from the first (llama.cpp's
+    /// `dense_first`), the local RoPE base as `rope.freq_base_swa`, the FFN's activation as
+    /// `hidden_activation`.
+    pub fn from_gguf(g: &GgufFile) -> Result<Self> {
+        let m = GgufMeta::new(g, "modern-bert");
+        let n_layers = m.usize("block_count")?;
+        let every = m.opt_usize("attention.sliding_window_pattern").unwrap_or(3).max(1);
+        let window = m.opt_usize("attention.sliding_window").unwrap_or(0);
+        let gelu_tanh = match g.get_str(&format!("{}.hidden_activation", m.arch())).unwrap_or("gelu") {
+            "gelu" => false,
+            "gelu_new" | "gelu_pytorch_tanh" => true,
+            other => {
+                return Err(EngineError::Config(format!(
+                    "hidden_activation '{other}' is not supported for ModernBERT (gelu or gelu_pytorch_tanh)"
+                )));
+            }
+        };
+        // One flag per layer, or a period; no window: every layer global.
+        let local = match m.opt_bool_array("attention.sliding_window_pattern") {
+            Some(flags) if flags.len() == n_layers => flags.iter().map(|&f| f && window > 0).collect(),
+            Some(flags) => {
+                return Err(EngineError::Config(format!(
+                    "attention.sliding_window_pattern flags {} layers but the model has {n_layers}",
+                    flags.len()
+                )));
+            }
+            None => (0..n_layers).map(|i| window > 0 && i % every != 0).collect(),
+        };
+        let cfg = Self {
+            vocab_size: m.vocab()?,
+            hidden_size: m.usize("embedding_length")?,
+            intermediate_size: m.usize("feed_forward_length")?,
+            n_heads: m.heads()?,
+            local,
+            local_attention: window.max(2),
+            rope_theta_global: m.opt_f32("rope.freq_base").unwrap_or(160_000.0),
+            rope_theta_local: m.opt_f32("rope.freq_base_swa").unwrap_or(10_000.0),
+            norm_eps: m.opt_f32("attention.layer_norm_epsilon").unwrap_or(1e-5),
+            gelu_tanh,
+            context_length: m.opt_usize("context_length").unwrap_or(8192),
+        };
+        cfg.validate()?;
+        Ok(cfg)
     }
 
     /// From a Hugging Face `config.json` (`model_type` `modernbert`).
@@ -211,10 +251,11 @@ impl ModernBertConfig {
     }
 }
 
-/// The registry entry: ModernBERT encoders (as embedders; Hugging Face safetensors).
+/// The registry entry: ModernBERT encoders (as embedders and classifiers' trunks; Hugging Face
+/// safetensors, and llama.cpp's `modern-bert` GGUF as embedders).
 pub static ARCHITECTURE: Architecture = Architecture {
     name: "modernbert",
-    gguf_names: &[],
+    gguf_names: &["modern-bert"],
     hf_model_types: &["modernbert"],
     load_gguf: registry::load_gguf::<ModernBertConfig>,
     load_hf: registry::load_hf::<ModernBertConfig>,
@@ -293,11 +334,10 @@ impl Decoder<ModernBertLayers> {
             });
             progress(i + 1, n_layers + 1);
         }
-        let prefix = match names.layout() {
-            Layout::HuggingFace(p) => p.clone(),
-            Layout::Gguf => String::new(),
-        };
-        let embed_norm = norm(&format!("{prefix}embeddings.norm.weight"))?;
+        let embed_norm = norm(&match names.layout() {
+            Layout::HuggingFace(p) => format!("{p}embeddings.norm.weight"),
+            Layout::Gguf => "token_embd_norm.weight".to_string(),
+        })?;
         let ends = DecoderEnds::load(
             store,
             names,

@@ -250,7 +250,7 @@ impl TensorNames {
                     Family::Qwen35 => gguf_qwen35(l),
                     Family::Lfm2 => gguf_lfm2(l),
                     Family::Phi3 => gguf_phi3(l),
-                    Family::ModernBert => None,
+                    Family::ModernBert => gguf_modernbert(l),
                 };
                 format!("blk.{i}.{}", s.ok_or_else(missing)?)
             }
@@ -513,6 +513,21 @@ fn gguf_phi3(l: LayerTensor) -> Option<&'static str> {
         FfnNorm => "ffn_norm.weight",
         FfnGate => "ffn_up.weight#0",
         FfnUp => "ffn_up.weight#1",
+        FfnDown => "ffn_down.weight",
+        _ => return None,
+    })
+}
+
+/// ModernBERT in llama.cpp's `modern-bert` GGUF layout (`ffn_up` holds GeGLU's input and gate
+/// halves; layer 0 has no `attn_norm`).
+fn gguf_modernbert(l: LayerTensor) -> Option<&'static str> {
+    use LayerTensor::*;
+    Some(match l {
+        AttnNorm => "attn_norm.weight",
+        AttnQkv => "attn_qkv.weight",
+        AttnOutput => "attn_output.weight",
+        FfnNorm => "ffn_norm.weight",
+        FfnUp => "ffn_up.weight",
         FfnDown => "ffn_down.weight",
         _ => return None,
     })
