@@ -439,6 +439,57 @@ fn phi3_matches_transformers() {
     run_all("phi3");
 }
 
+/// Phi-3's long factors: a session longer than `original_max_position_embeddings` (1024) rotates
+/// every position with the long factors, as transformers does for a sequence past it (one
+/// forward of 1100 tokens, rows kept at early and late positions); the same tokens in a session
+/// within the original context take the short ones (a different result, so the choice is
+/// tested), as the first 32 positions of the fixture's sequence already check.
+fn long_context(f: &Fixture) {
+    let lc = &f.reference["long_context"];
+    let tokens = ids(&lc["tokens"]);
+    let positions: Vec<usize> = lc["positions"]
+        .as_array()
+        .expect("positions")
+        .iter()
+        .map(|p| p.as_u64().expect("position") as usize)
+        .collect();
+    let want = matrix(&lc["logits"]);
+    assert_eq!(
+        f.model.info().context_length,
+        4096,
+        "the context is max_position_embeddings"
+    );
+    let forward = |ctx: usize, toks: &[u32]| {
+        let mut session = f.model.new_session(ctx);
+        f.model
+            .forward(&mut [StepItem {
+                session: &mut session,
+                tokens: toks,
+                logits: LogitsMode::All,
+            }])
+            .expect("forward")
+    };
+    let out = forward(2048, &tokens);
+    let got: Vec<Vec<f32>> = positions.iter().map(|&p| out.lane(p).to_vec()).collect();
+    check(f, "1100 tokens, long factors", &got, &want);
+    // Within the original context the short factors: position 5 differs from the long one.
+    let short = forward(1024, &tokens[..32]);
+    let (e, _) = rel_error(&[short.lane(5).to_vec()], &want[1..2], scale(&want));
+    assert!(
+        e > 100.0 * REL_TOL,
+        "{}: short and long factors agree ({e:.2e})",
+        f.name
+    );
+}
+
+#[test]
+fn phi3_long_context_takes_the_long_factors() {
+    long_context(&fixture("phi3"));
+    // The GGUF with attention in f32, as the other layout checks (f16 K/V over 1100 positions
+    // moves the logits by 1e-3 of their scale).
+    long_context(&llama_family_gguf_fixture("phi3", "phi3"));
+}
+
 #[test]
 fn qwen3_moe_matches_transformers() {
     run_all("qwen3_moe");
@@ -512,10 +563,8 @@ fn phi3_gguf_layout_matches_transformers() {
     let cfg = anelm_engine::arch::llama::LlamaConfig::from_gguf(&gguf).expect("config");
     assert_eq!(cfg.sliding_window, Some(16));
     assert!(cfg.sliding.iter().all(|&s| s), "every Phi-3 layer slides");
-    assert_eq!(
-        cfg.context_length, 1024,
-        "capped at the short factors' original context"
-    );
+    assert_eq!(cfg.context_length, 4096, "long-RoPE reaches max_position_embeddings");
+    assert_eq!(cfg.long_rope.as_ref().map(|l| l.original), Some(1024));
     assert_eq!(cfg.rope_dims, 12, "three quarters of each 16-wide head rotated");
 }
 

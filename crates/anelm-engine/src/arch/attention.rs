@@ -316,6 +316,7 @@ mod tests {
             .map(|item| LaneRef {
                 item,
                 pos: sessions[item].kv.layers[0].len(),
+                ctx: sessions[item].ctx_size(),
             })
             .collect()
     }
@@ -364,7 +365,11 @@ mod tests {
                 for p in 0..3 + 2 * i {
                     let row: Vec<f32> = (0..width).map(|k| val(k + 1000 * p, i as u32)).collect();
                     let rows = Batch::from_vec(1, width, row).expect("one lane");
-                    let lane = [LaneRef { item: 0, pos: p }];
+                    let lane = [LaneRef {
+                        item: 0,
+                        pos: p,
+                        ctx: 64,
+                    }];
                     att.append(
                         &mut items(std::slice::from_mut(s), &tok),
                         &lane,

@@ -70,16 +70,34 @@ pub struct LlamaConfig {
     pub moe: Option<MoeConfig>,
     /// Which tensor names the files use: `Llama`, or `Phi3` (fused q ‖ k ‖ v and gate ‖ up).
     pub family: Family,
-    /// Long-RoPE (Phi-3): each rotated pair's frequency factor and the cos/sin scale.
-    pub rope_scaling: Option<(Vec<f32>, f32)>,
+    /// Long-RoPE (Phi-3): each rotated pair's frequency factors and the cos/sin scale.
+    pub long_rope: Option<LongRope>,
     /// Per layer: whether it attends within [`Self::sliding_window`] only.
     pub sliding: Vec<bool>,
     /// The sliding layers' window: each position sees itself and the `window − 1` before it.
     pub sliding_window: Option<usize>,
 }
 
-/// The GGUF tensor of Phi-3's long-RoPE short factors (llama.cpp's `rope_factors_short`).
+/// Phi-3's long-RoPE: per rotated pair a frequency divisor for contexts up to `original` tokens
+/// (`short`) and one for longer ones (`long`), and the scale of cos and sin. Which applies is the
+/// session's context size, as llama.cpp decides it (`n_ctx_seq > n_ctx_orig`): a session longer
+/// than the original context rotates every position with the long factors, a shorter one with
+/// the short ones (transformers' choice for any sequence within the original context).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LongRope {
+    /// Factors for sessions up to `original` tokens.
+    pub short: Vec<f32>,
+    /// Factors for longer sessions.
+    pub long: Vec<f32>,
+    /// cos/sin scale (`attention_factor`).
+    pub mscale: f32,
+    /// `original_max_position_embeddings`.
+    pub original: usize,
+}
+
+/// The GGUF tensors of Phi-3's long-RoPE factors (llama.cpp's `rope_factors_{short,long}`).
 const GGUF_ROPE_SHORT: &str = "rope_factors_short.weight";
+const GGUF_ROPE_LONG: &str = "rope_factors_long.weight";
 
 impl LlamaConfig {
     /// From a GGUF file's `llama.*` (or `qwen3.*`) metadata.
@@ -124,7 +142,7 @@ impl LlamaConfig {
             architecture: arch,
             moe,
             family: if phi3 { Family::Phi3 } else { Family::Llama },
-            rope_scaling: None,
+            long_rope: None,
             sliding: vec![false; n_layers],
             sliding_window: None,
         };
@@ -134,22 +152,25 @@ impl LlamaConfig {
     }
 
     /// llama.cpp's `phi3` layout: `attention.sliding_window` (0: none, as Phi-4-mini writes it)
-    /// over every layer, and long-RoPE as the `rope_factors_short` tensor with
-    /// `rope.scaling.attn_factor` — the short factors, valid up to
-    /// `rope.scaling.original_context_length`, to which the context is capped (llama.cpp also
-    /// takes them whenever its context is no longer than that).
+    /// over every layer, and long-RoPE as the `rope_factors_short` / `rope_factors_long` tensors
+    /// with `rope.scaling.attn_factor` and `rope.scaling.original_context_length`.
     fn with_gguf_phi3(mut self, g: &GgufFile, m: &GgufMeta<'_>) -> Result<Self> {
         if let Some(w) = m.opt_usize("attention.sliding_window").filter(|&w| w > 0) {
             self.sliding = vec![true; self.n_layers];
             self.sliding_window = Some(w);
         }
-        if g.contains(GGUF_ROPE_SHORT) {
-            let short = small_tensor(g, GGUF_ROPE_SHORT, self.rope_dims / 2)?;
-            check_rope_factors(&short, self.rope_dims)?;
-            let original = m.usize("rope.scaling.original_context_length")?;
-            let mscale = m.opt_f32("rope.scaling.attn_factor").unwrap_or(1.0);
-            self.rope_scaling = Some((short, mscale));
-            self.context_length = self.context_length.min(original.max(2));
+        if g.contains(GGUF_ROPE_SHORT) || g.contains(GGUF_ROPE_LONG) {
+            let factors = |name: &str| -> Result<Vec<f32>> {
+                let f = small_tensor(g, name, self.rope_dims / 2)?;
+                check_rope_factors(&f, self.rope_dims)?;
+                Ok(f)
+            };
+            self.long_rope = Some(LongRope {
+                short: factors(GGUF_ROPE_SHORT)?,
+                long: factors(GGUF_ROPE_LONG)?,
+                mscale: m.opt_f32("rope.scaling.attn_factor").unwrap_or(1.0),
+                original: m.usize("rope.scaling.original_context_length")?.max(2),
+            });
         }
         Ok(self)
     }
@@ -199,7 +220,7 @@ impl LlamaConfig {
             architecture: c.model_type.clone(),
             moe: MoeConfig::from_hf(c, n_layers)?,
             family: if phi3 { Family::Phi3 } else { Family::Llama },
-            rope_scaling: None,
+            long_rope: None,
             sliding: vec![false; n_layers],
             sliding_window: None,
         };
@@ -254,9 +275,8 @@ impl LlamaConfig {
     }
 
     /// Phi-3's `rope_parameters` (`longrope`: per-pair short and long frequency factors, an
-    /// attention factor from the context extension): the short factors, valid up to
-    /// `original_max_position_embeddings`, to which the context is capped (the long factors are
-    /// not read yet). Any other RoPE type but `default` is refused.
+    /// attention factor from the context extension; see [`LongRope`]). Any other RoPE type but
+    /// `default` is refused.
     fn with_long_rope(mut self, c: &HfConfig) -> Result<Self> {
         let rope = c.raw().get("rope_parameters").or_else(|| c.raw().get("rope_scaling"));
         let kind = rope
@@ -273,16 +293,20 @@ impl LlamaConfig {
             }
         }
         let get = |k: &str| rope.and_then(|r| r.get(k));
-        let short: Vec<f32> = get("short_factor")
-            .and_then(serde_json::Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(serde_json::Value::as_f64)
-                    .map(|v| v as f32)
-                    .collect()
-            })
-            .unwrap_or_default();
-        check_rope_factors(&short, self.rope_dims)?;
+        let factors = |k: &str| -> Result<Vec<f32>> {
+            let f: Vec<f32> = get(k)
+                .and_then(serde_json::Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(serde_json::Value::as_f64)
+                        .map(|v| v as f32)
+                        .collect()
+                })
+                .unwrap_or_default();
+            check_rope_factors(&f, self.rope_dims).map_err(|e| EngineError::Config(format!("longrope {k}: {e}")))?;
+            Ok(f)
+        };
+        let (short, long) = (factors("short_factor")?, factors("long_factor")?);
         let original = (c
             .raw()
             .get("original_max_position_embeddings")
@@ -297,8 +321,12 @@ impl LlamaConfig {
             None if factor <= 1.0 => 1.0,
             None => (1.0 + factor.ln() / (original as f64).ln()).sqrt(),
         };
-        self.rope_scaling = Some((short, mscale as f32));
-        self.context_length = self.context_length.min(original);
+        self.long_rope = Some(LongRope {
+            short,
+            long,
+            mscale: mscale as f32,
+            original,
+        });
         Ok(self)
     }
 
@@ -443,6 +471,9 @@ pub struct LlamaLayers {
     cfg: LlamaConfig,
     layers: Vec<Layer>,
     rope: Rope,
+    /// Long-RoPE's rotation for sessions longer than the original context (`rope` holds the
+    /// short one).
+    rope_long: Option<(Rope, usize)>,
     attention: Attention,
     /// The sliding-window layers' attention (the same heads, within the window).
     attention_sliding: Attention,
@@ -548,12 +579,17 @@ impl Decoder<LlamaLayers> {
             hidden_size: h,
         };
         let layers = LlamaLayers {
-            rope: match &cfg.rope_scaling {
-                Some((factors, mscale)) => {
-                    Rope::new(cfg.rope_dims, cfg.rope_theta, cfg.rope_pairing).with_scaling(factors.clone(), *mscale)
+            rope: match &cfg.long_rope {
+                Some(l) => {
+                    Rope::new(cfg.rope_dims, cfg.rope_theta, cfg.rope_pairing).with_scaling(l.short.clone(), l.mscale)
                 }
                 None => Rope::new(cfg.rope_dims, cfg.rope_theta, cfg.rope_pairing),
             },
+            rope_long: cfg.long_rope.as_ref().map(|l| {
+                let rope =
+                    Rope::new(cfg.rope_dims, cfg.rope_theta, cfg.rope_pairing).with_scaling(l.long.clone(), l.mscale);
+                (rope, l.original)
+            }),
             attention: Attention::causal(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.attention_precision),
             attention_sliding: Attention {
                 window: cfg.sliding_window,
@@ -587,7 +623,19 @@ impl DecoderLayers for LlamaLayers {
         let cfg = &self.cfg;
         let n = lanes.len();
         LlamaStep {
-            angles: lane_angles(&self.rope, lanes),
+            angles: match &self.rope_long {
+                // Phi-3: the long factors for a session longer than the original context.
+                Some((long, original)) => lanes
+                    .iter()
+                    .map(|l| {
+                        let mut cs = Vec::new();
+                        let rope = if l.ctx > *original { long } else { &self.rope };
+                        rope.angles(l.pos, &mut cs);
+                        cs
+                    })
+                    .collect(),
+                None => lane_angles(&self.rope, lanes),
+            },
             xn: Batch::zeros(n, cfg.hidden_size),
             qkv: Batch::default(),
             attn: Batch::zeros(n, cfg.n_heads * cfg.head_dim),

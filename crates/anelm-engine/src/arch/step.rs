@@ -14,6 +14,9 @@ pub struct LaneRef {
     pub item: usize,
     /// Absolute position of the token in its session.
     pub pos: usize,
+    /// The context size of its session (Phi-3's long-RoPE factors apply to sessions longer
+    /// than the original context).
+    pub ctx: usize,
 }
 
 /// Validate a step and lay its tokens out as lanes: every item's tokens, in order.
@@ -41,6 +44,7 @@ pub(crate) fn plan_lanes(items: &[StepItem<'_>], vocab_size: usize) -> Result<Ve
             lanes.push(LaneRef {
                 item: i,
                 pos: it.session.len() + t,
+                ctx: it.session.ctx_size(),
             });
         }
     }
