@@ -12,7 +12,11 @@
 # --moe benchmarks the mixture-of-experts shape: a random-weight GGUF with Qwen3-30B-A3B's layer
 # shapes and 4 layers, made (once) by scripts/make-qwen3moe-bench-gguf.sh.
 #
-# Builds llama-bench first if needed (scripts/build-llama-bench.sh; not part of CI).
+# Builds llama-bench first if needed (scripts/build-llama-bench.sh; not part of CI). On a CPU with
+# AMX (or with ANELM_LLAMACPP_BOTH_BUILDS=1) it builds and runs two llama.cpp builds, `native`
+# (AMX on) and `noamx`, in every round: llama.cpp's AMX prefill crashes on some models, and its
+# AMX decode is faster where it runs. A build that crashes on a test is noted, not fatal; each
+# figure is the faster build's median, and the table names the build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=""
@@ -31,7 +35,14 @@ if [[ -z "$MODEL" ]]; then
   MODEL="$(scripts/fetch-default-model.sh | tail -n 1)"
 fi
 [[ -f "$MODEL" ]] || { echo "no model file at $MODEL" >&2; exit 1; }
-LLAMA_BENCH="$(scripts/build-llama-bench.sh | tail -n 1)"
+# shellcheck source=lib/llama-cpp.sh
+. scripts/lib/llama-cpp.sh
+VARIANTS=(native)
+if llama_cpp_has_amx; then VARIANTS=(native noamx); fi
+declare -A LLAMA_BENCH
+for v in "${VARIANTS[@]}"; do
+  LLAMA_BENCH[$v]="$(scripts/build-llama-bench.sh --variant "$v" | tail -n 1)"
+done
 cargo build --release --quiet -p anelm-cli
 ANELM="${CARGO_TARGET_DIR:-target}/release/anelm"
 BANDWIDTH="$(cargo bench --quiet -p anelm-kernels --bench matmul --no-run --message-format=json 2>/dev/null |
@@ -44,16 +55,28 @@ for l in sys.stdin:
 OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
 for round in $(seq "$ROUNDS"); do
-  echo "round $round/$ROUNDS: llama.cpp" >&2
-  "$LLAMA_BENCH" -m "$MODEL" -t "$THREADS" -p 128 -n 128 -r 5 -o jsonl >> "$OUT/llama.jsonl"
+  for v in "${VARIANTS[@]}"; do
+    # pp and tg separately, so a crash in one leaves the other's figure.
+    for test in "-p 128 -n 0" "-p 0 -n 128"; do
+      echo "round $round/$ROUNDS: llama.cpp ($v build) $test" >&2
+      # shellcheck disable=SC2086
+      if ! "${LLAMA_BENCH[$v]}" -m "$MODEL" -t "$THREADS" $test -r 5 -o jsonl > "$OUT/run.jsonl" 2> "$OUT/run.err"; then
+        echo "llama.cpp ($v build) failed on $test: $(tail -n 1 "$OUT/run.err")" >&2
+        echo "$v $test" >> "$OUT/failed.txt"
+      fi
+      sed "s/^{/{\"anelm_build\": \"$v\", /" "$OUT/run.jsonl" >> "$OUT/llama.jsonl"
+    done
+  done
   echo "round $round/$ROUNDS: anelm" >&2
   "$ANELM" bench --model "$MODEL" -t "$THREADS" -p 128 -n 128 -r 5 --json >> "$OUT/anelm.jsonl"
   echo "round $round/$ROUNDS: streaming-read bandwidth" >&2
   "$BANDWIDTH" --threads "$THREADS" --bandwidth-only >> "$OUT/bandwidth.txt"
 done
-python3 - "$OUT/llama.jsonl" "$OUT/anelm.jsonl" "$MODEL" "$THREADS" "$OUT/bandwidth.txt" <<'PY'
+touch "$OUT/failed.txt"
+python3 - "$OUT/llama.jsonl" "$OUT/anelm.jsonl" "$MODEL" "$THREADS" "$OUT/bandwidth.txt" "$OUT/failed.txt" "${VARIANTS[*]}" <<'PY'
 import json, statistics, sys, platform, os
-llama, anelm, model, threads, bandwidth = sys.argv[1:6]
+llama, anelm, model, threads, bandwidth, failed, variants = sys.argv[1:8]
+variants = variants.split()
 def collect(path, key):
     figs = {}
     for line in open(path):
@@ -66,9 +89,16 @@ def collect(path, key):
         figs.setdefault(test, []).extend(rates)
     return figs
 def llama_key(r):
-    return f"pp{r['n_prompt']}" if r.get("n_prompt", 0) > 0 and r.get("n_gen", 0) == 0 else f"tg{r['n_gen']}"
-L = collect(llama, llama_key)
+    test = f"pp{r['n_prompt']}" if r.get("n_prompt", 0) > 0 and r.get("n_gen", 0) == 0 else f"tg{r['n_gen']}"
+    return (test, r.get("anelm_build", "native"))
+by_build = collect(llama, llama_key)
+# Each figure from the build that gives the higher median.
+L, build_of = {}, {}
+for (test, build), rates in by_build.items():
+    if rates and (test not in L or statistics.median(rates) > statistics.median(L[test])):
+        L[test], build_of[test] = rates, build
 A = collect(anelm, lambda r: r["test"])
+A = {t: r for t, r in A.items() if not t.endswith("generate") and "x" not in t}
 cpu = "unknown CPU"
 try:
     for line in open("/proc/cpuinfo"):
@@ -78,13 +108,21 @@ except OSError:
     pass
 print(f"model: {os.path.basename(model)}, threads: {threads}, machine: {cpu} ({os.cpu_count()} logical CPUs), {platform.system()}")
 print()
-print("| test | llama.cpp t/s (median, n) | anelm t/s (median, n) | anelm / llama.cpp |")
+if len(variants) > 1:
+    print(f"llama.cpp builds: {', '.join(variants)} (each figure from the faster one that ran)")
+    for line in filter(str.strip, open(failed)):
+        print(f"- llama.cpp's {line.split()[0]} build failed on `{' '.join(line.split()[1:])}`")
+    for (test, build), rates in sorted(by_build.items()):
+        if rates:
+            print(f"- {build} build {test}: median {statistics.median(rates):.1f} t/s ({len(rates)} runs)")
+    print()
+print("| test | llama.cpp t/s (median, n, build) | anelm t/s (median, n) | anelm / llama.cpp |")
 print("| --- | ---: | ---: | ---: |")
 for test in sorted(set(L) | set(A)):
     l, a = L.get(test, []), A.get(test, [])
     lm = statistics.median(l) if l else float("nan")
     am = statistics.median(a) if a else float("nan")
-    print(f"| {test} | {lm:.1f} ({len(l)}) | {am:.1f} ({len(a)}) | {am / lm:.2f}× |")
+    print(f"| {test} | {lm:.1f} ({len(l)}, {build_of.get(test, '-')}) | {am:.1f} ({len(a)}) | {am / lm:.2f}× |")
 
 bws = [float(x) for x in open(bandwidth) if x.strip()]
 tg = [t for t in A if t.startswith("tg")]
