@@ -7,7 +7,9 @@
 # streaming-read bandwidth, measured with the same thread count in every round
 # (`cargo bench -p anelm-kernels --bench matmul -- --bandwidth-only`).
 #
-#   scripts/bench-vs-llamacpp.sh [--model M.gguf | --moe] [--threads N] [--rounds K]
+#   scripts/bench-vs-llamacpp.sh [--model M.gguf | --moe] [--threads N] [--rounds K] [--pp P] [--tg T]
+#
+# --pp / --tg set the prompt and generation lengths (default 128 each; 0 skips that test).
 #
 # --moe benchmarks the mixture-of-experts shape: a random-weight GGUF with Qwen3-30B-A3B's layer
 # shapes and 4 layers, made (once) by scripts/make-qwen3moe-bench-gguf.sh.
@@ -22,12 +24,16 @@ cd "$(dirname "$0")/.."
 MODEL=""
 THREADS=2
 ROUNDS=3
+PP=128
+TG=128
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --model) MODEL="$2"; shift 2 ;;
     --moe) MODEL="$(scripts/make-qwen3moe-bench-gguf.sh | tail -n 1)"; shift ;;
     --threads) THREADS="$2"; shift 2 ;;
     --rounds) ROUNDS="$2"; shift 2 ;;
+    --pp) PP="$2"; shift 2 ;;
+    --tg) TG="$2"; shift 2 ;;
     *) echo "unknown argument: $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -57,7 +63,10 @@ trap 'rm -rf "$OUT"' EXIT
 for round in $(seq "$ROUNDS"); do
   for v in "${VARIANTS[@]}"; do
     # pp and tg separately, so a crash in one leaves the other's figure.
-    for test in "-p 128 -n 0" "-p 0 -n 128"; do
+    tests=()
+    [[ "$PP" -gt 0 ]] && tests+=("-p $PP -n 0")
+    [[ "$TG" -gt 0 ]] && tests+=("-p 0 -n $TG")
+    for test in "${tests[@]}"; do
       echo "round $round/$ROUNDS: llama.cpp ($v build) $test" >&2
       # shellcheck disable=SC2086
       if ! "${LLAMA_BENCH[$v]}" -m "$MODEL" -t "$THREADS" $test -r 5 -o jsonl > "$OUT/run.jsonl" 2> "$OUT/run.err"; then
@@ -68,7 +77,7 @@ for round in $(seq "$ROUNDS"); do
     done
   done
   echo "round $round/$ROUNDS: anelm" >&2
-  "$ANELM" bench --model "$MODEL" -t "$THREADS" -p 128 -n 128 -r 5 --json >> "$OUT/anelm.jsonl"
+  "$ANELM" bench --model "$MODEL" -t "$THREADS" -p "$PP" -n "$TG" -r 5 --json >> "$OUT/anelm.jsonl"
   echo "round $round/$ROUNDS: streaming-read bandwidth" >&2
   "$BANDWIDTH" --threads "$THREADS" --bandwidth-only >> "$OUT/bandwidth.txt"
 done

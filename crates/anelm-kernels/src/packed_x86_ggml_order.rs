@@ -42,49 +42,57 @@ fn block_layout<const F: u8>(rows: usize) -> (usize, usize) {
     }
 }
 
-/// The unsigned weight vectors of one block `p` of format `F`: vector `v` holds elements
-/// `4v .. 4v + 4` of the group's rows (Q4_0's nibble, Q5_0's nibble plus fifth bit, IQ4_NL's
-/// level as read by the dot — see the module docs), passed to `each(v, w)` in order.
+/// The fifth bits of a block `p` of format `F` (Q5_0; zero for the others), which
+/// [`block_weight`] takes for every vector of the block.
 #[inline(always)]
-fn block_weights<K: IntLanes, const F: u8>(k: K, p: &[u8], table: K::I, mut each: impl FnMut(usize, K::I)) {
+fn fifth_bits<K: IntLanes, const F: u8>(k: K, p: &[u8]) -> K::I {
     let r = K::ROWS;
-    let (_, qs) = block_layout::<F>(r);
-    let (mask, five) = (k.splat8(0x0F), k.splat8(0x10));
-    let fifth_bits = if F == Q5_0 {
+    if F == Q5_0 {
         k.load(&p[2 * r..6 * r])
     } else {
         k.zero_i()
-    };
-    for v in 0..8 {
-        let packed = k.load(&p[qs + 4 * r * (v % 4)..]);
-        let mut w = if v < 4 {
-            k.and(packed, mask)
-        } else {
-            k.high_nibbles(packed, mask)
-        };
-        if F == Q5_0 {
-            // Bit v of each byte to bit 4 (16-bit shifts: what crosses into the neighbouring
-            // byte lands outside bit 4 and is masked off).
-            let h = match v {
-                0 => k.shl16::<4>(fifth_bits),
-                1 => k.shl16::<3>(fifth_bits),
-                2 => k.shl16::<2>(fifth_bits),
-                3 => k.shl16::<1>(fifth_bits),
-                4 => fifth_bits,
-                5 => k.shr16::<1>(fifth_bits),
-                6 => k.shr16::<2>(fifth_bits),
-                _ => k.shr16::<3>(fifth_bits),
-            };
-            w = k.or(w, k.and(h, five));
-        }
-        if F == IQ4_NL {
-            w = k.lookup16(table, w);
-        }
-        each(v, w);
     }
 }
 
-/// IQ4_NL's level table as [`block_weights`] reads it (`signed`: AVX2's saturating dot).
+/// Unsigned weight vector `v` (0..8) of one block `p` of format `F`: elements `4v .. 4v + 4` of
+/// the group's rows (Q4_0's nibble, Q5_0's nibble plus fifth bit, IQ4_NL's level as read by the
+/// dot — see the module docs). A plain function the callers loop over, not a callback: a closure
+/// defined in these generic helpers does not take the calling kernel's target features, so its
+/// intrinsics were calls (the AVX2 kernels ran 7–10× slower than the row-major ones; field guide,
+/// 2026-12-07 night).
+#[inline(always)]
+fn block_weight<K: IntLanes, const F: u8>(k: K, p: &[u8], table: K::I, fifth: K::I, v: usize) -> K::I {
+    let r = K::ROWS;
+    let (_, qs) = block_layout::<F>(r);
+    let (mask, five) = (k.splat8(0x0F), k.splat8(0x10));
+    let packed = k.load(&p[qs + 4 * r * (v % 4)..]);
+    let mut w = if v < 4 {
+        k.and(packed, mask)
+    } else {
+        k.high_nibbles(packed, mask)
+    };
+    if F == Q5_0 {
+        // Bit v of each byte to bit 4 (16-bit shifts: what crosses into the neighbouring
+        // byte lands outside bit 4 and is masked off).
+        let h = match v {
+            0 => k.shl16::<4>(fifth),
+            1 => k.shl16::<3>(fifth),
+            2 => k.shl16::<2>(fifth),
+            3 => k.shl16::<1>(fifth),
+            4 => fifth,
+            5 => k.shr16::<1>(fifth),
+            6 => k.shr16::<2>(fifth),
+            _ => k.shr16::<3>(fifth),
+        };
+        w = k.or(w, k.and(h, five));
+    }
+    if F == IQ4_NL {
+        w = k.lookup16(table, w);
+    }
+    w
+}
+
+/// IQ4_NL's level table as [`block_weight`] reads it (`signed`: AVX2's saturating dot).
 #[inline(always)]
 fn level_table<K: IntLanes>(k: K, signed: bool) -> K::I {
     k.table16(&IQ4_NL_VALUES.map(|v| if signed { v as u8 } else { (v as u8) ^ 0x80 }))
@@ -151,7 +159,9 @@ fn ggml_order_kernel<K: IntLanes, const L: usize, const F: u8>(
         for j in 0..L {
             ddx[j] = k.mul_f(d, k.splat_f(xd.get(j, b)));
         }
-        block_weights::<K, F>(k, p, table, |v, w| {
+        let fifth = fifth_bits::<K, F>(k, p);
+        for v in 0..8 {
+            let w = block_weight::<K, F>(k, p, table, fifth, v);
             if signed {
                 let mag = k.abs8(w);
                 for j in 0..L {
@@ -162,7 +172,7 @@ fn ggml_order_kernel<K: IntLanes, const L: usize, const F: u8>(
             } else {
                 quad_sums::<K, L>(k, w, &xq, &xo, b, v, &ddx, &mut acc);
             }
-        });
+        }
     }
     finish_lanes::<K, L>(k, &acc, out);
 }
@@ -185,7 +195,10 @@ fn decode_group<K: IntLanes, const F: u8>(k: K, blk: &[u8], nb: usize, dec: &mut
             break;
         }
         k.prefetch_stream(p, bytes.div_ceil(64));
-        block_weights::<K, F>(k, p, table, |v, w| k.store_i(&mut out[v * vec_bytes..], w));
+        let fifth = fifth_bits::<K, F>(k, p);
+        for v in 0..8 {
+            k.store_i(&mut out[v * vec_bytes..], block_weight::<K, F>(k, p, table, fifth, v));
+        }
     }
 }
 
