@@ -107,7 +107,8 @@ for (test, build), rates in by_build.items():
     if rates and (test not in L or statistics.median(rates) > statistics.median(L[test])):
         L[test], build_of[test] = rates, build
 A = collect(anelm, lambda r: r["test"])
-A = {t: r for t, r in A.items() if not t.endswith("generate") and "x" not in t}
+# Only the plain ppN/tgN figures (not "tgN xB" or "tgN generate"), which llama-bench has too.
+A = {t: r for t, r in A.items() if " " not in t}
 cpu = "unknown CPU"
 try:
     for line in open("/proc/cpuinfo"):

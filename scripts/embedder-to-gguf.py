@@ -143,12 +143,7 @@ def main(src, out):
     w.add_uint32("general.file_type", int(gguf.LlamaFileType.ALL_F32))
     w.add_uint32("general.quantization_version", gguf.GGML_QUANT_VERSION)
     vocab = cfg["vocab_size"]
-    tokens, merges = qwen35_gguf.placeholder_vocabulary(vocab)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types([int(gguf.TokenType.NORMAL)] * vocab)
-    w.add_token_merges(merges)
+    qwen35_gguf.add_placeholder_vocabulary(w, vocab)
     for hf in sorted(tensors):
         name = hf[1:] if hf.startswith("@") else gguf_name(hf, layer)
         value = tensors[hf].astype(np.float32)

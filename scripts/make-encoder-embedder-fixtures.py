@@ -85,40 +85,6 @@ def gemma_model(path: str, vocab: int) -> None:
     model.save_pretrained(path)
 
 
-def modernbert_model(path: str, vocab: int) -> None:
-    cfg = transformers.ModernBertConfig(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        max_position_embeddings=512,
-        norm_eps=1e-5,
-        local_attention=16,
-        global_attn_every_n_layers=3,
-        global_rope_theta=160000.0,
-        local_rope_theta=10000.0,
-        hidden_activation="gelu",
-        pad_token_id=0,
-        sep_token_id=1,
-        cls_token_id=2,
-        bos_token_id=2,
-        eos_token_id=1,
-    )
-    cfg._attn_implementation = "eager"
-    torch.manual_seed(29)
-    model = transformers.ModernBertModel(cfg).eval().float()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.1 * torch.randn_like(p))
-            elif "embeddings" in name:
-                p.copy_(0.5 * torch.randn_like(p))
-            else:
-                p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5)
-    model.save_pretrained(path)
-
-
 def build(kind: str, base: str) -> list:
     """The model's files under `base`; returns its sentence-transformers modules after the Transformer."""
     if kind == "embeddinggemma":
@@ -135,7 +101,7 @@ def build(kind: str, base: str) -> list:
         ]
     fast = make_tokenizer(base, ["[PAD]", "[SEP]", "[CLS]", "[MASK]"], "[CLS]", "[SEP]",
                           cls_token="[CLS]", sep_token="[SEP]", pad_token="[PAD]", mask_token="[MASK]")
-    modernbert_model(base, len(fast))
+    st_fixture.tiny_modernbert(base, transformers.ModernBertModel, fast, 29)
     return [models.Pooling(64, pooling_mode="mean"), models.Normalize()]
 
 

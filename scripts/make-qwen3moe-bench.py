@@ -90,12 +90,7 @@ def main():
     w.add_float32(f"{ARCH}.rope.freq_base", 1_000_000.0)
     w.add_float32(f"{ARCH}.attention.layer_norm_rms_epsilon", 1e-6)
     w.add_uint32("general.quantization_version", gguf.GGML_QUANT_VERSION)
-    tokens, merges = qwen35_gguf.placeholder_vocabulary(VOCAB)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types([int(gguf.TokenType.NORMAL)] * VOCAB)
-    w.add_token_merges(merges)
+    qwen35_gguf.add_placeholder_vocabulary(w, VOCAB)
     tensors = plan(a.layers)
 
     def stored(kind):

@@ -177,51 +177,49 @@ def write(path: str, doc: dict) -> None:
         f.write("\n")
 
 
-def cross_encoder(out: str) -> None:
-    fast = wordpiece(out)
-    bert_classifier(out, len(fast), ["LABEL_0"], seed=40)
-    # As the hub's cross-encoder directories record it (sentence-transformers >= 4).
+def mark_sigmoid(out: str) -> None:
+    """Record the one-label score's activation in config.json, as the hub's cross-encoder
+    directories do (sentence-transformers >= 4)."""
     cfg_path = os.path.join(out, "config.json")
     with open(cfg_path, encoding="utf-8") as f:
         cfg = json.load(f)
     cfg["sentence_transformers"] = {"activation_fn": "torch.nn.modules.activation.Sigmoid"}
     write(cfg_path, cfg)
 
-    ce = CrossEncoder(out, device="cpu")
+
+def cross_encoder_reference(out: str, fast, model_class, description: str, types: bool, **load) -> None:
+    """reference.json of the one-label cross-encoder in `out`: CrossEncoder's ids (and token types
+    when the model takes them), raw logits and sigmoid scores for PAIRS, each logit checked
+    against transformers' own forward (`load`: keyword arguments of both loads)."""
+    ce = CrossEncoder(out, device="cpu", model_kwargs=load or None)
     ce.eval()
     assert ce.max_seq_length == MAX_POSITIONS, ce.max_seq_length
     scores = ce.predict(PAIRS, batch_size=8, convert_to_numpy=True)
     logits = ce.predict(PAIRS, batch_size=8, convert_to_numpy=True, activation_fn=torch.nn.Identity())
-    hf = transformers.BertForSequenceClassification.from_pretrained(out).eval()
+    hf = model_class.from_pretrained(out, **load).eval()
     records = []
     for (q, d), score, logit in zip(PAIRS, scores, logits):
         feats = ce.preprocess([[q, d]])
-        ids = feats["input_ids"][0].tolist()
-        types = feats["token_type_ids"][0].tolist()
         plain = fast(q, d, truncation="longest_first", max_length=MAX_POSITIONS)
-        if ids != plain["input_ids"] or types != plain["token_type_ids"]:
+        record = {"query": q, "document": d, "token_ids": feats["input_ids"][0].tolist()}
+        inputs = {"input_ids": torch.tensor([record["token_ids"]])}
+        if types:
+            record["type_ids"] = feats["token_type_ids"][0].tolist()
+            inputs["token_type_ids"] = torch.tensor([record["type_ids"]])
+        if record["token_ids"] != plain["input_ids"] or (types and record["type_ids"] != plain["token_type_ids"]):
             sys.exit(f"error: CrossEncoder's ids differ from the tokenizer's for {(q, d)!r}")
         with torch.no_grad():
-            ref = hf(input_ids=torch.tensor([ids]), token_type_ids=torch.tensor([types])).logits[0, 0].item()
+            ref = hf(**inputs).logits[0, 0].item()
         if abs(ref - float(logit)) > 1e-5:
             sys.exit(f"error: transformers' logit {ref} differs from CrossEncoder's {logit}")
-        records.append(
-            {
-                "query": q,
-                "document": d,
-                "token_ids": ids,
-                "type_ids": types,
-                "logit": float(logit),
-                "score": float(score),
-            }
-        )
+        records.append({**record, "logit": float(logit), "score": float(score)})
     truncated = sum(len(r["token_ids"]) == MAX_POSITIONS for r in records)
     if truncated < 3:
         sys.exit(f"error: only {truncated} pairs reach {MAX_POSITIONS} tokens")
     write(
         os.path.join(out, "reference.json"),
         {
-            "model": "tiny random BertForSequenceClassification cross-encoder (scripts/make-rerank-fixtures.py)",
+            "model": description,
             "max_length": MAX_POSITIONS,
             "activation": "sigmoid",
             "made_with": versions(),
@@ -230,12 +228,9 @@ def cross_encoder(out: str) -> None:
     )
 
 
-def classifier(out: str, tok_dir: str) -> None:
-    fast = transformers.BertTokenizerFast.from_pretrained(tok_dir)
-    fast.save_pretrained(out)
-    labels = ["negative", "neutral", "positive"]
-    bert_classifier(out, len(fast), labels, seed=41)
-    model = transformers.BertForSequenceClassification.from_pretrained(out).eval()
+def classifier_reference(out: str, fast, model, labels: list, description: str) -> None:
+    """reference.json of the sequence classifier `model`: transformers' logits and softmax
+    probabilities of CLASSIFY_TEXTS."""
     records = []
     for text in CLASSIFY_TEXTS:
         enc = fast(text, truncation=True, max_length=MAX_POSITIONS, return_tensors="pt")
@@ -252,12 +247,28 @@ def classifier(out: str, tok_dir: str) -> None:
         )
     write(
         os.path.join(out, "reference.json"),
-        {
-            "model": "tiny random 3-label BertForSequenceClassification (scripts/make-rerank-fixtures.py)",
-            "labels": labels,
-            "made_with": versions(),
-            "texts": records,
-        },
+        {"model": description, "labels": labels, "made_with": versions(), "texts": records},
+    )
+
+
+def cross_encoder(out: str) -> None:
+    fast = wordpiece(out)
+    bert_classifier(out, len(fast), ["LABEL_0"], seed=40)
+    mark_sigmoid(out)
+    cross_encoder_reference(
+        out, fast, transformers.BertForSequenceClassification,
+        "tiny random BertForSequenceClassification cross-encoder (scripts/make-rerank-fixtures.py)", types=True,
+    )
+
+
+def classifier(out: str, tok_dir: str) -> None:
+    fast = transformers.BertTokenizerFast.from_pretrained(tok_dir)
+    fast.save_pretrained(out)
+    labels = ["negative", "neutral", "positive"]
+    bert_classifier(out, len(fast), labels, seed=41)
+    model = transformers.BertForSequenceClassification.from_pretrained(out).eval()
+    classifier_reference(
+        out, fast, model, labels, "tiny random 3-label BertForSequenceClassification (scripts/make-rerank-fixtures.py)"
     )
 
 
@@ -272,84 +283,27 @@ def modernbert_tokenizer(path: str) -> transformers.PreTrainedTokenizerFast:
 
 
 def modernbert_classifier_model(path: str, fast, labels: list, seed: int, **head) -> None:
-    ids = {t: fast.convert_tokens_to_ids(t) for t in ["[PAD]", "[SEP]", "[CLS]"]}
-    cfg = transformers.ModernBertConfig(
-        vocab_size=len(fast),
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        max_position_embeddings=512,
-        norm_eps=1e-5,
-        local_attention=16,
-        global_attn_every_n_layers=3,
-        global_rope_theta=160000.0,
-        local_rope_theta=10000.0,
-        hidden_activation="gelu",
-        pad_token_id=ids["[PAD]"],
-        sep_token_id=ids["[SEP]"],
-        eos_token_id=ids["[SEP]"],
-        cls_token_id=ids["[CLS]"],
-        bos_token_id=ids["[CLS]"],
+    st_fixture.tiny_modernbert(
+        path,
+        transformers.ModernBertForSequenceClassification,
+        fast,
+        seed,
         num_labels=len(labels),
         id2label=dict(enumerate(labels)),
         label2id={label: i for i, label in enumerate(labels)},
         architectures=["ModernBertForSequenceClassification"],
         **head,
     )
-    cfg._attn_implementation = "eager"
-    torch.manual_seed(seed)
-    model = transformers.ModernBertForSequenceClassification(cfg).eval().float()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.1 * torch.randn_like(p))
-            elif "embeddings" in name:
-                p.copy_(0.5 * torch.randn_like(p))
-            else:
-                p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5)
-    model.save_pretrained(path)
 
 
 def modernbert_cross_encoder(out: str) -> None:
     fast = modernbert_tokenizer(out)
     modernbert_classifier_model(out, fast, ["LABEL_0"], seed=43, classifier_pooling="mean", classifier_bias=True)
-    cfg_path = os.path.join(out, "config.json")
-    with open(cfg_path, encoding="utf-8") as f:
-        cfg = json.load(f)
-    cfg["sentence_transformers"] = {"activation_fn": "torch.nn.modules.activation.Sigmoid"}
-    write(cfg_path, cfg)
-
-    ce = CrossEncoder(out, device="cpu", model_kwargs={"attn_implementation": "eager"})
-    ce.eval()
-    assert ce.max_seq_length == MAX_POSITIONS, ce.max_seq_length
-    scores = ce.predict(PAIRS, batch_size=8, convert_to_numpy=True)
-    logits = ce.predict(PAIRS, batch_size=8, convert_to_numpy=True, activation_fn=torch.nn.Identity())
-    hf = transformers.ModernBertForSequenceClassification.from_pretrained(out, attn_implementation="eager").eval()
-    records = []
-    for (q, d), score, logit in zip(PAIRS, scores, logits):
-        ids = ce.preprocess([[q, d]])["input_ids"][0].tolist()
-        plain = fast(q, d, truncation="longest_first", max_length=MAX_POSITIONS)
-        if ids != plain["input_ids"]:
-            sys.exit(f"error: CrossEncoder's ids differ from the tokenizer's for {(q, d)!r}")
-        with torch.no_grad():
-            ref = hf(input_ids=torch.tensor([ids])).logits[0, 0].item()
-        if abs(ref - float(logit)) > 1e-5:
-            sys.exit(f"error: transformers' logit {ref} differs from CrossEncoder's {logit}")
-        records.append({"query": q, "document": d, "token_ids": ids, "logit": float(logit), "score": float(score)})
-    truncated = sum(len(r["token_ids"]) == MAX_POSITIONS for r in records)
-    longest = max(len(r["token_ids"]) for r in records)
-    if truncated < 3 or longest <= 2 * 9:
-        sys.exit(f"error: only {truncated} pairs reach {MAX_POSITIONS} tokens")
-    write(
-        os.path.join(out, "reference.json"),
-        {
-            "model": "tiny random ModernBertForSequenceClassification cross-encoder (scripts/make-rerank-fixtures.py)",
-            "max_length": MAX_POSITIONS,
-            "activation": "sigmoid",
-            "made_with": versions(),
-            "pairs": records,
-        },
+    mark_sigmoid(out)
+    cross_encoder_reference(
+        out, fast, transformers.ModernBertForSequenceClassification,
+        "tiny random ModernBertForSequenceClassification cross-encoder (scripts/make-rerank-fixtures.py)",
+        types=False, attn_implementation="eager",
     )
 
 
@@ -360,28 +314,9 @@ def modernbert_classifier(out: str, tok_dir: str) -> None:
     modernbert_classifier_model(out, fast, labels, seed=44, classifier_pooling="cls",
                                 classifier_activation="gelu_pytorch_tanh")
     model = transformers.ModernBertForSequenceClassification.from_pretrained(out, attn_implementation="eager").eval()
-    records = []
-    for text in CLASSIFY_TEXTS:
-        enc = fast(text, truncation=True, max_length=MAX_POSITIONS, return_tensors="pt")
-        with torch.no_grad():
-            logits = model(**enc).logits[0]
-        probs = torch.softmax(logits, dim=-1)
-        records.append(
-            {
-                "text": text,
-                "token_ids": enc["input_ids"][0].tolist(),
-                "logits": [float(v) for v in logits],
-                "probabilities": [float(v) for v in probs],
-            }
-        )
-    write(
-        os.path.join(out, "reference.json"),
-        {
-            "model": "tiny random 3-label ModernBertForSequenceClassification (scripts/make-rerank-fixtures.py)",
-            "labels": labels,
-            "made_with": versions(),
-            "texts": records,
-        },
+    classifier_reference(
+        out, fast, model, labels,
+        "tiny random 3-label ModernBertForSequenceClassification (scripts/make-rerank-fixtures.py)",
     )
 
 

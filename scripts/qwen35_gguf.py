@@ -63,6 +63,17 @@ def placeholder_vocabulary(vocab):
     return tokens, ["Ġ t"] if vocab > 256 else []
 
 
+
+def add_placeholder_vocabulary(w, vocab):
+    """Write the placeholder vocabulary of `vocab` tokens as a GPT-2 BPE tokenizer (the fixtures
+    carry no tokenizer of their own; the tests feed token ids)."""
+    tokens, merges = placeholder_vocabulary(vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([int(gguf.TokenType.NORMAL)] * vocab)
+    w.add_token_merges(merges)
+
 def tiled(x, axis, n_k, per_k, width):
     """Value heads along `axis` from grouped-by-key-head to tiled order."""
     shape = list(x.shape)
@@ -226,12 +237,7 @@ def write(out, cfg, model_name, shapes, get, has_output, float_type="f32", progr
     u32("full_attention_interval", cfg.get("full_attention_interval", 4))
     u32("rope.dimension_count", int(head_dim * partial))
     w.add_uint32("general.quantization_version", gguf.GGML_QUANT_VERSION)
-    tokens, merges = placeholder_vocabulary(vocab)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types([int(gguf.TokenType.NORMAL)] * vocab)
-    w.add_token_merges(merges)
+    add_placeholder_vocabulary(w, vocab)
 
     plan = _plan(cfg, has_output)
     for name, hf_name, _ in plan:

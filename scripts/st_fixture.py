@@ -64,3 +64,43 @@ def write_reference(out, description, pooling, query_prompt, texts, query_texts)
         json.dump(doc, f, ensure_ascii=False, indent=1)
         f.write("\n")
     print(f"wrote {out}: {len(texts)} texts, with and without the query prompt", file=sys.stderr)
+
+
+def tiny_modernbert(path, model_class, fast, seed, **extra):
+    """A tiny random ModernBERT of `model_class` (4 layers, width 64, a global layer every third,
+    local layers over 16 positions, exact GELU; `extra` adds config fields such as a classifier
+    head's), its special token ids from `fast`'s [PAD], [SEP] and [CLS]; weights drawn from
+    `seed` (norms near 1, embeddings wide, matrices ~ N(0, 1/fan_in)) and saved to `path`."""
+    ids = {t: fast.convert_tokens_to_ids(t) for t in ["[PAD]", "[SEP]", "[CLS]"]}
+    cfg = transformers.ModernBertConfig(
+        vocab_size=len(fast),
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        max_position_embeddings=512,
+        norm_eps=1e-5,
+        local_attention=16,
+        global_attn_every_n_layers=3,
+        global_rope_theta=160000.0,
+        local_rope_theta=10000.0,
+        hidden_activation="gelu",
+        pad_token_id=ids["[PAD]"],
+        sep_token_id=ids["[SEP]"],
+        eos_token_id=ids["[SEP]"],
+        cls_token_id=ids["[CLS]"],
+        bos_token_id=ids["[CLS]"],
+        **extra,
+    )
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = model_class(cfg).eval().float()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif "embeddings" in name:
+                p.copy_(0.5 * torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5)
+    model.save_pretrained(path)

@@ -428,17 +428,13 @@ fn generate_once(lm: &LoadedModel, prompt: &[u32], n: usize) -> Result<(f64, Ste
         },
         ..GenerateOptions::default()
     };
-    let mut bytes = 0usize;
     let (_, stats) = anelm_engine::generate(
         lm.model.as_ref(),
         &lm.tokenizer,
         &mut session,
         prompt,
         &opts,
-        &mut |p| {
-            bytes += p.len();
-            true
-        },
+        &mut |_| true,
     )?;
     let (forward, outside) = stats.step_split();
     Ok((

@@ -17,6 +17,7 @@ use anelm_model::tokenizer::Tokenizer;
 
 use crate::arch::bert::{Bert, BertConfig, spans};
 use crate::arch::registry;
+use crate::arch::trunk::f32_matrix;
 use crate::backend::Backend;
 use crate::decoder_embedder::DecoderTrunk;
 use crate::error::{EngineError, Result};
@@ -396,31 +397,19 @@ impl Embedder {
 /// The sentence-transformers Dense modules llama.cpp's converter keeps in an EmbeddingGemma GGUF
 /// (`--sentence-transformers-dense-modules`): `dense_2.weight` (hidden → wide) then
 /// `dense_3.weight` (wide → hidden), no bias, no activation. None when the file has neither.
-fn gguf_dense_layers(g: &GgufFile, hidden: usize) -> Result<Vec<DenseLayer>> {
+fn gguf_dense_layers(g: &Arc<GgufFile>, hidden: usize) -> Result<Vec<DenseLayer>> {
+    let store: Arc<dyn TensorStore> = g.clone();
     let mut layers: Vec<DenseLayer> = Vec::new();
     for name in ["dense_2.weight", "dense_3.weight"] {
-        if !g.contains(name) {
+        if !store.contains(name) {
             continue;
         }
         let in_features = layers.last().map_or(hidden, |d| d.out_features);
-        let view = g.tensor(name)?;
-        let (out_features, cols) = match view.shape[..] {
-            [rows, cols] => (rows, cols),
-            _ => (0, 0),
-        };
-        if cols != in_features || out_features == 0 {
-            return Err(EngineError::TensorShape {
-                name: name.to_string(),
-                found: view.shape.clone(),
-                expected: vec![out_features.max(1), in_features],
-            });
-        }
-        let mut weight = vec![0.0; out_features * in_features];
-        anelm_kernels::dequantize_row(view.format, view.data, &mut weight)?;
+        let out_features = store.tensor(name)?.shape.first().copied().unwrap_or(0);
         layers.push(DenseLayer {
+            weight: f32_matrix(&store, name, out_features, in_features)?,
             in_features,
             out_features,
-            weight,
             bias: None,
             activation: DenseActivation::Identity,
         });

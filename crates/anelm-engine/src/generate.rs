@@ -236,10 +236,7 @@ fn generate_drafted(
         }];
         let t = Instant::now();
         rows = model.forward(&mut items)?;
-        // Forwards before the first token was taken are not part of generation_time.
-        if first_token_at.is_some() {
-            forward_time += t.elapsed();
-        }
+        forward_time += t.elapsed();
     }
     let generation_time = first_token_at.map_or(Duration::ZERO, |t| t.elapsed());
     let stats = GenerationStats {

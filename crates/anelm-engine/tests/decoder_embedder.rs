@@ -17,7 +17,7 @@ use anelm_model::tensor_store::TensorStore;
 use serde_json::Value;
 
 mod common;
-use common::{NarrowCpu, cosine, embedding_cases};
+use common::{NarrowCpu, check_embedder, cosine, embedding_cases};
 
 fn model_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/embeddings/qwen3-embedder")
@@ -49,33 +49,7 @@ fn check(backend: &dyn Backend, label: &str) {
             matches!((min, max), (Some(a), Some(b)) if b >= 2 * a && b == 64),
             "the batch should mix short texts and texts truncated at 64 tokens: {lens:?}"
         );
-        let texts: Vec<&str> = cases.iter().map(|c| c.text.as_str()).collect();
-        let ids = emb.tokenize(&texts).expect("tokenize");
-        for (c, got) in cases.iter().zip(&ids) {
-            assert_eq!(got, &c.ids, "{key}: token ids of {:?}", c.text);
-        }
-        let batch = emb.embed(&texts).expect("embed the batch");
-        let mut worst = 1f64;
-        for (i, (c, v)) in cases.iter().zip(&batch).enumerate() {
-            let cos = cosine(v, &c.embedding);
-            assert!(
-                cos >= 0.9999,
-                "{label} {key}: cosine {cos:.7} for text {i} {:?}",
-                c.text
-            );
-            worst = worst.min(cos);
-            let alone = emb.embed(&[c.text.as_str()]).expect("embed alone");
-            let same = cosine(&alone[0], v);
-            assert!(
-                same > 0.999_999,
-                "{label} {key}: text {i} alone vs in the batch: {same}"
-            );
-        }
-        eprintln!(
-            "qwen3 embedder ({label}, {key}): lowest cosine 1 - {:.2e} over {} texts",
-            1.0 - worst,
-            cases.len()
-        );
+        check_embedder(&emb, &cases, &format!("qwen3 embedder ({label}, {key})"));
     }
 }
 

@@ -14,7 +14,7 @@ use anelm_engine::{CpuBackend, Embedder, load_model_weights};
 use serde_json::Value;
 
 mod common;
-use common::{NarrowCpu, cosine, embedding_cases};
+use common::{NarrowCpu, check_embedder, check_gguf_embedder, cosine, embedding_cases};
 
 fn model_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/embeddings/embeddinggemma")
@@ -39,28 +39,7 @@ fn embeddinggemma_matches_sentence_transformers() {
     for (key, instruction) in [("texts", None), ("query_texts", Some(prompt.to_string()))] {
         emb.set_instruction(instruction.clone()).expect("set the instruction");
         let cases = embedding_cases(&fx[key]);
-        let texts: Vec<&str> = cases.iter().map(|c| c.text.as_str()).collect();
-        let ids = emb.tokenize(&texts).expect("tokenize");
-        for (c, got) in cases.iter().zip(&ids) {
-            assert_eq!(got, &c.ids, "{key}: token ids of {:?}", c.text);
-        }
-        let batch = emb.embed(&texts).expect("embed the batch");
-        let mut worst = 1f64;
-        for (i, (c, v)) in cases.iter().zip(&batch).enumerate() {
-            let cos = cosine(v, &c.embedding);
-            assert!(cos >= 0.9999, "{key}: cosine {cos:.7} for text {i} {:?}", c.text);
-            worst = worst.min(cos);
-            let alone = emb.embed(&[c.text.as_str()]).expect("embed alone");
-            assert!(
-                cosine(&alone[0], v) > 0.999_999,
-                "{key}: text {i} alone vs in the batch"
-            );
-        }
-        eprintln!(
-            "embeddinggemma ({key}): lowest cosine 1 - {:.2e} over {} texts",
-            1.0 - worst,
-            cases.len()
-        );
+        check_embedder(&emb, &cases, &format!("embeddinggemma ({key})"));
     }
 }
 
@@ -103,30 +82,13 @@ fn an_input_longer_than_one_forward_runs_whole_not_split() {
 /// the f16 rounding of K/V and GELU that a GGUF's llama.cpp numerics bring.
 #[test]
 fn embeddinggemma_gguf_layout_matches_sentence_transformers() {
+    check_gguf_embedder(
+        "embeddinggemma.gguf",
+        &embedding_cases(&reference()["texts"]),
+        "gemma-embedding",
+        64,
+    );
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf/embeddinggemma.gguf");
-    assert!(
-        Embedder::is_embedding_model(&path),
-        "a GGUF with a pooling type is an embedding model"
-    );
-    let emb = Embedder::load(&path, &CpuBackend::new()).expect("load the GGUF");
-    let info = emb.info().clone();
-    assert_eq!(info.architecture, "gemma-embedding");
-    assert_eq!(info.dimensions, 64);
-    assert_eq!(info.pooling, [anelm_engine::pooling::PoolingMode::Mean]);
-    let cases = embedding_cases(&reference()["texts"]);
-    let ids: Vec<Vec<u32>> = cases.iter().map(|c| c.ids.clone()).collect();
-    let got = emb.embed_tokens(&ids).expect("embed the reference ids");
-    let mut worst = 1f64;
-    for (i, (c, v)) in cases.iter().zip(&got).enumerate() {
-        let cos = cosine(v, &c.embedding);
-        assert!(cos >= 0.9999, "GGUF: cosine {cos:.7} for text {i} {:?}", c.text);
-        worst = worst.min(cos);
-    }
-    eprintln!(
-        "embeddinggemma GGUF: lowest cosine 1 - {:.2e} over {} texts",
-        1.0 - worst,
-        cases.len()
-    );
     let err = load_model_weights(&path, &CpuBackend::new(), &mut |_, _| {})
         .err()
         .expect("not a language model")

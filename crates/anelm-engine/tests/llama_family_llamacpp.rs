@@ -16,7 +16,6 @@ use std::path::PathBuf;
 use anelm_engine::{CpuBackend, LoadedModel, load_model};
 
 mod common;
-use common::{argmax, log_softmax_at, teacher_forced, top2};
 
 const MAX_DLOGPROB: f64 = 1e-2;
 const NOISE_MARGIN: f64 = 1e-2;
@@ -32,29 +31,7 @@ fn check(file: &str, fixture: &str) {
     let fx = common::fixture(fixture);
     let lm = model(file);
     common::check_tokenization(&lm, &fx);
-    let mut worst = 0f64;
-    for case in fx["cases"].as_array().expect("cases") {
-        for (pos, (r, logits)) in top2(case).iter().zip(teacher_forced(&lm, case)).enumerate() {
-            for &(id, lp) in r {
-                let d = (log_softmax_at(&logits, id) - lp).abs();
-                worst = worst.max(d);
-                assert!(
-                    d <= MAX_DLOGPROB,
-                    "{file} position {pos}: log p({id}) differs from llama.cpp by {d:.2e}"
-                );
-            }
-            let [(id0, a), (_, b)] = *r;
-            if a - b > NOISE_MARGIN {
-                assert_eq!(
-                    argmax(&logits),
-                    id0,
-                    "{file} position {pos}: argmax differs where llama.cpp's margin is {:.3}",
-                    a - b
-                );
-            }
-        }
-    }
-    println!("{file}: largest |Δ log p| against llama.cpp: {worst:.2e}");
+    common::check_llamacpp_log_probs(&lm, &fx, file, MAX_DLOGPROB, NOISE_MARGIN);
     common::check_greedy_until_near_tie(&lm, &fx, NOISE_MARGIN);
 }
 

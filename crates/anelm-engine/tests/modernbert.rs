@@ -12,7 +12,7 @@ use anelm_engine::{CpuBackend, Embedder, load_model_weights};
 use serde_json::Value;
 
 mod common;
-use common::{cosine, embedding_cases};
+use common::{check_embedder, check_gguf_embedder, embedding_cases};
 
 fn model_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/embeddings/modernbert")
@@ -36,28 +36,7 @@ fn modernbert_matches_sentence_transformers() {
             cases.iter().any(|c| c.ids.len() > 2 * 9),
             "a text longer than the local window"
         );
-        let texts: Vec<&str> = cases.iter().map(|c| c.text.as_str()).collect();
-        let ids = emb.tokenize(&texts).expect("tokenize");
-        for (c, got) in cases.iter().zip(&ids) {
-            assert_eq!(got, &c.ids, "{key}: token ids of {:?}", c.text);
-        }
-        let batch = emb.embed(&texts).expect("embed the batch");
-        let mut worst = 1f64;
-        for (i, (c, v)) in cases.iter().zip(&batch).enumerate() {
-            let cos = cosine(v, &c.embedding);
-            assert!(cos >= 0.9999, "{key}: cosine {cos:.7} for text {i} {:?}", c.text);
-            worst = worst.min(cos);
-            let alone = emb.embed(&[c.text.as_str()]).expect("embed alone");
-            assert!(
-                cosine(&alone[0], v) > 0.999_999,
-                "{key}: text {i} alone vs in the batch"
-            );
-        }
-        eprintln!(
-            "modernbert ({key}): lowest cosine 1 - {:.2e} over {} texts",
-            1.0 - worst,
-            cases.len()
-        );
+        check_embedder(&emb, &cases, &format!("modernbert ({key})"));
     }
 }
 
@@ -76,28 +55,7 @@ fn modernbert_is_not_a_language_model() {
 /// token ids.
 #[test]
 fn modernbert_gguf_layout_matches_sentence_transformers() {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf/modernbert.gguf");
-    assert!(
-        Embedder::is_embedding_model(&path),
-        "a GGUF with a pooling type is an embedding model"
-    );
-    let emb = Embedder::load(&path, &CpuBackend::new()).expect("load the GGUF");
-    assert_eq!(emb.info().architecture, "modern-bert");
-    assert_eq!(emb.info().dimensions, 64);
     let text = std::fs::read_to_string(model_dir().join("reference.json")).expect("read reference.json");
     let fx: Value = serde_json::from_str(&text).expect("reference JSON");
-    let cases = embedding_cases(&fx["texts"]);
-    let ids: Vec<Vec<u32>> = cases.iter().map(|c| c.ids.clone()).collect();
-    let got = emb.embed_tokens(&ids).expect("embed the reference ids");
-    let mut worst = 1f64;
-    for (i, (c, v)) in cases.iter().zip(&got).enumerate() {
-        let cos = cosine(v, &c.embedding);
-        assert!(cos >= 0.9999, "GGUF: cosine {cos:.7} for text {i} {:?}", c.text);
-        worst = worst.min(cos);
-    }
-    eprintln!(
-        "modernbert GGUF: lowest cosine 1 - {:.2e} over {} texts",
-        1.0 - worst,
-        cases.len()
-    );
+    check_gguf_embedder("modernbert.gguf", &embedding_cases(&fx["texts"]), "modern-bert", 64);
 }

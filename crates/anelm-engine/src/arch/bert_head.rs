@@ -7,8 +7,8 @@ use std::sync::Arc;
 use anelm_model::tensor_store::TensorStore;
 
 use crate::arch::bert_tensors::BertTensor;
+use crate::arch::trunk::f32_matrix;
 use crate::error::Result;
-use crate::stored_matrix::StoredMatrix;
 
 /// `classifier.weight` / `classifier.bias`: outside the encoder's `bert.` prefix.
 const CLASSIFIER_WEIGHT: &str = "classifier.weight";
@@ -33,11 +33,7 @@ impl ClassifierHead {
     /// Load the pooler under `prefix` (`"bert."`) and the classifier, checking their shapes
     /// against `hidden` and `labels`.
     pub fn load(store: &Arc<dyn TensorStore>, prefix: &str, hidden: usize, labels: usize) -> Result<Self> {
-        let read = |name: &str, rows: usize, cols: usize| -> Result<Vec<f32>> {
-            let m = StoredMatrix::load(store, name)?;
-            m.expect_shape(rows, cols)?;
-            m.to_f32()
-        };
+        let read = |name: &str, rows: usize, cols: usize| f32_matrix(store, name, rows, cols);
         Ok(Self {
             hidden,
             labels,

@@ -58,6 +58,32 @@ impl<'a> GgufMeta<'a> {
         self.g.get_bool_array(&self.key(k))
     }
 
+    /// Which of `n_layers` layers attend within the sliding window, as llama.cpp's
+    /// `load_swa_pattern` reads `attention.sliding_window_pattern`: one flag per layer, or a
+    /// period `p` (`default_period` when absent) in which one layer is global — the last of each
+    /// `p`, or with `dense_first` the first.
+    pub(crate) fn sliding_layers(
+        &self,
+        n_layers: usize,
+        default_period: usize,
+        dense_first: bool,
+    ) -> Result<Vec<bool>> {
+        const KEY: &str = "attention.sliding_window_pattern";
+        if let Some(flags) = self.opt_bool_array(KEY) {
+            if flags.len() != n_layers {
+                return Err(EngineError::Config(format!(
+                    "{KEY} flags {} layers but the model has {n_layers}",
+                    flags.len()
+                )));
+            }
+            return Ok(flags.to_vec());
+        }
+        let p = self.opt_usize(KEY).unwrap_or(default_period).max(1);
+        Ok((0..n_layers)
+            .map(|i| if dense_first { i % p != 0 } else { (i + 1) % p != 0 })
+            .collect())
+    }
+
     /// Query heads (`attention.head_count`, required and non-zero).
     pub(crate) fn heads(&self) -> Result<usize> {
         let n = self.usize("attention.head_count")?;
@@ -123,4 +149,20 @@ pub(crate) fn hf_heads(c: &HfConfig) -> Result<usize> {
         return Err(EngineError::Config("num_attention_heads is 0".into()));
     }
     Ok(n)
+}
+
+/// Per layer, whether `config.json`'s `layer_types` names it `marked` (`sliding_attention`,
+/// `linear_attention`, `conv`): `None` when the config lists no layer types, an error when it
+/// lists another number of layers than `n_layers`.
+pub(crate) fn hf_layer_flags(c: &HfConfig, n_layers: usize, marked: &str) -> Result<Option<Vec<bool>>> {
+    if c.layer_types.is_empty() {
+        return Ok(None);
+    }
+    if c.layer_types.len() != n_layers {
+        return Err(EngineError::Config(format!(
+            "layer_types lists {} layers but num_hidden_layers is {n_layers}",
+            c.layer_types.len()
+        )));
+    }
+    Ok(Some(c.layer_types.iter().map(|t| t == marked).collect()))
 }

@@ -24,7 +24,7 @@ use anelm_model::tensor_store::TensorStore;
 use serde_json::Value;
 
 use crate::arch::attention::Attention;
-use crate::arch::config_read::{GgufMeta, check_heads, check_plausible, check_sizes, hf_heads, need};
+use crate::arch::config_read::{GgufMeta, check_heads, check_plausible, check_sizes, hf_heads, hf_layer_flags, need};
 use crate::arch::decoder::{Decoder, DecoderEnds, DecoderLayers, EndsSpec};
 use crate::arch::kernel_compile::CompiledLayer;
 use crate::arch::kernel_list::{KernelDesc, KernelList, LayerKernels};
@@ -95,22 +95,17 @@ impl Gemma3Config {
         let n_layers = need(c.num_hidden_layers, "num_hidden_layers")?;
         let n_heads = hf_heads(c)?;
         let head_dim = c.head_dim.unwrap_or(hidden_size / n_heads);
-        let sliding = if c.layer_types.is_empty() {
-            let pattern = raw
-                .get("sliding_window_pattern")
-                .or_else(|| raw.get("_sliding_window_pattern"))
-                .and_then(Value::as_u64)
-                .unwrap_or(6)
-                .max(1) as usize;
-            (0..n_layers).map(|i| (i + 1) % pattern != 0).collect()
-        } else {
-            if c.layer_types.len() != n_layers {
-                return Err(EngineError::Config(format!(
-                    "layer_types lists {} layers but num_hidden_layers is {n_layers}",
-                    c.layer_types.len()
-                )));
+        let sliding = match hf_layer_flags(c, n_layers, "sliding_attention")? {
+            Some(flags) => flags,
+            None => {
+                let pattern = raw
+                    .get("sliding_window_pattern")
+                    .or_else(|| raw.get("_sliding_window_pattern"))
+                    .and_then(Value::as_u64)
+                    .unwrap_or(6)
+                    .max(1) as usize;
+                (0..n_layers).map(|i| (i + 1) % pattern != 0).collect()
             }
-            c.layer_types.iter().map(|t| t == "sliding_attention").collect()
         };
         let rope = raw.get("rope_parameters");
         let local = rope
@@ -163,19 +158,7 @@ impl Gemma3Config {
         let n_layers = m.usize("block_count")?;
         let n_heads = m.heads()?;
         let head_dim = m.head_dim(hidden_size, n_heads);
-        let sliding = match m.opt_bool_array("attention.sliding_window_pattern") {
-            Some(flags) if flags.len() == n_layers => flags.to_vec(),
-            Some(flags) => {
-                return Err(EngineError::Config(format!(
-                    "attention.sliding_window_pattern flags {} layers but the model has {n_layers}",
-                    flags.len()
-                )));
-            }
-            None => {
-                let pattern = m.opt_usize("attention.sliding_window_pattern").unwrap_or(6).max(1);
-                (0..n_layers).map(|i| (i + 1) % pattern != 0).collect()
-            }
-        };
+        let sliding = m.sliding_layers(n_layers, 6, false)?;
         let window = m.opt_usize("attention.sliding_window").unwrap_or(4096);
         let cfg = Self {
             vocab_size: m.vocab()?,

@@ -25,7 +25,7 @@ use anelm_model::tensor_store::TensorStore;
 use serde_json::Value;
 
 use crate::arch::attention::Attention;
-use crate::arch::config_read::{GgufMeta, check_heads, check_plausible, check_sizes, hf_heads, need};
+use crate::arch::config_read::{GgufMeta, check_heads, check_plausible, check_sizes, hf_heads, hf_layer_flags, need};
 use crate::arch::decoder::{Decoder, DecoderEnds, DecoderLayers, EndsSpec};
 use crate::arch::kernel_compile::CompiledLayer;
 use crate::arch::kernel_list::{KernelDesc, KernelList, LayerKernels};
@@ -119,23 +119,18 @@ impl Lfm2Config {
                 "conv_bias is true: biases on LFM2's short-convolution projections are not supported".into(),
             ));
         }
-        let conv = if c.layer_types.is_empty() {
-            // transformers: every layer is attention unless `full_attn_idxs` lists some.
-            match raw.get("full_attn_idxs").and_then(Value::as_array) {
-                Some(idxs) => {
-                    let full: Vec<u64> = idxs.iter().filter_map(Value::as_u64).collect();
-                    (0..n_layers).map(|i| !full.contains(&(i as u64))).collect()
+        let conv = match hf_layer_flags(c, n_layers, "conv")? {
+            Some(flags) => flags,
+            None => {
+                // transformers: every layer is attention unless `full_attn_idxs` lists some.
+                match raw.get("full_attn_idxs").and_then(Value::as_array) {
+                    Some(idxs) => {
+                        let full: Vec<u64> = idxs.iter().filter_map(Value::as_u64).collect();
+                        (0..n_layers).map(|i| !full.contains(&(i as u64))).collect()
+                    }
+                    None => vec![false; n_layers],
                 }
-                None => vec![false; n_layers],
             }
-        } else {
-            if c.layer_types.len() != n_layers {
-                return Err(EngineError::Config(format!(
-                    "layer_types lists {} layers but num_hidden_layers is {n_layers}",
-                    c.layer_types.len()
-                )));
-            }
-            c.layer_types.iter().map(|t| t == "conv").collect()
         };
         let cfg = Self {
             vocab_size: need(c.vocab_size, "vocab_size")?,

@@ -14,13 +14,13 @@ use anelm_model::hf_config::HfConfig;
 use anelm_model::tensor_store::TensorStore;
 
 use crate::arch::attention::Attention;
-use crate::arch::config_read::{GgufMeta, check_heads, check_plausible, check_sizes, hf_heads, need};
+use crate::arch::config_read::{GgufMeta, check_heads, check_plausible, check_sizes, hf_heads, hf_layer_flags, need};
 use crate::arch::decoder::{Decoder, DecoderEnds, DecoderLayers, EndsSpec};
 use crate::arch::kernel_compile::CompiledLayer;
 use crate::arch::kernel_list::{KernelDesc, KernelList, LayerKernels};
 use crate::arch::moe::{MoeConfig, MoeFfn};
 use crate::arch::registry::{self, Architecture, Head};
-use crate::arch::step::{LaneRef, lane_angles};
+use crate::arch::step::{LaneRef, lane_angles, lane_angles_by};
 use crate::arch::tensor_names::{Family, LayerTensor, TensorNames};
 use crate::arch::trunk::{norm_vector, small_tensor};
 use crate::backend::{Backend, ForwardCost, Kernel};
@@ -236,23 +236,17 @@ impl LlamaConfig {
     fn with_hf_sliding_window(mut self, c: &HfConfig) -> Result<Self> {
         let raw = c.raw();
         let n = self.n_layers;
-        let sliding: Vec<bool> = if !c.layer_types.is_empty() {
-            if c.layer_types.len() != n {
-                return Err(EngineError::Config(format!(
-                    "layer_types lists {} layers but num_hidden_layers is {n}",
-                    c.layer_types.len()
-                )));
-            }
-            if let Some(t) = c
-                .layer_types
-                .iter()
-                .find(|t| !matches!(t.as_str(), "full_attention" | "sliding_attention"))
-            {
-                return Err(EngineError::Config(format!(
-                    "layer type '{t}' is not supported for this architecture (full_attention or sliding_attention)"
-                )));
-            }
-            c.layer_types.iter().map(|t| t == "sliding_attention").collect()
+        if let Some(t) = c
+            .layer_types
+            .iter()
+            .find(|t| !matches!(t.as_str(), "full_attention" | "sliding_attention"))
+        {
+            return Err(EngineError::Config(format!(
+                "layer type '{t}' is not supported for this architecture (full_attention or sliding_attention)"
+            )));
+        }
+        let sliding: Vec<bool> = if let Some(flags) = hf_layer_flags(c, n, "sliding_attention")? {
+            flags
         } else if raw.get("use_sliding_window").is_some() {
             let on = raw.get("use_sliding_window").and_then(serde_json::Value::as_bool) == Some(true);
             let from = raw
@@ -625,15 +619,7 @@ impl DecoderLayers for LlamaLayers {
         LlamaStep {
             angles: match &self.rope_long {
                 // Phi-3: the long factors for a session longer than the original context.
-                Some((long, original)) => lanes
-                    .iter()
-                    .map(|l| {
-                        let mut cs = Vec::new();
-                        let rope = if l.ctx > *original { long } else { &self.rope };
-                        rope.angles(l.pos, &mut cs);
-                        cs
-                    })
-                    .collect(),
+                Some((long, original)) => lane_angles_by(lanes, |l| if l.ctx > *original { long } else { &self.rope }),
                 None => lane_angles(&self.rope, lanes),
             },
             xn: Batch::zeros(n, cfg.hidden_size),

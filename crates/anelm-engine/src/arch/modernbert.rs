@@ -24,7 +24,7 @@ use anelm_model::tensor_store::TensorStore;
 use serde_json::Value;
 
 use crate::arch::attention::Attention;
-use crate::arch::config_read::{GgufMeta, check_heads, check_plausible, check_sizes, hf_heads, need};
+use crate::arch::config_read::{GgufMeta, check_heads, check_plausible, check_sizes, hf_heads, hf_layer_flags, need};
 use crate::arch::decoder::{Decoder, DecoderEnds, DecoderLayers, EndsSpec};
 use crate::arch::kernel_compile::CompiledLayer;
 use crate::arch::kernel_list::{KernelDesc, KernelList, LayerKernels};
@@ -75,28 +75,12 @@ impl ModernBertConfig {
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
         let m = GgufMeta::new(g, "modern-bert");
         let n_layers = m.usize("block_count")?;
-        let every = m.opt_usize("attention.sliding_window_pattern").unwrap_or(3).max(1);
         let window = m.opt_usize("attention.sliding_window").unwrap_or(0);
-        let gelu_tanh = match g.get_str(&format!("{}.hidden_activation", m.arch())).unwrap_or("gelu") {
-            "gelu" => false,
-            "gelu_new" | "gelu_pytorch_tanh" => true,
-            other => {
-                return Err(EngineError::Config(format!(
-                    "hidden_activation '{other}' is not supported for ModernBERT (gelu or gelu_pytorch_tanh)"
-                )));
-            }
-        };
-        // One flag per layer, or a period; no window: every layer global.
-        let local = match m.opt_bool_array("attention.sliding_window_pattern") {
-            Some(flags) if flags.len() == n_layers => flags.iter().map(|&f| f && window > 0).collect(),
-            Some(flags) => {
-                return Err(EngineError::Config(format!(
-                    "attention.sliding_window_pattern flags {} layers but the model has {n_layers}",
-                    flags.len()
-                )));
-            }
-            None => (0..n_layers).map(|i| window > 0 && i % every != 0).collect(),
-        };
+        let gelu_tanh = gelu_is_tanh(g.get_str(&format!("{}.hidden_activation", m.arch())))?;
+        // No window: every layer global.
+        let local: Vec<bool> = (m.sliding_layers(n_layers, 3, true)?.into_iter())
+            .map(|s| s && window > 0)
+            .collect();
         let cfg = Self {
             vocab_size: m.vocab()?,
             hidden_size: m.usize("embedding_length")?,
@@ -125,21 +109,16 @@ impl ModernBertConfig {
             }
         }
         let n_layers = need(c.num_hidden_layers, "num_hidden_layers")?;
-        let local = if c.layer_types.is_empty() {
-            let every = raw
-                .get("global_attn_every_n_layers")
-                .and_then(Value::as_u64)
-                .unwrap_or(3)
-                .max(1) as usize;
-            (0..n_layers).map(|i| i % every != 0).collect()
-        } else {
-            if c.layer_types.len() != n_layers {
-                return Err(EngineError::Config(format!(
-                    "layer_types lists {} layers but num_hidden_layers is {n_layers}",
-                    c.layer_types.len()
-                )));
+        let local = match hf_layer_flags(c, n_layers, "sliding_attention")? {
+            Some(flags) => flags,
+            None => {
+                let every = raw
+                    .get("global_attn_every_n_layers")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(3)
+                    .max(1) as usize;
+                (0..n_layers).map(|i| i % every != 0).collect()
             }
-            c.layer_types.iter().map(|t| t == "sliding_attention").collect()
         };
         let theta = |kind: &str, flat: &str, default: f64| {
             raw.get("rope_parameters")
@@ -149,15 +128,7 @@ impl ModernBertConfig {
                 .and_then(Value::as_f64)
                 .unwrap_or(default) as f32
         };
-        let gelu_tanh = match raw.get("hidden_activation").and_then(Value::as_str).unwrap_or("gelu") {
-            "gelu" => false,
-            "gelu_new" | "gelu_pytorch_tanh" => true,
-            other => {
-                return Err(EngineError::Config(format!(
-                    "hidden_activation '{other}' is not supported for ModernBERT (gelu or gelu_pytorch_tanh)"
-                )));
-            }
-        };
+        let gelu_tanh = gelu_is_tanh(raw.get("hidden_activation").and_then(Value::as_str))?;
         let cfg = Self {
             vocab_size: need(c.vocab_size, "vocab_size")?,
             hidden_size: need(c.hidden_size, "hidden_size")?,
@@ -248,6 +219,18 @@ impl ModernBertConfig {
                 self.local.len(),
             )
         })
+    }
+}
+
+/// Whether `hidden_activation` (`gelu` when absent) is the tanh approximation of GELU rather
+/// than the exact one; anything else is refused.
+fn gelu_is_tanh(name: Option<&str>) -> Result<bool> {
+    match name.unwrap_or("gelu") {
+        "gelu" => Ok(false),
+        "gelu_new" | "gelu_pytorch_tanh" => Ok(true),
+        other => Err(EngineError::Config(format!(
+            "hidden_activation '{other}' is not supported for ModernBERT (gelu or gelu_pytorch_tanh)"
+        ))),
     }
 }
 

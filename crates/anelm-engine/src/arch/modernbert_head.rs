@@ -12,10 +12,10 @@ use anelm_model::tensor_store::TensorStore;
 use serde_json::Value;
 
 use crate::arch::bert_head::affine;
+use crate::arch::trunk::f32_matrix;
 use crate::error::{EngineError, Result};
 use crate::ops::{gelu_erf, gelu_tanh, layer_norm, silu};
 use crate::pooling::PoolingMode;
-use crate::stored_matrix::StoredMatrix;
 
 const DENSE_WEIGHT: &str = "head.dense.weight";
 const DENSE_BIAS: &str = "head.dense.bias";
@@ -97,11 +97,7 @@ impl ModernBertHead {
                 .unwrap_or("gelu"),
         )?;
         let eps = raw.get("norm_eps").and_then(Value::as_f64).unwrap_or(1e-5) as f32;
-        let read = |name: &str, rows: usize, cols: usize| -> Result<Vec<f32>> {
-            let m = StoredMatrix::load(store, name)?;
-            m.expect_shape(rows, cols)?;
-            m.to_f32()
-        };
+        let read = |name: &str, rows: usize, cols: usize| f32_matrix(store, name, rows, cols);
         let optional = |name: &str, flag: &str| -> Result<Vec<f32>> {
             let wanted = raw.get(flag).and_then(Value::as_bool) == Some(true);
             match (store.contains(name), wanted) {

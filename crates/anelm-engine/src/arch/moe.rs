@@ -18,10 +18,10 @@ use serde_json::Value;
 
 use crate::arch::config_read::GgufMeta;
 use crate::arch::kernel_compile::CompiledLayer;
+use crate::arch::trunk::f32_matrix;
 use crate::backend::{ForwardCost, Kernel};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
-use crate::stored_matrix::StoredMatrix;
 
 /// The mixture-of-experts part of a configuration.
 #[derive(Clone, Debug, PartialEq)]
@@ -129,8 +129,7 @@ impl MoeFfn {
         router_name: &str,
         compiled: &mut CompiledLayer,
     ) -> Result<Self> {
-        let router = StoredMatrix::load(store, router_name)?;
-        router.expect_shape(cfg.experts, hidden)?;
+        let router = f32_matrix(store, router_name, cfg.experts, hidden)?;
         let experts = (0..cfg.experts)
             .map(|_| {
                 Ok((
@@ -140,7 +139,7 @@ impl MoeFfn {
             })
             .collect::<Result<_>>()?;
         Ok(Self {
-            router: router.to_f32()?,
+            router,
             experts,
             top_k: cfg.top_k,
             norm_topk_prob: cfg.norm_topk_prob,

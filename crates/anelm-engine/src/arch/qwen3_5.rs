@@ -26,7 +26,7 @@ use anelm_model::tensor_store::TensorStore;
 use serde_json::Value;
 
 use crate::arch::attention::Attention;
-use crate::arch::config_read::{GgufMeta, check_heads, check_sizes, need};
+use crate::arch::config_read::{GgufMeta, check_heads, check_sizes, hf_layer_flags, need};
 use crate::arch::decoder::{Decoder, DecoderEnds, DecoderLayers, EndsSpec};
 use crate::arch::deltanet::{DeltaNetShape, GatedDeltaNet, VHeadOrder};
 use crate::arch::kernel_compile::CompiledLayer;
@@ -84,17 +84,12 @@ impl Qwen35Config {
             Some(d) => d,
             None => hidden_size / n_heads.max(1),
         };
-        let linear = if c.layer_types.is_empty() {
-            let interval = uint("full_attention_interval").unwrap_or(4).max(1);
-            (0..n_layers).map(|i| (i + 1) % interval != 0).collect()
-        } else {
-            if c.layer_types.len() != n_layers {
-                return Err(EngineError::Config(format!(
-                    "layer_types lists {} layers but num_hidden_layers is {n_layers}",
-                    c.layer_types.len()
-                )));
+        let linear = match hf_layer_flags(c, n_layers, "linear_attention")? {
+            Some(flags) => flags,
+            None => {
+                let interval = uint("full_attention_interval").unwrap_or(4).max(1);
+                (0..n_layers).map(|i| (i + 1) % interval != 0).collect()
             }
-            c.layer_types.iter().map(|t| t == "linear_attention").collect()
         };
         let factor = c.partial_rotary_factor.unwrap_or(0.25);
         if !(factor > 0.0 && factor <= 1.0) {

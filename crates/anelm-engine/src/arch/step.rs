@@ -75,11 +75,17 @@ pub(crate) fn embed_lanes(embed: &StoredMatrix, items: &[StepItem<'_>], n: usize
 
 /// Each lane's RoPE angles under `rope`, by its position.
 pub(crate) fn lane_angles(rope: &Rope, lanes: &[LaneRef]) -> Vec<Vec<(f32, f32)>> {
+    lane_angles_by(lanes, |_| rope)
+}
+
+/// Each lane's RoPE angles under the rotation `pick` chooses for it (Phi-3: by its session's
+/// context), by its position.
+pub(crate) fn lane_angles_by<'r>(lanes: &[LaneRef], pick: impl Fn(&LaneRef) -> &'r Rope) -> Vec<Vec<(f32, f32)>> {
     lanes
         .iter()
         .map(|l| {
             let mut cs = Vec::new();
-            rope.angles(l.pos, &mut cs);
+            pick(l).angles(l.pos, &mut cs);
             cs
         })
         .collect()

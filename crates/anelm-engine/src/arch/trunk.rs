@@ -22,12 +22,18 @@ pub(crate) fn load_embedding(
     Ok(embed)
 }
 
+/// A `rows × cols` matrix (a vector: one row) decoded to f32, its shape checked: the small
+/// tensors the host computes with (norms, heads, routers).
+pub(crate) fn f32_matrix(store: &Arc<dyn TensorStore>, name: &str, rows: usize, cols: usize) -> Result<Vec<f32>> {
+    let m = StoredMatrix::load(store, name)?;
+    m.expect_shape(rows, cols)?;
+    m.to_f32()
+}
+
 /// A norm weight of `len` values in f32, plus `offset` (1 for files storing `(1 + w)` norms as
 /// `w`, else 0).
 pub(crate) fn norm_vector(store: &Arc<dyn TensorStore>, name: &str, len: usize, offset: f32) -> Result<Vec<f32>> {
-    let m = StoredMatrix::load(store, name)?;
-    m.expect_shape(1, len)?;
-    let mut v = m.to_f32()?;
+    let mut v = f32_matrix(store, name, 1, len)?;
     if offset != 0.0 {
         v.iter_mut().for_each(|w| *w += offset);
     }

@@ -231,6 +231,96 @@ pub fn embedding_cases(cases: &Value) -> Vec<EmbeddingCase> {
         .collect()
 }
 
+/// `lm` teacher-forced along each case of a llama.cpp greedy fixture: the log-probabilities of
+/// llama.cpp's top two within `max_dlogprob` of its own at every generated position, and the
+/// same argmax wherever llama.cpp's margin exceeds `noise_margin`. `label` names the model in
+/// messages; prints the largest difference.
+pub fn check_llamacpp_log_probs(lm: &LoadedModel, fx: &Value, label: &str, max_dlogprob: f64, noise_margin: f64) {
+    let mut worst = 0f64;
+    for case in fx["cases"].as_array().expect("cases") {
+        for (pos, (r, logits)) in top2(case).iter().zip(teacher_forced(lm, case)).enumerate() {
+            for &(id, lp) in r {
+                let d = (log_softmax_at(&logits, id) - lp).abs();
+                worst = worst.max(d);
+                assert!(
+                    d <= max_dlogprob,
+                    "{label} position {pos}: log p({id}) differs from llama.cpp by {d:.2e}"
+                );
+            }
+            let [(id0, a), (_, b)] = *r;
+            if a - b > noise_margin {
+                assert_eq!(
+                    argmax(&logits),
+                    id0,
+                    "{label} position {pos}: argmax differs where llama.cpp's margin is {:.3}",
+                    a - b
+                );
+            }
+        }
+    }
+    println!("{label}: largest |Δ log p| against llama.cpp: {worst:.2e}");
+}
+
+/// `emb` against a sentence-transformers reference: the same token ids for every text, each
+/// text's embedding in one batch within cosine 0.9999 of the reference, and each text embedded
+/// alone equal to its batched embedding (cosine > 1 − 1e-6). `label` names the model and the
+/// text set in messages; prints the lowest cosine.
+pub fn check_embedder(emb: &anelm_engine::Embedder, cases: &[EmbeddingCase], label: &str) {
+    let texts: Vec<&str> = cases.iter().map(|c| c.text.as_str()).collect();
+    let ids = emb.tokenize(&texts).expect("tokenize");
+    for (c, got) in cases.iter().zip(&ids) {
+        assert_eq!(got, &c.ids, "{label}: token ids of {:?}", c.text);
+    }
+    let batch = emb.embed(&texts).expect("embed the batch");
+    let mut worst = 1f64;
+    for (i, (c, v)) in cases.iter().zip(&batch).enumerate() {
+        let cos = cosine(v, &c.embedding);
+        assert!(cos >= 0.9999, "{label}: cosine {cos:.7} for text {i} {:?}", c.text);
+        worst = worst.min(cos);
+        let alone = emb.embed(&[c.text.as_str()]).expect("embed alone");
+        let same = cosine(&alone[0], v);
+        assert!(same > 0.999_999, "{label}: text {i} alone vs in the batch: {same}");
+    }
+    eprintln!(
+        "{label}: lowest cosine 1 - {:.2e} over {} texts",
+        1.0 - worst,
+        cases.len()
+    );
+}
+
+/// An embedding model's GGUF (`tests/fixtures/gguf/<file>`) against the sentence-transformers
+/// reference of the same weights: the embedder loads from the file, is the architecture and
+/// width given, pools by mean, and embeds each reference text's token ids to cosine ≥ 0.9999.
+/// Prints the lowest cosine.
+pub fn check_gguf_embedder(file: &str, cases: &[EmbeddingCase], architecture: &str, dimensions: usize) {
+    use anelm_engine::{CpuBackend, Embedder};
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/gguf")
+        .join(file);
+    assert!(
+        Embedder::is_embedding_model(&path),
+        "{file}: a GGUF with a pooling type is an embedding model"
+    );
+    let emb = Embedder::load(&path, &CpuBackend::new()).expect("load the GGUF");
+    let info = emb.info();
+    assert_eq!(info.architecture, architecture);
+    assert_eq!(info.dimensions, dimensions);
+    assert_eq!(info.pooling, [anelm_engine::pooling::PoolingMode::Mean]);
+    let ids: Vec<Vec<u32>> = cases.iter().map(|c| c.ids.clone()).collect();
+    let got = emb.embed_tokens(&ids).expect("embed the reference ids");
+    let mut worst = 1f64;
+    for (i, (c, v)) in cases.iter().zip(&got).enumerate() {
+        let cos = cosine(v, &c.embedding);
+        assert!(cos >= 0.9999, "{file}: cosine {cos:.7} for text {i} {:?}", c.text);
+        worst = worst.min(cos);
+    }
+    eprintln!(
+        "{file}: lowest cosine 1 - {:.2e} over {} texts",
+        1.0 - worst,
+        cases.len()
+    );
+}
+
 /// The CPU backend with the Neural Engine's 32-lane dispatches, so a model's splitting of a
 /// forward into backend-sized pieces is exercised.
 pub struct NarrowCpu(pub anelm_engine::CpuBackend);
