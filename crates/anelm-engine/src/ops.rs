@@ -314,6 +314,124 @@ multiversion! {
     }
 }
 
+/// The queries of an [`attend_tile`]: token `t`'s `heads` query heads of `head_dim` values
+/// (`qs[(t·heads + h)·head_dim ..]`, all sharing one KV head) attend to the cached positions
+/// `spans[t]`.
+#[derive(Clone, Copy, Debug)]
+pub struct Tile<'a> {
+    /// Token after token, head after head.
+    pub qs: &'a [f32],
+    /// Query heads per token.
+    pub heads: usize,
+    /// Values per head.
+    pub head_dim: usize,
+    /// The positions each token attends to.
+    pub spans: &'a [std::ops::Range<usize>],
+}
+
+/// The cached positions one token of an [`attend_tile`] attends to, as slot ranges of its cache
+/// (oldest first; two when a ring wraps): `KvLayer::segments`.
+pub type Segments<'a> = dyn Fn(std::ops::Range<usize>) -> [std::ops::Range<usize>; 2] + Sync + 'a;
+
+multiversion! {
+    /// [`attend_group`] for a tile of tokens of one sequence at once (see [`Tile`]): head `h` of
+    /// token `t` writes `out[(t·g + h)·d ..]`. The positions every token of the tile attends
+    /// to are scored and weighted by all `T·g` queries in one call of the row kernels (each row
+    /// read once for the tile, and the scores with the rows in the vector lanes); the rest per
+    /// token, in position order. Each query's scores, probabilities and output are those
+    /// [`attend_group`] gives for its token alone, bit for bit (the same dot per row, the same
+    /// softmax over the same scores, the same row-by-row accumulation in position order).
+    pub fn attend_tile(
+        tile: &Tile<'_>,
+        segments: &Segments<'_>,
+        k: KvRows<'_>,
+        v: KvRows<'_>,
+        p: &AttendParams,
+        scratch: &mut AttendScratch,
+        out: &mut [f32],
+    ) = attend_tile_body {
+        let Tile { qs, heads: g, head_dim: d, spans } = *tile;
+        let tokens = spans.len();
+        let nq = tokens * g;
+        if nq == 0 || d == 0 {
+            return;
+        }
+        let (stride, offset) = (p.stride, p.offset);
+        let first = spans.iter().map(|s| s.start).min().unwrap_or(0);
+        let last = spans.iter().map(|s| s.end).max().unwrap_or(0);
+        // Positions every token attends to (empty when the spans do not overlap).
+        let shared = spans.iter().map(|s| s.start).max().unwrap_or(0)..spans.iter().map(|s| s.end).min().unwrap_or(0);
+        let width = (last - first).max(1);
+        let AttendScratch { q, scores } = scratch;
+        q.clear();
+        q.extend_from_slice(&qs[..nq * d]);
+        if p.precision == AttentionPrecision::F16 {
+            anelm_kernels::round_f16_slice(q);
+        }
+        scores.clear();
+        scores.resize(nq * width, 0.0);
+        // The token's own positions before and after the shared ones (all of them when nothing
+        // is shared).
+        let own = |s: &std::ops::Range<usize>| {
+            if shared.is_empty() {
+                [s.clone(), 0..0]
+            } else {
+                [s.start..shared.start, shared.end..s.end]
+            }
+        };
+        if !shared.is_empty() {
+            let mut at = shared.start - first;
+            for r in segments(shared.clone()) {
+                anelm_kernels::dot_rows_group(q, d, k, stride, offset, r.clone(), &mut scores[at..], width);
+                at += r.len();
+            }
+        }
+        for (t, s) in spans.iter().enumerate() {
+            let qt = &q[t * g * d..(t + 1) * g * d];
+            for part in own(s) {
+                if part.is_empty() {
+                    continue;
+                }
+                let mut at = t * g * width + part.start - first;
+                for r in segments(part) {
+                    anelm_kernels::dot_rows_group(qt, d, k, stride, offset, r.clone(), &mut scores[at..], width);
+                    at += r.len();
+                }
+            }
+        }
+        for (i, row) in scores.chunks_mut(width).enumerate() {
+            let s = &spans[i / g];
+            softmax_scores(&mut row[s.start - first..s.end - first], p);
+        }
+        out[..nq * d].fill(0.0);
+        // Per token the rows in position order: its own before the shared ones, the shared ones
+        // (all queries at once), its own after them.
+        let weigh_own = |out: &mut [f32], after: bool| {
+            for (t, s) in spans.iter().enumerate() {
+                let part = own(s)[usize::from(after)].clone();
+                if part.is_empty() {
+                    continue;
+                }
+                let mut at = t * g * width + part.start - first;
+                for r in segments(part) {
+                    let o = &mut out[t * g * d..(t + 1) * g * d];
+                    anelm_kernels::weighted_rows_group(&scores[at..], width, v, stride, offset, r.clone(), o, d);
+                    at += r.len();
+                }
+            }
+        };
+        weigh_own(out, false);
+        if !shared.is_empty() {
+            let mut at = shared.start - first;
+            for r in segments(shared.clone()) {
+                anelm_kernels::weighted_rows_group(&scores[at..], width, v, stride, offset, r.clone(), &mut out[..nq * d], d);
+                at += r.len();
+            }
+        }
+        weigh_own(out, true);
+    }
+}
+
 /// Scale (and soft-cap) one head's raw scores, then turn them into probabilities in place.
 #[inline(always)]
 fn softmax_scores(scores: &mut [f32], p: &AttendParams) {

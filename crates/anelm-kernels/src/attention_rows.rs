@@ -22,6 +22,12 @@ pub enum CacheRows<'a> {
 /// Query heads handled in one pass over the rows (more are split into passes).
 const MAX_GROUP: usize = 8;
 
+/// Queries from which [`dot_rows_group`] scores with the rows in the vector lanes
+/// (`attention_keys_x86`: each block of rows transposed once for all the queries) rather than
+/// the row loops. A decode step's group (at most eight heads) stays on the row loops; a prefill
+/// tile (tokens × heads of one KV head) goes to the keys-in-lanes kernel.
+const KEYS_IN_LANES_FROM: usize = 9;
+
 /// Scores: for `g = q.len() / d` query heads (`q` = g × d, head after head) and each row `j` in
 /// `rows`, `out[h·out_stride + (j − rows.start)] = q_h · row_j`, where `row_j` is the `d` values
 /// at `m[j·stride + offset ..]`. Equal bit for bit to [`dot_f32`] per head and row.
@@ -36,6 +42,18 @@ pub fn dot_rows_group(
     out: &mut [f32],
     out_stride: usize,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if wide() && q.len() / d.max(1) >= KEYS_IN_LANES_FROM && rows.len() >= 16 {
+        // SAFETY: AVX2, FMA, F16C, AVX-512F/DQ were detected at run time; slices are
+        // bounds-checked inside.
+        unsafe {
+            match m {
+                CacheRows::F32(m) => keys::dot_keys_avx512(q, d, m, stride, offset, rows, out, out_stride),
+                CacheRows::F16(m) => keys::dot_keys_avx512(q, d, m, stride, offset, rows, out, out_stride),
+            }
+        }
+        return;
+    }
     for (h0, gh) in passes(q.len(), d) {
         let qg = &q[h0 * d..(h0 + gh) * d];
         let og = &mut out[h0 * out_stride..];
@@ -179,6 +197,8 @@ fn wide() -> bool {
     crate::lanes_x86::Avx512::detect().is_some() && crate::Tuning::get().attention_wide
 }
 
+#[cfg(target_arch = "x86_64")]
+use crate::attention_keys_x86 as keys;
 #[cfg(target_arch = "x86_64")]
 use crate::attention_rows_x86 as x86;
 

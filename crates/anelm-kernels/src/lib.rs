@@ -4,6 +4,8 @@
 //! integer dots per block) so greedy output matches llama.cpp on the same file.
 
 mod activations;
+#[cfg(target_arch = "x86_64")]
+mod attention_keys_x86;
 mod attention_rows;
 #[cfg(target_arch = "x86_64")]
 mod attention_rows_x86;

@@ -6,7 +6,7 @@ use crate::arch::step::LaneRef;
 use crate::batch::Batch;
 use crate::kv_cache::{KvCache, KvLayer};
 use crate::model::StepItem;
-use crate::ops::{AttendParams, AttendScratch, AttentionPrecision, attend_group};
+use crate::ops::{AttendParams, AttendScratch, AttentionPrecision, Tile, attend_group, attend_tile};
 
 /// Most query heads one attention task handles.
 const MAX_TASK_HEADS: usize = 8;
@@ -154,6 +154,14 @@ impl Attention {
         let group = self.n_heads / self.n_kv_heads.max(1);
         out.resize(lanes.len(), self.q_dim());
         let caches: Vec<&KvLayer> = items.iter().map(|it| &it.session.kv.layers[layer]).collect();
+        let tiles = tiles(
+            lanes,
+            (TILE_QUERY_FLOATS / (group * hd).max(1)).clamp(1, MAX_TILE_TOKENS),
+        );
+        if group >= 1 && self.n_heads % self.n_kv_heads.max(1) == 0 && 2 * tiles.len() <= lanes.len() {
+            self.run_tiles(&caches, lanes, &tiles, rows, q_off, q_stride, out);
+            return;
+        }
         // On the kernel pool (spinning workers shared with the matmuls), one task per lane and
         // run of `heads` query heads of one KV head, which read each cached row once; the runs
         // are the whole group unless that leaves too few tasks to keep the threads busy.
@@ -189,7 +197,102 @@ impl Attention {
     }
 }
 
+/// Query floats (tokens × heads of one KV head × head width) one tile task holds: the queries
+/// stay in the L1 cache while each block of rows is scored (16 KB).
+const TILE_QUERY_FLOATS: usize = 4096;
+
+/// Most tokens in one tile.
+const MAX_TILE_TOKENS: usize = 32;
+
+/// The lanes attended as tiles ([`Attention::run_tiles`]): runs of consecutive lanes of one
+/// item at consecutive positions (a prefill chunk, an encoder's input), at most `max` each.
+fn tiles(lanes: &[LaneRef], max: usize) -> Vec<std::ops::Range<usize>> {
+    let mut out: Vec<std::ops::Range<usize>> = Vec::new();
+    for (i, l) in lanes.iter().enumerate() {
+        match out.last_mut() {
+            Some(t) if t.len() < max && lanes[t.end - 1].item == l.item && lanes[t.end - 1].pos + 1 == l.pos => {
+                t.end = i + 1;
+            }
+            _ => out.push(i..i + 1),
+        }
+    }
+    out
+}
+
+impl Attention {
+    /// [`Attention::run`] by tiles of lanes (see [`tiles`]): one task per tile and KV head, whose
+    /// tokens × query heads attend together ([`attend_tile`]: each cached row read once per
+    /// tile, not per lane), heaviest tiles (the latest positions) first. The same values as one
+    /// task per lane, bit for bit.
+    #[allow(clippy::too_many_arguments)]
+    fn run_tiles(
+        &self,
+        caches: &[&KvLayer],
+        lanes: &[LaneRef],
+        tiles: &[std::ops::Range<usize>],
+        rows: &Batch,
+        q_off: usize,
+        q_stride: usize,
+        out: &mut Batch,
+    ) {
+        let hd = self.head_dim;
+        let group = self.n_heads / self.n_kv_heads.max(1);
+        let longest = tiles.iter().map(|t| t.len()).max().unwrap_or(0);
+        let per_task = longest * group * hd;
+        let n_kv = self.n_kv_heads.max(1);
+        // Kept from step to step (a fresh buffer each layer cost the kernel's page zeroing: 3 %
+        // of a 4,096-token prefill).
+        let mut results = RESULTS.with(|r| std::mem::take(&mut *r.borrow_mut()));
+        results.resize(tiles.len() * n_kv * per_task, 0.0);
+        let pool = anelm_kernels::pool::global();
+        pool.for_each_chunk_mut(&mut results, per_task, &|idx, o| {
+            let (tile, kh) = (tiles.len() - 1 - idx / n_kv, idx % n_kv);
+            let lanes = &lanes[tiles[tile].clone()];
+            let c = caches[lanes[0].item];
+            let (stride, offset) = c.row_layout(kh, hd);
+            let p = self.params(stride, offset);
+            let spans: Vec<std::ops::Range<usize>> = lanes
+                .iter()
+                .map(|l| {
+                    let (start, end) = self.span(l.pos, c.len());
+                    start..end
+                })
+                .collect();
+            let segments = |r: std::ops::Range<usize>| c.segments(r);
+            SCRATCH.with(|sc| {
+                let (scratch, qs) = &mut *sc.borrow_mut();
+                qs.clear();
+                for (i, _) in lanes.iter().enumerate() {
+                    let row = rows.lane(tiles[tile].start + i);
+                    for h in kh * group..(kh + 1) * group {
+                        let at = q_off + h * q_stride;
+                        qs.extend_from_slice(&row[at..at + hd]);
+                    }
+                }
+                let tile = Tile {
+                    qs,
+                    heads: group,
+                    head_dim: hd,
+                    spans: &spans,
+                };
+                attend_tile(&tile, &segments, c.keys(), c.values(), &p, scratch, o);
+            });
+        });
+        for (idx, o) in results.chunks(per_task).enumerate() {
+            let (tile, kh) = (tiles.len() - 1 - idx / n_kv, idx % n_kv);
+            for (i, lane) in tiles[tile].clone().enumerate() {
+                let src = &o[i * group * hd..(i + 1) * group * hd];
+                out.lane_mut(lane)[kh * group * hd..(kh + 1) * group * hd].copy_from_slice(src);
+            }
+        }
+        RESULTS.with(|r| *r.borrow_mut() = results);
+    }
+}
+
 thread_local! {
+    /// The tile tasks' outputs of [`Attention::run_tiles`] on the thread that runs the step.
+    static RESULTS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+
     /// Each thread's buffers for attention tasks: the scores, and the heads a fused decode task
     /// prepares.
     static SCRATCH: std::cell::RefCell<(AttendScratch, Vec<f32>)> =
@@ -432,6 +535,108 @@ mod tests {
                 assert_eq!(bits(a.values()), bits(b.values()), "{precision:?} values");
             }
         }
+    }
+
+    /// A step of several items, each a run of consecutive lanes (prefill chunks of different
+    /// lengths after histories of different lengths, and a single decode lane), attended by
+    /// tiles against each lane attended alone: the same outputs bit for bit, over full and
+    /// sliding-window caches (rings that wrap), both precisions, soft-capping, GQA groups of 3
+    /// and 4, head widths off the 16-lane grid, and a bidirectional layer.
+    #[test]
+    fn tiles_equal_each_lane_alone() {
+        let configs = [
+            (9, 3, 64, None, None, AttentionPrecision::F16, true),
+            (8, 2, 40, Some(23), Some(30.0), AttentionPrecision::F32, true),
+            (4, 1, 256, Some(50), None, AttentionPrecision::F16, true),
+            (6, 2, 32, None, Some(20.0), AttentionPrecision::F32, false),
+            (6, 2, 32, Some(9), None, AttentionPrecision::F16, false),
+        ];
+        for (n_heads, n_kv_heads, head_dim, window, softcap, precision, causal) in configs {
+            let att = Attention {
+                n_heads,
+                n_kv_heads,
+                head_dim,
+                scale: 0.11,
+                window,
+                softcap,
+                precision,
+                causal,
+            };
+            let (q_dim, kv_dim) = (att.q_dim(), att.kv_dim());
+            let width = q_dim + 2 * kv_dim;
+            // (history, chunk) per item; a bidirectional layer attends within its one input.
+            let shape: &[(usize, usize)] = if causal {
+                &[(0, 70), (41, 37), (90, 1), (3, 2)]
+            } else {
+                &[(0, 45), (0, 1), (0, 19)]
+            };
+            let mut sessions: Vec<Session> = shape.iter().map(|_| Session::new(att.cache(&[window]), 256)).collect();
+            let tok = [0u32];
+            let row =
+                |i: usize, p: usize| -> Vec<f32> { (0..width).map(|k| val(k + 1000 * p, i as u32) * 2.0).collect() };
+            for (i, (s, &(history, _))) in sessions.iter_mut().zip(shape).enumerate() {
+                for p in 0..history {
+                    let rows = Batch::from_vec(1, width, row(i, p)).expect("one lane");
+                    let lane = [LaneRef {
+                        item: 0,
+                        pos: p,
+                        ctx: 256,
+                    }];
+                    att.append(
+                        &mut items(std::slice::from_mut(s), &tok),
+                        &lane,
+                        0,
+                        &rows,
+                        q_dim,
+                        q_dim + kv_dim,
+                    );
+                }
+            }
+            let mut lanes = Vec::new();
+            let mut data = Vec::new();
+            for (i, &(history, chunk)) in shape.iter().enumerate() {
+                sessions[i].kv.layers[0].reserve_step(chunk, kv_dim);
+                for p in history..history + chunk {
+                    lanes.push(LaneRef {
+                        item: i,
+                        pos: p,
+                        ctx: 256,
+                    });
+                    data.extend(row(i, p));
+                }
+            }
+            let rows = Batch::from_vec(lanes.len(), width, data).expect("rows");
+            att.append(&mut items(&mut sessions, &tok), &lanes, 0, &rows, q_dim, q_dim + kv_dim);
+            let max = (TILE_QUERY_FLOATS / (q_dim / n_kv_heads)).clamp(1, MAX_TILE_TOKENS);
+            assert!(
+                2 * tiles(&lanes, max).len() <= lanes.len(),
+                "the step takes the tile path"
+            );
+            let its = items(&mut sessions, &tok);
+            let mut tiled = Batch::default();
+            att.run(&its, &lanes, 0, &rows, 0, head_dim, &mut tiled);
+            for (at, l) in lanes.iter().enumerate() {
+                let mut alone = Batch::default();
+                let one = Batch::from_vec(1, width, rows.lane(at).to_vec()).expect("one lane");
+                att.run(&its, std::slice::from_ref(l), 0, &one, 0, head_dim, &mut alone);
+                let b = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    b(tiled.lane(at)),
+                    b(alone.lane(0)),
+                    "{n_heads}/{n_kv_heads}x{head_dim} window {window:?} causal {causal}: lane {at} (item {}, pos {})",
+                    l.item,
+                    l.pos
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn tiles_are_runs_of_one_item_at_consecutive_positions() {
+        let l = |item, pos| LaneRef { item, pos, ctx: 64 };
+        let lanes = [l(0, 5), l(0, 6), l(0, 7), l(1, 0), l(1, 2), l(1, 3), l(2, 9)];
+        assert_eq!(tiles(&lanes, 8), vec![0..3, 3..4, 4..6, 6..7]);
+        assert_eq!(tiles(&lanes, 2), vec![0..2, 2..3, 3..4, 4..6, 6..7]);
     }
 
     #[test]
