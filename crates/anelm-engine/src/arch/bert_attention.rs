@@ -57,10 +57,16 @@ pub fn attend_packed(spans: &[Range<usize>], qkv: &Batch, shape: AttentionShape,
 /// Keys per vector step of the score loop (one 512-bit register of f32).
 const KEY_STEP: usize = 16;
 
+/// Queries scored and weighted together: each transposed key vector and each value chunk is
+/// loaded once for all of them.
+const QUERY_STEP: usize = 4;
+
 multiversion! {
     /// One head of one sequence: `rows` are its `len` qkv rows, `out` its `len` output rows.
     /// The keys are padded to a multiple of [`KEY_STEP`] (zero keys, whose probabilities are
     /// set to zero), so every score loop is whole fixed-width steps, with no scalar tail.
+    /// Products accumulate by fused multiply-add (one instruction where the CPU has FMA, as
+    /// every AVX2 one does; a software `fmaf` on the x86 baseline).
     fn attend_head(
         rows: &[f32],
         len: usize,
@@ -72,75 +78,141 @@ multiversion! {
         let (h, hd) = (shape.hidden, shape.hidden / shape.heads);
         let lp = len.next_multiple_of(KEY_STEP);
         let scale = 1.0 / (hd as f32).sqrt();
-        // kt: hd × lp (K transposed, zero-padded); p: lp scores.
+        // kt: hd × lp (K transposed, zero-padded); p: QUERY_STEP × lp probabilities.
         scratch.clear();
-        scratch.resize(hd * lp + lp, 0.0);
+        scratch.resize(hd * lp + QUERY_STEP * lp, 0.0);
         let (kt, p) = scratch.split_at_mut(hd * lp);
         for (j, row) in rows.chunks_exact(3 * h).enumerate() {
             for (d, &k) in row[h + head * hd..h + (head + 1) * hd].iter().enumerate() {
                 kt[d * lp + j] = k;
             }
         }
-        for (i, row) in rows.chunks_exact(3 * h).enumerate() {
-            let q = &row[head * hd..(head + 1) * hd];
-            for (c, pc) in p.chunks_exact_mut(KEY_STEP).enumerate() {
-                let mut acc = [0f32; KEY_STEP];
-                for (d, &qd) in q.iter().enumerate() {
-                    let kc = &kt[d * lp + c * KEY_STEP..d * lp + (c + 1) * KEY_STEP];
-                    for (a, &k) in acc.iter_mut().zip(kc) {
-                        *a += qd * k;
+        let mut i0 = 0;
+        while i0 < len {
+            let at = Queries { i0, lp, len, hd, h, head, scale };
+            if len - i0 >= QUERY_STEP {
+                at.attend::<QUERY_STEP>(rows, kt, p, out);
+                i0 += QUERY_STEP;
+            } else {
+                at.attend::<1>(rows, kt, p, out);
+                i0 += 1;
+            }
+        }
+    }
+}
+
+/// A run of consecutive queries of one head: the first, and the head's shape.
+#[derive(Clone, Copy)]
+struct Queries {
+    i0: usize,
+    lp: usize,
+    len: usize,
+    hd: usize,
+    h: usize,
+    head: usize,
+    scale: f32,
+}
+
+impl Queries {
+    /// Queries `i0 .. i0 + N` of the head: their scores against the transposed keys `kt`, their
+    /// probabilities in `p` (`N × lp`), and their outputs in `out`. `N` is a constant so each
+    /// query's accumulators stay in registers.
+    #[inline(always)]
+    fn attend<const N: usize>(self, rows: &[f32], kt: &[f32], p: &mut [f32], out: &mut [f32]) {
+        let Self {
+            i0,
+            lp,
+            len,
+            hd,
+            h,
+            head,
+            scale,
+        } = self;
+        let qs: [&[f32]; N] = std::array::from_fn(|qi| {
+            let at = (i0 + qi) * 3 * h + head * hd;
+            &rows[at..at + hd]
+        });
+        // Scores, sixteen keys at a time.
+        for c in 0..lp / KEY_STEP {
+            let mut acc = [[0f32; KEY_STEP]; N];
+            for d in 0..hd {
+                let kc: &[f32; KEY_STEP] = kt[d * lp + c * KEY_STEP..][..KEY_STEP].try_into().expect("16 keys");
+                for (a, q) in acc.iter_mut().zip(&qs) {
+                    let qd = q[d];
+                    for (a, &k) in a.iter_mut().zip(kc) {
+                        *a = qd.mul_add(k, *a);
                     }
                 }
-                for (o, a) in pc.iter_mut().zip(acc) {
+            }
+            for (qi, a) in acc.iter().enumerate() {
+                for (o, &a) in p[qi * lp + c * KEY_STEP..][..KEY_STEP].iter_mut().zip(a) {
                     *o = a * scale;
                 }
             }
-            // Padding keys: −∞, which `exp_f32` takes to its smallest value (below 1e-37,
-            // nothing beside the max key's 1 in the sum), then zero weight.
-            p[len..].fill(f32::NEG_INFINITY);
-            let mut maxes = [f32::NEG_INFINITY; KEY_STEP];
-            for pc in p.chunks_exact(KEY_STEP) {
-                for (m, &v) in maxes.iter_mut().zip(pc) {
-                    *m = m.max(v);
-                }
-            }
-            let max = maxes.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-            let mut sums = [0f32; KEY_STEP];
-            for pc in p.chunks_exact_mut(KEY_STEP) {
-                for (v, s) in pc.iter_mut().zip(sums.iter_mut()) {
-                    *v = exp_f32(*v - max);
-                    *s += *v;
-                }
-            }
-            p[len..].fill(0.0);
-            let inv = 1.0 / sums.iter().sum::<f32>();
-            for v in p.iter_mut() {
-                *v *= inv;
-            }
-            // o = Σ_j p[j]·v[j], sixteen channels at a time held in registers across the keys.
-            let o = &mut out[i * h + head * hd..i * h + (head + 1) * hd];
-            let v0 = 2 * h + head * hd;
-            let mut c = 0;
-            while c + KEY_STEP <= hd {
-                let mut acc = [0f32; KEY_STEP];
-                for (&w, vrow) in p.iter().zip(rows.chunks_exact(3 * h)) {
-                    for (a, &b) in acc.iter_mut().zip(&vrow[v0 + c..v0 + c + KEY_STEP]) {
-                        *a += w * b;
+        }
+        for pq in p.chunks_exact_mut(lp).take(N) {
+            softmax_padded(pq, len);
+        }
+        // o = Σ_j p[j]·v[j], sixteen channels of every query held in registers across the keys.
+        let v0 = 2 * h + head * hd;
+        let mut c = 0;
+        while c + KEY_STEP <= hd {
+            let mut acc = [[0f32; KEY_STEP]; N];
+            for (j, vrow) in rows.chunks_exact(3 * h).enumerate() {
+                let vc: &[f32; KEY_STEP] = vrow[v0 + c..][..KEY_STEP].try_into().expect("16 channels");
+                for (qi, a) in acc.iter_mut().enumerate() {
+                    let pj = p[qi * lp + j];
+                    for (a, &b) in a.iter_mut().zip(vc) {
+                        *a = pj.mul_add(b, *a);
                     }
                 }
-                o[c..c + KEY_STEP].copy_from_slice(&acc);
-                c += KEY_STEP;
             }
-            if c < hd {
-                let o = &mut o[c..];
+            for (qi, a) in acc.iter().enumerate() {
+                let at = (i0 + qi) * h + head * hd + c;
+                out[at..at + KEY_STEP].copy_from_slice(a);
+            }
+            c += KEY_STEP;
+        }
+        if c < hd {
+            for qi in 0..N {
+                let at = (i0 + qi) * h + head * hd;
+                let o = &mut out[at + c..at + hd];
                 o.fill(0.0);
-                for (&w, vrow) in p.iter().zip(rows.chunks_exact(3 * h)) {
+                for (j, vrow) in rows.chunks_exact(3 * h).enumerate() {
+                    let pj = p[qi * lp + j];
                     for (a, &b) in o.iter_mut().zip(&vrow[v0 + c..v0 + hd]) {
-                        *a += w * b;
+                        *a = pj.mul_add(b, *a);
                     }
                 }
             }
         }
+    }
+}
+
+/// Scaled scores of one query (`len` real keys, the rest padding) to probabilities in place:
+/// padding keys get −∞ (which `exp_f32` takes to its smallest value, below 1e-37: nothing beside
+/// the max key's 1 in the sum), then zero weight.
+#[inline(always)]
+fn softmax_padded(p: &mut [f32], len: usize) {
+    p[len..].fill(f32::NEG_INFINITY);
+    let mut maxes = [f32::NEG_INFINITY; KEY_STEP];
+    for pc in p.chunks_exact(KEY_STEP) {
+        for (m, &v) in maxes.iter_mut().zip(pc) {
+            *m = m.max(v);
+        }
+    }
+    let max = maxes.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let mut sums = [0f32; KEY_STEP];
+    for pc in p.chunks_exact_mut(KEY_STEP) {
+        for (v, s) in pc.iter_mut().zip(sums.iter_mut()) {
+            *v = exp_f32(*v - max);
+            *s += *v;
+        }
+    }
+    p[len..].fill(0.0);
+    let inv = 1.0 / sums.iter().sum::<f32>();
+    for v in p.iter_mut() {
+        *v *= inv;
     }
 }
 
