@@ -368,8 +368,12 @@ multiversion! {
         if p.precision == AttentionPrecision::F16 {
             anelm_kernels::round_f16_slice(q);
         }
-        scores.clear();
-        scores.resize(nq * width, 0.0);
+        // Grown, never cleared: every score a query reads (its own span) is written first, and
+        // zeroing the whole tile (up to a megabyte a call at 4,096 positions) cost more than the
+        // softmax.
+        if scores.len() < nq * width {
+            scores.resize(nq * width, 0.0);
+        }
         // The token's own positions before and after the shared ones (all of them when nothing
         // is shared).
         let own = |s: &std::ops::Range<usize>| {
@@ -399,7 +403,7 @@ multiversion! {
                 }
             }
         }
-        for (i, row) in scores.chunks_mut(width).enumerate() {
+        for (i, row) in scores[..nq * width].chunks_mut(width).enumerate() {
             let s = &spans[i / g];
             softmax_scores(&mut row[s.start - first..s.end - first], p);
         }
