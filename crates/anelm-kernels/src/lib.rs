@@ -14,6 +14,7 @@ mod blocks;
 mod dequant;
 mod error;
 mod exp;
+mod f16_table;
 mod features;
 mod format;
 mod fp16;
@@ -62,6 +63,7 @@ pub use bf16_matmul::{Bf16Activations, Bf16Matrix};
 pub use dequant::{dequantize_row, dot_reference};
 pub use error::KernelError;
 pub use exp::{exp_f32, silu_mul};
+pub use f16_table::{F16_TABLE_LEN, f16_table_mul};
 pub use features::{Features, Tuning};
 pub use format::WeightFormat;
 pub use fp16::{

@@ -472,13 +472,17 @@ impl DecoderLayers for Gemma3Layers {
         xn.par_lanes_mut(&|lane, out| rms_norm(x_ref.lane(lane), &layer.pre_ffn_norm, eps, 0.0, out));
         cost.add(layer.gate_up.run(&[&*xn], gu)?);
         // GELU(gate) · up, lanes split across the kernel pool (a prefill's 512 lanes × the
-        // FFN width are millions of table lookups).
-        let gelu = if cfg.gelu_f16 { gelu_tanh_f16 } else { gelu_tanh };
+        // FFN width are millions of table lookups, gathered sixteen at a time where the CPU
+        // has AVX-512).
         let gu_ref = &*gu;
         act.par_lanes_mut(&|lane, out| {
             let (g, u) = gu_ref.lane(lane).split_at(ffn);
-            for ((a, &g), &u) in out.iter_mut().zip(g).zip(u) {
-                *a = gelu(g) * u;
+            if cfg.gelu_f16 {
+                anelm_kernels::f16_table_mul(gelu_f16_table(), GELU_F16_LO, GELU_F16_HI, g, u, out);
+            } else {
+                for ((a, &g), &u) in out.iter_mut().zip(g).zip(u) {
+                    *a = gelu_tanh(g) * u;
+                }
             }
         });
         cost.add(layer.down.run(&[&*act], y)?);
@@ -507,22 +511,23 @@ impl DecoderLayers for Gemma3Layers {
 /// or above 10.
 /// The result depends only on the f16 input, so it is read from that table, built once (a
 /// libm `tanh` per element was a quarter of a Gemma 3 prefill).
+#[cfg(test)]
 fn gelu_tanh_f16(x: f32) -> f32 {
-    if x <= -10.0 {
-        0.0
-    } else if x >= 10.0 {
-        x
-    } else {
-        gelu_f16_table()[usize::from(anelm_kernels::f32_to_f16(x))]
-    }
+    let mut out = [0.0];
+    anelm_kernels::f16_table_mul(gelu_f16_table(), GELU_F16_LO, GELU_F16_HI, &[x], &[1.0], &mut out);
+    out[0]
 }
+
+/// At or below this, ggml's GELU is 0; at or above [`GELU_F16_HI`], the identity.
+const GELU_F16_LO: f32 = -10.0;
+const GELU_F16_HI: f32 = 10.0;
 
 /// `round_f16(gelu_tanh(v))` for every f16 value `v`, indexed by its bits.
 fn gelu_f16_table() -> &'static [f32] {
     static TABLE: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
     TABLE.get_or_init(|| {
-        (0..=u16::MAX)
-            .map(|bits| anelm_kernels::round_f16(gelu_tanh(anelm_kernels::f16_to_f32(bits))))
+        (0..anelm_kernels::F16_TABLE_LEN)
+            .map(|bits| anelm_kernels::round_f16(gelu_tanh(anelm_kernels::f16_to_f32(bits as u16))))
             .collect()
     })
 }
