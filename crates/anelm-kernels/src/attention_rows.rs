@@ -26,6 +26,7 @@ const MAX_GROUP: usize = 8;
 /// (`attention_keys_x86`: each block of rows transposed once for all the queries) rather than
 /// the row loops. A decode step's group (at most eight heads) stays on the row loops; a prefill
 /// tile (tokens × heads of one KV head) goes to the keys-in-lanes kernel.
+#[cfg(target_arch = "x86_64")]
 const KEYS_IN_LANES_FROM: usize = 9;
 
 /// Scores: for `g = q.len() / d` query heads (`q` = g × d, head after head) and each row `j` in

@@ -19,13 +19,16 @@ pub fn f16_table_mul(table: &[f32], lo: f32, hi: f32, g: &[f32], u: &[f32], out:
         g.len() == u.len() && g.len() == out.len(),
         "f16_table_mul: rows of different lengths"
     );
-    let mut done = 0;
     #[cfg(target_arch = "x86_64")]
-    if crate::vector::avx512() {
+    let done = if crate::vector::avx512() {
         // SAFETY: AVX-512F/DQ/BW/VL were detected at run time; the lengths and the
         // table size were checked above.
-        done = unsafe { f16_table_mul_avx512(table, lo, hi, g, u, out) };
-    }
+        unsafe { f16_table_mul_avx512(table, lo, hi, g, u, out) }
+    } else {
+        0
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let done = 0;
     for ((o, &x), &y) in out[done..].iter_mut().zip(&g[done..]).zip(&u[done..]) {
         *o = lookup(table, lo, hi, x) * y;
     }
