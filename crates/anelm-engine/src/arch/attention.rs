@@ -158,7 +158,8 @@ impl Attention {
             lanes,
             (TILE_QUERY_FLOATS / (group * hd).max(1)).clamp(1, MAX_TILE_TOKENS),
         );
-        if group >= 1 && self.n_heads % self.n_kv_heads.max(1) == 0 && 2 * tiles.len() <= lanes.len() {
+        let threads = anelm_kernels::pool::global().threads();
+        if self.tiles_pay(tiles.len(), lanes.len(), threads) {
             self.run_tiles(&caches, lanes, &tiles, rows, q_off, q_stride, out);
             return;
         }
@@ -197,9 +198,11 @@ impl Attention {
     }
 }
 
-/// Query floats (tokens × heads of one KV head × head width) one tile task holds: the queries
-/// stay in the L1 cache while each block of rows is scored (16 KB).
-const TILE_QUERY_FLOATS: usize = 4096;
+/// Query floats (tokens × heads of one KV head × head width) one tile task holds (32 KB, an
+/// L1 cache): more queries per tile spread each block's transpose over more scores (with 256-wide
+/// heads, 8 tokens × 4 heads against 4 × 4: +6 % on a Gemma 3 pp4096; SmolLM2's 64-wide heads,
+/// 32 tokens against 21: no change; docs/field-guide.md).
+const TILE_QUERY_FLOATS: usize = 8192;
 
 /// Most tokens in one tile.
 const MAX_TILE_TOKENS: usize = 32;
@@ -220,6 +223,17 @@ fn tiles(lanes: &[LaneRef], max: usize) -> Vec<std::ops::Range<usize>> {
 }
 
 impl Attention {
+    /// Whether [`Attention::run`] attends `lanes` lanes grouped in `tiles` tiles by tiles: when
+    /// the lanes come in runs (prefill chunks, an encoder's input: two lanes a tile or more) and
+    /// there are tasks enough to keep the pool's `threads` busy. A few lanes per item (a
+    /// speculative verify step) keep one task per lane, whose heads split across the threads.
+    fn tiles_pay(&self, tiles: usize, lanes: usize, threads: usize) -> bool {
+        self.n_kv_heads >= 1
+            && self.n_heads % self.n_kv_heads == 0
+            && 2 * tiles <= lanes
+            && tiles * self.n_kv_heads >= 2 * threads
+    }
+
     /// [`Attention::run`] by tiles of lanes (see [`tiles`]): one task per tile and KV head, whose
     /// tokens × query heads attend together ([`attend_tile`]: each cached row read once per
     /// tile, not per lane), heaviest tiles (the latest positions) first. The same values as one
@@ -608,13 +622,11 @@ mod tests {
             let rows = Batch::from_vec(lanes.len(), width, data).expect("rows");
             att.append(&mut items(&mut sessions, &tok), &lanes, 0, &rows, q_dim, q_dim + kv_dim);
             let max = (TILE_QUERY_FLOATS / (q_dim / n_kv_heads)).clamp(1, MAX_TILE_TOKENS);
-            assert!(
-                2 * tiles(&lanes, max).len() <= lanes.len(),
-                "the step takes the tile path"
-            );
             let its = items(&mut sessions, &tok);
+            let caches: Vec<&KvLayer> = its.iter().map(|it| &it.session.kv.layers[0]).collect();
             let mut tiled = Batch::default();
-            att.run(&its, &lanes, 0, &rows, 0, head_dim, &mut tiled);
+            tiled.resize(lanes.len(), q_dim);
+            att.run_tiles(&caches, &lanes, &tiles(&lanes, max), &rows, 0, head_dim, &mut tiled);
             for (at, l) in lanes.iter().enumerate() {
                 let mut alone = Batch::default();
                 let one = Batch::from_vec(1, width, rows.lane(at).to_vec()).expect("one lane");
@@ -629,6 +641,18 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn tiles_are_taken_for_runs_of_lanes_with_tasks_enough() {
+        let att = Attention::causal(8, 2, 64, AttentionPrecision::F16);
+        // A 512-token prefill chunk in 16-token tiles on 2 threads.
+        assert!(att.tiles_pay(32, 512, 2));
+        // One lane per item (batched decode), or a 4-token verify step: per-lane tasks.
+        assert!(!att.tiles_pay(8, 8, 2));
+        assert!(!att.tiles_pay(1, 4, 2));
+        // Runs, but too few tasks for 16 threads.
+        assert!(!att.tiles_pay(4, 64, 16));
     }
 
     #[test]
