@@ -285,7 +285,6 @@ multiversion! {
         };
         let g = qs.len();
         let n: usize = slots.iter().map(|r| r.len()).sum();
-        let (stride, offset) = (p.stride, p.offset);
         let AttendScratch { q, scores } = scratch;
         q.clear();
         for head in qs {
@@ -296,21 +295,50 @@ multiversion! {
         }
         scores.clear();
         scores.resize(g * n, 0.0);
-        let mut done = 0;
-        for r in slots {
-            let at = &mut scores[done..];
-            anelm_kernels::dot_rows_group(q, d, k, stride, offset, r.clone(), at, n);
-            done += r.len();
-        }
+        score_slots(q, d, k, p, slots, scores, n);
         for s in scores.chunks_mut(n.max(1)) {
             softmax_scores(s, p);
         }
         out[..g * d].fill(0.0);
-        let mut done = 0;
-        for r in slots {
-            anelm_kernels::weighted_rows_group(&scores[done..], n, v, stride, offset, r.clone(), &mut out[..g * d], d);
-            done += r.len();
-        }
+        weigh_slots(scores, n, v, p, slots, &mut out[..g * d], d);
+    }
+}
+
+/// Scores of the queries `q` (`d` values each) against the cached rows of `slots` (slot ranges
+/// in position order): query `h`'s score of the `i`-th row at `scores[h·stride + i]`.
+#[inline(always)]
+fn score_slots(
+    q: &[f32],
+    d: usize,
+    k: KvRows<'_>,
+    p: &AttendParams,
+    slots: &[std::ops::Range<usize>],
+    scores: &mut [f32],
+    stride: usize,
+) {
+    let mut done = 0;
+    for r in slots {
+        anelm_kernels::dot_rows_group(q, d, k, p.stride, p.offset, r.clone(), &mut scores[done..], stride);
+        done += r.len();
+    }
+}
+
+/// `out_h += Σ_i scores[h·stride + i] · row_i` over the cached rows of `slots` in position order,
+/// for the `out.len() / d` queries.
+#[inline(always)]
+fn weigh_slots(
+    scores: &[f32],
+    stride: usize,
+    v: KvRows<'_>,
+    p: &AttendParams,
+    slots: &[std::ops::Range<usize>],
+    out: &mut [f32],
+    d: usize,
+) {
+    let mut done = 0;
+    for r in slots {
+        anelm_kernels::weighted_rows_group(&scores[done..], stride, v, p.stride, p.offset, r.clone(), out, d);
+        done += r.len();
     }
 }
 
@@ -356,7 +384,6 @@ multiversion! {
         if nq == 0 || d == 0 {
             return;
         }
-        let (stride, offset) = (p.stride, p.offset);
         let first = spans.iter().map(|s| s.start).min().unwrap_or(0);
         let last = spans.iter().map(|s| s.end).max().unwrap_or(0);
         // Positions every token attends to (empty when the spans do not overlap).
@@ -375,32 +402,22 @@ multiversion! {
             scores.resize(nq * width, 0.0);
         }
         // The token's own positions before and after the shared ones (all of them when nothing
-        // is shared).
+        // is shared); an empty range has no slots.
         let own = |s: &std::ops::Range<usize>| {
             if shared.is_empty() {
-                [s.clone(), 0..0]
+                [s.clone(), s.end..s.end]
             } else {
                 [s.start..shared.start, shared.end..s.end]
             }
         };
-        if !shared.is_empty() {
-            let mut at = shared.start - first;
-            for r in segments(shared.clone()) {
-                anelm_kernels::dot_rows_group(q, d, k, stride, offset, r.clone(), &mut scores[at..], width);
-                at += r.len();
-            }
-        }
+        let slots = |r: std::ops::Range<usize>| if r.is_empty() { [0..0, 0..0] } else { segments(r) };
+        // Where query `t·g`'s score of position `pos` sits (the tile's queries are `width` apart).
+        let at = |t: usize, pos: usize| t * g * width + pos - first;
+        score_slots(q, d, k, p, &slots(shared.clone()), &mut scores[at(0, shared.start)..], width);
         for (t, s) in spans.iter().enumerate() {
             let qt = &q[t * g * d..(t + 1) * g * d];
             for part in own(s) {
-                if part.is_empty() {
-                    continue;
-                }
-                let mut at = t * g * width + part.start - first;
-                for r in segments(part) {
-                    anelm_kernels::dot_rows_group(qt, d, k, stride, offset, r.clone(), &mut scores[at..], width);
-                    at += r.len();
-                }
+                score_slots(qt, d, k, p, &slots(part.clone()), &mut scores[at(t, part.start)..], width);
             }
         }
         for (i, row) in scores[..nq * width].chunks_mut(width).enumerate() {
@@ -413,25 +430,12 @@ multiversion! {
         let weigh_own = |out: &mut [f32], after: bool| {
             for (t, s) in spans.iter().enumerate() {
                 let part = own(s)[usize::from(after)].clone();
-                if part.is_empty() {
-                    continue;
-                }
-                let mut at = t * g * width + part.start - first;
-                for r in segments(part) {
-                    let o = &mut out[t * g * d..(t + 1) * g * d];
-                    anelm_kernels::weighted_rows_group(&scores[at..], width, v, stride, offset, r.clone(), o, d);
-                    at += r.len();
-                }
+                let o = &mut out[t * g * d..(t + 1) * g * d];
+                weigh_slots(&scores[at(t, part.start)..], width, v, p, &slots(part), o, d);
             }
         };
         weigh_own(out, false);
-        if !shared.is_empty() {
-            let mut at = shared.start - first;
-            for r in segments(shared.clone()) {
-                anelm_kernels::weighted_rows_group(&scores[at..], width, v, stride, offset, r.clone(), &mut out[..nq * d], d);
-                at += r.len();
-            }
-        }
+        weigh_slots(&scores[at(0, shared.start)..], width, v, p, &slots(shared.clone()), &mut out[..nq * d], d);
         weigh_own(out, true);
     }
 }

@@ -154,10 +154,7 @@ impl Attention {
         let group = self.n_heads / self.n_kv_heads.max(1);
         out.resize(lanes.len(), self.q_dim());
         let caches: Vec<&KvLayer> = items.iter().map(|it| &it.session.kv.layers[layer]).collect();
-        let tiles = tiles(
-            lanes,
-            (TILE_QUERY_FLOATS / (group * hd).max(1)).clamp(1, MAX_TILE_TOKENS),
-        );
+        let tiles = tiles(lanes, self.tile_tokens());
         let threads = anelm_kernels::pool::global().threads();
         if self.tiles_pay(tiles.len(), lanes.len(), threads) {
             self.run_tiles(&caches, lanes, &tiles, rows, q_off, q_stride, out);
@@ -223,6 +220,12 @@ fn tiles(lanes: &[LaneRef], max: usize) -> Vec<std::ops::Range<usize>> {
 }
 
 impl Attention {
+    /// Most tokens of one tile: [`TILE_QUERY_FLOATS`] of query heads sharing a KV head.
+    fn tile_tokens(&self) -> usize {
+        let group = self.n_heads / self.n_kv_heads.max(1);
+        (TILE_QUERY_FLOATS / (group * self.head_dim).max(1)).clamp(1, MAX_TILE_TOKENS)
+    }
+
     /// Whether [`Attention::run`] attends `lanes` lanes grouped in `tiles` tiles by tiles: when
     /// the lanes come in runs (prefill chunks, an encoder's input: two lanes a tile or more) and
     /// there are tasks enough to keep the pool's `threads` busy. A few lanes per item (a
@@ -258,9 +261,11 @@ impl Attention {
         // of a 4,096-token prefill).
         let mut results = RESULTS.with(|r| std::mem::take(&mut *r.borrow_mut()));
         results.resize(tiles.len() * n_kv * per_task, 0.0);
+        // Task `idx`: (tile, KV head), the latest tiles first.
+        let task = |idx: usize| (tiles.len() - 1 - idx / n_kv, idx % n_kv);
         let pool = anelm_kernels::pool::global();
         pool.for_each_chunk_mut(&mut results, per_task, &|idx, o| {
-            let (tile, kh) = (tiles.len() - 1 - idx / n_kv, idx % n_kv);
+            let (tile, kh) = task(idx);
             let lanes = &lanes[tiles[tile].clone()];
             let c = caches[lanes[0].item];
             let (stride, offset) = c.row_layout(kh, hd);
@@ -276,8 +281,8 @@ impl Attention {
             SCRATCH.with(|sc| {
                 let (scratch, qs) = &mut *sc.borrow_mut();
                 qs.clear();
-                for (i, _) in lanes.iter().enumerate() {
-                    let row = rows.lane(tiles[tile].start + i);
+                for lane in tiles[tile].clone() {
+                    let row = rows.lane(lane);
                     for h in kh * group..(kh + 1) * group {
                         let at = q_off + h * q_stride;
                         qs.extend_from_slice(&row[at..at + hd]);
@@ -293,7 +298,7 @@ impl Attention {
             });
         });
         for (idx, o) in results.chunks(per_task).enumerate() {
-            let (tile, kh) = (tiles.len() - 1 - idx / n_kv, idx % n_kv);
+            let (tile, kh) = task(idx);
             for (i, lane) in tiles[tile].clone().enumerate() {
                 let src = &o[i * group * hd..(i + 1) * group * hd];
                 out.lane_mut(lane)[kh * group * hd..(kh + 1) * group * hd].copy_from_slice(src);
@@ -449,6 +454,19 @@ mod tests {
             .collect()
     }
 
+    /// Positions `0 .. n` appended to `session` one at a time, position `p`'s q‖k‖v row being
+    /// `row(p)`.
+    fn append_history(att: &Attention, session: &mut Session, n: usize, row: impl Fn(usize) -> Vec<f32>) {
+        let (q_dim, kv_dim) = (att.q_dim(), att.kv_dim());
+        let ctx = session.ctx_size();
+        for pos in 0..n {
+            let rows = Batch::from_vec(1, q_dim + 2 * kv_dim, row(pos)).expect("one lane");
+            let lane = [LaneRef { item: 0, pos, ctx }];
+            let mut its = items(std::slice::from_mut(session), &[0]);
+            att.append(&mut its, &lane, 0, &rows, q_dim, q_dim + kv_dim);
+        }
+    }
+
     fn bits(rows: KvRows<'_>) -> Vec<u32> {
         match rows {
             KvRows::F32(v) => v.iter().map(|x| x.to_bits()).collect(),
@@ -479,23 +497,9 @@ mod tests {
             // Histories of different lengths, appended one position at a time.
             let tok = [0u32];
             for (i, s) in sessions.iter_mut().enumerate() {
-                for p in 0..3 + 2 * i {
-                    let row: Vec<f32> = (0..width).map(|k| val(k + 1000 * p, i as u32)).collect();
-                    let rows = Batch::from_vec(1, width, row).expect("one lane");
-                    let lane = [LaneRef {
-                        item: 0,
-                        pos: p,
-                        ctx: 64,
-                    }];
-                    att.append(
-                        &mut items(std::slice::from_mut(s), &tok),
-                        &lane,
-                        0,
-                        &rows,
-                        q_dim,
-                        q_dim + kv_dim,
-                    );
-                }
+                append_history(&att, s, 3 + 2 * i, |p| {
+                    (0..width).map(|k| val(k + 1000 * p, i as u32)).collect()
+                });
             }
             let data: Vec<f32> = (0..lanes_n * width).map(|k| val(k, 77) * 3.0).collect();
             let rows = Batch::from_vec(lanes_n, width, data).expect("rows");
@@ -589,22 +593,7 @@ mod tests {
             let row =
                 |i: usize, p: usize| -> Vec<f32> { (0..width).map(|k| val(k + 1000 * p, i as u32) * 2.0).collect() };
             for (i, (s, &(history, _))) in sessions.iter_mut().zip(shape).enumerate() {
-                for p in 0..history {
-                    let rows = Batch::from_vec(1, width, row(i, p)).expect("one lane");
-                    let lane = [LaneRef {
-                        item: 0,
-                        pos: p,
-                        ctx: 256,
-                    }];
-                    att.append(
-                        &mut items(std::slice::from_mut(s), &tok),
-                        &lane,
-                        0,
-                        &rows,
-                        q_dim,
-                        q_dim + kv_dim,
-                    );
-                }
+                append_history(&att, s, history, |p| row(i, p));
             }
             let mut lanes = Vec::new();
             let mut data = Vec::new();
@@ -621,7 +610,7 @@ mod tests {
             }
             let rows = Batch::from_vec(lanes.len(), width, data).expect("rows");
             att.append(&mut items(&mut sessions, &tok), &lanes, 0, &rows, q_dim, q_dim + kv_dim);
-            let max = (TILE_QUERY_FLOATS / (q_dim / n_kv_heads)).clamp(1, MAX_TILE_TOKENS);
+            let max = att.tile_tokens();
             let its = items(&mut sessions, &tok);
             let caches: Vec<&KvLayer> = its.iter().map(|it| &it.session.kv.layers[0]).collect();
             let mut tiled = Batch::default();
