@@ -6,7 +6,9 @@
 //! kernel pool's workers wait: at four streams they were ~0.3 ms of a ~4 ms SmolLM2 step.
 //! The copies run the same scalar source with wider registers. Rust never fuses a multiply and an
 //! add on its own and every loop here is element-wise (sums keep their fixed partial-sum order),
-//! so results are bit-identical whichever copy runs (tested).
+//! so results are bit-identical whichever copy runs (tested). A loop that fuses on purpose
+//! (`f32::mul_add`) gets the hardware's FMA in the AVX2 and AVX-512 copies (both are compiled
+//! with it) and the C library's correctly rounded `fmaf` in the baseline one: the same bits.
 
 // Elsewhere (aarch64: NEON is the baseline) only the portable bodies exist.
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
@@ -16,7 +18,7 @@
 pub(crate) enum Width {
     /// The build's baseline (SSE2 on x86-64, NEON on aarch64).
     Base,
-    /// 256-bit AVX2.
+    /// 256-bit AVX2 (with FMA, for the loops that fuse on purpose).
     Avx2,
     /// 512-bit AVX-512 (F, DQ, BW, VL).
     Avx512,
@@ -39,7 +41,7 @@ pub(crate) fn width() -> Width {
 fn detect() -> Width {
     if anelm_kernels::avx512() {
         Width::Avx512
-    } else if anelm_kernels::avx2() {
+    } else if anelm_kernels::avx2_fma() {
         Width::Avx2
     } else {
         Width::Base
@@ -66,11 +68,11 @@ macro_rules! multiversion {
         $vis fn $name($($arg: $ty),*) $(-> $ret)? {
             #[cfg(target_arch = "x86_64")]
             {
-                #[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl,avx2")]
+                #[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl,avx2,fma")]
                 fn avx512($($arg: $ty),*) $(-> $ret)? {
                     $base($($arg),*)
                 }
-                #[target_feature(enable = "avx2")]
+                #[target_feature(enable = "avx2,fma")]
                 fn avx2($($arg: $ty),*) $(-> $ret)? {
                     $base($($arg),*)
                 }
@@ -78,7 +80,7 @@ macro_rules! multiversion {
                     // SAFETY: `width()` reports AVX-512 only where the CPU has F, DQ, BW and VL
                     // (and so AVX2).
                     $crate::wide::Width::Avx512 => return unsafe { avx512($($arg),*) },
-                    // SAFETY: `width()` reports AVX2 only where the CPU has it.
+                    // SAFETY: `width()` reports AVX2 only where the CPU has it and FMA.
                     $crate::wide::Width::Avx2 => return unsafe { avx2($($arg),*) },
                     $crate::wide::Width::Base => {}
                 }

@@ -116,12 +116,17 @@ fn ids(seed: u32, n: usize) -> Vec<u32> {
 }
 
 fn request(prompt: Vec<u32>) -> Request {
+    request_for(prompt, 8)
+}
+
+/// A greedy request for `tokens` generated tokens, recording log-probabilities.
+fn request_for(prompt: Vec<u32>, tokens: usize) -> Request {
     Request {
         prompt,
         stream: StreamOptions {
             ignore_eos: true,
             logprobs: Some(0),
-            ..StreamOptions::greedy(8)
+            ..StreamOptions::greedy(tokens)
         },
         speculate: Default::default(),
     }
@@ -247,9 +252,11 @@ fn a_shared_prefix_is_saved_and_serves_a_new_question(lm: &Arc<LoadedModel>, tag
     let cache = open_cache_with(&dir.0, lm, false);
     {
         let sched = Scheduler::start(lm.clone(), config(Some(cache.clone()))).expect("start");
-        let rxs: Vec<_> = [ask(1), ask(2)]
+        // The first request generates long enough to be still running when the second comes
+        // (were it done, the second would take its slot and session: a reuse, not a share).
+        let rxs: Vec<_> = [(ask(1), 96), (ask(2), 8)]
             .into_iter()
-            .map(|p| submit(&sched, request(p)))
+            .map(|(p, n)| submit(&sched, request_for(p, n)))
             .collect();
         rxs.iter().for_each(|rx| {
             answer(rx);

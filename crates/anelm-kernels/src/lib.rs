@@ -74,5 +74,5 @@ pub use packed::{Combine, MAX_FUSED, PACK_ROWS, PackedMatrix, WIDE_GROUP_ROWS, w
 pub use peak::ComputeUnit;
 pub use quantize::quantize_row;
 #[cfg(target_arch = "x86_64")]
-pub use vector::{avx2, avx512};
+pub use vector::{avx2, avx2_fma, avx512};
 pub use vector::{axpy_f32, dot_f32};

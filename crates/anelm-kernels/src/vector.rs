@@ -60,7 +60,7 @@ pub fn avx512() -> bool {
 
 /// Whether this CPU runs AVX2 and FMA (detected once; every AVX2 CPU but a few VIA ones has both).
 #[cfg(target_arch = "x86_64")]
-pub(crate) fn avx2_fma() -> bool {
+pub fn avx2_fma() -> bool {
     let f = crate::Features::get();
     f.avx2 && f.fma
 }
