@@ -276,26 +276,62 @@ impl GatedDeltaNet {
                 t.clear();
             }
         }
+        // Each lane's conv reads the `hist` inputs before it: the previous lanes of its session
+        // in this step, then (further back) the session's conv history. `earlier[lane]` is the
+        // lane's session's lane before it in this step, if any.
+        let mut earlier = vec![None; n];
+        let mut last_of = vec![None; states.len()];
         for (lane, &si) in lane_state.iter().enumerate() {
-            let st = &mut *states[si];
-            let mixed = &proj.lane(lane)[..cd];
-            let y = act.lane_mut(lane);
-            conv_silu(&self.conv_taps, &st.conv, mixed, y);
-            if hist > 0 {
-                st.conv.copy_within(cd.., 0);
-                st.conv[(hist - 1) * cd..].copy_from_slice(mixed);
-            }
-            let (q, k) = y[..2 * kw].split_at_mut(kw);
-            for (qh, kh) in q.chunks_mut(dk).zip(k.chunks_mut(dk)) {
-                l2_normalize(qh, qscale);
-                l2_normalize(kh, 1.0);
+            earlier[lane] = last_of[si];
+            last_of[si] = Some(lane);
+        }
+        {
+            let states = &*states;
+            act.par_lanes_mut(&|lane, y| {
+                let conv = &states[lane_state[lane]].conv;
+                // The history rows, newest first, then reversed to oldest first.
+                let mut rows: Vec<&[f32]> = Vec::with_capacity(hist);
+                let mut at = earlier[lane];
+                while rows.len() < hist {
+                    match at {
+                        Some(l) => {
+                            rows.push(&proj.lane(l)[..cd]);
+                            at = earlier[l];
+                        }
+                        None => {
+                            let back = hist - rows.len();
+                            rows.extend(conv[(hist - back) * cd..].rchunks_exact(cd));
+                        }
+                    }
+                }
+                rows.reverse();
+                conv_silu(&self.conv_taps, &rows, &proj.lane(lane)[..cd], y);
+                let (q, k) = y[..2 * kw].split_at_mut(kw);
+                for (qh, kh) in q.chunks_mut(dk).zip(k.chunks_mut(dk)) {
+                    l2_normalize(qh, qscale);
+                    l2_normalize(kh, 1.0);
+                }
+            });
+        }
+        // The conv histories move on by each session's lanes in this step.
+        for (si, st) in states.iter_mut().enumerate() {
+            let mine: Vec<usize> = (0..n).filter(|&l| lane_state[l] == si).collect();
+            if hist > 0 && !mine.is_empty() {
+                let keep = hist.saturating_sub(mine.len());
+                st.conv.copy_within((hist - keep) * cd.., 0);
+                let fresh = &mine[mine.len() - (hist - keep)..];
+                for (row, &l) in st.conv[keep * cd..].chunks_exact_mut(cd).zip(fresh) {
+                    row.copy_from_slice(&proj.lane(l)[..cd]);
+                }
             }
             if let Some(t) = &mut st.trace {
-                let p = proj.lane(lane);
-                t.data.extend_from_slice(mixed);
-                t.data.extend_from_slice(y);
-                t.data.extend((0..hv).map(|vh| sigmoid(p[cd + vw + vh])));
-                t.data.extend((0..hv).map(|vh| self.decay(vh, p[cd + vw + hv + vh])));
+                for &l in &mine {
+                    let p = proj.lane(l);
+                    t.data.extend_from_slice(&p[..cd]);
+                    t.data.extend_from_slice(act.lane(l));
+                    t.data.extend((0..hv).map(|vh| sigmoid(p[cd + vw + vh])));
+                    t.data.extend((0..hv).map(|vh| self.decay(vh, p[cd + vw + hv + vh])));
+                }
             }
         }
         // 3.–5. One task per value head over every lane: decay, delta rule, readout, gated norm.
@@ -363,14 +399,14 @@ multiversion! {
     /// Depthwise causal conv of one lane and SiLU: `taps` is `[kernel][conv_dim]` (tap-major, so
     /// every loop runs along the channels), `hist` the previous `kernel − 1` inputs oldest first.
     /// Per channel: `w[last]·x`, then `+ w[j]·hist[j]` in order of `j`, then SiLU.
-    fn conv_silu(taps: &[f32], hist: &[f32], x: &[f32], y: &mut [f32]) = conv_silu_body {
+    fn conv_silu(taps: &[f32], hist: &[&[f32]], x: &[f32], y: &mut [f32]) = conv_silu_body {
         let cd = x.len();
         let last = &taps[taps.len() - cd..];
         for ((y, &w), &x) in y.iter_mut().zip(last).zip(x) {
             *y = w * x;
         }
-        for (h, w) in hist.chunks_exact(cd).zip(taps.chunks_exact(cd)) {
-            for ((y, &w), &h) in y.iter_mut().zip(w).zip(h) {
+        for (h, w) in hist.iter().zip(taps.chunks_exact(cd)) {
+            for ((y, &w), &h) in y.iter_mut().zip(w).zip(h.iter()) {
                 *y += w * h;
             }
         }
@@ -723,6 +759,54 @@ mod tests {
                 .map(|x| x.to_bits())
                 .collect();
             assert_eq!(got, five, "{order:?}: replay of 5 of 9 lanes");
+        }
+    }
+
+    /// Two sessions' lanes interleaved in one step give each session what it gets alone.
+    #[test]
+    fn interleaved_sessions_do_not_mix() {
+        let shape = DeltaNetShape {
+            n_k_heads: 1,
+            n_v_heads: 2,
+            k_dim: 8,
+            v_dim: 12,
+            conv_kernel: 4,
+        };
+        let l = layer(shape, VHeadOrder::Grouped);
+        let w = shape.proj_width();
+        let (a, b) = (noise(31, 7 * w), noise(32, 2 * w));
+        // Step lanes: a0 b0 a1 a2 b1 a3 a4 a5 a6.
+        let order = [(0, 0), (1, 0), (0, 1), (0, 2), (1, 1), (0, 3), (0, 4), (0, 5), (0, 6)];
+        let mixed: Vec<f32> = order
+            .iter()
+            .flat_map(|&(si, i)| {
+                if si == 0 {
+                    &a[i * w..(i + 1) * w]
+                } else {
+                    &b[i * w..(i + 1) * w]
+                }
+            })
+            .copied()
+            .collect();
+        let lane_state: Vec<usize> = order.iter().map(|&(si, _)| si).collect();
+        let (mut sa, mut sb) = (shape.new_state(), shape.new_state());
+        let (mut act, mut out) = (Batch::zeros(0, 0), Batch::zeros(0, 0));
+        let proj = Batch::from_vec(order.len(), w, mixed).expect("sizes");
+        l.forward(&mut [&mut sa, &mut sb], &lane_state, &proj, &mut act, &mut out)
+            .expect("forward");
+        for (si, data, st) in [(0, &a, &sa), (1, &b, &sb)] {
+            let lanes = data.len() / w;
+            let mut alone = shape.new_state();
+            let (mut act1, mut out1) = (Batch::zeros(0, 0), Batch::zeros(0, 0));
+            let p = Batch::from_vec(lanes, w, data.clone()).expect("sizes");
+            l.forward(&mut [&mut alone], &vec![0; lanes], &p, &mut act1, &mut out1)
+                .expect("forward");
+            assert_eq!(&alone, st, "session {si}'s state");
+            let mine: Vec<f32> = (0..order.len())
+                .filter(|&lane| lane_state[lane] == si)
+                .flat_map(|lane| out.lane(lane).to_vec())
+                .collect();
+            assert_eq!(mine, out1.as_slice(), "session {si}'s outputs");
         }
     }
 }
