@@ -33,6 +33,10 @@ pub struct BenchArgs {
     /// alternate within each repetition, so drift on a shared host hits them alike.
     #[arg(long, default_value = "1", value_delimiter = ',')]
     pub parallel: Vec<usize>,
+    /// Prompt tokens per forward pass in the `pp` tests, as `anelm generate` and `anelm serve`
+    /// prefill by default (0: the whole prompt in one pass).
+    #[arg(long, default_value_t = anelm_engine::DEFAULT_PREFILL_CHUNK)]
+    pub prefill_chunk: usize,
     /// Repetitions of each test.
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     pub repetitions: usize,
@@ -333,14 +337,26 @@ fn bench_tokens(n: usize, vocab: usize) -> Vec<u32> {
 }
 
 /// One prefill of `tokens`: tokens per second, and what its forward cost.
-fn prefill_once(model: &dyn LanguageModel, tokens: &[u32]) -> Result<(f64, ForwardCost)> {
+/// Prefill `tokens` into a new session, `chunk` tokens per forward (0: all in one); tokens per
+/// second and what the forwards cost.
+fn prefill_once(model: &dyn LanguageModel, tokens: &[u32], chunk: usize) -> Result<(f64, ForwardCost)> {
     let mut session = model.new_session(tokens.len() + 1);
+    let chunk = if chunk == 0 { tokens.len().max(1) } else { chunk };
     let t = Instant::now();
-    let (_, cost) = model.forward_with_cost(&mut [StepItem {
-        session: &mut session,
-        tokens,
-        logits: LogitsMode::Last,
-    }])?;
+    let mut cost = ForwardCost::default();
+    let pieces = tokens.len().div_ceil(chunk);
+    for (i, piece) in tokens.chunks(chunk).enumerate() {
+        let (_, c) = model.forward_with_cost(&mut [StepItem {
+            session: &mut session,
+            tokens: piece,
+            logits: if i + 1 == pieces {
+                LogitsMode::Last
+            } else {
+                LogitsMode::None
+            },
+        }])?;
+        cost.merge(&c);
+    }
     Ok((tokens.len() as f64 / t.elapsed().as_secs_f64(), cost))
 }
 
@@ -502,12 +518,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
             bail!("-p {p} exceeds the model's context of {max_ctx} tokens");
         }
         let tokens = bench_tokens(p, vocab);
-        prefill_once(model, &tokens)?; // warm-up
+        prefill_once(model, &tokens, a.prefill_chunk)?; // warm-up
         device.reset();
         let mut cost = ForwardCost::default();
         let mut rates = Vec::with_capacity(a.repetitions);
         for _ in 0..a.repetitions {
-            let (rate, c) = prefill_once(model, &tokens)?;
+            let (rate, c) = prefill_once(model, &tokens, a.prefill_chunk)?;
             rates.push(rate);
             cost.merge(&c);
         }

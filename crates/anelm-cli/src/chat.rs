@@ -46,7 +46,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
             ignore_eos: false,
             ..a.sampling.stream()
         },
-        prefill_chunk: 128,
+        prefill_chunk: anelm_engine::DEFAULT_PREFILL_CHUNK,
         speculate: None,
     };
     let draft = crate::speculate::Draft::setup(&a.speculate, &a.model, &lm, &mut opts)?;

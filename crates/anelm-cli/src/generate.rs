@@ -33,7 +33,7 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub think: bool,
     /// Prompt tokens per prefill pass.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = anelm_engine::DEFAULT_PREFILL_CHUNK)]
     pub prefill_chunk: usize,
 }
 

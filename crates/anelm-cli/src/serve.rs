@@ -61,7 +61,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 64)]
     pub queue: usize,
     /// Prompt tokens a session prefills per step (smaller: other streams stall less).
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = anelm_engine::DEFAULT_PREFILL_CHUNK)]
     pub prefill_chunk: usize,
     /// Require `Authorization: Bearer <key>` on /v1/*.
     #[arg(long, env = "ANELM_API_KEY")]

@@ -56,7 +56,7 @@ pub use decoder_reranker::{DecoderReranker, RerankPrompt};
 pub use draft_model::{DraftLane, DraftModel, check_same_vocabulary, draft_lanes};
 pub use embedder::{Embedder, EmbedderInfo};
 pub use error::{EngineError, Result};
-pub use generate::{GenerateOptions, GenerationStats, generate, generate_with_drafter, prefill};
+pub use generate::{DEFAULT_PREFILL_CHUNK, GenerateOptions, GenerationStats, generate, generate_with_drafter, prefill};
 pub use load_quantize::LoadQuantization;
 pub use loader::{LoadedModel, ModelSource, load_model, load_model_weights};
 pub use model::{LanguageModel, LogitsMode, ModelInfo, StepItem};

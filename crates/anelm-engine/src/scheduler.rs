@@ -99,7 +99,7 @@ impl Default for SchedulerConfig {
             sessions: 4,
             queue: 64,
             ctx_size: 4096,
-            prefill_chunk: 128,
+            prefill_chunk: crate::DEFAULT_PREFILL_CHUNK,
             max_step_tokens: 256,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             share_prefixes: true,
