@@ -614,6 +614,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             let v = serde_json::json!({
                 "model": name, "size_mib": size_mib, "backend": device.name, "isa": isa, "threads": threads,
                 "test": f.test, "tokens": f.tokens, "repetitions": f.rates.len(),
+                "prefill_chunk": f.test.starts_with("pp").then_some(a.prefill_chunk),
                 "tok_s_median": f.median(), "tok_s_stdev": f.stdev(), "tok_s": f.rates,
                 "chip": device.chip.map(|c| c.name), "modelled_ane_tok_s": f.modelled,
                 "weight_bytes_per_token": weight_bytes,
