@@ -102,10 +102,44 @@ pub fn dot_rows_group(
     }
 }
 
+/// Rows a block of [`weighted_rows_group`] takes through every pass before the next block.
+const WEIGHTED_ROW_BLOCK: usize = 64;
+
 /// Attention output: for `g = out.len() / d` heads, `out_h += Σ_i p[h·p_stride + i] · row_(rows.start + i)`
 /// (rows as in [`dot_rows_group`]). Equal bit for bit to repeated [`axpy_f32`] per head.
+///
+/// More than [`MAX_GROUP`] heads (a prefill tile's queries) take several passes, each over a
+/// few registers' width of the heads' outputs; the rows then go in blocks of
+/// [`WEIGHTED_ROW_BLOCK`], every pass over a block before the next (each block read from the
+/// caches, not from memory, by all but the first pass). Each output still adds its rows in
+/// order, so the bits are those of one pass over all rows.
 #[allow(clippy::too_many_arguments)]
 pub fn weighted_rows_group(
+    p: &[f32],
+    p_stride: usize,
+    m: CacheRows<'_>,
+    stride: usize,
+    offset: usize,
+    rows: Range<usize>,
+    out: &mut [f32],
+    d: usize,
+) {
+    let heads = out.len().checked_div(d).unwrap_or(0);
+    if heads > MAX_GROUP && rows.len() > WEIGHTED_ROW_BLOCK {
+        let mut b0 = rows.start;
+        while b0 < rows.end {
+            let b1 = (b0 + WEIGHTED_ROW_BLOCK).min(rows.end);
+            weighted_rows_passes(&p[b0 - rows.start..], p_stride, m, stride, offset, b0..b1, out, d);
+            b0 = b1;
+        }
+    } else {
+        weighted_rows_passes(p, p_stride, m, stride, offset, rows, out, d);
+    }
+}
+
+/// [`weighted_rows_group`] in passes of at most [`MAX_GROUP`] heads over all of `rows`.
+#[allow(clippy::too_many_arguments)]
+fn weighted_rows_passes(
     p: &[f32],
     p_stride: usize,
     m: CacheRows<'_>,
@@ -285,6 +319,35 @@ mod tests {
                         );
                     }
                     assert_eq!(bits(&out), bits(&want_out), "weighted d={d} g={g}");
+                }
+            }
+        }
+    }
+
+    /// A tile's worth of heads (more than one pass) over more rows than a block: the rows go in
+    /// blocks, and every output has the bits of per-head axpys over all rows in order.
+    #[test]
+    fn many_heads_over_many_rows_weigh_in_blocks_bit_for_bit() {
+        for d in [16usize, 256, 24] {
+            for g in [9usize, 20, 32] {
+                let (stride, nrows) = (d + 3, 150);
+                let m32 = data(stride * (nrows + 5), 11);
+                let m16: Vec<u16> = m32.iter().map(|&x| crate::f32_to_f16(x * 3.0)).collect();
+                let m16w: Vec<f32> = m16.iter().map(|&b| f16_to_f32(b)).collect();
+                let rows = 4..4 + nrows;
+                let ps = nrows + 7;
+                let p = data(g * ps, 12);
+                for (m, wide) in [(CacheRows::F32(&m32), &m32), (CacheRows::F16(&m16), &m16w)] {
+                    let mut out = data(g * d, 13);
+                    let mut want = out.clone();
+                    weighted_rows_group(&p, ps, m, stride, 2, rows.clone(), &mut out, d);
+                    for h in 0..g {
+                        for (i, j) in rows.clone().enumerate() {
+                            let row = &wide[j * stride + 2..j * stride + 2 + d];
+                            axpy_f32(p[h * ps + i], row, &mut want[h * d..(h + 1) * d]);
+                        }
+                    }
+                    assert_eq!(bits(&out), bits(&want), "weighted d={d} g={g}");
                 }
             }
         }
