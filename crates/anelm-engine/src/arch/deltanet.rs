@@ -452,14 +452,14 @@ impl HeadRun<'_> {
 // multiply-adds: `u += s·(g·kᵢ)`, `s ← fma(s, g, kᵢ·δ)`, `o += s·qᵢ` — four operations of the
 // FMA pipes per element and token (eight multiplies and adds unfused). Every value channel
 // (column j of S) is independent of the others, so the passes run a block of columns at a time
-// over all the run's tokens: the block (dk × 32 floats) stays in the core's L1 cache and its
+// over all the run's tokens: the block (dk × 32 or 64 floats) stays in the core's L1 cache and its
 // sums in registers for the whole run. Every element sees the same operations in the same order
 // whatever the blocking, the run's length or the ISA (`mul_add` is one correctly rounded fma
 // everywhere: the hardware's in the AVX2/AVX-512 copies and on aarch64, the C library's in the
 // baseline x86-64 copy), so the bits do not depend on how a prompt is split into steps.
 
 /// Value channels a block pass keeps in registers: its δ, o and u sums are 3·W floats (24 of
-/// NEON's 32 registers at 16, 6 of AVX-512's 32 at 32).
+/// NEON's 32 registers at 16, 12 of AVX2's 16 at 32); `recur` takes 64 with AVX-512.
 #[cfg(target_arch = "aarch64")]
 const BLOCK: usize = 16;
 #[cfg(not(target_arch = "aarch64"))]
@@ -475,6 +475,10 @@ multiversion! {
     fn recur(sm: &mut [f32], run: &HeadRun<'_>, lanes: std::ops::Range<usize>, outs: &mut [&mut [f32]]) = recur_body {
         // Between sub-runs, each column's u of the next token (the sub-run's last pass made it).
         let mut carry = vec![0.0f32; if lanes.len() > SUB_RUN { run.dv } else { 0 }];
+        // 64 channels a block with AVX-512's 32 registers (12 of them for the sums): the
+        // per-row broadcasts of k, q and g'·k' shared by twice the columns (~10 % off a layer,
+        // `benches/deltanet.rs`, field guide 2026-12-08).
+        let wide512 = crate::wide::width() == crate::wide::Width::Avx512;
         let mut first = lanes.start;
         while first < lanes.end {
             let sub = first..(first + SUB_RUN).min(lanes.end);
@@ -484,7 +488,9 @@ multiversion! {
                 let left = run.dv - c;
                 let carry = carry.get_mut(c..).unwrap_or_default();
                 let pass = Pass { run, sub: sub.clone(), end: lanes.end, primed: first > lanes.start, c };
-                c += if left >= BLOCK {
+                c += if left >= 64 && wide512 {
+                    columns::<64>(sm, &pass, carry, outs)
+                } else if left >= BLOCK {
                     columns::<BLOCK>(sm, &pass, carry, outs)
                 } else if left >= 8 {
                     columns::<8>(sm, &pass, carry, outs)
@@ -630,7 +636,7 @@ mod tests {
     /// every block size) gives the textbook's state and readouts bit for bit.
     #[test]
     fn recur_is_the_textbook_rule_bit_for_bit() {
-        for (dk, dv) in [(24, 40), (16, 128), (8, 7)] {
+        for (dk, dv) in [(24, 40), (16, 128), (8, 7), (12, 100)] {
             let (n, stride) = (160, 2 * dk + dv);
             let x = noise(dk as u64 * 31 + dv as u64, n * stride);
             let gates: Vec<(f32, f32)> = noise(7, 2 * n)
