@@ -336,7 +336,6 @@ fn bench_tokens(n: usize, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
-/// One prefill of `tokens`: tokens per second, and what its forward cost.
 /// Prefill `tokens` into a new session, `chunk` tokens per forward (0: all in one); tokens per
 /// second and what the forwards cost.
 fn prefill_once(model: &dyn LanguageModel, tokens: &[u32], chunk: usize) -> Result<(f64, ForwardCost)> {

@@ -125,68 +125,59 @@ pub fn weighted_rows_group(
     d: usize,
 ) {
     let heads = out.len().checked_div(d).unwrap_or(0);
-    if heads > MAX_GROUP && rows.len() > WEIGHTED_ROW_BLOCK {
-        let mut b0 = rows.start;
-        while b0 < rows.end {
-            let b1 = (b0 + WEIGHTED_ROW_BLOCK).min(rows.end);
-            weighted_rows_passes(&p[b0 - rows.start..], p_stride, m, stride, offset, b0..b1, out, d);
-            b0 = b1;
-        }
+    let block = if heads > MAX_GROUP {
+        WEIGHTED_ROW_BLOCK
     } else {
-        weighted_rows_passes(p, p_stride, m, stride, offset, rows, out, d);
-    }
-}
-
-/// [`weighted_rows_group`] in passes of at most [`MAX_GROUP`] heads over all of `rows`.
-#[allow(clippy::too_many_arguments)]
-fn weighted_rows_passes(
-    p: &[f32],
-    p_stride: usize,
-    m: CacheRows<'_>,
-    stride: usize,
-    offset: usize,
-    rows: Range<usize>,
-    out: &mut [f32],
-    d: usize,
-) {
-    for (h0, gh) in passes(out.len(), d) {
-        let pg = &p[h0 * p_stride..];
-        let og = &mut out[h0 * d..(h0 + gh) * d];
-        #[cfg(target_arch = "x86_64")]
-        if wide() && d.is_multiple_of(16) {
-            // SAFETY: AVX2, F16C, AVX-512F/DQ were detected at run time; slices are
-            // bounds-checked inside.
-            unsafe {
-                match m {
-                    CacheRows::F32(m) => {
-                        x86::weighted_group_avx512(pg, p_stride, m, stride, offset, rows.clone(), og, d)
-                    }
-                    CacheRows::F16(m) => {
-                        x86::weighted_group_avx512(pg, p_stride, m, stride, offset, rows.clone(), og, d)
+        rows.len().max(1)
+    };
+    let mut b0 = rows.start;
+    while b0 < rows.end {
+        let b1 = (b0 + block).min(rows.end);
+        let (p, rows) = (&p[b0 - rows.start..], b0..b1);
+        b0 = b1;
+        for (h0, gh) in passes(out.len(), d) {
+            let pg = &p[h0 * p_stride..];
+            let og = &mut out[h0 * d..(h0 + gh) * d];
+            #[cfg(target_arch = "x86_64")]
+            if wide() && d.is_multiple_of(16) {
+                // SAFETY: AVX2, F16C, AVX-512F/DQ were detected at run time; slices are
+                // bounds-checked inside.
+                unsafe {
+                    match m {
+                        CacheRows::F32(m) => {
+                            x86::weighted_group_avx512(pg, p_stride, m, stride, offset, rows.clone(), og, d)
+                        }
+                        CacheRows::F16(m) => {
+                            x86::weighted_group_avx512(pg, p_stride, m, stride, offset, rows.clone(), og, d)
+                        }
                     }
                 }
+                continue;
             }
-            continue;
-        }
-        #[cfg(target_arch = "x86_64")]
-        if avx2_f16c() && d.is_multiple_of(8) {
-            // SAFETY: AVX2 and F16C were detected at run time; slices are bounds-checked inside.
-            unsafe {
-                match m {
-                    CacheRows::F32(m) => x86::weighted_group_avx2(pg, p_stride, m, stride, offset, rows.clone(), og, d),
-                    CacheRows::F16(m) => x86::weighted_group_avx2(pg, p_stride, m, stride, offset, rows.clone(), og, d),
+            #[cfg(target_arch = "x86_64")]
+            if avx2_f16c() && d.is_multiple_of(8) {
+                // SAFETY: AVX2 and F16C were detected at run time; slices are bounds-checked inside.
+                unsafe {
+                    match m {
+                        CacheRows::F32(m) => {
+                            x86::weighted_group_avx2(pg, p_stride, m, stride, offset, rows.clone(), og, d)
+                        }
+                        CacheRows::F16(m) => {
+                            x86::weighted_group_avx2(pg, p_stride, m, stride, offset, rows.clone(), og, d)
+                        }
+                    }
                 }
+                continue;
             }
-            continue;
-        }
-        with_row_buffer(d, |buf| {
-            for (i, j) in rows.clone().enumerate() {
-                let row = row_f32(m, j * stride + offset, d, buf);
-                for h in 0..gh {
-                    axpy_f32(pg[h * p_stride + i], row, &mut og[h * d..(h + 1) * d]);
+            with_row_buffer(d, |buf| {
+                for (i, j) in rows.clone().enumerate() {
+                    let row = row_f32(m, j * stride + offset, d, buf);
+                    for h in 0..gh {
+                        axpy_f32(pg[h * p_stride + i], row, &mut og[h * d..(h + 1) * d]);
+                    }
                 }
-            }
-        });
+            });
+        }
     }
 }
 

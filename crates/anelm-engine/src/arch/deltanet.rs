@@ -101,39 +101,18 @@ impl LaneTrace {
     /// Advance `st` (the state before the pass) over the first `lanes` recorded lanes.
     pub fn replay(&self, st: &mut RecurrentLayer, lanes: usize) {
         let Some((s, order)) = self.shape else { return };
-        let (cd, kw, hv, hk) = (s.conv_dim(), s.key_width(), s.n_v_heads, s.n_k_heads);
-        let (dk, dv) = (s.k_dim, s.v_dim);
+        let (cd, hv, dv) = (s.conv_dim(), s.n_v_heads, s.v_dim);
         let stride = Self::lane_len(&s);
         let lanes = lanes.min(self.lanes());
-        let hist = s.conv_kernel.saturating_sub(1);
-        for rec in self.data.chunks_exact(stride).take(lanes) {
-            if hist > 0 {
-                st.conv.copy_within(cd.., 0);
-                st.conv[(hist - 1) * cd..].copy_from_slice(&rec[..cd]);
-            }
-        }
+        let recs = || self.data.chunks_exact(stride).take(lanes);
+        advance_conv(&mut st.conv, cd, &recs().map(|rec| &rec[..cd]).collect::<Vec<_>>());
         if lanes == 0 {
             return;
         }
         let mut scratch = vec![0.0f32; lanes * dv];
-        for (vh, sm) in st.state.chunks_exact_mut(dk * dv).enumerate() {
-            let kh = order.key_head(vh, hv, hk);
-            let gates: Vec<(f32, f32)> = self
-                .data
-                .chunks_exact(stride)
-                .take(lanes)
-                .map(|rec| (rec[2 * cd + vh], rec[2 * cd + hv + vh]))
-                .collect();
-            let run = HeadRun {
-                x: &self.data[cd..],
-                stride,
-                q_at: kh * dk,
-                k_at: kw + kh * dk,
-                v_at: 2 * kw + vh * dv,
-                dk,
-                dv,
-                gates: &gates,
-            };
+        for (vh, sm) in st.state.chunks_exact_mut(s.k_dim * dv).enumerate() {
+            let gates: Vec<(f32, f32)> = recs().map(|rec| (rec[2 * cd + vh], rec[2 * cd + hv + vh])).collect();
+            let run = HeadRun::new(&s, order, vh, &self.data[cd..], stride, &gates);
             let mut outs: Vec<&mut [f32]> = scratch.chunks_exact_mut(dv).collect();
             recur(sm, &run, 0..lanes, &mut outs);
         }
@@ -277,13 +256,13 @@ impl GatedDeltaNet {
             }
         }
         // Each lane's conv reads the `hist` inputs before it: the previous lanes of its session
-        // in this step, then (further back) the session's conv history. `earlier[lane]` is the
-        // lane's session's lane before it in this step, if any.
+        // in this step, then (further back) the session's conv history. `by_session[si]` holds
+        // session `si`'s lanes in order, `earlier[lane]` the lane's session's lane before it.
+        let mut by_session: Vec<Vec<usize>> = vec![Vec::new(); states.len()];
         let mut earlier = vec![None; n];
-        let mut last_of = vec![None; states.len()];
         for (lane, &si) in lane_state.iter().enumerate() {
-            earlier[lane] = last_of[si];
-            last_of[si] = Some(lane);
+            earlier[lane] = by_session[si].last().copied();
+            by_session[si].push(lane);
         }
         {
             let states = &*states;
@@ -314,18 +293,11 @@ impl GatedDeltaNet {
             });
         }
         // The conv histories move on by each session's lanes in this step.
-        for (si, st) in states.iter_mut().enumerate() {
-            let mine: Vec<usize> = (0..n).filter(|&l| lane_state[l] == si).collect();
-            if hist > 0 && !mine.is_empty() {
-                let keep = hist.saturating_sub(mine.len());
-                st.conv.copy_within((hist - keep) * cd.., 0);
-                let fresh = &mine[mine.len() - (hist - keep)..];
-                for (row, &l) in st.conv[keep * cd..].chunks_exact_mut(cd).zip(fresh) {
-                    row.copy_from_slice(&proj.lane(l)[..cd]);
-                }
-            }
+        for (st, mine) in states.iter_mut().zip(&by_session) {
+            let inputs: Vec<&[f32]> = mine.iter().map(|&l| &proj.lane(l)[..cd]).collect();
+            advance_conv(&mut st.conv, cd, &inputs);
             if let Some(t) = &mut st.trace {
-                for &l in &mine {
+                for &l in mine {
                     let p = proj.lane(l);
                     t.data.extend_from_slice(&p[..cd]);
                     t.data.extend_from_slice(act.lane(l));
@@ -355,23 +327,13 @@ impl GatedDeltaNet {
         let act = &*act;
         anelm_kernels::pool::global().for_each_chunk_mut(&mut jobs, 1, &|vh, job| {
             let Some(job) = job.first_mut() else { return };
-            let kh = self.order.key_head(vh, hv, s.n_k_heads);
             let gates: Vec<(f32, f32)> = (0..n)
                 .map(|lane| {
                     let p = proj.lane(lane);
                     (sigmoid(p[cd + vw + vh]), self.decay(vh, p[cd + vw + hv + vh]))
                 })
                 .collect();
-            let run = HeadRun {
-                x: act.as_slice(),
-                stride: cd,
-                q_at: kh * dk,
-                k_at: kw + kh * dk,
-                v_at: 2 * kw + vh * dv,
-                dk,
-                dv,
-                gates: &gates,
-            };
+            let run = HeadRun::new(s, self.order, vh, act.as_slice(), cd, &gates);
             // Runs of consecutive lanes of one session share each pass over the state.
             let mut start = 0;
             while start < n {
@@ -429,7 +391,31 @@ struct HeadRun<'a> {
     gates: &'a [(f32, f32)],
 }
 
-impl HeadRun<'_> {
+impl<'a> HeadRun<'a> {
+    /// Value head `vh` of a layer of shape `s`: each lane's `[q | k | v]` conv output (q and k
+    /// normalised) at the start of a row of `stride` floats of `x`, and its (β, decay).
+    fn new(
+        s: &DeltaNetShape,
+        order: VHeadOrder,
+        vh: usize,
+        x: &'a [f32],
+        stride: usize,
+        gates: &'a [(f32, f32)],
+    ) -> Self {
+        let (dk, dv, kw) = (s.k_dim, s.v_dim, s.key_width());
+        let kh = order.key_head(vh, s.n_v_heads, s.n_k_heads);
+        Self {
+            x,
+            stride,
+            q_at: kh * dk,
+            k_at: kw + kh * dk,
+            v_at: 2 * kw + vh * dv,
+            dk,
+            dv,
+            gates,
+        }
+    }
+
     #[inline(always)]
     fn q(&self, lane: usize) -> &[f32] {
         &self.x[lane * self.stride + self.q_at..][..self.dk]
@@ -585,6 +571,24 @@ multiversion! {
     }
 }
 
+/// A conv history (the last `kernel − 1` inputs of `cd` channels, oldest first) moved on by
+/// `inputs`, a session's newer inputs in order.
+fn advance_conv(conv: &mut [f32], cd: usize, inputs: &[&[f32]]) {
+    let hist = conv.len().checked_div(cd).unwrap_or(0);
+    let fresh = inputs.len().min(hist);
+    if fresh == 0 {
+        return;
+    }
+    let keep = hist - fresh;
+    conv.copy_within(fresh * cd.., 0);
+    for (row, input) in conv[keep * cd..]
+        .chunks_exact_mut(cd)
+        .zip(&inputs[inputs.len() - fresh..])
+    {
+        row.copy_from_slice(input);
+    }
+}
+
 /// x ← x · rsqrt(Σx² + 1e-6) · scale.
 fn l2_normalize(x: &mut [f32], scale: f32) {
     let ss: f32 = x.iter().map(|v| v * v).sum();
@@ -656,16 +660,20 @@ mod tests {
             // Session 0: lanes 0..70 and 73..160; session 1: lanes 70..73.
             let runs = [(0usize, 0..70), (1, 70..73), (0, 73..n)];
             let start = [noise(1, dk * dv), noise(2, dk * dv)];
-            let (start_copy, runs_copy) = (start.clone(), runs.clone());
-            let mut states = start.clone();
-            let mut outs = vec![0.0f32; n * dv];
-            for (si, lanes) in runs.iter().cloned() {
-                let mut o: Vec<&mut [f32]> = outs[lanes.start * dv..lanes.end * dv].chunks_exact_mut(dv).collect();
-                recur(&mut states[si], &run, lanes, &mut o);
-            }
-            let mut want_states = start;
+            type Kernel = fn(&mut [f32], &HeadRun<'_>, std::ops::Range<usize>, &mut [&mut [f32]]);
+            let through = |kernel: Kernel| {
+                let mut states = start.clone();
+                let mut outs = vec![0.0f32; n * dv];
+                for (si, lanes) in runs.iter().cloned() {
+                    let mut o: Vec<&mut [f32]> = outs[lanes.start * dv..lanes.end * dv].chunks_exact_mut(dv).collect();
+                    kernel(&mut states[si], &run, lanes, &mut o);
+                }
+                (states, outs)
+            };
+            let (states, outs) = through(recur);
+            let mut want_states = start.clone();
             let mut want = vec![0.0f32; n * dv];
-            for (si, lanes) in runs {
+            for (si, lanes) in runs.iter().cloned() {
                 for lane in lanes {
                     textbook(&mut want_states[si], &run, lane, &mut want[lane * dv..(lane + 1) * dv]);
                 }
@@ -673,14 +681,7 @@ mod tests {
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&outs), bits(&want), "readouts, dk {dk} dv {dv}");
             // The baseline copy (software fma on x86-64 without AVX2) gives the same bits.
-            let mut base = start_copy.clone();
-            let mut base_outs = vec![0.0f32; n * dv];
-            for (si, lanes) in runs_copy {
-                let mut o: Vec<&mut [f32]> = base_outs[lanes.start * dv..lanes.end * dv]
-                    .chunks_exact_mut(dv)
-                    .collect();
-                recur_body(&mut base[si], &run, lanes, &mut o);
-            }
+            let (base, base_outs) = through(recur_body);
             assert_eq!(bits(&base_outs), bits(&outs), "baseline copy, dk {dk} dv {dv}");
             assert_eq!(base, states, "baseline copy's states, dk {dk} dv {dv}");
             for (got, want) in states.iter().zip(&want_states) {
